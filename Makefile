@@ -1,0 +1,30 @@
+# The two commands of the README: `make demo` runs the main job, `make test` the tests.
+# Both set up what they need (a .venv with the package, redis-server) and are
+# idempotent: a second run skips the install.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test redis clean
+
+setup: $(STAMP) redis
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	DS_BUILD_OPS=0 $(VENV)/bin/pip install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+redis:
+	@command -v redis-server >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+
+demo: setup
+	$(VENV)/bin/broker demo
+
+test: setup
+	$(VENV)/bin/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,5 @@
+"""`python -m broker` is the `broker` command."""
+
+from broker.cli import app
+
+app(prog_name="broker")

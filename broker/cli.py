@@ -1,0 +1,225 @@
+"""The `broker` command: parse, call the core, render. Errors a user can cause exit 2 with one line each."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from broker import embedded, policies, render
+from broker.clock import SystemClock
+from broker.errors import BrokerError, InfeasibleError
+from broker.model import JobState
+from broker.pricing.catalog import PriceCatalog
+from broker.service import Broker
+from broker.settings import Settings
+from broker.specfile import load_spec
+from broker.store import Store
+
+app = typer.Typer(
+    help="Run GPU jobs on the cheapest capacity (pipeline bubbles, spot, on-demand) that meets their deadline and budget.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+# Tables are wide: when output is not a terminal (pipes, CI logs) give rich room for them.
+_WIDTH = shutil.get_terminal_size((150, 24)).columns
+out = Console(width=_WIDTH)
+err = Console(stderr=True, width=_WIDTH)
+_debug = {"on": False}
+
+JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON instead of tables.")
+
+
+@app.callback()
+def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks of unexpected errors.")) -> None:
+    _debug["on"] = debug
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+
+
+def _user_errors(command):
+    """Print a BrokerError's lines and exit 2; unexpected errors exit 1 (traceback with --debug)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except BrokerError as error:
+            for line in str(error).splitlines():
+                err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as error:
+            if _debug["on"]:
+                raise
+            err.print(f"[red]internal error:[/] {type(error).__name__}: {error} (rerun with --debug for the traceback)")
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def _store(settings: Settings) -> Store:
+    if settings.redis_url:
+        return Store(settings.redis_url)
+    server = embedded.ensure(settings.home)
+    verb = "started" if server.started else "using"
+    err.print(f"[dim]{verb} private redis-server on 127.0.0.1:{server.port} (data in {server.data_dir})[/]")
+    return Store(server.url)
+
+
+def _broker(with_store: bool = True) -> Broker:
+    settings = Settings.from_env()
+    catalog = PriceCatalog.from_snapshot(settings.prices_dir)
+    store = _store(settings) if with_store else None
+    return Broker(store, catalog, policies.get(settings.policy), SystemClock())
+
+
+def _print_json(obj) -> None:
+    typer.echo(json.dumps(obj, indent=2, default=str))
+
+
+@app.command()
+@_user_errors
+def submit(
+    job_file: Path = typer.Argument(..., help="The job spec (YAML)."),
+    deadline: Optional[str] = typer.Option(None, help="Overrides the spec: ISO time (2026-12-01T18:00Z) or +36h."),
+    budget: Optional[float] = typer.Option(None, help="Overrides the spec: budget in USD."),
+    quote_only: bool = typer.Option(False, "--quote", help="Print the quote; store nothing."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Quote a job and store it (queued); --quote only prices it."""
+    broker = _broker(with_store=not quote_only)
+    spec = load_spec(job_file, broker.clock.now(), deadline=deadline, budget_usd=budget)
+    if quote_only:
+        quote, job_id = broker.quote(spec), None
+    else:
+        job = broker.submit(spec)
+        quote, job_id = job.quote, job.id
+    if as_json:
+        _print_json(render.quote_dict(quote, job_id, stored=job_id is not None))
+        return
+    title = f"job {job_id} queued" if job_id else f"quote for {spec.name} (not stored)"
+    out.print(render.quote_table(quote, title))
+
+
+@app.command("list")
+@_user_errors
+def list_jobs(
+    state: Optional[list[JobState]] = typer.Option(None, help="Only jobs in this state (repeatable)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """List jobs, oldest first."""
+    jobs = _broker().jobs(set(state) if state else None)
+    if as_json:
+        _print_json([render.job_dict(j) for j in jobs])
+    elif not jobs:
+        out.print("no jobs yet: run `broker submit examples/finetune-l4.yaml`")
+    else:
+        out.print(render.jobs_table(jobs))
+
+
+@app.command()
+@_user_errors
+def status(job_id: str = typer.Argument(..., help="The job id (see `broker list`)."), as_json: bool = JsonOpt) -> None:
+    """Show one job: its state, quote and events."""
+    broker = _broker()
+    job = broker.get(job_id)
+    events = broker.store.events(job_id)
+    if as_json:
+        _print_json(render.job_dict(job, events))
+        return
+    out.print(f"[bold]{job.id}[/]  state: [bold]{job.state.value}[/]" + (f"  ({job.reason})" if job.reason else ""))
+    out.print(render.quote_table(job.quote, f"quote at {job.quote.created_at:%Y-%m-%d %H:%M} UTC"))
+    for event in events:
+        out.print(f"  {event['at']}  {event['state']:<10} {event['reason']}")
+
+
+@app.command()
+@_user_errors
+def cancel(job_id: str = typer.Argument(..., help="The job id."), as_json: bool = JsonOpt) -> None:
+    """Cancel a job that has not finished."""
+    job = _broker().cancel(job_id)
+    if as_json:
+        _print_json(render.job_dict(job))
+    else:
+        out.print(f"{job.id} cancelled")
+
+
+@app.command()
+@_user_errors
+def prices(
+    gpu: Optional[str] = typer.Option(None, help="Only this accelerator (A100, L4, H100, ...)."),
+    cloud: Optional[str] = typer.Option(None, help="Only this cloud (aws, gcp, azure)."),
+    region: Optional[str] = typer.Option(None, help="Only this region."),
+    spot: bool = typer.Option(False, "--spot", help="Only rows with a spot price, cheapest spot first."),
+    limit: int = typer.Option(20, help="Rows to show (0 for all)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show GPU instance prices: on-demand and spot, with the interruption band."""
+    if gpu:
+        from broker.pricing.accelerators import lookup
+
+        gpu = lookup(gpu).name
+    catalog = _broker(with_store=False).catalog
+    rows = catalog.table(gpu=gpu, cloud=cloud, region=region, spot_only=spot)
+    shown = rows.head(limit) if limit else rows
+    if as_json:
+        _print_json(render.prices_records(shown))
+    else:
+        out.print(render.prices_table(shown, total=len(rows)))
+
+
+@app.command()
+@_user_errors
+def demo(
+    examples: Path = typer.Option(Path("examples"), help="Directory of example job specs."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Submit the example jobs to the embedded broker and print their quotes."""
+    files = sorted(examples.glob("*.yaml"))
+    if not files:
+        raise BrokerError(f"examples: no *.yaml in {examples}; run from the project root or pass --examples DIR")
+    broker = _broker()
+    results = []
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("quoting example jobs", total=len(files))
+        for path in files:
+            spec = load_spec(path, broker.clock.now())
+            try:
+                job = broker.submit(spec)
+                results.append({"file": str(path), "job": job})
+            except InfeasibleError as refusal:
+                results.append({"file": str(path), "refused": str(refusal)})
+            progress.advance(task)
+    if as_json:
+        _print_json(
+            [
+                {"file": r["file"], **(render.quote_dict(r["job"].quote, r["job"].id, True) if "job" in r else r)}
+                for r in results
+            ]
+        )
+        return
+    for r in results:
+        if "job" in r:
+            out.print(render.quote_table(r["job"].quote, f"{r['file']}: job {r['job'].id} queued"))
+        else:
+            out.print(f"[bold]{r['file']}[/]: [yellow]refused[/] {r['refused']}\n")
+    out.print(render.demo_summary([r["job"] for r in results if "job" in r]))
+
+
+@app.command()
+@_user_errors
+def stop() -> None:
+    """Stop the embedded private redis-server (its data stays on disk)."""
+    settings = Settings.from_env()
+    if settings.redis_url:
+        raise BrokerError("stop: BROKER_REDIS_URL is set; broker only stops the private server it started")
+    stopped = embedded.stop(settings.home)
+    out.print("stopped private redis-server" if stopped else "no private redis-server running")

@@ -1,0 +1,21 @@
+"""Errors a user can cause: one type, a one-line message naming the field and the fix."""
+
+
+class BrokerError(Exception):
+    """A user-facing error; the CLI prints its message and exits with code 2."""
+
+
+class SpecError(BrokerError):
+    """A job spec (or an override of it) is invalid."""
+
+
+class InfeasibleError(BrokerError):
+    """No offer meets the job's deadline and budget."""
+
+
+class NotFoundError(BrokerError):
+    """A job id that the store does not know."""
+
+
+class StoreUnavailableError(BrokerError):
+    """Redis cannot be reached or started."""

@@ -1,0 +1,276 @@
+"""The domain types: a job spec as users write it, the Offers it can run on, quotes and jobs.
+
+Every place a job can run is an Offer (bubbles too); the planner prices them all alike.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    computed_field,
+    field_validator,
+    model_validator,
+)
+
+from broker.errors import SpecError
+from broker.pricing.accelerators import lookup
+
+
+def _accelerator_name(name: str) -> str:
+    """The canonical accelerator name, as a validation error pydantic can report."""
+    try:
+        return lookup(name).name
+    except SpecError as err:
+        raise ValueError(str(err)) from None
+
+
+class Tier(str, Enum):
+    bubble = "bubble"
+    spot = "spot"
+    on_demand = "on_demand"
+
+
+class JobState(str, Enum):
+    queued = "queued"
+    running = "running"
+    migrating = "migrating"
+    done = "done"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.done, JobState.failed, JobState.cancelled)
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AcceleratorOption(_Spec):
+    """One acceptable accelerator shape, written `A100:1` (count defaults to 1)."""
+
+    name: str
+    count: int = Field(1, ge=1, le=64)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse_short_form(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            name, _, count = value.partition(":")
+            if count and not count.strip().isdigit():
+                raise ValueError(f"count in {value!r} must be a whole number, as in A100:1")
+            return {"name": name, "count": int(count) if count else 1}
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        return _accelerator_name(name)
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.count}"
+
+
+class Resources(_Spec):
+    accelerators: list[AcceleratorOption] = Field(min_length=1)
+    gpu_memory_gb: float | None = Field(None, gt=0, description="minimum memory per GPU")
+    cpus: float | None = Field(None, gt=0, description="minimum vCPUs per instance")
+    memory_gb: float | None = Field(None, gt=0, description="minimum host memory per instance")
+
+    @field_validator("accelerators", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, (str, dict)) else value
+
+
+class Work(_Spec):
+    """How much work the job is: reference GPU-hours, or steps at a measured rate."""
+
+    gpu_hours: float | None = Field(None, gt=0, description="GPU-hours on an A100-40GB")
+    steps: int | None = Field(None, gt=0)
+    steps_per_hour: dict[str, float] | None = None
+    kind: Literal["training", "inference"] = "training"
+
+    @field_validator("steps_per_hour")
+    @classmethod
+    def _rates(cls, rates: dict[str, float] | None) -> dict[str, float] | None:
+        if rates is None:
+            return None
+        out = {}
+        for name, rate in rates.items():
+            if rate <= 0:
+                raise ValueError(f"rate for {name} must be > 0 steps/hour")
+            out[_accelerator_name(name)] = rate
+        return out
+
+    @model_validator(mode="after")
+    def _one_measure(self) -> "Work":
+        if (self.gpu_hours is None) == (self.steps is None):
+            raise ValueError("give either gpu_hours, or steps with steps_per_hour")
+        if self.steps is not None and not self.steps_per_hour:
+            raise ValueError("steps needs steps_per_hour, e.g. {A100: 1200}")
+        return self
+
+
+class CheckpointSpec(_Spec):
+    size_gb: float = Field(1.0, ge=0)
+    restore_minutes: float = Field(2.0, ge=0)
+
+
+def parse_deadline(value: Any, now: datetime) -> datetime:
+    """An ISO-8601 time, or a time relative to `now` such as `+36h`, `+90m`, `+2d`."""
+    if isinstance(value, datetime):
+        when = value
+    else:
+        text = str(value).strip()
+        relative = re.fullmatch(r"\+(\d+(?:\.\d+)?)\s*([mhd])", text)
+        if relative:
+            unit = {"m": "minutes", "h": "hours", "d": "days"}[relative.group(2)]
+            return now + timedelta(**{unit: float(relative.group(1))})
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"{text!r} is not a time; use ISO 8601 (2026-12-01T18:00Z) or +36h") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+class JobSpec(_Spec):
+    """A job as the user describes it in YAML (close to a SkyPilot task)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    run: list[str] = Field(min_length=1)
+    shell: bool = False
+    setup: str | None = None
+    workdir: str | None = None
+    env: dict[str, str] = {}
+    resources: Resources
+    work: Work
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    deadline: datetime | None = None
+    deadline_probability: float = Field(0.95, gt=0, lt=1)
+    budget_usd: float | None = Field(None, gt=0)
+    tiers: list[Tier] = Field(default_factory=lambda: list(Tier), min_length=1)
+    fill: bool = False
+    priority: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _run_as_argv(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("run"), str):
+            text = data["run"]
+            data = {**data, "run": [text] if data.get("shell") else shlex.split(text)}
+        return data
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, env: Any) -> Any:
+        return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else env
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return None
+        now = (info.context or {}).get("now") or datetime.now(timezone.utc)
+        return parse_deadline(value, now)
+
+    @model_validator(mode="after")
+    def _rates_cover_accelerators(self) -> "JobSpec":
+        rates = self.work.steps_per_hour
+        if rates:
+            missing = [a.name for a in self.resources.accelerators if a.name not in rates]
+            if missing:
+                raise ValueError(
+                    f"work.steps_per_hour has no rate for {', '.join(missing)}; "
+                    "add one or drop it from resources.accelerators"
+                )
+        return self
+
+
+class Offer(BaseModel):
+    """A place a job can run: a tier at a location with a price, a hazard and a shape."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cloud: str
+    region: str
+    zone: str | None
+    instance_type: str
+    tier: Tier
+    accelerator: str
+    accelerator_count: int
+    gpu_memory_gb: float  # per GPU
+    vcpus: float | None
+    memory_gb: float | None
+    price_usd_per_h: float
+    hazard_per_h: float = 0.0  # preemptions per hour (0 for on-demand)
+    hazard_source: str = "none"
+
+    @property
+    def id(self) -> str:
+        return f"{self.cloud}/{self.zone or self.region}/{self.instance_type}/{self.tier.value}"
+
+
+class Option(BaseModel):
+    """One job priced on one offer: what it would take and cost, and its deadline odds."""
+
+    offer: Offer
+    exclusive_h: float
+    checkpoint_interval_h: float | None
+    expected_wall_h: float
+    expected_cost_usd: float
+    p_meet_deadline: float
+    expected_finish: datetime
+    meets_deadline: bool
+    within_budget: bool
+
+    @computed_field
+    @property
+    def feasible(self) -> bool:
+        return self.meets_deadline and self.within_budget
+
+
+class Quote(BaseModel):
+    """The broker's answer to a submit: the chosen option, alternatives, and the savings."""
+
+    policy: str
+    created_at: datetime
+    chosen: Option
+    alternatives: list[Option]
+    on_demand_baseline: Option | None
+
+    @computed_field
+    @property
+    def savings_usd(self) -> float | None:
+        base = self.on_demand_baseline
+        return None if base is None else base.expected_cost_usd - self.chosen.expected_cost_usd
+
+    @computed_field
+    @property
+    def savings_pct(self) -> float | None:
+        base = self.on_demand_baseline
+        if base is None or base.expected_cost_usd <= 0:
+            return None
+        return 100.0 * self.savings_usd / base.expected_cost_usd
+
+
+class Job(BaseModel):
+    """A submitted job as the store keeps it."""
+
+    id: str
+    spec: JobSpec
+    state: JobState = JobState.queued
+    submitted_at: datetime
+    updated_at: datetime
+    quote: Quote
+    reason: str | None = None

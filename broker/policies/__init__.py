@@ -1,0 +1,41 @@
+"""Policies by name. A policy is one class registered with `@register("name")`; callers ask `get(name)`.
+
+Policies are pure: (job specs, offers, now) in, decisions out; no Redis, no clock, no cloud.
+"""
+
+from __future__ import annotations
+
+from broker.errors import BrokerError
+
+_REGISTRY: dict[str, type] = {}
+
+DEFAULT_POLICY = "cheapest"
+
+
+def register(name: str):
+    """Class decorator: make the policy available under `name`."""
+
+    def add(cls: type) -> type:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return add
+
+
+def names() -> list[str]:
+    """The registered policy names."""
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def get(name: str = DEFAULT_POLICY):
+    """A new instance of the policy registered as `name`."""
+    _load_builtin()
+    if name not in _REGISTRY:
+        raise BrokerError(f"policy: unknown policy {name!r}; choose one of {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]()
+
+
+def _load_builtin() -> None:
+    from broker.policies import cheapest  # noqa: F401  (registers itself)

@@ -1,0 +1,158 @@
+"""How the CLI shows things: rich tables for people and plain dicts for `--json` (the same data)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pandas as pd
+from rich.table import Table
+
+from broker.model import Job, Option, Quote
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+def _hours(value: float) -> str:
+    return f"{value:,.1f} h" if value >= 1 else f"{value * 60:,.0f} min"
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else f"{value:%Y-%m-%d %H:%M}"
+
+
+def where(option: Option) -> str:
+    """The offer in a few words: cloud, instance type and location."""
+    o = option.offer
+    return f"{o.cloud} {o.instance_type} {o.zone or o.region}"
+
+
+def gpus(option: Option) -> str:
+    return f"{option.offer.accelerator_count}x {option.offer.accelerator}"
+
+
+def quote_dict(quote: Quote, job_id: str | None, stored: bool) -> dict:
+    return {"job": job_id, "stored": stored, "quote": quote.model_dump(mode="json")}
+
+
+def quote_table(quote: Quote, title: str) -> Table:
+    """The chosen option first, then the alternatives, with the on-demand baseline last."""
+    table = Table(title=title, title_justify="left", caption_justify="left")
+    for col in ("", "tier", "offer", "gpus", "$/h", "time", "cost", "P(meet)", "finish UTC"):
+        table.add_column(col, justify="right" if col in ("$/h", "time", "cost", "P(meet)") else "left", no_wrap=True)
+    rows = [("chosen", quote.chosen)] + [(f"alt {i}", o) for i, o in enumerate(quote.alternatives, 1)]
+    if quote.on_demand_baseline is not None:
+        rows.append(("on-demand", quote.on_demand_baseline))
+    for label, option in rows:
+        table.add_row(
+            f"[bold green]{label}[/]" if label == "chosen" else label,
+            option.offer.tier.value,
+            where(option),
+            gpus(option),
+            f"{option.offer.price_usd_per_h:,.4f}",
+            _hours(option.expected_wall_h),
+            _money(option.expected_cost_usd),
+            f"{option.p_meet_deadline:.3f}",
+            _when(option.expected_finish),
+        )
+    if quote.savings_usd is not None:
+        table.caption = f"savings vs cheapest on-demand: {_money(quote.savings_usd)} ({quote.savings_pct:.1f}%)"
+    return table
+
+
+def jobs_table(jobs: list[Job]) -> Table:
+    table = Table(title=f"{len(jobs)} jobs", title_justify="left")
+    for col in ("id", "state", "tier", "offer", "gpus", "expected cost", "budget", "deadline UTC", "submitted UTC"):
+        table.add_column(col, no_wrap=True)
+    for job in jobs:
+        chosen = job.quote.chosen
+        table.add_row(
+            job.id,
+            job.state.value,
+            chosen.offer.tier.value,
+            where(chosen),
+            gpus(chosen),
+            _money(chosen.expected_cost_usd),
+            _money(job.spec.budget_usd),
+            _when(job.spec.deadline),
+            _when(job.submitted_at),
+        )
+    return table
+
+
+def job_dict(job: Job, events: list[dict] | None = None) -> dict:
+    out = job.model_dump(mode="json")
+    if events is not None:
+        out["events"] = events
+    return out
+
+
+PRICE_COLUMNS = {
+    "cloud": "cloud",
+    "region": "region",
+    "zone": "zone",
+    "instance_type": "instance",
+    "accelerator": "gpu",
+    "accelerator_count": "n",
+    "gpu_memory_gb": "GB/gpu",
+    "vcpus": "vCPU",
+    "memory_gb": "mem GB",
+    "on_demand_usd_per_h": "on-demand $/h",
+    "spot_usd_per_h": "spot $/h",
+    "spot_savings_pct": "spot saves",
+    "spot_band": "interruptions/month",
+}
+
+
+def prices_table(rows: pd.DataFrame, total: int) -> Table:
+    table = Table(title=f"{len(rows)} of {total} instance prices (USD per hour)", title_justify="left")
+    for col, label in PRICE_COLUMNS.items():
+        table.add_column(label, justify="right" if rows[col].dtype.kind in "fi" else "left")
+    for row in rows.itertuples(index=False):
+        cells = []
+        for col in PRICE_COLUMNS:
+            value = getattr(row, col)
+            if value is None or (isinstance(value, float) and pd.isna(value)):
+                cells.append("-")
+            elif col == "spot_savings_pct":
+                cells.append(f"{value:.0f}%")
+            elif col.endswith("usd_per_h"):
+                cells.append(f"{value:,.4f}")
+            elif isinstance(value, float):
+                cells.append(f"{value:g}")
+            else:
+                cells.append(str(value))
+        table.add_row(*cells)
+    return table
+
+
+def prices_records(rows: pd.DataFrame) -> list[dict]:
+    """Price rows as JSON-ready dicts (NaN becomes null)."""
+    clean = rows.astype(object).where(rows.notna(), None)
+    return clean.to_dict(orient="records")
+
+
+def demo_summary(jobs: list[Job]) -> Table:
+    """Per job: the chosen tier and cost against on-demand; totals in the caption."""
+    table = Table(title="demo summary", title_justify="left", caption_justify="left")
+    for col in ("job", "tier", "offer", "gpus", "expected cost", "on-demand cost", "saves"):
+        table.add_column(col, justify="right" if "cost" in col or col == "saves" else "left", no_wrap=True)
+    total, baseline = 0.0, 0.0
+    for job in jobs:
+        quote = job.quote
+        base = quote.on_demand_baseline
+        total += quote.chosen.expected_cost_usd
+        baseline += base.expected_cost_usd if base else quote.chosen.expected_cost_usd
+        table.add_row(
+            job.id,
+            quote.chosen.offer.tier.value,
+            where(quote.chosen),
+            gpus(quote.chosen),
+            _money(quote.chosen.expected_cost_usd),
+            _money(base.expected_cost_usd if base else None),
+            "-" if quote.savings_pct is None else f"{quote.savings_pct:.0f}%",
+        )
+    if baseline > 0:
+        table.caption = f"total {_money(total)} vs {_money(baseline)} on-demand: {100 * (1 - total / baseline):.0f}% saved"
+    return table

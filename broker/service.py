@@ -1,0 +1,42 @@
+"""The broker core: quote, submit, cancel and look up jobs. The CLI and the backtest both drive it."""
+
+from __future__ import annotations
+
+import secrets
+
+from broker.model import Job, JobSpec, JobState, Quote
+from broker.pricing.catalog import PriceCatalog
+from broker.store import Store
+
+
+class Broker:
+    """Jobs in, quotes and stored jobs out; the clock, store, catalog and policy are passed in."""
+
+    def __init__(self, store: Store | None, catalog: PriceCatalog, policy, clock):
+        self.store = store
+        self.catalog = catalog
+        self.policy = policy
+        self.clock = clock
+
+    def quote(self, spec: JobSpec) -> Quote:
+        """Price the job on every offer and pick one; raises InfeasibleError when none fits."""
+        return self.policy.quote(spec, self.catalog.offers, self.clock.now())
+
+    def submit(self, spec: JobSpec) -> Job:
+        """Quote the job and store it as queued; an infeasible job is refused and nothing is stored."""
+        quote = self.quote(spec)
+        now = self.clock.now()
+        while True:
+            job = Job(id=f"{spec.name}-{secrets.token_hex(3)}", spec=spec, submitted_at=now, updated_at=now, quote=quote)
+            if self.store.add_job(job):
+                return job
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel a job that has not ended."""
+        return self.store.set_state(job_id, JobState.cancelled, self.clock.now(), reason="cancelled by user")
+
+    def get(self, job_id: str) -> Job:
+        return self.store.get_job(job_id)
+
+    def jobs(self, states: set[JobState] | None = None) -> list[Job]:
+        return self.store.list_jobs(states)

@@ -1,0 +1,30 @@
+"""Settings, read once from `BROKER_*` environment variables at start-up and passed down."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.policies import DEFAULT_POLICY
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str | None  # BROKER_REDIS_URL; None means the embedded private redis-server
+    home: Path  # BROKER_HOME: the embedded server's data and state
+    prices_dir: Path | None  # BROKER_PRICES_DIR: snapshot CSVs; None means the packaged copy
+    policy: str  # BROKER_POLICY: the planner used for quotes
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
+        """Settings from the environment, with the documented defaults."""
+        home = env.get("BROKER_HOME") or Path(env.get("XDG_DATA_HOME") or Path.home() / ".local/share") / "broker"
+        prices = env.get("BROKER_PRICES_DIR")
+        return cls(
+            redis_url=env.get("BROKER_REDIS_URL") or None,
+            home=Path(home),
+            prices_dir=Path(prices) if prices else None,
+            policy=env.get("BROKER_POLICY", DEFAULT_POLICY),
+        )

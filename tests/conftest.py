@@ -1,0 +1,91 @@
+"""Fixtures for real services: a redis-server per test session, the real price catalog, a manual clock."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import redis
+
+from broker.clock import ManualClock
+from broker.pricing.catalog import PriceCatalog
+from broker.specfile import validate_spec
+from broker.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SHARED_DATA = ROOT.parent / "shared" / "data"
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real redis-server on a free loopback port, AOF on, for the whole session."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed: run `make test` (it installs it) or apt-get install redis-server")
+    port = free_port()
+    data = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data), "--appendonly", "yes", "--save", ""],
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail(f"redis-server did not start on port {port}")
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_url(redis_server):
+    """The session's redis-server, emptied for this test."""
+    redis.Redis.from_url(redis_server).flushall()
+    return redis_server
+
+
+@pytest.fixture
+def store(redis_url) -> Store:
+    return Store(redis_url)
+
+
+@pytest.fixture(scope="session")
+def catalog() -> PriceCatalog:
+    return PriceCatalog.from_snapshot()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(NOW)
+
+
+def make_spec(now: datetime = NOW, **fields):
+    """A valid job spec with `fields` replacing the defaults."""
+    data = {
+        "name": "test-job",
+        "run": ["python", "train.py"],
+        "resources": {"accelerators": ["A100:1"]},
+        "work": {"gpu_hours": 4},
+    }
+    data.update(fields)
+    return validate_spec(data, now)

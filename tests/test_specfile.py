@@ -1,0 +1,131 @@
+"""Job specs: the YAML users write, and the one-line errors bad input gets."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import yaml
+
+from broker.errors import SpecError
+from broker.model import Tier
+from broker.specfile import MAX_SPEC_BYTES, load_spec, validate_spec
+from conftest import EXAMPLES, NOW, make_spec
+
+
+def write(tmp_path, data, name="job.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return path
+
+
+def base(**fields):
+    data = {"name": "j", "run": "python train.py", "resources": {"accelerators": "A100:1"}, "work": {"gpu_hours": 2}}
+    data.update(fields)
+    return data
+
+
+def test_short_accelerator_forms_parse_to_name_and_count():
+    spec = make_spec(resources={"accelerators": ["a100:2", "L4", {"name": "h100", "count": 8}]})
+    assert [(a.name, a.count) for a in spec.resources.accelerators] == [("A100", 2), ("L4", 1), ("H100", 8)]
+
+
+def test_run_string_is_split_into_argv_unless_shell_is_true():
+    assert make_spec(run="python train.py --lr 3e-4").run == ["python", "train.py", "--lr", "3e-4"]
+    assert make_spec(run="python a.py && python b.py", shell=True).run == ["python a.py && python b.py"]
+
+
+def test_relative_deadline_counts_from_now():
+    assert make_spec(deadline="+36h").deadline == NOW + timedelta(hours=36)
+    assert make_spec(deadline="+90m").deadline == NOW + timedelta(minutes=90)
+    assert make_spec(deadline="+2d").deadline == NOW + timedelta(days=2)
+
+
+def test_iso_deadline_without_offset_is_utc():
+    assert make_spec(deadline="2026-12-01T18:00").deadline == datetime(2026, 12, 1, 18, tzinfo=timezone.utc)
+    assert make_spec(deadline="2026-12-01T18:00Z").deadline == datetime(2026, 12, 1, 18, tzinfo=timezone.utc)
+
+
+def test_tiers_default_to_all_and_can_be_restricted():
+    assert set(make_spec().tiers) == set(Tier)
+    assert make_spec(tiers=["on_demand"]).tiers == [Tier.on_demand]
+
+
+def test_unknown_field_names_its_path_and_the_closest_allowed_name():
+    with pytest.raises(SpecError) as err:
+        validate_spec(base(resources={"acclerators": ["A100:1"]}), NOW)
+    message = str(err.value)
+    assert "resources.acclerators: unknown field; did you mean 'accelerators'?" in message
+    assert "gpu_memory_gb" in message  # what is allowed there
+
+
+def test_unknown_accelerator_suggests_the_closest_names():
+    with pytest.raises(SpecError) as err:
+        validate_spec(base(resources={"accelerators": ["A1000:1"]}), NOW)
+    assert "resources.accelerators[0].name: unknown accelerator 'A1000'; did you mean A100" in str(err.value)
+
+
+def test_each_problem_is_one_line_naming_its_field():
+    with pytest.raises(SpecError) as err:
+        validate_spec({"name": "j", "run": [], "resources": {"accelerators": ["L4"]}, "work": {}, "priority": "high"}, NOW)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 3
+    assert any(line.startswith("spec: run:") for line in lines)
+    assert any(line.startswith("spec: work:") and "gpu_hours" in line for line in lines)
+    assert any(line.startswith("spec: priority:") for line in lines)
+
+
+def test_missing_required_field_is_named():
+    data = base()
+    del data["work"]
+    with pytest.raises(SpecError, match="work: required; add it"):
+        validate_spec(data, NOW)
+
+
+def test_deadline_in_the_past_is_refused():
+    with pytest.raises(SpecError, match="deadline: 2026-11-21 12:00 UTC is in the past"):
+        validate_spec(base(deadline="2026-11-21T12:00Z"), NOW)
+
+
+@pytest.mark.parametrize("budget", [0, -5])
+def test_non_positive_budget_is_refused(budget):
+    with pytest.raises(SpecError, match="budget_usd: Input should be greater than 0"):
+        validate_spec(base(budget_usd=budget), NOW)
+
+
+def test_steps_need_a_rate_for_every_accelerator_option():
+    data = base(resources={"accelerators": ["L4", "T4"]}, work={"steps": 1000, "steps_per_hour": {"L4": 500}})
+    with pytest.raises(SpecError, match="no rate for T4; add one or drop it"):
+        validate_spec(data, NOW)
+
+
+def test_file_over_one_megabyte_is_refused(tmp_path):
+    path = write(tmp_path, "# padding\n" * (MAX_SPEC_BYTES // 10 + 1))
+    with pytest.raises(SpecError, match="over the 1 MB limit"):
+        load_spec(path, NOW)
+
+
+def test_file_that_is_not_yaml_is_refused_with_its_position(tmp_path):
+    path = write(tmp_path, "name: j\nrun: [python, train.py\nresources: {}\n")
+    with pytest.raises(SpecError, match=r"not valid YAML at line \d+, column \d+"):
+        load_spec(path, NOW)
+
+
+def test_yaml_that_is_not_a_mapping_is_refused(tmp_path):
+    with pytest.raises(SpecError, match="a job spec is a YAML mapping"):
+        load_spec(write(tmp_path, "- just\n- a list\n"), NOW)
+
+
+def test_missing_file_is_refused(tmp_path):
+    with pytest.raises(SpecError, match="no such file"):
+        load_spec(tmp_path / "nope.yaml", NOW)
+
+
+def test_cli_overrides_replace_the_files_deadline_and_budget(tmp_path):
+    path = write(tmp_path, base(deadline="+10h", budget_usd=100))
+    spec = load_spec(path, NOW, deadline="+48h", budget_usd=7.5)
+    assert spec.deadline == NOW + timedelta(hours=48)
+    assert spec.budget_usd == 7.5
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_is_a_valid_spec(path):
+    assert load_spec(path, NOW).name
