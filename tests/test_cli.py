@@ -1,0 +1,181 @@
+"""The `broker` command, through typer's runner and once as a real process."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+from typer.testing import CliRunner
+
+from broker.cli import app
+from conftest import EXAMPLES
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def env(redis_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    return redis_url
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def job_file(tmp_path, **fields):
+    data = {
+        "name": "cli-job",
+        "run": ["python", "train.py"],
+        "resources": {"accelerators": ["L4:1", "A10G:1"]},
+        "work": {"gpu_hours": 2},
+        "deadline": "+24h",
+        "budget_usd": 20,
+    }
+    data.update(fields)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def stored_keys(url):
+    return redis.Redis.from_url(url).keys("broker:*")
+
+
+def test_submit_stores_the_job_and_prints_its_quote(env, tmp_path):
+    result = run("submit", job_file(tmp_path), "--json")
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    chosen = body["quote"]["chosen"]
+    assert body["stored"] and body["job"].startswith("cli-job-")
+    assert chosen["expected_cost_usd"] == pytest.approx(chosen["offer"]["price_usd_per_h"] * chosen["expected_wall_h"])
+    assert chosen["offer"]["accelerator"] in {"L4", "A10G"} and chosen["feasible"]
+    assert len(body["quote"]["alternatives"]) == 4 and body["quote"]["savings_pct"] > 0
+    status = json.loads(run("status", body["job"], "--json").stdout)
+    assert status["state"] == "queued" and status["quote"]["chosen"] == chosen
+    assert [e["state"] for e in status["events"]] == ["queued"]
+
+
+def test_quote_only_stores_nothing(env, tmp_path):
+    result = run("submit", job_file(tmp_path), "--quote", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["stored"] is False
+    assert stored_keys(env) == []
+
+
+def test_flags_override_the_files_deadline_and_budget(env, tmp_path):
+    result = run("submit", job_file(tmp_path), "--deadline", "+200h", "--budget", "3.5", "--json")
+    body = json.loads(result.stdout)
+    spec = json.loads(run("status", body["job"], "--json").stdout)["spec"]
+    assert spec["budget_usd"] == 3.5
+    assert body["quote"]["chosen"]["expected_cost_usd"] <= 3.5
+
+
+def test_human_output_is_a_table_with_the_savings(env, tmp_path):
+    result = run("submit", job_file(tmp_path))
+    assert result.exit_code == 0
+    assert "chosen" in result.stdout and "on-demand" in result.stdout and "savings vs cheapest on-demand" in result.stdout
+
+
+def test_list_and_cancel(env, tmp_path):
+    first = json.loads(run("submit", job_file(tmp_path), "--json").stdout)["job"]
+    second = json.loads(run("submit", job_file(tmp_path), "--json").stdout)["job"]
+    assert run("cancel", first).exit_code == 0
+    jobs = json.loads(run("list", "--json").stdout)
+    assert [(j["id"], j["state"]) for j in jobs] == [(first, "cancelled"), (second, "queued")]
+    queued = json.loads(run("list", "--state", "queued", "--json").stdout)
+    assert [j["id"] for j in queued] == [second]
+    again = run("cancel", first)
+    assert again.exit_code == 2 and "already cancelled" in again.stderr
+
+
+def test_empty_list_says_what_to_do(env):
+    assert "no jobs yet: run `broker submit" in run("list").stdout
+
+
+def test_prices_filters_by_gpu_cloud_and_spot(env):
+    result = run("prices", "--gpu", "a100", "--cloud", "gcp", "--spot", "--limit", "0", "--json")
+    rows = json.loads(result.stdout)
+    assert rows and {r["accelerator"] for r in rows} == {"A100"} and {r["cloud"] for r in rows} == {"gcp"}
+    spot = [r["spot_usd_per_h"] for r in rows]
+    assert spot == sorted(spot)
+
+
+def test_prices_with_an_unknown_gpu_suggests_names(env):
+    result = run("prices", "--gpu", "H1000")
+    assert result.exit_code == 2 and "did you mean H100" in result.stderr
+
+
+BAD_INPUTS = {
+    "deadline in the past": (dict(deadline="2020-01-01T00:00Z"), "deadline: 2020-01-01 00:00 UTC is in the past"),
+    "zero budget": (dict(budget_usd=0), "budget_usd: Input should be greater than 0"),
+    "unknown accelerator": (dict(resources={"accelerators": ["A1000"]}), "unknown accelerator 'A1000'; did you mean A100"),
+    "infeasible": (dict(work={"gpu_hours": 500}, budget_usd=5), "deadline/budget: no offer meets both"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_one_line_exit_2_and_stores_nothing(env, tmp_path, case):
+    fields, message = BAD_INPUTS[case]
+    result = run("submit", job_file(tmp_path, **fields))
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert stored_keys(env) == []
+
+
+def test_oversized_or_non_yaml_files_are_refused(env, tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("#" * 1_000_001)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [x\n")
+    for path, message in ((big, "over the 1 MB limit"), (bad, "not valid YAML")):
+        result = run("submit", path)
+        assert result.exit_code == 2 and message in result.stderr
+    assert stored_keys(env) == []
+
+
+def test_bad_deadline_flag_is_refused(env, tmp_path):
+    result = run("submit", job_file(tmp_path), "--deadline", "tomorrow")
+    assert result.exit_code == 2 and "deadline: 'tomorrow' is not a time" in result.stderr
+
+
+def test_demo_quotes_every_example_and_refuses_the_underfunded_one(env):
+    result = run("demo", "--examples", EXAMPLES, "--json")
+    assert result.exit_code == 0, result.output
+    rows = {Path(r["file"]).name: r for r in json.loads(result.stdout)}
+    assert set(rows) == {p.name for p in EXAMPLES.glob("*.yaml")}
+    assert "no offer meets both" in rows["eval-sweep-underfunded.yaml"]["refused"]
+    stored = [r for r in rows.values() if r.get("stored")]
+    assert len(stored) == len(rows) - 1
+    assert len(json.loads(run("list", "--json").stdout)) == len(stored)
+
+
+def test_embedded_redis_is_started_by_the_cli_and_stopped_by_broker_stop(monkeypatch, tmp_path):
+    monkeypatch.delenv("BROKER_REDIS_URL", raising=False)
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path))
+    first = run("submit", job_file(tmp_path), "--json")
+    assert first.exit_code == 0 and "started private redis-server" in first.stderr
+    second = run("list", "--json")
+    assert "using private redis-server" in second.stderr and len(json.loads(second.stdout)) == 1
+    assert "stopped private redis-server" in run("stop").stdout
+    assert "no private redis-server running" in run("stop").stdout
+
+
+def test_the_installed_command_runs_as_a_real_process(env, tmp_path):
+    broker = Path(sys.executable).parent / "broker"
+    result = subprocess.run(
+        [str(broker), "submit", str(EXAMPLES / "finetune-lora.yaml"), "--json"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "BROKER_REDIS_URL": env},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    job = json.loads(result.stdout)["job"]
+    bad = subprocess.run([str(broker), "status", "nope"], capture_output=True, text=True, timeout=60, env={**os.environ, "BROKER_REDIS_URL": env})
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: job: no job 'nope'; `broker list` shows the ids"
+    listed = subprocess.run([str(broker), "list", "--json"], capture_output=True, text=True, timeout=60, env={**os.environ, "BROKER_REDIS_URL": env})
+    assert [j["id"] for j in json.loads(listed.stdout)] == [job]

@@ -1,0 +1,142 @@
+"""The money model: expected time and cost under preemption, and the odds of meeting a deadline."""
+
+import math
+import random
+from datetime import timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.model import Offer, Tier
+from broker.policies.risk import (
+    RESTART_OVERHEAD_H,
+    STARTUP_H,
+    checkpoint_hours,
+    evaluate,
+    exclusive_hours,
+    fits,
+    poisson_cdf,
+    young_interval_h,
+)
+from conftest import NOW, make_spec
+
+
+def offer(accelerator="A100", count=1, tier=Tier.spot, price=1.0, hazard=0.0, gpu_memory_gb=40, **extra):
+    return Offer(
+        cloud="aws", region="us-east-1", zone="use1-az1", instance_type="x", tier=tier, accelerator=accelerator,
+        accelerator_count=count, gpu_memory_gb=gpu_memory_gb, vcpus=extra.get("vcpus", 8),
+        memory_gb=extra.get("memory_gb", 64), price_usd_per_h=price, hazard_per_h=hazard,
+    )  # fmt: skip
+
+
+def test_exclusive_time_divides_reference_work_by_speed_and_gpu_count():
+    spec = make_spec(resources={"accelerators": ["A100:1", "H100:8", "L4:1"]}, work={"gpu_hours": 12})
+    assert exclusive_hours(spec, offer("A100")) == pytest.approx(12)
+    assert exclusive_hours(spec, offer("H100", 8)) == pytest.approx(12 / (8 * 989 / 312), rel=1e-3)
+    assert exclusive_hours(spec, offer("L4")) == pytest.approx(12 / (121 / 312), rel=1e-3)
+
+
+def test_inference_work_uses_the_bandwidth_ratio():
+    spec = make_spec(resources={"accelerators": ["H100"]}, work={"gpu_hours": 10, "kind": "inference"})
+    assert exclusive_hours(spec, offer("H100")) == pytest.approx(10 / (3350 / 1555), rel=1e-3)
+
+
+def test_steps_use_the_measured_rate_of_the_offers_accelerator():
+    spec = make_spec(resources={"accelerators": ["L4", "T4"]}, work={"steps": 9000, "steps_per_hour": {"L4": 3000, "T4": 1000}})
+    assert exclusive_hours(spec, offer("L4")) == 3
+    assert exclusive_hours(spec, offer("T4")) == 9
+
+
+def test_fits_checks_tier_shape_and_memory():
+    spec = make_spec(resources={"accelerators": ["A100:1"], "gpu_memory_gb": 48, "cpus": 8}, tiers=["spot"])
+    assert not fits(spec, offer("A100", gpu_memory_gb=40))
+    assert fits(spec, offer("A100", gpu_memory_gb=80))
+    assert not fits(spec, offer("A100", gpu_memory_gb=80, count=2))
+    assert not fits(spec, offer("A100", gpu_memory_gb=80, tier=Tier.on_demand))
+    assert not fits(spec, offer("A100", gpu_memory_gb=80, vcpus=4))
+
+
+def test_on_demand_time_is_startup_plus_exclusive_time():
+    option = evaluate(make_spec(work={"gpu_hours": 10}), offer(tier=Tier.on_demand, price=3.0), NOW)
+    assert option.expected_wall_h == pytest.approx(STARTUP_H + 10)
+    assert option.expected_cost_usd == pytest.approx(3.0 * (STARTUP_H + 10))
+    assert option.checkpoint_interval_h is None and option.p_meet_deadline == 1.0
+
+
+def test_spot_time_follows_the_design_formula_with_youngs_interval():
+    spec = make_spec(work={"gpu_hours": 20}, checkpoint={"size_gb": 9, "restore_minutes": 3})
+    lam = 0.05
+    option = evaluate(spec, offer(hazard=lam, price=1.2), NOW)
+    delta = 9 / 0.25 / 3600
+    tau = math.sqrt(2 * delta / lam)
+    restart = RESTART_OVERHEAD_H + 3 / 60
+    expected = STARTUP_H + 20 * (1 + delta / tau) * (1 + lam * (restart + tau / 2))
+    assert option.checkpoint_interval_h == pytest.approx(tau)
+    assert option.expected_wall_h == pytest.approx(expected)
+    assert option.expected_cost_usd == pytest.approx(1.2 * expected)
+
+
+def test_checkpoint_interval_never_exceeds_the_job():
+    assert young_interval_h(checkpoint_h=0.01, hazard_per_h=1e-5, exclusive_h=3) == 3
+    assert young_interval_h(checkpoint_h=0.01, hazard_per_h=0, exclusive_h=3) is None
+
+
+def simulate_wall_h(t, delta, tau, lam, restart, rng):
+    """One run: work in segments of tau, each followed by a checkpoint; preemptions lose the segment."""
+    clock, done = STARTUP_H, 0.0
+    next_preemption = rng.expovariate(lam)
+    while done < t - 1e-12:
+        segment = min(tau, t - done)
+        span = segment + (delta if done + segment < t else 0)
+        if clock + span > next_preemption:  # preempted mid-segment: lose it, restart
+            clock = next_preemption + restart
+            next_preemption = clock + rng.expovariate(lam)
+            continue
+        clock += span
+        done += segment
+    return clock
+
+
+def test_expected_wall_time_agrees_with_simulated_preemptions():
+    spec = make_spec(work={"gpu_hours": 30}, checkpoint={"size_gb": 45, "restore_minutes": 6})
+    lam = 0.08
+    option = evaluate(spec, offer(hazard=lam), NOW)
+    rng = random.Random(7)
+    delta, restart = checkpoint_hours(spec), RESTART_OVERHEAD_H + 0.1
+    runs = [simulate_wall_h(30, delta, option.checkpoint_interval_h, lam, restart, rng) for _ in range(4000)]
+    assert sum(runs) / len(runs) == pytest.approx(option.expected_wall_h, rel=0.03)
+
+
+def test_deadline_odds_fall_as_the_deadline_tightens():
+    spec_for = lambda hours: make_spec(work={"gpu_hours": 10}, deadline=f"+{hours}h")  # noqa: E731
+    odds = [evaluate(spec_for(h), offer(hazard=0.2), NOW).p_meet_deadline for h in (30, 14, 12, 10.5, 10)]
+    assert odds == sorted(odds, reverse=True)
+    assert odds[0] > 0.99 and odds[-1] == 0.0
+
+
+def test_p_meet_is_the_poisson_probability_of_few_enough_preemptions():
+    spec = make_spec(work={"gpu_hours": 10}, checkpoint={"size_gb": 9, "restore_minutes": 3}, deadline="+13h")
+    option = evaluate(spec, offer(hazard=0.1), NOW)
+    tau = option.checkpoint_interval_h
+    running = 10 * (1 + checkpoint_hours(spec) / tau)
+    per_preemption = RESTART_OVERHEAD_H + 0.05 + tau / 2
+    allowed = math.floor((13 - STARTUP_H - running) / per_preemption)
+    mean = 0.1 * running
+    assert option.p_meet_deadline == pytest.approx(sum(math.exp(-mean) * mean**k / math.factorial(k) for k in range(allowed + 1)))
+    assert option.expected_finish == NOW + timedelta(hours=option.expected_wall_h)
+
+
+@given(k=st.integers(0, 60), mean=st.floats(0.01, 40))
+def test_poisson_cdf_matches_the_direct_sum(k, mean):
+    direct = sum(math.exp(-mean) * mean**i / math.factorial(i) for i in range(k + 1))
+    assert poisson_cdf(k, mean) == pytest.approx(min(direct, 1.0), abs=1e-9)
+
+
+@settings(max_examples=60)
+@given(hours=st.floats(0.1, 500), lam=st.floats(0, 0.5), size=st.floats(0, 200))
+def test_more_hazard_never_makes_a_job_faster(hours, lam, size):
+    spec = make_spec(work={"gpu_hours": hours}, checkpoint={"size_gb": size, "restore_minutes": 2})
+    calm = evaluate(spec, offer(hazard=lam), NOW)
+    stormy = evaluate(spec, offer(hazard=lam * 2 + 0.01), NOW)
+    assert STARTUP_H + hours <= calm.expected_wall_h * (1 + 1e-12) <= stormy.expected_wall_h * (1 + 1e-12)

@@ -1,0 +1,86 @@
+"""Redis persistence: jobs and their events, atomic and durable, against a real redis-server."""
+
+import os
+import signal
+
+import pytest
+import redis
+
+from broker import embedded
+from broker.errors import BrokerError, NotFoundError, StoreUnavailableError
+from broker.model import Job, JobState
+from broker.policies import get
+from broker.store import Store
+from conftest import NOW, free_port, make_spec
+
+
+def new_job(catalog, job_id="job-1", **spec_fields):
+    spec = make_spec(**spec_fields)
+    quote = get("cheapest").quote(spec, catalog.offers, NOW)
+    return Job(id=job_id, spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote)
+
+
+def test_job_round_trips_through_redis_unchanged(store, catalog):
+    job = new_job(catalog, deadline="+30h", budget_usd=50)
+    assert store.add_job(job)
+    assert store.get_job(job.id) == job
+
+
+def test_adding_the_same_id_twice_keeps_the_first(store, catalog):
+    first = new_job(catalog, budget_usd=50)
+    assert store.add_job(first)
+    assert not store.add_job(new_job(catalog, budget_usd=99))
+    assert store.get_job("job-1").spec.budget_usd == 50
+    assert [e["state"] for e in store.events("job-1")] == ["queued"]
+
+
+def test_jobs_are_listed_in_submission_order_and_filtered_by_state(store, catalog, clock):
+    for i in range(3):
+        store.add_job(new_job(catalog, job_id=f"j{i}").model_copy(update={"submitted_at": clock.advance(minutes=1)}))
+    store.set_state("j1", JobState.cancelled, clock.now())
+    assert [j.id for j in store.list_jobs()] == ["j0", "j1", "j2"]
+    assert [j.id for j in store.list_jobs({JobState.queued})] == ["j0", "j2"]
+
+
+def test_a_state_change_writes_the_job_and_its_event_together(store, catalog, clock):
+    store.add_job(new_job(catalog))
+    moved = store.set_state("job-1", JobState.cancelled, clock.advance(hours=1), reason="cancelled by user")
+    assert store.get_job("job-1") == moved and moved.state == JobState.cancelled
+    assert [(e["state"], e["reason"]) for e in store.events("job-1")] == [("queued", "submitted"), ("cancelled", "cancelled by user")]
+
+
+def test_a_terminal_job_cannot_change_state(store, catalog):
+    store.add_job(new_job(catalog))
+    store.set_state("job-1", JobState.cancelled, NOW)
+    with pytest.raises(BrokerError, match="already cancelled"):
+        store.set_state("job-1", JobState.running, NOW)
+    assert store.get_job("job-1").state == JobState.cancelled
+
+
+def test_unknown_job_id_says_how_to_find_ids(store):
+    with pytest.raises(NotFoundError, match="broker list"):
+        store.get_job("nope")
+
+
+def test_store_turns_append_only_file_on(redis_url):
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.config_set("appendonly", "no")
+    Store(redis_url)
+    assert client.config_get("appendonly")["appendonly"] == "yes"
+
+
+def test_unreachable_redis_is_one_clear_error():
+    with pytest.raises(StoreUnavailableError, match="cannot reach .*BROKER_REDIS_URL"):
+        Store(f"redis://127.0.0.1:{free_port()}/0")
+
+
+def test_an_acknowledged_job_survives_kill_9_of_the_embedded_server(tmp_path, catalog):
+    server = embedded.ensure(tmp_path)
+    Store(server.url).add_job(new_job(catalog))
+    os.kill(server.pid, signal.SIGKILL)
+    restarted = embedded.ensure(tmp_path)
+    try:
+        assert restarted.started and restarted.pid != server.pid
+        assert Store(restarted.url).get_job("job-1").id == "job-1"
+    finally:
+        embedded.stop(tmp_path)
