@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from broker.clock import ManualClock
 from broker.pricing.catalog import PriceCatalog
@@ -27,6 +29,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop_redis(proc: subprocess.Popen, port: int) -> None:
+    """Stop a test redis-server: SHUTDOWN, and kill it if it refuses (it does while writing its first AOF)."""
+    try:
+        redis.Redis(port=port, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)).shutdown(nosave=True)
+    except redis.RedisError:
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
 
 
 @pytest.fixture(scope="session")
@@ -53,8 +68,7 @@ def redis_server(tmp_path_factory):
                 pytest.fail(f"redis-server did not start on port {port}")
             time.sleep(0.05)
     yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+    stop_redis(proc, port)
 
 
 @pytest.fixture

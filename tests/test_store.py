@@ -2,6 +2,7 @@
 
 import os
 import signal
+import time
 
 import pytest
 import redis
@@ -67,6 +68,10 @@ def test_store_turns_append_only_file_on(redis_url):
     client.config_set("appendonly", "no")
     Store(redis_url)
     assert client.config_get("appendonly")["appendonly"] == "yes"
+    deadline = time.monotonic() + 10
+    while client.info("persistence")["aof_rewrite_in_progress"] and time.monotonic() < deadline:
+        time.sleep(0.02)  # the first AOF is written in the background
+    assert client.info("persistence")["aof_enabled"] == 1
 
 
 def test_unreachable_redis_is_one_clear_error():
