@@ -29,7 +29,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # Tables are wide: when output is not a terminal (pipes, CI logs) give rich room for them.
-_WIDTH = shutil.get_terminal_size((150, 24)).columns
+_WIDTH = shutil.get_terminal_size((200, 24)).columns
 out = Console(width=_WIDTH)
 err = Console(stderr=True, width=_WIDTH)
 _debug = {"on": False}

@@ -42,6 +42,19 @@ _GCP_HOST_GPU = [
 # g2-standard-N: GPUs per machine type, from GCP's G2 machine-type table.
 _GCP_G2_GPUS = {4: 1, 8: 1, 12: 1, 16: 1, 24: 2, 32: 1, 48: 4, 96: 8}
 
+# The SkyPilot catalog's columns (all three clouds use these names) -> ours.
+_RENAME = {
+    "InstanceType": "instance_type",
+    "AcceleratorName": "accelerator",
+    "AcceleratorCount": "accelerator_count",
+    "vCPUs": "vcpus",
+    "MemoryGiB": "memory_gb",
+    "Price": "on_demand_usd_per_h",
+    "SpotPrice": "spot_usd_per_h",
+    "Region": "region",
+    "AvailabilityZone": "zone",
+}
+
 # Known errors in the source rows, corrected here (the CSVs stay verbatim).
 # ND96isr_H100_v5 has 8 H100 GPUs (Azure ND H100 v5 documentation); the source says 12.
 _AZURE_COUNT_FIXES = {"Standard_ND96isr_H100_v5": 8}
@@ -65,20 +78,7 @@ def load_aws(path: Path) -> pd.DataFrame:
     """AWS rows: one per instance type and AZ ID (zone IDs such as use1-az1)."""
     raw = pd.read_csv(path, dtype={"AvailabilityZone": str})
     raw = raw.drop_duplicates(["InstanceType", "AvailabilityZone"], keep="first")
-    frame = raw.rename(
-        columns={
-            "InstanceType": "instance_type",
-            "AcceleratorName": "accelerator",
-            "AcceleratorCount": "accelerator_count",
-            "vCPUs": "vcpus",
-            "MemoryGiB": "memory_gb",
-            "Price": "on_demand_usd_per_h",
-            "SpotPrice": "spot_usd_per_h",
-            "Region": "region",
-            "AvailabilityZone": "zone",
-        }
-    )
-    return _finish(frame, "aws")
+    return _finish(raw.rename(columns=_RENAME), "aws")
 
 
 def _gcp_host_gpu(instance_type: str) -> tuple[str, int] | None:
@@ -128,18 +128,7 @@ def load_gcp(path: Path) -> pd.DataFrame:
 def load_azure(path: Path) -> pd.DataFrame:
     """Azure rows: one per VM size and region (the snapshot has no zones)."""
     raw = pd.read_csv(path)
-    frame = raw.rename(
-        columns={
-            "InstanceType": "instance_type",
-            "AcceleratorName": "accelerator",
-            "AcceleratorCount": "accelerator_count",
-            "vCPUs": "vcpus",
-            "MemoryGiB": "memory_gb",
-            "Price": "on_demand_usd_per_h",
-            "SpotPrice": "spot_usd_per_h",
-            "Region": "region",
-        }
-    )
+    frame = raw.rename(columns=_RENAME)
     frame["zone"] = None
     fixes = frame["instance_type"].map(_AZURE_COUNT_FIXES)
     frame["accelerator_count"] = fixes.fillna(frame["accelerator_count"])
