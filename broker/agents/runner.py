@@ -1,0 +1,128 @@
+"""The job contract on the agent side: start a job as a process, read its events, stop it politely.
+
+The job runs in its own process group (so `torchrun` and its workers all get the signal),
+with its argv (bash only when the spec says `shell: true`), the spec's env and the
+BROKER_* variables of `broker.sdk`. Stopping sends SIGTERM ("checkpoint now and exit"),
+waits the grace period, then SIGKILLs the group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections import deque
+from pathlib import Path
+
+from broker.model import JobSpec
+
+DEFAULT_GRACE_S = 30.0
+
+
+def job_argv(spec: JobSpec) -> list[str]:
+    """The argv that runs the spec: its own argv, or bash -c for `shell: true`."""
+    return ["bash", "-c", spec.run[0]] if spec.shell else list(spec.run)
+
+
+class JobProcess:
+    """One run of a job on this machine."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        job_id: str,
+        checkpoint_dir: str,
+        run_dir: Path,
+        resume_from: str | None = None,
+        extra_env: dict[str, str] | None = None,
+    ):
+        self.spec = spec
+        self.job_id = job_id
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.events_file = self.run_dir / "events.jsonl"
+        self.log_file = self.run_dir / "output.log"
+        self.env = {
+            **os.environ,
+            **(extra_env or {}),
+            **spec.env,
+            "BROKER_JOB_ID": job_id,
+            "BROKER_CHECKPOINT_DIR": checkpoint_dir,
+            "BROKER_RESUME_FROM": resume_from or "",
+            "BROKER_EVENTS_FILE": str(self.events_file),
+        }
+        self.proc: subprocess.Popen | None = None
+        self._events_offset = 0
+
+    @property
+    def cwd(self) -> str | None:
+        return self.spec.workdir
+
+    def start(self) -> None:
+        """Run the spec's setup (if any), then start the job; raises OSError if it cannot start."""
+        self.events_file.touch()
+        log = open(self.log_file, "ab")
+        try:
+            if self.spec.setup:
+                done = subprocess.run(["bash", "-c", self.spec.setup], cwd=self.cwd, env=self.env, stdout=log, stderr=log)
+                if done.returncode != 0:
+                    raise OSError(f"setup exited with {done.returncode}")
+            self.proc = subprocess.Popen(
+                job_argv(self.spec), cwd=self.cwd, env=self.env, stdout=log, stderr=log,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        finally:
+            log.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def poll(self) -> int | None:
+        """The exit code once the job ended, else None."""
+        return self.proc.poll() if self.proc else None
+
+    def events(self) -> list[dict]:
+        """Events the job reported since the last call (progress, checkpoint, restored, ...)."""
+        with open(self.events_file, "rb") as f:
+            f.seek(self._events_offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for next time
+        self._events_offset += len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+    def stop(self, grace_s: float = DEFAULT_GRACE_S) -> int:
+        """SIGTERM the job's process group, SIGKILL it after `grace_s`; returns the exit code."""
+        if self.proc is None:
+            raise RuntimeError("stop() before start()")
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group now."""
+        self._signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def log_tail(self, lines: int = 20) -> list[str]:
+        """The last lines the job printed (for the failure report)."""
+        try:
+            with open(self.log_file, errors="replace") as f:
+                return [line.rstrip("\n") for line in deque(f, maxlen=lines)]
+        except FileNotFoundError:
+            return []
+

@@ -1,0 +1,113 @@
+"""What a job imports to be preemptible: restore(), save(state), progress(done, total), should_stop().
+
+The agent starts a job with:
+    BROKER_JOB_ID          the job's id
+    BROKER_CHECKPOINT_DIR  where this job's checkpoints go (a path or fsspec URL)
+    BROKER_RESUME_FROM     the verified checkpoint to resume from ("" on a fresh start)
+    BROKER_EVENTS_FILE     where progress and checkpoint events are appended (JSON lines)
+SIGTERM means "checkpoint now and exit": should_stop() turns True, the job saves and
+returns; the agent kills it after a grace period otherwise. A job written like this
+
+    state = sdk.restore() or fresh_state()
+    for step in range(state["step"], total):
+        ...train one step...
+        sdk.progress(step + 1, total)
+        if sdk.should_stop() or (step + 1) % 100 == 0:
+            sdk.save(state_at(step + 1), step=step + 1)
+            if sdk.should_stop():
+                break
+
+needs no other code to move between instances.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from broker.agents.checkpoints import CheckpointError, CheckpointStore, Manifest
+
+STATE_FILE = "state.pt"
+
+
+class _Stop:
+    """Set by SIGTERM; read by should_stop()."""
+
+    requested = False
+    at: float | None = None
+
+
+def _on_sigterm(signum, frame) -> None:
+    _Stop.requested, _Stop.at = True, time.time()
+
+
+signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def job_id() -> str:
+    return os.environ.get("BROKER_JOB_ID", "local")
+
+
+def _store() -> tuple[CheckpointStore, str]:
+    directory = os.environ.get("BROKER_CHECKPOINT_DIR")
+    if not directory:
+        raise CheckpointError("BROKER_CHECKPOINT_DIR: not set; the agent sets it (or export it to run locally)")
+    return CheckpointStore(posixpath.dirname(directory.rstrip("/"))), posixpath.basename(directory.rstrip("/"))
+
+
+def _emit(event: dict) -> None:
+    line = json.dumps({**event, "job": job_id(), "at": time.time()})
+    path = os.environ.get("BROKER_EVENTS_FILE")
+    if not path:
+        print(f"broker-event {line}", file=sys.stderr, flush=True)
+        return
+    with open(path, "a") as f:  # one short O_APPEND write per event: never interleaved
+        f.write(line + "\n")
+
+
+def should_stop() -> bool:
+    """True once the agent asked the job to checkpoint and exit (SIGTERM)."""
+    return _Stop.requested
+
+
+def progress(done: float, total: float) -> None:
+    """Report progress; the broker uses it for deadline tracking and work-lost accounting."""
+    _emit({"type": "progress", "done": done, "total": total})
+
+
+def save(state: Any, step: int) -> Manifest:
+    """torch.save the state as checkpoint `step`, publish it with its manifest, and report it."""
+    store, job = _store()
+    with tempfile.TemporaryDirectory(prefix="broker-ckpt-") as tmp:
+        torch.save(state, Path(tmp) / STATE_FILE)
+        manifest = store.publish(job, step, Path(tmp))
+    _emit({"type": "checkpoint", "step": step, "url": manifest.url, "bytes": manifest.size_bytes})
+    return manifest
+
+
+def restore(weights_only: bool = True) -> Any | None:
+    """The state of the checkpoint to resume from, verified; None on a fresh start."""
+    resume = os.environ.get("BROKER_RESUME_FROM")
+    if not resume:
+        return None
+    store, job = _store()
+    manifest = next((m for m in store.manifests(job) if m.url.rstrip("/") == resume.rstrip("/")), None)
+    problem = "has no manifest" if manifest is None else store.verify(manifest)
+    if problem:  # it broke after the agent chose it: fall back to the newest one that verifies
+        manifest, _ = store.latest_verified(job)
+        _emit({"type": "checkpoint_skipped", "url": resume, "reason": problem})
+        if manifest is None:
+            return None
+    with store.open_file(manifest, STATE_FILE) as f:
+        state = torch.load(f, weights_only=weights_only, map_location="cpu")
+    _emit({"type": "restored", "step": manifest.step, "url": manifest.url})
+    return state

@@ -1,0 +1,80 @@
+"""Checkpoints: published with a manifest written last; only verified ones count."""
+
+import hashlib
+
+import pytest
+
+from broker.agents.checkpoints import MANIFEST, CheckpointStore
+
+
+def files(tmp_path, name, **contents):
+    d = tmp_path / name
+    d.mkdir()
+    for fname, body in contents.items():
+        (d / fname).write_bytes(body)
+    return d
+
+
+@pytest.fixture(params=["file", "memory"])
+def store(request, tmp_path):
+    root = str(tmp_path / "store") if request.param == "file" else f"memory://ckpt-{tmp_path.name}"
+    return CheckpointStore(root, keep=3)
+
+
+def test_published_checkpoint_verifies_with_the_hashes_of_its_files(store, tmp_path):
+    local = files(tmp_path, "c1", **{"state.pt": b"weights" * 1000, "meta.json": b"{}"})
+    manifest = store.publish("job-a", 10, local)
+    assert {f.name: (f.size, f.sha256) for f in manifest.files} == {
+        "state.pt": (7000, hashlib.sha256(b"weights" * 1000).hexdigest()),
+        "meta.json": (2, hashlib.sha256(b"{}").hexdigest()),
+    }
+    latest, skipped = store.latest_verified("job-a")
+    assert latest.step == 10 and latest.url == manifest.url and skipped == []
+
+
+def test_a_checkpoint_without_its_manifest_never_counts(store, tmp_path):
+    store.publish("job-a", 10, files(tmp_path, "c1", **{"state.pt": b"old"}))
+    partial = store.step_dir("job-a", 20)  # a writer that died before the manifest
+    store.fs.makedirs(partial, exist_ok=True)
+    store.fs.pipe_file(partial + "/state.pt", b"half")
+    latest, _ = store.latest_verified("job-a")
+    assert latest.step == 10
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(store, tmp_path):
+    store.publish("job-a", 10, files(tmp_path, "c1", **{"state.pt": b"good"}))
+    newest = store.publish("job-a", 20, files(tmp_path, "c2", **{"state.pt": b"newer"}))
+    store.fs.pipe_file(store.path(newest.url) + "/state.pt", b"newer-but-flipped")
+    latest, skipped = store.latest_verified("job-a")
+    assert latest.step == 10
+    assert skipped == ["step 20: state.pt does not match its manifest (size 17 vs 5)"]
+
+
+def test_a_missing_file_is_reported(store, tmp_path):
+    only = store.publish("job-a", 5, files(tmp_path, "c1", **{"a": b"1", "b": b"2"}))
+    store.fs.rm(store.path(only.url) + "/b")
+    latest, skipped = store.latest_verified("job-a")
+    assert latest is None and skipped == ["step 5: b is missing"]
+
+
+def test_only_the_newest_checkpoints_are_kept(store, tmp_path):
+    partial = store.step_dir("job-a", 15)
+    store.fs.makedirs(partial, exist_ok=True)
+    store.fs.pipe_file(partial + "/state.pt", b"half")
+    for step in (10, 20, 30, 40):
+        store.publish("job-a", step, files(tmp_path, f"c{step}", **{"state.pt": str(step).encode()}))
+    assert [m.step for m in store.manifests("job-a")] == [40, 30, 20]
+    assert len(store.fs.ls(store.job_dir("job-a"))) == 3  # step 10 and the partial step 15 are gone
+
+
+def test_the_manifest_is_the_last_file_written(store, tmp_path, monkeypatch):
+    order = []
+    put, pipe = store.fs.put_file, store.fs.pipe_file
+    monkeypatch.setattr(store.fs, "put_file", lambda src, dst, **kw: (order.append(dst.rsplit("/", 1)[1]), put(src, dst, **kw)))
+    monkeypatch.setattr(store.fs, "pipe_file", lambda path, data, **kw: (order.append(path.rsplit("/", 1)[1]), pipe(path, data, **kw)))
+    store.publish("job-a", 1, files(tmp_path, "c1", **{"x": b"1", "y": b"2"}))
+    assert order[:2] == ["x", "y"] and order[-1].startswith(MANIFEST)
+
+
+def test_no_checkpoints_means_none(store):
+    assert store.latest_verified("never-saved") == (None, [])

@@ -1,0 +1,139 @@
+"""The job contract: a job started by the runner, stopped by SIGTERM or killed, resumes exactly."""
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from broker.agents.checkpoints import CheckpointStore
+from broker.agents.runner import JobProcess, job_argv
+from conftest import make_spec
+
+TRAIN = Path(__file__).parent / "jobs" / "train_mlp.py"
+
+
+def train_spec(**env):
+    return make_spec(run=[sys.executable, str(TRAIN)], env={"STEPS": "60", "CKPT_EVERY": "10", **env})
+
+
+def wait_for(job, predicate, timeout_s=60):
+    """Poll the job's events until one satisfies `predicate`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for event in job.events():
+            if predicate(event):
+                return event
+        assert job.poll() is None, job.log_tail()
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting for the job's event")
+
+
+def run_to_end(spec, job_id, store_root, run_dir, resume_from=None):
+    job = JobProcess(spec, job_id, f"{store_root}/{job_id}", run_dir, resume_from=resume_from)
+    job.start()
+    assert job.wait(timeout=120) == 0, job.log_tail()
+    return job
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Final weights of the training job run start to finish."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    out = tmp / "final.pt"
+    run_to_end(train_spec(OUTPUT=str(out)), "train", tmp / "ckpt", tmp / "run")
+    return torch.load(out)
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_preempted_job_resumes_with_identical_weights(tmp_path, uninterrupted):
+    out = tmp_path / "final.pt"
+    spec = train_spec(OUTPUT=str(out), STEP_SLEEP_S="0.03")
+    root = tmp_path / "ckpt"
+    first = JobProcess(spec, "train", f"{root}/train", tmp_path / "run1")
+    first.start()
+    reached = wait_for(first, lambda e: e["type"] == "progress" and e["done"] >= 23)["done"]
+    assert first.stop(grace_s=30) == 0  # SIGTERM: it checkpoints and exits by itself
+    events = first.events()
+    stopped_at = max([reached] + [e["done"] for e in events if e["type"] == "progress"])
+    latest, skipped = CheckpointStore(root).latest_verified("train")
+    assert skipped == [] and latest.step == stopped_at >= 23  # saved on SIGTERM: no work lost
+    assert [e["step"] for e in events if e["type"] == "checkpoint"][-1] == stopped_at
+
+    run_to_end(spec, "train", root, tmp_path / "run2", resume_from=latest.url)
+    assert_same_weights(torch.load(out), uninterrupted)
+
+
+def test_killed_job_resumes_from_its_last_checkpoint_losing_at_most_one_interval(tmp_path, uninterrupted):
+    out = tmp_path / "final.pt"
+    spec = train_spec(OUTPUT=str(out), STEP_SLEEP_S="0.03")
+    root = tmp_path / "ckpt"
+    first = JobProcess(spec, "train", f"{root}/train", tmp_path / "run1")
+    first.start()
+    reached = wait_for(first, lambda e: e["type"] == "progress" and e["done"] >= 27)["done"]
+    first.kill()  # no notice: the instance vanished
+    latest, _ = CheckpointStore(root).latest_verified("train")
+    assert latest.step == 20 and reached - latest.step <= 10
+
+    resumed = run_to_end(spec, "train", root, tmp_path / "run2", resume_from=latest.url)
+    assert {"type": "restored", "step": 20}.items() <= next(e for e in resumed.events() if e["type"] == "restored").items()
+    assert_same_weights(torch.load(out), uninterrupted)
+
+
+def test_a_corrupt_resume_checkpoint_falls_back_to_the_previous_one(tmp_path, uninterrupted):
+    out = tmp_path / "final.pt"
+    spec = train_spec(OUTPUT=str(out), STEPS="60")
+    root = tmp_path / "ckpt"
+    store = CheckpointStore(root)
+    partial_spec = train_spec(OUTPUT=str(tmp_path / "unused.pt"), STEPS="30")  # same job, stopped at 30
+    run_to_end(partial_spec, "train", root, tmp_path / "run1")
+    newest = store.manifests("train")[0]
+    assert newest.step == 30
+    (Path(store.path(newest.url)) / "state.pt").write_bytes(b"garbage")
+    resumed = run_to_end(spec, "train", root, tmp_path / "run2", resume_from=newest.url)
+    kinds = {e["type"]: e for e in resumed.events()}
+    assert kinds["checkpoint_skipped"]["url"] == newest.url and kinds["restored"]["step"] == 20
+    assert_same_weights(torch.load(out), uninterrupted)
+
+
+def test_job_sees_the_contract_environment(tmp_path):
+    spec = make_spec(run=[sys.executable, "-c", "import os; print(os.environ['BROKER_JOB_ID'], os.environ['BROKER_RESUME_FROM'], os.environ['MY_VAR'])"], env={"MY_VAR": "x"})
+    job = JobProcess(spec, "job-7", "/tmp/ckpt/job-7", tmp_path, resume_from="/tmp/ckpt/job-7/step-1")
+    job.start()
+    assert job.wait(timeout=30) == 0
+    assert job.log_tail() == ["job-7 /tmp/ckpt/job-7/step-1 x"]
+
+
+def test_argv_is_not_run_through_a_shell_unless_asked(tmp_path):
+    plain = JobProcess(make_spec(run=["echo", "$HOME", "a;b"]), "j", "/tmp/c/j", tmp_path / "a")
+    plain.start()
+    plain.wait(timeout=10)
+    assert plain.log_tail() == ["$HOME a;b"]
+    shell = JobProcess(make_spec(run="echo one; echo two", shell=True), "j", "/tmp/c/j", tmp_path / "b")
+    assert job_argv(shell.spec) == ["bash", "-c", "echo one; echo two"]
+    shell.start()
+    shell.wait(timeout=10)
+    assert shell.log_tail() == ["one", "two"]
+
+
+def test_a_job_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
+    spec = make_spec(run="trap '' TERM; sleep 30 & wait; sleep 30", shell=True)
+    job = JobProcess(spec, "stubborn", "/tmp/c/s", tmp_path)
+    job.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert job.stop(grace_s=0.5) == -9
+    assert time.monotonic() - started < 5
+
+
+def test_failed_setup_stops_the_start(tmp_path):
+    job = JobProcess(make_spec(setup="exit 3"), "j", "/tmp/c/j", tmp_path)
+    with pytest.raises(OSError, match="setup exited with 3"):
+        job.start()
+    assert job.proc is None
