@@ -1,0 +1,188 @@
+"""Preemption notices, each read in its cloud's own format, plus a trace replayer for local agents.
+
+- AWS: IMDSv2. PUT /latest/api/token for a session token, then GET
+  /latest/meta-data/spot/instance-action: 404 while none, else {"action": ..., "time": ...}
+  about two minutes before the instance is reclaimed.
+- GCP: GET /computeMetadata/v1/instance/preempted with `Metadata-Flavor: Google` answers
+  TRUE once preemption has begun (about 30 s before the VM stops).
+- Azure: Scheduled Events, GET /metadata/scheduledevents with `Metadata: true`; a Preempt
+  event carries NotBefore (at least 30 s ahead); POSTing StartRequests acknowledges it.
+Each watcher's check() returns a Notice or None and never raises on a network error: the
+agent keeps polling.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+HTTP_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Notice:
+    cloud: str
+    action: str
+    deadline: datetime  # when the instance goes away
+    event_id: str | None = None
+    raw: dict = field(default_factory=dict)
+
+
+def _request(url: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+class AwsSpotNotices:
+    """EC2 spot interruption notices through IMDSv2."""
+
+    cloud = "aws"
+    lead_s = 120
+
+    def __init__(self, base_url: str = "http://169.254.169.254"):
+        self.base_url = base_url.rstrip("/")
+        self._token: str | None = None
+        self._token_expires = 0.0
+
+    def _session_token(self) -> str:
+        if self._token is None or time.monotonic() > self._token_expires:
+            status, body = _request(
+                f"{self.base_url}/latest/api/token", "PUT", {"X-aws-ec2-metadata-token-ttl-seconds": "21600"}
+            )
+            if status != 200:
+                raise OSError(f"IMDSv2 token request answered {status}")
+            self._token, self._token_expires = body.decode(), time.monotonic() + 21000
+        return self._token
+
+    def check(self) -> Notice | None:
+        try:
+            headers = {"X-aws-ec2-metadata-token": self._session_token()}
+            status, body = _request(f"{self.base_url}/latest/meta-data/spot/instance-action", headers=headers)
+            if status == 401:  # token expired early: fetch a new one next time
+                self._token = None
+                return None
+        except OSError as err:
+            log.warning("notices=aws error=%r", err)
+            return None
+        if status != 200:
+            return None
+        action = json.loads(body)
+        deadline = datetime.fromisoformat(action["time"].replace("Z", "+00:00"))
+        return Notice("aws", action["action"], deadline, raw=action)
+
+
+class GcpPreemptionNotices:
+    """GCE preemption through the metadata server's `preempted` flag."""
+
+    cloud = "gcp"
+    lead_s = 30
+
+    def __init__(self, base_url: str = "http://metadata.google.internal"):
+        self.base_url = base_url.rstrip("/")
+
+    def check(self) -> Notice | None:
+        try:
+            status, body = _request(
+                f"{self.base_url}/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"}
+            )
+        except OSError as err:
+            log.warning("notices=gcp error=%r", err)
+            return None
+        if status != 200 or body.strip().upper() != b"TRUE":
+            return None
+        return Notice("gcp", "preempted", datetime.now(timezone.utc) + timedelta(seconds=self.lead_s))
+
+
+class AzureScheduledEvents:
+    """Azure spot evictions through Scheduled Events (EventType Preempt)."""
+
+    cloud = "azure"
+    lead_s = 30
+    api_version = "2020-07-01"
+
+    def __init__(self, base_url: str = "http://169.254.169.254"):
+        self.url = f"{base_url.rstrip('/')}/metadata/scheduledevents?api-version={self.api_version}"
+
+    def check(self) -> Notice | None:
+        try:
+            status, body = _request(self.url, headers={"Metadata": "true"})
+        except OSError as err:
+            log.warning("notices=azure error=%r", err)
+            return None
+        if status != 200:
+            return None
+        for event in json.loads(body).get("Events", []):
+            if event.get("EventType") == "Preempt":
+                not_before = event.get("NotBefore")
+                deadline = (
+                    parsedate_to_datetime(not_before)
+                    if not_before
+                    else datetime.now(timezone.utc) + timedelta(seconds=self.lead_s)
+                )
+                return Notice("azure", "Preempt", deadline, event_id=event["EventId"], raw=event)
+        return None
+
+    def acknowledge(self, notice: Notice) -> bool:
+        """Tell Azure the VM is ready (checkpoint saved), so the eviction may start now."""
+        body = json.dumps({"StartRequests": [{"EventId": notice.event_id}]}).encode()
+        try:
+            status, _ = _request(self.url, "POST", {"Metadata": "true", "Content-Type": "application/json"}, body)
+        except OSError:
+            return False
+        return status == 200
+
+
+class TraceNotices:
+    """Replays a spot trace (shared/data/traces format) for a local agent standing for a spot instance.
+
+    The instance runs while the trace says capacity is there; the first tick at or after
+    `start_tick` with value 0 is its preemption, announced `lead_s` (trace time) ahead.
+    Trace time runs `speedup` times faster than the wall clock.
+    """
+
+    cloud = "trace"
+
+    def __init__(self, path: Path, start_tick: int = 0, speedup: float = 1.0, lead_s: float = 120.0):
+        data = json.loads(Path(path).read_text())
+        self.gap_s = float(data["metadata"]["gap_seconds"])
+        values = data["data"][start_tick:]
+        lost = next((i for i, v in enumerate(values) if v <= 0), None)
+        self.preempt_after_s = None if lost is None else lost * self.gap_s  # trace seconds from start
+        self.speedup, self.lead_s = speedup, lead_s
+        self.started = time.monotonic()
+
+    def check(self) -> Notice | None:
+        if self.preempt_after_s is None:
+            return None
+        elapsed = (time.monotonic() - self.started) * self.speedup
+        if elapsed + self.lead_s < self.preempt_after_s:
+            return None
+        remaining_wall_s = max(0.0, (self.preempt_after_s - elapsed) / self.speedup)
+        return Notice("trace", "terminate", datetime.now(timezone.utc) + timedelta(seconds=remaining_wall_s))
+
+
+def watcher(spec: str, speedup: float = 1.0):
+    """A watcher from a CLI spec: aws[=URL], gcp[=URL], azure[=URL], trace=PATH[@TICK], or none."""
+    kind, _, arg = spec.partition("=")
+    if kind == "none":
+        return None
+    if kind == "trace":
+        path, _, tick = arg.partition("@")
+        return TraceNotices(Path(path), int(tick or 0), speedup)
+    classes = {"aws": AwsSpotNotices, "gcp": GcpPreemptionNotices, "azure": AzureScheduledEvents}
+    if kind not in classes:
+        raise ValueError(f"notices: unknown source {spec!r}; use aws, gcp, azure, trace=PATH[@TICK] or none")
+    return classes[kind](arg) if arg else classes[kind]()

@@ -1,0 +1,160 @@
+"""Preemption notices, read from local HTTP servers that answer exactly like each cloud's metadata service."""
+
+import json
+import threading
+import time
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from broker.agents.notices import AwsSpotNotices, AzureScheduledEvents, GcpPreemptionNotices, TraceNotices, watcher
+
+
+class MetadataServer:
+    """A loopback HTTP server; `state` decides what it answers, `requests` records what it got."""
+
+    def __init__(self, handler):
+        self.state, self.requests = {}, []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _answer(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                outer.requests.append((self.command, self.path, dict(self.headers), body))
+                status, payload = handler(outer.state, self.command, self.path, self.headers, body)
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_PUT = do_POST = _answer
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(handler):
+        servers.append(MetadataServer(handler))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def aws_imds(state, method, path, headers, body):
+    if path == "/latest/api/token":
+        if method != "PUT" or "X-aws-ec2-metadata-token-ttl-seconds" not in headers:
+            return 400, b""
+        return 200, b"TOKEN-abc"
+    if headers.get("X-aws-ec2-metadata-token") != "TOKEN-abc":
+        return 401, b""
+    if path == "/latest/meta-data/spot/instance-action" and "action" in state:
+        return 200, json.dumps(state["action"]).encode()
+    return 404, b"<?xml version='1.0'?><Error>Not Found</Error>"
+
+
+def test_aws_notice_needs_an_imdsv2_token_and_is_absent_until_scheduled(serve):
+    server = serve(aws_imds)
+    notices = AwsSpotNotices(server.url)
+    assert notices.check() is None
+    server.state["action"] = {"action": "terminate", "time": "2026-11-22T12:02:00Z"}
+    notice = notices.check()
+    assert notice.cloud == "aws" and notice.action == "terminate"
+    assert notice.deadline == datetime(2026, 11, 22, 12, 2, tzinfo=timezone.utc)
+    tokens = [r for r in server.requests if r[1] == "/latest/api/token"]
+    assert len(tokens) == 1 and tokens[0][0] == "PUT"  # the session token is reused
+
+
+def gce_metadata(state, method, path, headers, body):
+    if headers.get("Metadata-Flavor") != "Google":
+        return 403, b"Missing Metadata-Flavor:Google header."
+    if path.startswith("/computeMetadata/v1/instance/preempted"):
+        return 200, b"TRUE" if state.get("preempted") else b"FALSE"
+    return 404, b""
+
+
+def test_gcp_notice_follows_the_preempted_flag(serve):
+    server = serve(gce_metadata)
+    notices = GcpPreemptionNotices(server.url)
+    assert notices.check() is None
+    server.state["preempted"] = True
+    notice = notices.check()
+    assert notice.cloud == "gcp"
+    assert 25 <= (notice.deadline - datetime.now(timezone.utc)).total_seconds() <= 30
+
+
+PREEMPT = {
+    "EventId": "f020ba2e-3bc0-4c40-a10b-86575a9eabd5",
+    "EventType": "Preempt",
+    "ResourceType": "VirtualMachine",
+    "Resources": ["spot-vm-1"],
+    "EventStatus": "Scheduled",
+    "NotBefore": "Sun, 22 Nov 2026 12:00:30 GMT",
+    "Description": "",
+    "EventSource": "Platform",
+    "DurationInSeconds": -1,
+}
+
+
+def azure_events(state, method, path, headers, body):
+    if headers.get("Metadata") != "true":
+        return 400, b'{"error": "Bad request. Required metadata header not specified"}'
+    if not path.startswith("/metadata/scheduledevents?api-version="):
+        return 404, b""
+    if method == "POST":
+        state["acked"] = json.loads(body)
+        return 200, b""
+    events = [PREEMPT] if state.get("preempt") else [dict(PREEMPT, EventType="Freeze", EventId="other")]
+    return 200, json.dumps({"DocumentIncarnation": 2, "Events": events}).encode()
+
+
+def test_azure_preempt_event_is_found_and_acknowledged(serve):
+    server = serve(azure_events)
+    notices = AzureScheduledEvents(server.url)
+    assert notices.check() is None  # a Freeze event is not a preemption
+    server.state["preempt"] = True
+    notice = notices.check()
+    assert notice.event_id == PREEMPT["EventId"]
+    assert notice.deadline == datetime(2026, 11, 22, 12, 0, 30, tzinfo=timezone.utc)
+    assert notices.acknowledge(notice)
+    assert server.state["acked"] == {"StartRequests": [{"EventId": PREEMPT["EventId"]}]}
+
+
+def test_an_unreachable_metadata_service_is_no_notice():
+    assert AwsSpotNotices("http://127.0.0.1:9").check() is None
+    assert GcpPreemptionNotices("http://127.0.0.1:9").check() is None
+    assert AzureScheduledEvents("http://127.0.0.1:9").check() is None
+
+
+def test_trace_notice_comes_lead_seconds_before_the_first_lost_tick(tmp_path):
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 30}, "data": [1, 1, 0, 1, 1, 1, 0]}))
+    # from tick 3 the next loss is 3 ticks = 90 trace seconds away; at 600x that is 0.15 s
+    notices = TraceNotices(trace, start_tick=3, speedup=600, lead_s=30)
+    assert notices.check() is None
+    time.sleep(0.11)  # 66 trace seconds: inside the 30 s lead of second 90
+    notice = notices.check()
+    assert notice is not None and 0 <= (notice.deadline - datetime.now(timezone.utc)).total_seconds() <= 0.05
+    assert TraceNotices(trace, start_tick=3, speedup=600).preempt_after_s == 90
+
+
+def test_watcher_specs():
+    assert isinstance(watcher("aws"), AwsSpotNotices)
+    assert watcher("gcp=http://127.0.0.1:1").base_url == "http://127.0.0.1:1"
+    assert watcher("none") is None
+    with pytest.raises(ValueError, match="unknown source 'ibm'"):
+        watcher("ibm")
