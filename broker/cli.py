@@ -16,7 +16,7 @@ from rich.progress import Progress
 from broker import embedded, policies, render
 from broker.clock import SystemClock
 from broker.errors import BrokerError, InfeasibleError
-from broker.model import JobState
+from broker.model import JobState, Quote
 from broker.pricing.catalog import PriceCatalog
 from broker.service import Broker
 from broker.settings import Settings
@@ -65,13 +65,17 @@ def _user_errors(command):
     return wrapper
 
 
-def _store(settings: Settings) -> Store:
+def _redis_url(settings: Settings) -> str:
     if settings.redis_url:
-        return Store(settings.redis_url)
+        return settings.redis_url
     server = embedded.ensure(settings.home)
     verb = "started" if server.started else "using"
     err.print(f"[dim]{verb} private redis-server on 127.0.0.1:{server.port} (data in {server.data_dir})[/]")
-    return Store(server.url)
+    return server.url
+
+
+def _store(settings: Settings) -> Store:
+    return Store(_redis_url(settings), prefix=settings.prefix)
 
 
 def _broker(with_store: bool = True) -> Broker:
@@ -179,39 +183,43 @@ def prices(
 @app.command()
 @_user_errors
 def demo(
-    examples: Path = typer.Option(Path("examples"), help="Directory of example job specs."),
+    examples: Path = typer.Option(Path("examples"), help="Directory of example job specs (runnable ones in demo/)."),
+    speedup: float = typer.Option(60.0, help="Time compression: simulated seconds per wall-clock second."),
+    timeout: float = typer.Option(150.0, help="Give up after this many wall-clock seconds."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Submit the example jobs to the embedded broker and print their quotes."""
+    """Quote the example jobs, then run the runnable ones end to end: dispatch, preemption, migration."""
+    from broker.demo import run_demo
+
     files = sorted(examples.glob("*.yaml"))
-    if not files:
-        raise BrokerError(f"examples: no *.yaml in {examples}; run from the project root or pass --examples DIR")
-    broker = _broker()
-    results = []
-    with Progress(console=err, transient=True) as progress:
-        task = progress.add_task("quoting example jobs", total=len(files))
-        for path in files:
-            spec = load_spec(path, broker.clock.now())
-            try:
-                job = broker.submit(spec)
-                results.append({"file": str(path), "job": job})
-            except InfeasibleError as refusal:
-                results.append({"file": str(path), "refused": str(refusal)})
-            progress.advance(task)
+    if not files or not (examples / "demo").is_dir():
+        raise BrokerError(f"examples: no *.yaml and demo/ in {examples}; run from the project root or pass --examples DIR")
+    settings = Settings.from_env()
+    broker = _broker(with_store=False)
+    quotes = []
+    for path in files:
+        spec = load_spec(path, broker.clock.now())
+        try:
+            quotes.append({"file": str(path), **render.quote_dict(broker.quote(spec), None, False)})
+        except InfeasibleError as refusal:
+            quotes.append({"file": str(path), "refused": str(refusal)})
+    if not as_json:
+        for q in quotes:
+            if "quote" in q:
+                out.print(render.quote_table(Quote.model_validate(q["quote"]), f"{q['file']}: quote"))
+            else:
+                out.print(f"[bold]{q['file']}[/]: [yellow]refused[/] {q['refused']}\n")
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("running the demo jobs", total=None)
+
+        def show(jobs):
+            bar.update(task, description="  ".join(f"{j.spec.name}: {j.state.value}" for j in jobs))
+
+        summary = run_demo(_redis_url(settings), settings.home, examples, broker.catalog, broker.policy, speedup, timeout, show)
     if as_json:
-        _print_json(
-            [
-                {"file": r["file"], **(render.quote_dict(r["job"].quote, r["job"].id, True) if "job" in r else r)}
-                for r in results
-            ]
-        )
+        _print_json({"quotes": quotes, **summary})
         return
-    for r in results:
-        if "job" in r:
-            out.print(render.quote_table(r["job"].quote, f"{r['file']}: job {r['job'].id} queued"))
-        else:
-            out.print(f"[bold]{r['file']}[/]: [yellow]refused[/] {r['refused']}\n")
-    out.print(render.demo_summary([r["job"] for r in results if "job" in r]))
+    out.print(render.run_summary(summary))
 
 
 @app.command()
@@ -223,3 +231,52 @@ def stop() -> None:
         raise BrokerError("stop: BROKER_REDIS_URL is set; broker only stops the private server it started")
     stopped = embedded.stop(settings.home)
     out.print("stopped private redis-server" if stopped else "no private redis-server running")
+
+
+@app.command()
+@_user_errors
+def agent(
+    agent_id: str = typer.Option(..., "--id", help="This agent's unique name."),
+    offer_id: str = typer.Option(..., "--offer", help="The offer this instance is (cloud/zone/type/tier, see `broker prices`)."),
+    notices: str = typer.Option("none", help="Preemption notices: aws, gcp, azure (optionally =URL), trace=PATH[@TICK], none."),
+    speedup: float = typer.Option(1.0, help="Time compression for trace notices."),
+    lease_s: float = typer.Option(5.0, help="Heartbeat lease; the broker moves the job when it lapses."),
+    checkpoints: Optional[str] = typer.Option(None, help="Checkpoint store URL (default BROKER_CHECKPOINTS)."),
+    runs: Optional[Path] = typer.Option(None, help="Where job logs and events go (default $BROKER_HOME/runs)."),
+) -> None:
+    """Run the agent of one instance: take assignments, run jobs, report, checkpoint on notices."""
+    from broker.agents.agent import Agent
+    from broker.agents.notices import watcher
+
+    settings = Settings.from_env()
+    catalog = PriceCatalog.from_snapshot(settings.prices_dir)
+    try:
+        source = watcher(notices, speedup)
+    except ValueError as error:
+        raise BrokerError(str(error)) from None
+    worker = Agent(
+        _store(settings), agent_id, catalog.offer(offer_id), checkpoints or settings.checkpoints,
+        runs or settings.home / "runs", notices=source, lease_s=lease_s,
+    )  # fmt: skip
+    err.print(f"agent {agent_id} ended: {worker.run()}")
+
+
+@app.command()
+@_user_errors
+def server(
+    speedup: float = typer.Option(1.0, help="Clock compression (demos and tests)."),
+    consumer: str = typer.Option("server-1", help="This replica's name in the agent-events consumer group."),
+) -> None:
+    """Run the broker's control loop: apply agent reports, reclaim lost agents, dispatch."""
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.clock import ScaledClock
+    from broker.server import BrokerServer
+
+    settings = Settings.from_env()
+    broker = _broker()
+    loop = BrokerServer(broker.store, broker.policy, ScaledClock(speedup), CheckpointStore(settings.checkpoints), consumer)
+    err.print(f"broker server {consumer} running; Ctrl-C stops it")
+    try:
+        loop.serve()
+    except KeyboardInterrupt:
+        pass

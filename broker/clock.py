@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta, timezone
 
 
@@ -10,6 +11,10 @@ class SystemClock:
 
     def now(self) -> datetime:
         return datetime.now(timezone.utc)
+
+    def at(self, epoch_s: float) -> datetime:
+        """This clock's time for a wall-clock timestamp (when an agent saw something happen)."""
+        return datetime.fromtimestamp(epoch_s, timezone.utc)
 
 
 class ManualClock:
@@ -21,7 +26,25 @@ class ManualClock:
     def now(self) -> datetime:
         return self._now
 
+    def at(self, epoch_s: float) -> datetime:
+        return self._now
+
     def advance(self, **delta: float) -> datetime:
         """Move forward by a timedelta's keyword arguments (hours=1.5, ...)."""
         self._now += timedelta(**delta)
         return self._now
+
+
+class ScaledClock:
+    """Wall time running `speedup` times faster from now: the demo's compressed hours."""
+
+    def __init__(self, speedup: float = 1.0, start: datetime | None = None):
+        self.speedup = speedup
+        self._start = start or datetime.now(timezone.utc)
+        self._origin, self._origin_epoch = time.monotonic(), time.time()
+
+    def now(self) -> datetime:
+        return self._start + timedelta(seconds=(time.monotonic() - self._origin) * self.speedup)
+
+    def at(self, epoch_s: float) -> datetime:
+        return self._start + timedelta(seconds=(epoch_s - self._origin_epoch) * self.speedup)

@@ -162,6 +162,7 @@ class JobSpec(_Spec):
     tiers: list[Tier] = Field(default_factory=lambda: list(Tier), min_length=1)
     fill: bool = False
     priority: int = 0
+    max_restarts: int = Field(3, ge=0, le=100)
 
     @model_validator(mode="before")
     @classmethod
@@ -264,8 +265,39 @@ class Quote(BaseModel):
         return 100.0 * self.savings_usd / base.expected_cost_usd
 
 
+class Run(BaseModel):
+    """One attempt of a job on one agent; its fence token makes older attempts stale."""
+
+    fence: int
+    agent: str
+    offer: Offer
+    resume_from: str | None = None
+    dispatched_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    end_reason: str | None = None  # finished, failed, preempted, lost, cancelled
+    exit_code: int | None = None
+    progress_done: float = 0.0
+    progress_total: float | None = None
+    last_progress_at: datetime | None = None
+    checkpoint_url: str | None = None
+    checkpoint_step: int | None = None
+    checkpoint_at: datetime | None = None
+    cost_usd: float = 0.0
+    work_lost_s: float = 0.0
+
+    @property
+    def id(self) -> str:
+        return f"r{self.fence}"
+
+    def hours(self, until: datetime) -> float:
+        """Billed hours: from start (or dispatch, for a run that never started) to its end or `until`."""
+        begin = self.started_at or self.dispatched_at
+        return max(0.0, ((self.ended_at or until) - begin).total_seconds() / 3600)
+
+
 class Job(BaseModel):
-    """A submitted job as the store keeps it."""
+    """A submitted job as the store keeps it, with its history of runs."""
 
     id: str
     spec: JobSpec
@@ -274,3 +306,32 @@ class Job(BaseModel):
     updated_at: datetime
     quote: Quote
     reason: str | None = None
+    fence: int = 0  # the token of the newest run; events carrying another are stale
+    restarts: int = 0
+    runs: list[Run] = []
+    log_tail: list[str] = []
+
+    @property
+    def current_run(self) -> Run | None:
+        """The newest run while it has not ended."""
+        return self.runs[-1] if self.runs and self.runs[-1].ended_at is None else None
+
+    @property
+    def cost_usd(self) -> float:
+        return sum(r.cost_usd for r in self.runs)
+
+    @property
+    def migrations(self) -> int:
+        return sum(1 for r in self.runs[:-1] if r.end_reason in ("preempted", "lost"))
+
+
+class AgentInfo(BaseModel):
+    """An agent as it registers: the instance (Offer) it stands for, and the job it runs."""
+
+    id: str
+    offer: Offer
+    host: str
+    pid: int
+    registered_at: datetime
+    job: str | None = None
+    fence: int | None = None

@@ -16,6 +16,8 @@ class Settings:
     home: Path  # BROKER_HOME: the embedded server's data and state
     prices_dir: Path | None  # BROKER_PRICES_DIR: snapshot CSVs; None means the packaged copy
     policy: str  # BROKER_POLICY: the planner used for quotes
+    checkpoints: str  # BROKER_CHECKPOINTS: fsspec URL of the checkpoint store
+    prefix: str = "broker:"  # BROKER_PREFIX: key prefix in Redis
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
@@ -27,4 +29,6 @@ class Settings:
             home=Path(home),
             prices_dir=Path(prices) if prices else None,
             policy=env.get("BROKER_POLICY", DEFAULT_POLICY),
+            checkpoints=env.get("BROKER_CHECKPOINTS") or str(Path(home) / "checkpoints"),
+            prefix=env.get("BROKER_PREFIX", "broker:"),
         )

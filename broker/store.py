@@ -2,28 +2,41 @@
 
 Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis):
 
-    {p}job:{id}     STRING  the Job as JSON: spec, quote, state (the source of truth for one job)
-    {p}jobs         ZSET    job id -> submitted_at (epoch seconds), for listing in order
-    {p}events       STREAM  one entry per state change: job, state, at (ISO), reason
+    {p}job:{id}          STRING  the Job as JSON: spec, quote, state, runs (the source of truth for one job)
+    {p}jobs              ZSET    job id -> submitted_at (epoch seconds), for listing in order
+    {p}events            STREAM  one entry per job state change: job, state, at (ISO), reason
+    {p}agent:{id}        STRING  the AgentInfo as JSON: the offer it stands for, its current job
+    {p}agents            SET     registered agent ids
+    {p}lease:{id}        STRING  present while the agent's heartbeat lease is alive (PX expiry);
+                                 "leaving" once its instance is going away (no new work)
+    {p}assign:{id}       STREAM  assignments to one agent: job, fence; consumer group "agent"
+    {p}agent-events      STREAM  what agents report: agent, job, fence, type, data (JSON);
+                                 consumer group "broker", stale pending entries reclaimed
 
-A state change writes the job and its event in one MULTI/EXEC transaction, under WATCH so
-two writers cannot both move a job. The server runs with AOF on (appendfsync always for
-the embedded server), so a change is on disk before the call returns.
+A change to a job writes the job, its event and whatever must go with it (an assignment,
+the agent's record) in one MULTI/EXEC transaction under WATCH, so two writers cannot both
+move a job and a dispatch is never half done. The server runs with AOF on (appendfsync
+always for the embedded server), so a change is on disk before the call returns.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
+from collections.abc import Callable
 from datetime import datetime
 
 import redis
 
 from broker.errors import BrokerError, NotFoundError, StoreUnavailableError
-from broker.model import Job, JobState
+from broker.model import AgentInfo, Job, JobState
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "broker:"
+AGENT_GROUP = "agent"
+BROKER_GROUP = "broker"
 
 
 class Store:
@@ -89,8 +102,14 @@ class Store:
             jobs = [j for j in jobs if j.state in states]
         return jobs[-limit:] if limit else jobs
 
-    def set_state(self, job_id: str, state: JobState, now: datetime, reason: str | None = None) -> Job:
-        """Move a job to `state` with its event, atomically; a terminal job cannot move."""
+    def update_job(
+        self,
+        job_id: str,
+        change: Callable[[Job], Job | None],
+        also: Callable[[redis.client.Pipeline, Job], None] | None = None,
+        reason: str | None = None,
+    ) -> Job | None:
+        """Apply `change` to the job atomically (None means no change); `also` adds commands to the same transaction."""
         key = self._key("job", job_id)
         with self.redis.pipeline(transaction=True) as pipe:
             while True:
@@ -99,17 +118,129 @@ class Store:
                     raw = pipe.get(key)
                     if raw is None:
                         raise NotFoundError(f"job: no job {job_id!r}; `broker list` shows the ids")
-                    job = Job.model_validate_json(raw)
-                    if job.state.terminal:
-                        raise BrokerError(f"job: {job_id} is already {job.state.value}; nothing to change")
-                    job = job.model_copy(update={"state": state, "updated_at": now, "reason": reason})
+                    before = Job.model_validate_json(raw)
+                    job = change(before)
+                    if job is None:
+                        pipe.unwatch()
+                        return None
                     pipe.multi()
                     pipe.set(key, job.model_dump_json())
-                    self._event(pipe, job, reason)
+                    if job.state != before.state:
+                        self._event(pipe, job, reason or job.reason)
+                    if also:
+                        also(pipe, job)
                     pipe.execute()
                     return job
                 except redis.WatchError:
                     continue
+
+    def set_state(self, job_id: str, state: JobState, now: datetime, reason: str | None = None) -> Job:
+        """Move a job to `state` with its event, atomically; a terminal job cannot move."""
+
+        def move(job: Job) -> Job:
+            if job.state.terminal:
+                raise BrokerError(f"job: {job_id} is already {job.state.value}; nothing to change")
+            return job.model_copy(update={"state": state, "updated_at": now, "reason": reason})
+
+        return self.update_job(job_id, move, reason=reason)
+
+    # -- agents -------------------------------------------------------------------------
+
+    def register_agent(self, agent: AgentInfo, lease_ms: int) -> None:
+        """Record the agent, its lease and its assignment stream's consumer group."""
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._key("agent", agent.id), agent.model_dump_json())
+            pipe.sadd(self._key("agents"), agent.id)
+            pipe.set(self._key("lease", agent.id), agent.pid, px=lease_ms)
+            pipe.execute()
+        try:
+            self.redis.xgroup_create(self._key("assign", agent.id), AGENT_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as err:  # BUSYGROUP: it exists (a restarted agent)
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    def renew_lease(self, agent_id: str, lease_ms: int) -> bool:
+        """Extend the agent's lease; False if it had already expired (the broker may have moved its job)."""
+        return bool(self.redis.set(self._key("lease", agent_id), 1, px=lease_ms, xx=True))
+
+    def lease_alive(self, agent_id: str) -> bool:
+        return bool(self.redis.exists(self._key("lease", agent_id)))
+
+    def available(self, agent_id: str) -> bool:
+        """Alive and not leaving: may be given work."""
+        return self.redis.get(self._key("lease", agent_id)) not in (None, "leaving")
+
+    def mark_leaving(self, agent_id: str) -> None:
+        """The agent's instance is going away: keep its lease (its reports still count) but give it no work."""
+        self.redis.set(self._key("lease", agent_id), "leaving", xx=True, keepttl=True)
+
+    def agents(self) -> list[AgentInfo]:
+        """Every registered agent (alive or not: check lease_alive)."""
+        ids = sorted(self.redis.smembers(self._key("agents")))
+        raws = self.redis.mget([self._key("agent", i) for i in ids]) if ids else []
+        return [AgentInfo.model_validate_json(r) for r in raws if r]
+
+    def get_agent(self, agent_id: str) -> AgentInfo | None:
+        raw = self.redis.get(self._key("agent", agent_id))
+        return AgentInfo.model_validate_json(raw) if raw else None
+
+    def put_agent(self, pipe, agent: AgentInfo) -> None:
+        """Queue an agent record update on a transaction pipeline (with its job's change)."""
+        pipe.set(self._key("agent", agent.id), agent.model_dump_json())
+
+    def remove_agent(self, agent_id: str) -> None:
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self._key("agent", agent_id), self._key("lease", agent_id), self._key("assign", agent_id))
+            pipe.srem(self._key("agents"), agent_id)
+            pipe.execute()
+
+    # -- streams ------------------------------------------------------------------------
+
+    def assign(self, pipe, agent_id: str, job_id: str, fence: int) -> None:
+        """Queue an assignment on a transaction pipeline (with the job's new run)."""
+        pipe.xadd(self._key("assign", agent_id), {"job": job_id, "fence": fence})
+
+    def read_assignment(self, agent_id: str, block_ms: int) -> tuple[str, dict] | None:
+        """The next assignment for the agent: redelivered pending ones first, then new ones."""
+        stream = self._key("assign", agent_id)
+        for start in ("0", ">"):
+            reply = self.redis.xreadgroup(AGENT_GROUP, agent_id, {stream: start}, count=1, block=None if start == "0" else block_ms)
+            entries = reply[0][1] if reply else []
+            if entries and entries[0][1]:
+                return entries[0]
+        return None
+
+    def ack_assignment(self, agent_id: str, entry_id: str) -> None:
+        self.redis.xack(self._key("assign", agent_id), AGENT_GROUP, entry_id)
+
+    def report(self, agent_id: str, job_id: str, fence: int, kind: str, **data) -> str:
+        """An agent's event for the broker (started, progress, checkpoint, notice, exited); `at` is when it happened."""
+        data.setdefault("at", time.time())
+        fields = {"agent": agent_id, "job": job_id, "fence": fence, "type": kind, "data": json.dumps(data, default=str)}
+        return self.redis.xadd(self._key("agent-events"), fields)
+
+    def _ensure_broker_group(self) -> None:
+        try:
+            self.redis.xgroup_create(self._key("agent-events"), BROKER_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    def read_reports(self, consumer: str, count: int = 200, block_ms: int | None = None, reclaim_idle_ms: int = 30_000) -> list[tuple[str, dict]]:
+        """Agent events for this broker replica: its own unacked ones, stale ones of dead replicas, then new ones."""
+        self._ensure_broker_group()
+        stream = self._key("agent-events")
+        mine = self.redis.xreadgroup(BROKER_GROUP, consumer, {stream: "0"}, count=count)
+        entries = [e for e in (mine[0][1] if mine else []) if e[1]]
+        _, claimed, _ = self.redis.xautoclaim(stream, BROKER_GROUP, consumer, reclaim_idle_ms, "0-0", count=count)
+        entries += [e for e in claimed if e[1] and e[0] not in {x[0] for x in entries}]
+        if not entries:
+            new = self.redis.xreadgroup(BROKER_GROUP, consumer, {stream: ">"}, count=count, block=block_ms)
+            entries = new[0][1] if new else []
+        return [(entry_id, {**fields, "fence": int(fields["fence"]), "data": json.loads(fields["data"])}) for entry_id, fields in entries]
+
+    def ack_report(self, entry_id: str) -> None:
+        self.redis.xack(self._key("agent-events"), BROKER_GROUP, entry_id)
 
     def events(self, job_id: str | None = None, count: int = 1000) -> list[dict]:
         """State-change events, oldest first, optionally for one job."""

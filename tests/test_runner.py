@@ -11,7 +11,7 @@ from broker.agents.checkpoints import CheckpointStore
 from broker.agents.runner import JobProcess, job_argv
 from conftest import make_spec
 
-TRAIN = Path(__file__).parent / "jobs" / "train_mlp.py"
+TRAIN = Path(__file__).resolve().parent.parent / "examples" / "jobs" / "train_mlp.py"
 
 
 def train_spec(**env):

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from collections import deque
 from pathlib import Path
 
@@ -43,8 +44,11 @@ class JobProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.events_file = self.run_dir / "events.jsonl"
         self.log_file = self.run_dir / "output.log"
+        # the agent's Python environment is the job's default one: `python` in argv means it
+        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
         self.env = {
             **os.environ,
+            "PATH": path,
             **(extra_env or {}),
             **spec.env,
             "BROKER_JOB_ID": job_id,

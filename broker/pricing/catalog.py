@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
 
+from broker.errors import BrokerError
 from broker.model import Offer, Tier
 from broker.pricing.hazard import SpotAdvisorHazard
 from broker.pricing.snapshot import load_snapshot
@@ -55,6 +57,17 @@ class PriceCatalog:
                     )
                 )
         return offers
+
+    @cached_property
+    def by_id(self) -> dict[str, Offer]:
+        return {o.id: o for o in self.offers}
+
+    def offer(self, offer_id: str) -> Offer:
+        """The offer with this id (cloud/zone/instance-type/tier), or a BrokerError naming close ids."""
+        if offer_id not in self.by_id:
+            close = difflib.get_close_matches(offer_id, list(self.by_id), n=3)
+            raise BrokerError(f"offer: unknown offer {offer_id!r}; " + (f"did you mean {', '.join(close)}?" if close else "see `broker prices`"))
+        return self.by_id[offer_id]
 
     def table(
         self,

@@ -1,4 +1,4 @@
-"""A deterministic torch training job written against broker.sdk (used by the tests and the demo).
+"""A deterministic torch training job written against broker.sdk (the demo runs it; so do the tests).
 
 Every step's batch is drawn from a generator seeded by the step number, so a run resumed
 from a checkpoint at step k computes exactly what an uninterrupted run computes.

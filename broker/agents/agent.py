@@ -1,0 +1,158 @@
+"""`broker agent`: the process on an instance. It registers the capacity it stands for, keeps
+a heartbeat lease, takes assignments from its stream, runs each job through the job
+contract, forwards the job's events, and on a preemption notice has the job checkpoint
+and leaves. It acknowledges an assignment only once the job process has started, and
+runs an assignment only while its fence token is the job's newest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from broker.agents.runner import JobProcess
+from broker.model import AgentInfo, Offer
+from broker.store import Store
+
+log = logging.getLogger(__name__)
+
+FORWARDED = ("progress", "checkpoint", "restored", "checkpoint_skipped")
+NOTICE_MARGIN_S = 2.0  # stop the job this long before the instance goes away (less on a short notice)
+
+
+class Agent:
+    """One instance's agent: one job at a time."""
+
+    def __init__(
+        self,
+        store: Store,
+        agent_id: str,
+        offer: Offer,
+        checkpoint_root: str,
+        run_root: Path,
+        notices=None,
+        heartbeat_s: float = 1.0,
+        lease_s: float = 5.0,
+        grace_s: float = 30.0,
+    ):
+        self.store, self.id, self.offer = store, agent_id, offer
+        self.checkpoint_root = checkpoint_root.rstrip("/")
+        self.run_root = Path(run_root)
+        self.notices = notices
+        self.heartbeat_s, self.lease_ms, self.grace_s = heartbeat_s, int(lease_s * 1000), grace_s
+        self.job: JobProcess | None = None
+        self.fence: int | None = None
+        self.started_fences: set[tuple[str, int]] = set()
+        self._last_beat = 0.0
+        self._stopping = False
+
+    def register(self) -> None:
+        now = datetime.now(timezone.utc)
+        info = AgentInfo(id=self.id, offer=self.offer, host=socket.gethostname(), pid=os.getpid(), registered_at=now)
+        self.store.register_agent(info, self.lease_ms)
+        self._last_beat = time.monotonic()
+        log.info("agent=%s registered offer=%s", self.id, self.offer.id)
+
+    def run(self) -> str:
+        """Serve assignments until preempted or stopped; returns why it ended."""
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stopping", True))
+        self.register()
+        while True:
+            outcome = self.step()
+            if outcome:
+                return outcome
+
+    def step(self, block_ms: int = 200) -> str | None:
+        """One turn of the loop; a string when the agent must end (preempted, stopped, lease-lost)."""
+        if time.monotonic() - self._last_beat >= self.heartbeat_s:
+            self._last_beat = time.monotonic()
+            if not self.store.renew_lease(self.id, self.lease_ms):
+                self._end_job("lost", kill=True)
+                return "lease-lost"
+            if self.job and not self._still_mine():
+                self._end_job("fenced")
+        notice = self.notices.check() if self.notices else None
+        if notice or self._stopping:
+            return self._leave(notice)
+        if self.job:
+            self._forward()
+            code = self.job.poll()
+            if code is not None:
+                self._forward()
+                self._end_job("finished" if code == 0 else "failed", code=code)
+            else:
+                time.sleep(0.05)
+            return None
+        self._take_assignment(block_ms)
+        return None
+
+    def _still_mine(self) -> bool:
+        job = self.store.get_job(self.job.job_id)
+        return job.fence == self.fence and not job.state.terminal
+
+    def _take_assignment(self, block_ms: int) -> None:
+        entry = self.store.read_assignment(self.id, block_ms)
+        if entry is None:
+            return
+        entry_id, fields = entry
+        job_id, fence = fields["job"], int(fields["fence"])
+        job = self.store.get_job(job_id)
+        run = job.current_run
+        stale = job.fence != fence or run is None or run.agent != self.id or job.state.terminal
+        if stale or (job_id, fence) in self.started_fences or run.started_at is not None:
+            log.info("agent=%s skip job=%s fence=%d (stale or already started)", self.id, job_id, fence)
+            self.store.ack_assignment(self.id, entry_id)
+            return
+        process = JobProcess(
+            job.spec, job_id, f"{self.checkpoint_root}/{job_id}", self.run_root / job_id / run.id, run.resume_from
+        )
+        self.started_fences.add((job_id, fence))
+        try:
+            process.start()
+        except OSError as err:
+            self.store.report(self.id, job_id, fence, "exited", reason="failed", code=None, log_tail=[str(err)])
+            self.store.ack_assignment(self.id, entry_id)
+            return
+        self.job, self.fence = process, fence
+        self.store.report(self.id, job_id, fence, "started", pid=process.pid, resume_from=run.resume_from)
+        self.store.ack_assignment(self.id, entry_id)  # only now: a crash before this redelivers it
+
+    def _forward(self) -> None:
+        for event in self.job.events():
+            if event.get("type") in FORWARDED:
+                data = {k: v for k, v in event.items() if k not in ("type", "job")}
+                self.store.report(self.id, self.job.job_id, self.fence, event["type"], **data)
+
+    def _end_job(self, reason: str, code: int | None = None, kill: bool = False) -> None:
+        if self.job is None:
+            return
+        if self.job.poll() is None:
+            self.job.kill() if kill else self.job.stop(self.grace_s)
+        self._forward()
+        code = self.job.poll() if code is None else code
+        tail = self.job.log_tail() if reason == "failed" else []
+        self.store.report(self.id, self.job.job_id, self.fence, "exited", reason=reason, code=code, log_tail=tail)
+        self.job, self.fence = None, None
+
+    def _leave(self, notice) -> str:
+        """The instance is going away: take no more work, checkpoint the job within the notice's lead, report.
+
+        The lease is left to lapse, not deleted, so the broker applies the exit report first.
+        """
+        self.store.mark_leaving(self.id)
+        if self.job:
+            self.store.report(self.id, self.job.job_id, self.fence, "notice", deadline=notice.deadline if notice else None)
+            grace = self.grace_s
+            if notice:
+                left = (notice.deadline - datetime.now(timezone.utc)).total_seconds()
+                grace = max(0.5, left - min(NOTICE_MARGIN_S, left / 4))
+            self.job.stop(grace)
+            self._end_job("preempted")
+        if notice and hasattr(self.notices, "acknowledge"):
+            self.notices.acknowledge(notice)
+        return "preempted" if notice else "stopped"

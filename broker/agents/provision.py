@@ -1,0 +1,53 @@
+"""Provisioners start agents for chosen offers. The local one starts `broker agent` processes
+that stand for instances; a spot one is preempted where its trace says capacity was lost.
+(Terraform and the cloud SDKs provision real instances: infra/terraform/.)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from broker.model import Offer
+
+
+class LocalProvisioner:
+    """Agents as local processes, sharing this machine's Redis and checkpoint store."""
+
+    def __init__(
+        self, redis_url: str, checkpoint_root: str, run_root: Path, speedup: float = 1.0, lease_s: float = 5.0,
+        prefix: str = "broker:",
+    ):  # fmt: skip
+        self.redis_url, self.checkpoint_root, self.run_root = redis_url, checkpoint_root, Path(run_root)
+        self.prefix = prefix
+        self.speedup, self.lease_s = speedup, lease_s
+        self.agents: dict[str, subprocess.Popen] = {}
+
+    def start(self, agent_id: str, offer: Offer, notices: str = "none") -> subprocess.Popen:
+        """Start an agent standing for an instance of `offer`; `notices` as for `broker agent --notices`."""
+        self.run_root.mkdir(parents=True, exist_ok=True)
+        log = open(self.run_root / f"agent-{agent_id}.log", "ab")
+        argv = [
+            sys.executable, "-m", "broker", "agent", "--id", agent_id, "--offer", offer.id,
+            "--notices", notices, "--speedup", str(self.speedup), "--lease-s", str(self.lease_s),
+            "--checkpoints", self.checkpoint_root, "--runs", str(self.run_root),
+        ]  # fmt: skip
+        env = {**os.environ, "BROKER_REDIS_URL": self.redis_url, "BROKER_PREFIX": self.prefix}
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        log.close()
+        self.agents[agent_id] = proc
+        return proc
+
+    def stop_all(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM every agent (each checkpoints its job), then SIGKILL stragglers."""
+        for proc in self.agents.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.agents.values():
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
