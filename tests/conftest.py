@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import socket
 import subprocess
 import time
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import pytest
 import redis
+import torch
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from broker.agents.runner import JobProcess
 from broker.clock import ManualClock
 from broker.pricing.catalog import PriceCatalog
 from broker.specfile import validate_spec
@@ -103,3 +106,36 @@ def make_spec(now: datetime = NOW, **fields):
     }
     data.update(fields)
     return validate_spec(data, now)
+
+
+TRAIN = EXAMPLES / "jobs" / "train_mlp.py"
+
+
+def train_spec(**env):
+    """The deterministic torch training job of examples/jobs, 60 steps, a checkpoint every 10."""
+    return make_spec(
+        name="train", run=[sys.executable, str(TRAIN)], env={"STEPS": "60", "CKPT_EVERY": "10", **env},
+        resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 0.1},
+    )  # fmt: skip
+
+
+def run_to_end(spec, job_id, store_root, run_dir, resume_from=None):
+    job = JobProcess(spec, job_id, f"{store_root}/{job_id}", run_dir, resume_from=resume_from)
+    job.start()
+    assert job.wait(timeout=120) == 0, job.log_tail()
+    return job
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory):
+    """Final weights of the training job run start to finish."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    out = tmp / "final.pt"
+    run_to_end(train_spec(OUTPUT=str(out)), "train", tmp / "ckpt", tmp / "run")
+    return torch.load(out)
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name

@@ -145,15 +145,21 @@ def test_bad_deadline_flag_is_refused(env, tmp_path):
     assert result.exit_code == 2 and "deadline: 'tomorrow' is not a time" in result.stderr
 
 
-def test_demo_quotes_every_example_and_refuses_the_underfunded_one(env):
+def test_demo_runs_the_product_end_to_end_with_a_migration(env):
     result = run("demo", "--examples", EXAMPLES, "--json")
     assert result.exit_code == 0, result.output
-    rows = {Path(r["file"]).name: r for r in json.loads(result.stdout)}
-    assert set(rows) == {p.name for p in EXAMPLES.glob("*.yaml")}
-    assert "no offer meets both" in rows["eval-sweep-underfunded.yaml"]["refused"]
-    stored = [r for r in rows.values() if r.get("stored")]
-    assert len(stored) == len(rows) - 1
-    assert len(json.loads(run("list", "--json").stdout)) == len(stored)
+    body = json.loads(result.stdout)
+    quotes = {Path(q["file"]).name: q for q in body["quotes"]}
+    assert set(quotes) == {p.name for p in EXAMPLES.glob("*.yaml")}
+    assert "no offer meets both" in quotes["eval-sweep-underfunded.yaml"]["refused"]
+    assert json.loads(run("list", "--json").stdout) == []  # quotes only: the user's namespace stays empty
+    jobs = {j["name"]: j for j in body["jobs"]}
+    assert {j["state"] for j in jobs.values()} == {"done"}
+    train = jobs["demo-train-mlp"]
+    assert train["migrations"] == 1 and train["tiers"][0] == "spot" and len(train["agents"]) == 2
+    assert train["work_lost_s"] <= 40 * 0.08 * body["speedup"]  # at most one checkpoint interval
+    assert body["cost_usd"] < body["on_demand_cost_usd"] and body["savings_pct"] > 0
+    assert body["cost_usd"] == pytest.approx(sum(j["cost_usd"] for j in jobs.values()), abs=1e-3)
 
 
 def test_embedded_redis_is_started_by_the_cli_and_stopped_by_broker_stop(monkeypatch, tmp_path):

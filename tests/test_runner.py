@@ -9,14 +9,7 @@ import torch
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.runner import JobProcess, job_argv
-from conftest import make_spec
-
-TRAIN = Path(__file__).resolve().parent.parent / "examples" / "jobs" / "train_mlp.py"
-
-
-def train_spec(**env):
-    return make_spec(run=[sys.executable, str(TRAIN)], env={"STEPS": "60", "CKPT_EVERY": "10", **env})
-
+from conftest import assert_same_weights, make_spec, run_to_end, train_spec
 
 def wait_for(job, predicate, timeout_s=60):
     """Poll the job's events until one satisfies `predicate`."""
@@ -28,28 +21,6 @@ def wait_for(job, predicate, timeout_s=60):
         assert job.poll() is None, job.log_tail()
         time.sleep(0.02)
     raise AssertionError("timed out waiting for the job's event")
-
-
-def run_to_end(spec, job_id, store_root, run_dir, resume_from=None):
-    job = JobProcess(spec, job_id, f"{store_root}/{job_id}", run_dir, resume_from=resume_from)
-    job.start()
-    assert job.wait(timeout=120) == 0, job.log_tail()
-    return job
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """Final weights of the training job run start to finish."""
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    out = tmp / "final.pt"
-    run_to_end(train_spec(OUTPUT=str(out)), "train", tmp / "ckpt", tmp / "run")
-    return torch.load(out)
-
-
-def assert_same_weights(a, b):
-    assert a.keys() == b.keys()
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
 
 
 def test_preempted_job_resumes_with_identical_weights(tmp_path, uninterrupted):

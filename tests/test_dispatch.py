@@ -1,0 +1,179 @@
+"""Agents and the broker server over a real Redis: dispatch, preemption, migration, faults."""
+
+import json
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import torch
+
+from broker import policies
+from broker.agents.agent import Agent
+from broker.agents.checkpoints import CheckpointStore
+from broker.agents.notices import Notice
+from broker.clock import SystemClock
+from broker.demo import pick_agents
+from broker.model import JobState
+from broker.server import BrokerServer
+from broker.service import Broker
+from broker.store import Store
+from conftest import assert_same_weights, make_spec, train_spec
+
+
+class Switch:
+    """A notice source the test fires by hand, as a cloud would."""
+
+    def __init__(self):
+        self.fired = None
+
+    def fire(self, lead_s=10.0):
+        self.fired = Notice("test", "terminate", datetime.now(timezone.utc) + timedelta(seconds=lead_s))
+
+    def check(self):
+        return self.fired
+
+
+class System:
+    def __init__(self, redis_url, tmp_path, catalog):
+        self.store = Store(redis_url)
+        self.root = str(tmp_path / "ckpt")
+        self.runs = tmp_path / "runs"
+        policy = policies.get()
+        self.broker = Broker(self.store, catalog, policy, SystemClock())
+        self.server = BrokerServer(self.store, policy, SystemClock(), CheckpointStore(self.root), lease_s=1.0)
+        self.offers = {name: offer for name, offer, _ in pick_agents(catalog)}  # spot-a is the cheapest
+        self.agents: dict[str, Agent] = {}
+
+    def agent(self, name, notices=None):
+        agent = Agent(self.store, name, self.offers[name], self.root, self.runs, notices=notices, heartbeat_s=0.2, lease_s=1.0, grace_s=10)
+        agent.register()
+        self.agents[name] = agent
+        return agent
+
+    def drive(self, until, timeout_s=90, silent=()):
+        """Turn every live agent and the server until `until()` holds."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for name, agent in list(self.agents.items()):
+                if name not in silent and agent.step(block_ms=10):
+                    del self.agents[name]  # the agent ended (preempted, stopped)
+            self.server.round(block_ms=10)
+            if until():
+                return
+        raise AssertionError("timed out")
+
+    def job(self, job_id):
+        return self.store.get_job(job_id)
+
+    def reports(self, kind):
+        return [f for _, f in self.store.redis.xrange("broker:agent-events") if f["type"] == kind]
+
+
+@pytest.fixture
+def system(redis_url, tmp_path, catalog):
+    return System(redis_url, tmp_path, catalog)
+
+
+def progressed(system, job_id, done):
+    run = system.job(job_id).current_run
+    return run is not None and run.progress_done >= done
+
+
+def test_preempted_job_migrates_and_finishes_with_identical_weights(system, tmp_path, uninterrupted):
+    notice = Switch()
+    system.agent("spot-a", notices=notice)
+    system.agent("ondemand-a")
+    job = system.broker.submit(train_spec(OUTPUT=str(tmp_path / "final.pt"), STEP_SLEEP_S="0.03"))
+    system.drive(lambda: progressed(system, job.id, 23))
+    notice.fire()
+    system.drive(lambda: system.job(job.id).state == JobState.done)
+    done = system.job(job.id)
+    assert [(r.agent, r.end_reason) for r in done.runs] == [("spot-a", "preempted"), ("ondemand-a", "finished")]
+    first, second = done.runs
+    assert first.checkpoint_step >= 23 and second.resume_from == first.checkpoint_url  # saved on the notice
+    assert first.work_lost_s == 0 and done.migrations == 1
+    assert [r.offer.tier.value for r in done.runs] == ["spot", "on_demand"]
+    assert done.cost_usd == pytest.approx(sum(r.offer.price_usd_per_h * r.hours(r.ended_at) for r in done.runs))
+    assert_same_weights(torch.load(tmp_path / "final.pt"), uninterrupted)
+
+
+def test_an_agent_killed_mid_job_loses_its_lease_and_the_job_resumes_elsewhere(system, tmp_path, uninterrupted):
+    spot = system.agent("spot-a")
+    system.agent("ondemand-a")
+    job = system.broker.submit(train_spec(OUTPUT=str(tmp_path / "final.pt"), STEP_SLEEP_S="0.03"))
+    system.drive(lambda: progressed(system, job.id, 27))
+    spot.job.kill()  # the instance vanished with its processes: no notice, no exit report
+    system.drive(lambda: system.job(job.id).state == JobState.done, silent={"spot-a"})
+    done = system.job(job.id)
+    assert [(r.agent, r.end_reason) for r in done.runs] == [("spot-a", "lost"), ("ondemand-a", "finished")]
+    lost = done.runs[0]
+    resumed_step = int(done.runs[1].resume_from.rsplit("-", 1)[1])  # the newest verified one in the store
+    assert resumed_step >= lost.checkpoint_step >= 20 and resumed_step in (20, 30)
+    steps_per_s = lost.progress_done / (lost.last_progress_at - lost.started_at).total_seconds()
+    assert lost.work_lost_s <= 10 / steps_per_s + 0.5  # at most one checkpoint interval (10 steps)
+    assert system.store.get_agent("spot-a") is None  # forgotten once its lease lapsed
+    assert_same_weights(torch.load(tmp_path / "final.pt"), uninterrupted)
+
+
+def l4_spec(name, code, **fields):
+    """A small python job for the L4 agents."""
+    return make_spec(name=name, run=[sys.executable, "-c", code], resources={"accelerators": ["L4:1"]}, **fields)
+
+
+def quick_spec():
+    return l4_spec("quick", "import time; time.sleep(0.3)")
+
+
+def test_a_duplicate_delivery_starts_one_run(system):
+    system.agent("spot-a")
+    job = system.broker.submit(quick_spec())
+    assert system.server.dispatch() == [(job.id, "spot-a")]
+    system.store.redis.xadd("broker:assign:spot-a", {"job": job.id, "fence": 1})  # delivered twice
+    system.drive(lambda: system.job(job.id).state == JobState.done)
+    assert len(system.reports("started")) == 1 and len(system.job(job.id).runs) == 1
+    assert system.store.redis.xpending("broker:assign:spot-a", "agent")["pending"] == 0
+
+
+def test_stale_assignments_and_reports_change_nothing(system):
+    system.agent("spot-a")
+    job = system.broker.submit(quick_spec())
+    system.server.dispatch()
+    system.drive(lambda: system.job(job.id).state == JobState.done)
+    before = system.job(job.id)
+    system.store.redis.xadd("broker:assign:spot-a", {"job": job.id, "fence": 0})
+    system.agents["spot-a"].step(block_ms=10)
+    assert len(system.reports("started")) == 1
+    stale = {"agent": "spot-a", "job": job.id, "fence": 0, "type": "exited", "data": {"reason": "failed", "code": 1}}
+    assert system.server.apply(stale) is None and system.job(job.id) == before
+
+
+def test_a_failing_job_is_retried_then_failed_with_its_last_lines(system):
+    system.agent("spot-a")
+    spec = l4_spec("crash", "print('loading'); print('boom: bad input'); raise SystemExit(3)", max_restarts=1)
+    job = system.broker.submit(spec)
+    system.drive(lambda: system.job(job.id).state.terminal)
+    failed = system.job(job.id)
+    assert failed.state == JobState.failed and failed.restarts == 2
+    assert [(r.end_reason, r.exit_code) for r in failed.runs] == [("failed", 3), ("failed", 3)]
+    assert failed.log_tail[-2:] == ["loading", "boom: bad input"]
+
+
+def test_cancelling_a_running_job_stops_it_and_frees_the_agent(system):
+    system.agent("spot-a")
+    job = system.broker.submit(l4_spec("long", "import time; time.sleep(60)"))
+    system.drive(lambda: system.job(job.id).state == JobState.running)
+    system.broker.cancel(job.id)
+    system.drive(lambda: system.job(job.id).current_run is None, timeout_s=20)
+    cancelled = system.job(job.id)
+    assert cancelled.state == JobState.cancelled and cancelled.runs[0].end_reason == "fenced"
+    assert system.store.get_agent("spot-a").job is None
+
+
+def test_reports_carry_the_agent_the_job_and_the_fence(system):
+    system.agent("spot-a")
+    job = system.broker.submit(quick_spec())
+    system.drive(lambda: system.job(job.id).state == JobState.done)
+    started = system.reports("started")[0]
+    assert (started["agent"], started["job"], started["fence"]) == ("spot-a", job.id, "1")
+    assert json.loads(started["data"])["pid"] > 0
