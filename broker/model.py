@@ -317,6 +317,17 @@ class Job(BaseModel):
         return self.runs[-1] if self.runs and self.runs[-1].ended_at is None else None
 
     @property
+    def pending(self) -> bool:
+        """Waiting for capacity: queued or migrating, with no run under way."""
+        return self.state in (JobState.queued, JobState.migrating) and self.current_run is None
+
+    @property
+    def urgency(self) -> float:
+        """Dispatch order, smallest first: higher priority, then earlier deadline (or submission)."""
+        by = self.spec.deadline or self.submitted_at
+        return -self.spec.priority * 1e11 + by.timestamp()
+
+    @property
     def cost_usd(self) -> float:
         return sum(r.cost_usd for r in self.runs)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.errors import InfeasibleError
@@ -19,8 +19,6 @@ from broker.store import Store
 
 log = logging.getLogger(__name__)
 
-PENDING = {JobState.queued, JobState.migrating}
-
 
 class BrokerServer:
     """One broker replica's control loop over the shared store."""
@@ -28,14 +26,20 @@ class BrokerServer:
     def __init__(self, store: Store, policy, clock, checkpoints: CheckpointStore, consumer: str = "server-1", lease_s: float = 5.0):
         self.store, self.policy, self.clock, self.checkpoints = store, policy, clock, checkpoints
         self.consumer = consumer
-        self.lease = timedelta(seconds=lease_s)
+        self.lease_s = lease_s
+        self._last_reclaim = 0.0
 
     def round(self, block_ms: int = 100) -> None:
-        """Apply reports, reclaim lost agents' jobs, dispatch."""
+        """Apply reports (one transaction per job), reclaim lost agents' jobs, dispatch."""
+        by_job: dict[str, list[tuple[str, dict]]] = {}
         for entry_id, report in self.store.read_reports(self.consumer, block_ms=block_ms):
-            self.apply(report)
-            self.store.ack_report(entry_id)  # after the change is stored: a crash re-applies, and apply is idempotent
-        self.reclaim_lost()
+            by_job.setdefault(report["job"], []).append((entry_id, report))
+        for entries in by_job.values():
+            self.apply([report for _, report in entries])
+            self.store.ack_reports([entry_id for entry_id, _ in entries])  # after the change: a crash re-applies
+        if time.monotonic() - self._last_reclaim >= self.lease_s / 4:  # leases last seconds: no need every round
+            self._last_reclaim = time.monotonic()
+            self.reclaim_lost()
         self.dispatch()
 
     def serve(self, until=lambda: False, interval_s: float = 0.05) -> None:
@@ -45,40 +49,60 @@ class BrokerServer:
 
     # -- reports --------------------------------------------------------------------------
 
-    def apply(self, report: dict) -> Job | None:
-        """Fold one agent report into its job; stale fences and repeats change nothing."""
-        kind, data = report["type"], report["data"]
-        now = self.clock.at(data["at"]) if "at" in data else self.clock.now()
+    def apply(self, reports: list[dict]) -> Job | None:
+        """Fold one job's reports into it, in order, in one transaction; stale fences and repeats change nothing."""
+        job_id = reports[0]["job"]
+        transitions: list[tuple[JobState, str | None]] = []
 
         def change(job: Job) -> Job | None:
-            run = job.current_run
-            if run is None or report["fence"] != job.fence or run.agent != report["agent"]:
-                return None
-            run = run.model_copy()
-            update: dict = {"updated_at": now}
-            if kind == "started":
-                if run.started_at is not None:
-                    return None
-                run.started_at = now
-                update.update(state=JobState.running, reason=f"running on {run.agent}")
-            elif kind == "progress":
-                run.progress_done, run.progress_total, run.last_progress_at = data["done"], data["total"], now
-            elif kind == "checkpoint":
-                run.checkpoint_url, run.checkpoint_step, run.checkpoint_at = data["url"], data["step"], now
-            elif kind == "notice":
-                update.update(state=JobState.migrating, reason=f"preemption notice on {run.agent}")
-            elif kind == "exited":
-                _end_run(run, now, data["reason"], data.get("code"))
-                update.update(self._after_run(job, run, data))
-            else:
-                return None
-            return job.model_copy(update={**update, "runs": job.runs[:-1] + [run]})
+            transitions.clear()
+            folded = job
+            for report in reports:
+                after = self._fold(folded, report)
+                if after is not None:
+                    if after.state != folded.state:
+                        transitions.append((after.state, after.reason))
+                    folded = after
+            return None if folded is job else folded
 
-        def free_agent(pipe, job: Job) -> None:
-            if kind == "exited":
-                self._release_agent(pipe, report["agent"], job.id)
+        exits = {r["agent"] for r in reports if r["type"] == "exited"}
+        agents = [a for a in (self.store.get_agent(agent_id) for agent_id in exits) if a is not None]
 
-        return self.store.update_job(report["job"], change, also=free_agent)
+        def also(pipe, job: Job) -> None:
+            for state, reason in transitions:
+                self.store.event(pipe, job.id, state, job.updated_at, reason)
+            for agent in agents:
+                if agent.job == job.id:
+                    self.store.put_agent(pipe, agent.model_copy(update={"job": None, "fence": None}))
+
+        return self.store.update_job(job_id, change, also=also, emit=False)
+
+    def _fold(self, job: Job, report: dict) -> Job | None:
+        """The job after one report, or None when the report does not apply (stale, repeated, unknown)."""
+        kind, data = report["type"], report["data"]
+        now = self.clock.at(data["at"]) if "at" in data else self.clock.now()
+        run = job.current_run
+        if run is None or report["fence"] != job.fence or run.agent != report["agent"]:
+            return None
+        run = run.model_copy()
+        update: dict = {"updated_at": now}
+        if kind == "started":
+            if run.started_at is not None:
+                return None
+            run.started_at = now
+            update.update(state=JobState.running, reason=f"running on {run.agent}")
+        elif kind == "progress":
+            run.progress_done, run.progress_total, run.last_progress_at = data["done"], data["total"], now
+        elif kind == "checkpoint":
+            run.checkpoint_url, run.checkpoint_step, run.checkpoint_at = data["url"], data["step"], now
+        elif kind == "notice":
+            update.update(state=JobState.migrating, reason=f"preemption notice on {run.agent}")
+        elif kind == "exited":
+            _end_run(run, now, data["reason"], data.get("code"))
+            update.update(self._after_run(job, run, data))
+        else:
+            return None
+        return job.model_copy(update={**update, "runs": job.runs[:-1] + [run]})
 
     def _after_run(self, job: Job, run: Run, data: dict) -> dict:
         reason = run.end_reason
@@ -94,19 +118,16 @@ class BrokerServer:
             return {"state": JobState.migrating, "reason": f"{reason} on {run.agent}"}
         return {}  # fenced or cancelled: the job already moved on
 
-    def _release_agent(self, pipe, agent_id: str, job_id: str) -> None:
-        agent = self.store.get_agent(agent_id)
-        if agent and agent.job == job_id:
-            self.store.put_agent(pipe, agent.model_copy(update={"job": None, "fence": None}))
-
     # -- lost agents ----------------------------------------------------------------------
 
     def reclaim_lost(self) -> None:
         """End the runs of agents whose lease expired; their jobs go back to be dispatched."""
         now = self.clock.now()
-        for job in self.store.list_jobs(PENDING | {JobState.running}):
+        active = self.store.active_jobs()
+        leases = self.store.leases(sorted({j.current_run.agent for j in active if j.current_run}))
+        for job in active:
             run = job.current_run
-            if run is None or self.store.lease_alive(run.agent):
+            if run is None or leases[run.agent] is not None:
                 continue
 
             def lose(current: Job, fence=job.fence) -> Job | None:
@@ -121,25 +142,34 @@ class BrokerServer:
                 )  # fmt: skip
 
             self.store.update_job(job.id, lose)
-        for agent in self.store.agents():  # gone: its job (if any) was handled above
-            if not self.store.lease_alive(agent.id):
+        agents = self.store.agents()
+        leases = self.store.leases([a.id for a in agents])
+        for agent in agents:  # gone: its job (if any) was handled above
+            if leases[agent.id] is None:
                 self.store.remove_agent(agent.id)
 
     # -- dispatch -------------------------------------------------------------------------
 
     def dispatch(self) -> list[tuple[str, str]]:
         """Give pending jobs to idle agents, most urgent first; returns (job, agent) pairs."""
-        idle = [a for a in self.store.agents() if a.job is None and self.store.available(a.id)]
-        pending = [j for j in self.store.list_jobs(PENDING) if j.current_run is None]
-        pending.sort(key=lambda j: (-j.spec.priority, j.spec.deadline or datetime.max.replace(tzinfo=j.submitted_at.tzinfo), j.submitted_at))
-        done = []
-        for job in pending:
-            agent = self._choose(job, idle)
-            if agent is None:
-                continue
-            if self._assign(job, agent):
-                idle.remove(agent)
-                done.append((job.id, agent.id))
+        agents = self.store.agents()
+        leases = self.store.leases([a.id for a in agents])
+        idle = [a for a in agents if a.job is None and leases[a.id] not in (None, "leaving")]
+        done, start, page = [], 0, 200
+        while idle:
+            jobs = self.store.pending_jobs(start, page)  # most urgent first
+            assigned = 0
+            for job in jobs:
+                agent = self._choose(job, idle)
+                if agent is not None and self._assign(job, agent):
+                    idle.remove(agent)
+                    done.append((job.id, agent.id))
+                    assigned += 1
+                    if not idle:
+                        break
+            if len(jobs) < page:
+                break
+            start += len(jobs) - assigned  # the assigned ones left the index
         return done
 
     def _choose(self, job: Job, idle: list[AgentInfo]) -> AgentInfo | None:
@@ -166,7 +196,7 @@ class BrokerServer:
         run = Run(fence=fence, agent=agent.id, offer=agent.offer, resume_from=latest.url if latest else None, dispatched_at=now)
 
         def change(current: Job) -> Job | None:
-            if current.fence != job.fence or current.current_run is not None or current.state not in PENDING:
+            if current.fence != job.fence or not current.pending:
                 return None  # someone else moved it meanwhile
             return current.model_copy(update={"fence": fence, "runs": current.runs + [run], "updated_at": now})
 

@@ -5,6 +5,8 @@ Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis):
     {p}job:{id}          STRING  the Job as JSON: spec, quote, state, runs (the source of truth for one job)
     {p}jobs              ZSET    job id -> submitted_at (epoch seconds), for listing in order
     {p}events            STREAM  one entry per job state change: job, state, at (ISO), reason
+    {p}pending           ZSET    jobs waiting for capacity -> urgency (priority, then deadline)
+    {p}active            SET     jobs with a run under way
     {p}agent:{id}        STRING  the AgentInfo as JSON: the offer it stands for, its current job
     {p}agents            SET     registered agent ids
     {p}lease:{id}        STRING  present while the agent's heartbeat lease is alive (PX expiry);
@@ -72,17 +74,42 @@ class Store:
                 pipe.multi()
                 pipe.set(key, job.model_dump_json())
                 pipe.zadd(self._key("jobs"), {job.id: job.submitted_at.timestamp()})
+                self._index(pipe, job)
                 self._event(pipe, job, "submitted")
                 pipe.execute()
                 return True
             except redis.WatchError:  # another writer created it between WATCH and EXEC
                 return False
 
+    def _index(self, pipe, job: Job) -> None:
+        """Keep the pending and active indexes in step with the job, in the same transaction."""
+        if job.pending:
+            pipe.zadd(self._key("pending"), {job.id: job.urgency})
+        else:
+            pipe.zrem(self._key("pending"), job.id)
+        if job.current_run is not None:
+            pipe.sadd(self._key("active"), job.id)
+        else:
+            pipe.srem(self._key("active"), job.id)
+
+    def _jobs(self, ids: list[str]) -> list[Job]:
+        raws = self.redis.mget([self._key("job", i) for i in ids]) if ids else []
+        return [Job.model_validate_json(r) for r in raws if r is not None]
+
+    def pending_jobs(self, start: int = 0, count: int = 200) -> list[Job]:
+        """Jobs waiting for capacity, most urgent first (a page of them)."""
+        return self._jobs(self.redis.zrange(self._key("pending"), start, start + count - 1))
+
+    def active_jobs(self) -> list[Job]:
+        """Jobs with a run under way."""
+        return self._jobs(sorted(self.redis.smembers(self._key("active"))))
+
     def _event(self, pipe, job: Job, reason: str | None) -> None:
-        pipe.xadd(
-            self._key("events"),
-            {"job": job.id, "state": job.state.value, "at": job.updated_at.isoformat(), "reason": reason or ""},
-        )
+        self.event(pipe, job.id, job.state, job.updated_at, reason)
+
+    def event(self, pipe, job_id: str, state: JobState, at: datetime, reason: str | None) -> None:
+        """Queue a job state-change event on a transaction pipeline."""
+        pipe.xadd(self._key("events"), {"job": job_id, "state": state.value, "at": at.isoformat(), "reason": reason or ""})
 
     def get_job(self, job_id: str) -> Job:
         """The job with this id, or NotFoundError."""
@@ -93,11 +120,7 @@ class Store:
 
     def list_jobs(self, states: set[JobState] | None = None, limit: int | None = None) -> list[Job]:
         """Jobs in submission order (newest last), optionally only those in `states`."""
-        ids = self.redis.zrange(self._key("jobs"), 0, -1)
-        if not ids:
-            return []
-        raws = self.redis.mget([self._key("job", i) for i in ids])
-        jobs = [Job.model_validate_json(r) for r in raws if r is not None]
+        jobs = self._jobs(self.redis.zrange(self._key("jobs"), 0, -1))
         if states:
             jobs = [j for j in jobs if j.state in states]
         return jobs[-limit:] if limit else jobs
@@ -108,8 +131,12 @@ class Store:
         change: Callable[[Job], Job | None],
         also: Callable[[redis.client.Pipeline, Job], None] | None = None,
         reason: str | None = None,
+        emit: bool = True,
     ) -> Job | None:
-        """Apply `change` to the job atomically (None means no change); `also` adds commands to the same transaction."""
+        """Apply `change` to the job atomically (None means no change); `also` adds commands to the same transaction.
+
+        With `emit`, a change of state writes its event; callers that fold several changes write their own.
+        """
         key = self._key("job", job_id)
         with self.redis.pipeline(transaction=True) as pipe:
             while True:
@@ -125,7 +152,8 @@ class Store:
                         return None
                     pipe.multi()
                     pipe.set(key, job.model_dump_json())
-                    if job.state != before.state:
+                    self._index(pipe, job)
+                    if emit and job.state != before.state:
                         self._event(pipe, job, reason or job.reason)
                     if also:
                         also(pipe, job)
@@ -166,9 +194,10 @@ class Store:
     def lease_alive(self, agent_id: str) -> bool:
         return bool(self.redis.exists(self._key("lease", agent_id)))
 
-    def available(self, agent_id: str) -> bool:
-        """Alive and not leaving: may be given work."""
-        return self.redis.get(self._key("lease", agent_id)) not in (None, "leaving")
+    def leases(self, agent_ids: list[str]) -> dict[str, str | None]:
+        """Each agent's lease value in one round trip: None when lapsed, "leaving" when going away."""
+        values = self.redis.mget([self._key("lease", i) for i in agent_ids]) if agent_ids else []
+        return dict(zip(agent_ids, values))
 
     def mark_leaving(self, agent_id: str) -> None:
         """The agent's instance is going away: keep its lease (its reports still count) but give it no work."""
@@ -239,8 +268,8 @@ class Store:
             entries = new[0][1] if new else []
         return [(entry_id, {**fields, "fence": int(fields["fence"]), "data": json.loads(fields["data"])}) for entry_id, fields in entries]
 
-    def ack_report(self, entry_id: str) -> None:
-        self.redis.xack(self._key("agent-events"), BROKER_GROUP, entry_id)
+    def ack_reports(self, entry_ids: list[str]) -> None:
+        self.redis.xack(self._key("agent-events"), BROKER_GROUP, *entry_ids)
 
     def events(self, job_id: str | None = None, count: int = 1000) -> list[dict]:
         """State-change events, oldest first, optionally for one job."""

@@ -46,7 +46,7 @@ class System:
         self.agents: dict[str, Agent] = {}
 
     def agent(self, name, notices=None):
-        agent = Agent(self.store, name, self.offers[name], self.root, self.runs, notices=notices, heartbeat_s=0.2, lease_s=1.0, grace_s=10)
+        agent = Agent(self.store, name, self.offers[name], self.root, self.runs, notices=notices, heartbeat_s=0.2, lease_s=3.0, grace_s=10)
         agent.register()
         self.agents[name] = agent
         return agent
@@ -61,7 +61,8 @@ class System:
             self.server.round(block_ms=10)
             if until():
                 return
-        raise AssertionError("timed out")
+        jobs = [(j.id, j.state.value, j.reason, [(r.agent, r.end_reason) for r in j.runs]) for j in self.store.list_jobs()]
+        raise AssertionError(f"timed out; jobs: {jobs}; agents: {[(a.id, a.job) for a in self.store.agents()]}")
 
     def job(self, job_id):
         return self.store.get_job(job_id)
@@ -145,7 +146,7 @@ def test_stale_assignments_and_reports_change_nothing(system):
     system.agents["spot-a"].step(block_ms=10)
     assert len(system.reports("started")) == 1
     stale = {"agent": "spot-a", "job": job.id, "fence": 0, "type": "exited", "data": {"reason": "failed", "code": 1}}
-    assert system.server.apply(stale) is None and system.job(job.id) == before
+    assert system.server.apply([stale]) is None and system.job(job.id) == before
 
 
 def test_a_failing_job_is_retried_then_failed_with_its_last_lines(system):
@@ -177,3 +178,33 @@ def test_reports_carry_the_agent_the_job_and_the_fence(system):
     started = system.reports("started")[0]
     assert (started["agent"], started["job"], started["fence"]) == ("spot-a", job.id, "1")
     assert json.loads(started["data"])["pid"] > 0
+
+
+def test_reports_left_pending_by_a_dead_replica_are_applied_by_another(system):
+    agent = system.agent("spot-a")
+    job = system.broker.submit(quick_spec())
+    system.server.dispatch()
+    while not system.reports("started"):  # the agent works; no server round runs meanwhile
+        agent.step(block_ms=10)
+    dead = system.store.read_reports("server-dead", block_ms=10)  # read, never acked: the replica died
+    assert [r["type"] for _, r in dead] == ["started"]
+    survivor = BrokerServer(system.store, policies.get(), SystemClock(), system.server.checkpoints, consumer="server-2")
+    reclaimed = system.store.read_reports("server-2", reclaim_idle_ms=0)
+    assert [entry_id for entry_id, _ in reclaimed] == [entry_id for entry_id, _ in dead]
+    survivor.apply([r for _, r in reclaimed])
+    assert system.job(job.id).state in (JobState.running, JobState.done)
+
+
+def test_an_agent_whose_lease_lapsed_drops_its_job_and_registers_again(system):
+    agent = system.agent("spot-a")
+    job = system.broker.submit(l4_spec("long", "import time; time.sleep(60)"))
+    system.drive(lambda: system.job(job.id).state == JobState.running)
+    system.store.redis.delete("broker:lease:spot-a")  # a long pause: the lease ran out
+    time.sleep(0.25)
+    agent.step(block_ms=10)
+    assert agent.job is None and system.store.lease_alive("spot-a")
+    system.drive(lambda: len(system.job(job.id).runs) == 2 and system.job(job.id).state == JobState.running)
+    first = system.job(job.id).runs[0]
+    assert first.end_reason == "lost"
+    system.broker.cancel(job.id)
+    system.drive(lambda: system.job(job.id).current_run is None, timeout_s=20)

@@ -68,12 +68,13 @@ class Agent:
                 return outcome
 
     def step(self, block_ms: int = 200) -> str | None:
-        """One turn of the loop; a string when the agent must end (preempted, stopped, lease-lost)."""
+        """One turn of the loop; a string when the agent must end (preempted, stopped)."""
         if time.monotonic() - self._last_beat >= self.heartbeat_s:
             self._last_beat = time.monotonic()
-            if not self.store.renew_lease(self.id, self.lease_ms):
-                self._end_job("lost", kill=True)
-                return "lease-lost"
+            if not self.store.renew_lease(self.id, self.lease_ms):  # lapsed (a pause, a partition): the broker
+                self._end_job("lost", kill=True)  # may have moved our job, so drop it and start afresh
+                log.warning("agent=%s lease lapsed; re-registering", self.id)
+                self.register()
             if self.job and not self._still_mine():
                 self._end_job("fenced")
         notice = self.notices.check() if self.notices else None
