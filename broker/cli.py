@@ -141,6 +141,10 @@ def status(job_id: str = typer.Argument(..., help="The job id (see `broker list`
         return
     out.print(f"[bold]{job.id}[/]  state: [bold]{job.state.value}[/]" + (f"  ({job.reason})" if job.reason else ""))
     out.print(render.quote_table(job.quote, f"quote at {job.quote.created_at:%Y-%m-%d %H:%M} UTC"))
+    if job.runs:
+        out.print(render.runs_table(job))
+    for line in job.log_tail:
+        out.print(f"  | {line}", highlight=False, markup=False)
     for event in events:
         out.print(f"  {event['at']}  {event['state']:<10} {event['reason']}")
 

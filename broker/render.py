@@ -62,22 +62,40 @@ def quote_table(quote: Quote, title: str) -> Table:
 
 
 def jobs_table(jobs: list[Job]) -> Table:
+    """Jobs with where they run (or were quoted to run), the quote and the cost so far."""
     table = Table(title=f"{len(jobs)} jobs", title_justify="left")
-    for col in ("id", "state", "tier", "offer", "gpus", "expected cost", "budget", "deadline UTC", "submitted UTC"):
-        table.add_column(col, no_wrap=True)
+    for col in ("id", "state", "tier", "offer", "gpus", "quote", "cost so far", "budget", "runs", "deadline UTC"):
+        table.add_column(col, no_wrap=True, justify="right" if col in ("quote", "cost so far", "budget", "runs") else "left")
     for job in jobs:
         chosen = job.quote.chosen
+        offer = job.runs[-1].offer if job.runs else chosen.offer
         table.add_row(
             job.id,
             job.state.value,
-            chosen.offer.tier.value,
-            where(chosen),
-            gpus(chosen),
+            offer.tier.value,
+            f"{offer.cloud} {offer.instance_type} {offer.zone or offer.region}",
+            f"{offer.accelerator_count}x {offer.accelerator}",
             _money(chosen.expected_cost_usd),
+            _money(job.cost_usd),
             _money(job.spec.budget_usd),
+            str(len(job.runs)),
             _when(job.spec.deadline),
-            _when(job.submitted_at),
         )
+    return table
+
+
+def runs_table(job: Job) -> Table:
+    """A job's runs across offers: where, when, why each ended, what it cost."""
+    table = Table(title=f"runs of {job.id}", title_justify="left")
+    for col in ("run", "agent", "tier", "offer", "started UTC", "ended UTC", "end", "progress", "checkpoint", "cost", "work lost"):
+        table.add_column(col, justify="right" if col in ("cost", "work lost", "progress") else "left", no_wrap=True)
+    for run in job.runs:
+        total = f"/{run.progress_total:g}" if run.progress_total else ""
+        table.add_row(
+            run.id, run.agent, run.offer.tier.value, f"{run.offer.cloud} {run.offer.instance_type}",
+            _when(run.started_at), _when(run.ended_at), run.end_reason or "running", f"{run.progress_done:g}{total}",
+            "-" if run.checkpoint_step is None else f"step {run.checkpoint_step}", _money(run.cost_usd), f"{run.work_lost_s:.0f} s",
+        )  # fmt: skip
     return table
 
 

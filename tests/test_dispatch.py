@@ -208,3 +208,30 @@ def test_an_agent_whose_lease_lapsed_drops_its_job_and_registers_again(system):
     assert first.end_reason == "lost"
     system.broker.cancel(job.id)
     system.drive(lambda: system.job(job.id).current_run is None, timeout_s=20)
+
+
+def test_a_real_agent_process_killed_with_sigkill_hands_its_job_to_another(system, tmp_path, uninterrupted, redis_url):
+    import os
+    import signal
+
+    from broker.agents.provision import LocalProvisioner
+
+    provisioner = LocalProvisioner(redis_url, system.root, tmp_path / "agents", lease_s=2.0)
+    victim = provisioner.start("spot-a", system.offers["spot-a"])
+    try:
+        deadline = time.monotonic() + 60
+        while not system.store.lease_alive("spot-a"):
+            assert time.monotonic() < deadline and victim.poll() is None, (tmp_path / "agents" / "agent-spot-a.log").read_text()
+            time.sleep(0.1)
+        job = system.broker.submit(train_spec(OUTPUT=str(tmp_path / "final.pt"), STEP_SLEEP_S="0.03"))
+        system.drive(lambda: progressed(system, job.id, 25))
+        pid = json.loads(system.reports("started")[0]["data"])["pid"]
+        os.kill(victim.pid, signal.SIGKILL)  # the instance dies: agent and job with it
+        os.killpg(pid, signal.SIGKILL)
+        system.agent("ondemand-a")
+        system.drive(lambda: system.job(job.id).state == JobState.done)
+    finally:
+        provisioner.stop_all()
+    done = system.job(job.id)
+    assert [(r.agent, r.end_reason) for r in done.runs] == [("spot-a", "lost"), ("ondemand-a", "finished")]
+    assert_same_weights(torch.load(tmp_path / "final.pt"), uninterrupted)
