@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test redis clean
+.PHONY: setup demo test redis browser clean
 
 setup: $(STAMP) redis
 
@@ -20,10 +20,16 @@ redis:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server >/dev/null; }
 
+# Debian's chromium for the dashboard's end-to-end test (headless).
+browser:
+	@command -v chromium >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
 demo: setup
 	$(VENV)/bin/broker demo
 
-test: setup
+test: setup browser
 	$(VENV)/bin/python -m pytest -q
 
 clean:

@@ -284,3 +284,31 @@ def server(
         loop.serve()
     except KeyboardInterrupt:
         pass
+
+
+@app.command()
+@_user_errors
+def dashboard(
+    port: int = typer.Option(8501, help="Port to serve on."),
+    address: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
+) -> None:
+    """Serve the Streamlit dashboard on the live store (read-only)."""
+    import os
+    import subprocess
+    import sys
+
+    import broker
+
+    app_path = Path(broker.__file__).resolve().parent.parent / "dashboards" / "app.py"
+    if not app_path.exists():
+        raise BrokerError(f"dashboard: {app_path} not found; run broker from its source checkout (pip install -e .)")
+    settings = Settings.from_env()
+    env = {**os.environ, "BROKER_REDIS_URL": _redis_url(settings), "BROKER_PREFIX": settings.prefix}
+    argv = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless", "true",
+            "--server.address", address, "--server.port", str(port), "--browser.gatherUsageStats", "false",
+            "--client.toolbarMode", "viewer"]  # fmt: skip
+    err.print(f"dashboard on http://{address}:{port} (Ctrl-C stops it)")
+    try:
+        subprocess.run(argv, env=env, check=False)
+    except KeyboardInterrupt:
+        pass

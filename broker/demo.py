@@ -18,6 +18,7 @@ from broker.agents.provision import LocalProvisioner
 from broker.clock import ScaledClock
 from broker.model import Job, Tier
 from broker.pricing.catalog import PriceCatalog
+from broker.reporting import on_demand_equivalent_usd
 from broker.server import BrokerServer
 from broker.service import Broker
 from broker.specfile import load_spec
@@ -40,9 +41,7 @@ def pick_agents(catalog: PriceCatalog) -> list[tuple[str, object, str]]:
 
 def job_summary(job: Job) -> dict:
     """Tiers, cost, what the same work costs on on-demand, migrations and work lost."""
-    baseline = job.quote.on_demand_baseline
-    productive_h = sum(r.hours(r.ended_at or job.updated_at) for r in job.runs) - sum(r.work_lost_s for r in job.runs) / 3600
-    on_demand = (baseline.offer.price_usd_per_h if baseline else 0.0) * max(0.0, productive_h)
+    on_demand = on_demand_equivalent_usd(job, job.updated_at)
     return {
         "name": job.spec.name,
         "id": job.id,

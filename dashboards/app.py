@@ -1,0 +1,140 @@
+"""The broker dashboard (Streamlit): cost, savings, jobs, prices and risk, bubbles, backtests.
+
+Read-only on the live store: BROKER_REDIS_URL (or the embedded server's URL, which
+`broker dashboard` passes in) and BROKER_PREFIX. Live pages refresh every few seconds.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from broker import reporting
+from broker.errors import BrokerError
+from broker.pricing.catalog import PriceCatalog
+from broker.store import Store
+
+REFRESH_S = 5
+PAGES = ["Overview", "Jobs", "Prices and risk", "Bubbles", "Backtest"]
+
+
+@st.cache_resource
+def store() -> Store:
+    return Store(os.environ["BROKER_REDIS_URL"], prefix=os.environ.get("BROKER_PREFIX", "broker:"))
+
+
+@st.cache_resource
+def catalog() -> PriceCatalog:
+    prices = os.environ.get("BROKER_PRICES_DIR")
+    return PriceCatalog.from_snapshot(prices or None)
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+@st.fragment(run_every=REFRESH_S)
+def overview() -> None:
+    jobs = store().list_jobs()
+    if not jobs:
+        st.info("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
+        return
+    kpi = reporting.overview(jobs, now())
+    cols = st.columns(4)
+    cols[0].metric("Spend to date", money(kpi["spend_usd"]))
+    cols[1].metric("Savings vs on-demand", money(kpi["savings_usd"]),
+                   None if kpi["savings_pct"] is None else f"{kpi['savings_pct']:.1f}%")  # fmt: skip
+    cols[2].metric("Deadline misses", kpi["deadline_misses"])
+    cols[3].metric("Budget used", "-" if kpi["budget_used_pct"] is None else f"{kpi['budget_used_pct']:.1f}%")
+    cols = st.columns(5)
+    for col, state in zip(cols, ("running", "queued", "done", "failed", "cancelled")):
+        col.metric(f"Jobs {state}", kpi[state])
+    spend = reporting.spend_over_time(jobs, now())
+    if not spend.empty:
+        long = spend.reset_index(names="time").melt("time", var_name="tier", value_name="spend $")
+        chart = alt.Chart(long).mark_area().encode(x="time:T", y=alt.Y("spend $:Q", stack=True), color="tier:N")
+        st.subheader("Spend over time by tier")
+        st.altair_chart(chart, use_container_width=True)
+
+
+@st.fragment(run_every=REFRESH_S)
+def jobs_page() -> None:
+    jobs = store().list_jobs()
+    if not jobs:
+        st.info("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
+        return
+    st.dataframe(reporting.jobs_frame(jobs, now()), hide_index=True, use_container_width=True)
+    chosen = st.selectbox("Job", [j.id for j in jobs], index=len(jobs) - 1)
+    job = next(j for j in jobs if j.id == chosen)
+    cols = st.columns(3)
+    cols[0].metric("Quoted", money(job.quote.chosen.expected_cost_usd))
+    cols[1].metric("Realised so far", money(reporting.spend_usd(job, now())))
+    cols[2].metric("Migrations", job.migrations)
+    if job.runs:
+        st.subheader("Runs across offers")
+        runs = [
+            {"run": r.id, "agent": r.agent, "tier": r.offer.tier.value, "offer": r.offer.id, "started": r.started_at,
+             "ended": r.ended_at, "end": r.end_reason or "running", "progress": r.progress_done,
+             "checkpoint step": r.checkpoint_step, "cost $": round(r.cost_usd, 4), "work lost s": round(r.work_lost_s, 1)}
+            for r in job.runs
+        ]  # fmt: skip
+        st.dataframe(pd.DataFrame(runs), hide_index=True, use_container_width=True)
+        progress = pd.DataFrame(store().progress(job.id), columns=["time", "done"])
+        if not progress.empty:
+            progress["time"] = pd.to_datetime(progress["time"], unit="s", utc=True)
+            st.subheader("Progress over time")
+            st.line_chart(progress, x="time", y="done")
+    if job.log_tail:
+        st.subheader("Last output")
+        st.code("\n".join(job.log_tail))
+
+
+def prices_page() -> None:
+    offers = pd.DataFrame([o.model_dump() | {"offer": o.id} for o in catalog().offers])
+    gpus = sorted(offers["accelerator"].unique())
+    gpu = st.selectbox("Accelerator", gpus, index=gpus.index("A100") if "A100" in gpus else 0)
+    rows = offers[offers["accelerator"] == gpu]
+    cheapest = rows.groupby(["cloud", "tier"])["price_usd_per_h"].min().unstack("tier")
+    st.subheader(f"Cheapest {gpu} price per hour by cloud")
+    st.dataframe(cheapest, use_container_width=True)
+    by_region = rows.groupby(["cloud", "region", "tier"])["price_usd_per_h"].min().reset_index()
+    chart = alt.Chart(by_region).mark_bar().encode(
+        x=alt.X("region:N", sort="y"), y="price_usd_per_h:Q", color="tier:N", xOffset="tier:N", tooltip=["cloud", "region", "tier", "price_usd_per_h"]
+    )  # fmt: skip
+    st.subheader("Spot vs on-demand by region")
+    st.altair_chart(chart, use_container_width=True)
+    st.subheader("Preemption hazard per spot offer")
+    spot = rows[rows["tier"] == "spot"][["offer", "price_usd_per_h", "hazard_per_h", "hazard_source"]]
+    st.dataframe(spot.sort_values("price_usd_per_h"), hide_index=True, use_container_width=True)
+    st.caption("Price history arrives with the live price adapters; until then prices are the packaged snapshot.")
+
+
+def bubbles_page() -> None:
+    st.info("no main training jobs registered yet: pipeline bubbles become capacity once an instrumented "
+            "DeepSpeed job reports its bubble profile")  # fmt: skip
+
+
+def backtest_page() -> None:
+    st.info("no backtest loaded: `broker backtest` writes an output directory to compare policies here")
+
+
+def main() -> None:
+    st.set_page_config(page_title="broker", layout="wide")
+    st.title("broker")
+    page = st.sidebar.radio("Page", PAGES)
+    try:
+        {"Overview": overview, "Jobs": jobs_page, "Prices and risk": prices_page,
+         "Bubbles": bubbles_page, "Backtest": backtest_page}[page]()  # fmt: skip
+    except (BrokerError, KeyError) as error:
+        st.error(f"cannot read the store: {error}; start it with `broker dashboard` or set BROKER_REDIS_URL")
+
+
+main()

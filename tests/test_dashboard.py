@@ -1,0 +1,162 @@
+"""The dashboard: every page through streamlit.testing on a seeded real Redis, and once in headless Chromium."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from broker import policies
+from broker.model import Job, JobState, Run, Tier
+from conftest import ROOT, free_port, make_spec
+
+APP = ROOT / "dashboards" / "app.py"
+
+
+def offer(catalog, tier):
+    return min((o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1 and o.tier == tier), key=lambda o: o.price_usd_per_h)
+
+
+def ended_run(fence, off, start, hours, reason, lost_s=0.0):
+    end = start + timedelta(hours=hours)
+    return Run(fence=fence, agent=f"a{fence}", offer=off, dispatched_at=start, started_at=start, ended_at=end,
+               end_reason=reason, cost_usd=off.price_usd_per_h * hours, work_lost_s=lost_s)  # fmt: skip
+
+
+@pytest.fixture
+def seeded(store, catalog):
+    """Five jobs in every state, with known runs; returns them with the numbers the overview must show."""
+    now = datetime.now(timezone.utc)
+    spot, on_demand = offer(catalog, Tier.spot), offer(catalog, Tier.on_demand)
+    base = dict(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 1}, budget_usd=20)
+
+    def job(name, state, runs, deadline_h=24.0):
+        spec = make_spec(name=name, deadline=f"+{deadline_h}h", now=now - timedelta(hours=6), **base)
+        quote = policies.get().quote(spec, [spot, on_demand], now - timedelta(hours=6))
+        j = Job(id=name, spec=spec, state=state, submitted_at=now - timedelta(hours=6), updated_at=now, quote=quote,
+                runs=runs, fence=len(runs))  # fmt: skip
+        assert store.add_job(j)
+        return j
+
+    t0 = now - timedelta(hours=5)
+    jobs = [
+        job("migrated", JobState.done, [ended_run(1, spot, t0, 2, "preempted", 600), ended_run(2, on_demand, t0 + timedelta(hours=2), 1, "finished")]),
+        job("late", JobState.done, [ended_run(1, spot, t0, 4, "finished")], deadline_h=3),  # ends 2 h after its deadline
+        job("crashed", JobState.failed, [ended_run(1, spot, t0, 0.5, "failed")]),
+        job("waiting", JobState.queued, []),
+        job("stopped", JobState.cancelled, []),
+    ]
+    spend = sum(r.cost_usd for j in jobs for r in j.runs)
+    baseline = sum(
+        j.quote.on_demand_baseline.offer.price_usd_per_h * (sum((r.ended_at - r.started_at).total_seconds() for r in j.runs) - sum(r.work_lost_s for r in j.runs)) / 3600
+        for j in jobs
+    )  # fmt: skip
+    return {"jobs": jobs, "spend": spend, "baseline": baseline, "budget_used": 100 * spend / (20 * len(jobs))}
+
+
+@pytest.fixture
+def app(redis_url, monkeypatch):
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    monkeypatch.setenv("BROKER_PREFIX", "broker:")
+    return AppTest.from_file(str(APP), default_timeout=60)
+
+
+def dollars(text):
+    return float(text.replace("$", "").replace(",", ""))
+
+
+def test_overview_kpis_equal_the_seeded_numbers(app, seeded):
+    app.run()
+    assert not app.exception
+    metrics = {m.label: m.value for m in app.metric}
+    assert dollars(metrics["Spend to date"]) == pytest.approx(seeded["spend"], abs=0.01)
+    assert dollars(metrics["Savings vs on-demand"]) == pytest.approx(seeded["baseline"] - seeded["spend"], abs=0.01)
+    assert metrics["Budget used"] == f"{seeded['budget_used']:.1f}%"
+    assert metrics["Deadline misses"] == "1"
+    assert (metrics["Jobs done"], metrics["Jobs failed"], metrics["Jobs queued"], metrics["Jobs running"], metrics["Jobs cancelled"]) == ("2", "1", "1", "0", "1")
+
+
+def test_jobs_page_lists_every_job_and_shows_a_jobs_runs(app, seeded):
+    app.run()
+    app.sidebar.radio[0].set_value("Jobs").run()
+    assert not app.exception
+    table = app.dataframe[0].value
+    assert sorted(table["job"]) == sorted(j.id for j in seeded["jobs"])
+    migrated = table.set_index("job").loc["migrated"]
+    assert migrated["migrations"] == 1 and migrated["tier"] == "on_demand"
+    assert migrated["cost so far $"] == pytest.approx(sum(r.cost_usd for r in seeded["jobs"][0].runs), abs=1e-4)
+    app.selectbox[0].set_value("migrated").run()
+    runs = app.dataframe[1].value
+    assert list(runs["end"]) == ["preempted", "finished"] and list(runs["work lost s"]) == [600.0, 0.0]
+
+
+def test_prices_page_shows_the_cheapest_spot_and_on_demand_and_the_hazard(app, redis_url, catalog):
+    app.run()
+    app.sidebar.radio[0].set_value("Prices and risk").run()
+    assert not app.exception
+    app.selectbox[0].set_value("L4").run()
+    cheapest = app.dataframe[0].value
+    for cloud in ("aws", "gcp"):
+        for tier in (Tier.spot, Tier.on_demand):
+            expected = min(o.price_usd_per_h for o in catalog.offers if o.accelerator == "L4" and o.cloud == cloud and o.tier == tier)
+            assert cheapest.loc[cloud, tier.value] == pytest.approx(expected)
+    hazards = app.dataframe[1].value
+    assert (hazards["hazard_per_h"] > 0).all() and hazards["hazard_source"].str.contains("aws-spot-advisor|default").all()
+
+
+@pytest.mark.parametrize("page", ["Overview", "Jobs", "Bubbles", "Backtest"])
+def test_empty_pages_say_what_to_do(app, redis_url, page):
+    app.run()
+    app.sidebar.radio[0].set_value(page).run()
+    assert not app.exception
+    assert any(("broker submit" in i.value) or ("no " in i.value) for i in app.info)
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run", "--disable-quic", "--virtual-time-budget=30000"]  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (make test installs it)")
+def test_broker_dashboard_renders_its_kpis_in_headless_chromium(seeded, redis_url, tmp_path):
+    port = free_port()
+    env = {**os.environ, "BROKER_REDIS_URL": redis_url, "BROKER_HOME": str(tmp_path)}
+    broker = Path(sys.executable).parent / "broker"
+    server = subprocess.Popen([str(broker), "dashboard", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "dashboard did not come up"
+                time.sleep(0.3)
+        url = f"http://127.0.0.1:{port}/"
+        profile = ["--user-data-dir=" + str(tmp_path / "chrome")]
+        dom = ""
+        for _ in range(15):  # the first visits run while the app warms its caches (imports, catalog, store)
+            dom = subprocess.run(["chromium", *CHROMIUM_FLAGS, *profile, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+            if "Spend to date" in dom:
+                break
+            time.sleep(1)
+        shot = tmp_path / "dashboard.png"
+        for _ in range(10):  # as above: retry until the page is drawn, not blank (a blank one is about 8 kB)
+            subprocess.run(["chromium", *CHROMIUM_FLAGS, *profile, "--window-size=1400,1000", f"--screenshot={shot}", url],
+                           capture_output=True, timeout=120)  # fmt: skip
+            if shot.exists() and shot.stat().st_size > 20_000:
+                break
+            time.sleep(1)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=20)
+    assert "Spend to date" in dom and "Savings vs on-demand" in dom
+    assert f"${seeded['spend']:,.2f}" in dom
+    assert shot.exists() and shot.stat().st_size > 20_000
+    if os.environ.get("BROKER_SCREENSHOT_DIR"):  # to look at it: the file tool shows PNGs
+        shutil.copy(shot, Path(os.environ["BROKER_SCREENSHOT_DIR"]) / "dashboard.png")
