@@ -312,3 +312,77 @@ def dashboard(
         subprocess.run(argv, env=env, check=False)
     except KeyboardInterrupt:
         pass
+
+
+agents_app = typer.Typer(help="Provision agents for the current plan with Terraform (infra/terraform).", no_args_is_help=True)
+app.add_typer(agents_app, name="agents")
+POOLS_DIR = Path("infra/terraform/pools")
+
+
+@agents_app.command("provision")
+@_user_errors
+def agents_provision(
+    site: Path = typer.Option(..., help="YAML with per-cloud site values (ami_id, checkpoint_bucket, secret references, redis_url, ...)."),
+    plan: bool = typer.Option(True, "--plan/--apply", help="--plan writes the Terraform roots; --apply also runs terraform."),
+    out: Path = typer.Option(POOLS_DIR, help="Where the pools' Terraform roots go."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Write <pool>.auto.tfvars.json for each pool of the current plan (pending jobs by chosen offer)."""
+    import subprocess
+
+    import yaml
+
+    from broker.agents import terraform
+
+    try:
+        site_values = yaml.safe_load(site.read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise BrokerError(f"site: cannot read {site} ({error}); give a YAML file with aws:, gcp:, azure: sections") from None
+    broker = _broker()
+    pools = terraform.pools_from_jobs(broker.jobs())
+    if not pools:
+        out_msg = "no pending jobs: nothing to provision (submit jobs first)"
+        _print_json([]) if as_json else out.print(out_msg)
+        return
+    written = []
+    for pool in pools:
+        values = terraform.pool_values(pool, site_values, broker.catalog)
+        root = terraform.write_pool(pool, values, out)
+        written.append({"pool": pool.name, "offer": pool.offer.id, "count": pool.count, "dir": str(root)})
+    binary = terraform.terraform_binary()
+    for row in written:
+        row["command"] = f"terraform -chdir={row['dir']} init && terraform -chdir={row['dir']} apply"
+        if not plan:
+            if binary is None:
+                raise BrokerError("terraform: not installed; install Terraform >= 1.5 or OpenTofu, then rerun with --apply (or run the printed commands)")
+            for step in (["init", "-input=false"], ["apply", "-input=false", "-auto-approve"]):
+                if subprocess.run([binary, f"-chdir={row['dir']}", *step]).returncode != 0:
+                    raise BrokerError(f"terraform {step[0]} failed for pool {row['pool']}; see its output above")
+    if as_json:
+        _print_json(written)
+        return
+    for row in written:
+        out.print(f"[bold]{row['pool']}[/]: {row['count']} x {row['offer']}\n  {row['command']}")
+
+
+@agents_app.command("deprovision")
+@_user_errors
+def agents_deprovision(
+    pool: str = typer.Argument(..., help="The pool's name (a directory under --out)."),
+    out: Path = typer.Option(POOLS_DIR, help="Where the pools' Terraform roots are."),
+) -> None:
+    """Destroy a pool's instances with terraform destroy."""
+    import subprocess
+
+    from broker.agents import terraform
+
+    root = out / pool
+    if not (root / "main.tf.json").exists():
+        raise BrokerError(f"pool: no Terraform root at {root}; `ls {out}` shows the pools")
+    binary = terraform.terraform_binary()
+    command = f"terraform -chdir={root} destroy"
+    if binary is None:
+        raise BrokerError(f"terraform: not installed; install Terraform >= 1.5 or OpenTofu, or run `{command}` where it is")
+    if subprocess.run([binary, f"-chdir={root}", "destroy", "-input=false", "-auto-approve"]).returncode != 0:
+        raise BrokerError(f"terraform destroy failed for pool {pool}; see its output above")
+    out.print(f"pool {pool} destroyed")

@@ -1,0 +1,163 @@
+"""Terraform provisioning: the pools of the current plan as Terraform roots over infra/terraform/modules.
+
+A pool is the capacity the plan wants on one offer: the pending jobs whose quote chose it.
+For each pool, `write_pool` makes a directory with a generated `main.tf.json` (provider,
+the module's variables, the module call) and `<pool>.auto.tfvars.json` holding exactly the
+module's variables: pool values from the offer, site values (AMI, bucket, secret
+references, Redis URL) from the user's site file, and the module's defaults for the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hcl2
+
+import broker
+from broker.errors import BrokerError
+from broker.model import Job, Offer, Tier
+from broker.pricing.catalog import PriceCatalog
+
+MODULES = {"aws": "agent-aws", "gcp": "agent-gcp", "azure": "agent-azure"}
+
+
+def terraform_dir() -> Path:
+    """infra/terraform of the source checkout broker runs from."""
+    return Path(broker.__file__).resolve().parent.parent / "infra" / "terraform"
+
+
+def _unquote(value: Any) -> Any:
+    """python-hcl2 keeps HCL quotes on strings and keys; strip them (and its block markers)."""
+    if isinstance(value, str):
+        return value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value
+    if isinstance(value, dict):
+        return {_unquote(k): _unquote(v) for k, v in value.items() if k != "__is_block__"}
+    if isinstance(value, list):
+        return [_unquote(v) for v in value]
+    return value
+
+
+def parse_tf(path: Path) -> dict:
+    """A .tf file as plain Python data (quotes stripped)."""
+    with open(path) as f:
+        return _unquote(hcl2.load(f))
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    type: str
+    required: bool
+    default: Any
+    description: str
+
+
+def module_variables(cloud: str) -> dict[str, Variable]:
+    """The variables a cloud's agent module declares."""
+    out = {}
+    for block in parse_tf(terraform_dir() / "modules" / MODULES[cloud] / "variables.tf").get("variable", []):
+        for name, body in block.items():
+            kind = str(body.get("type", "any")).removeprefix("${").removesuffix("}")
+            out[name] = Variable(name, kind, "default" not in body, body.get("default"), body.get("description", ""))
+    return out
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    offer: Offer
+    count: int
+
+
+def pool_name(offer: Offer) -> str:
+    """A name every cloud accepts in resource names and labels: lowercase letters, digits, dashes."""
+    raw = f"{offer.cloud}-{offer.zone or offer.region}-{offer.instance_type}-{offer.tier.value}"
+    return re.sub(r"[^a-z0-9]+", "-", raw.lower()).strip("-")[:48]
+
+
+def pools_from_jobs(jobs: list[Job]) -> list[Pool]:
+    """One pool per offer chosen by pending jobs' quotes, sized to the number of those jobs."""
+    pending = [j for j in jobs if j.pending]
+    offers = {j.quote.chosen.offer.id: j.quote.chosen.offer for j in pending}
+    counts = Counter(j.quote.chosen.offer.id for j in pending)
+    return [Pool(pool_name(offers[i]), offers[i], n) for i, n in sorted(counts.items())]
+
+
+def _on_demand_price(catalog: PriceCatalog, offer: Offer) -> float | None:
+    twin = catalog.by_id.get(offer.id.rsplit("/", 1)[0] + "/on_demand")
+    return twin.price_usd_per_h if twin else None
+
+
+def pool_values(pool: Pool, site: dict, catalog: PriceCatalog) -> dict:
+    """Exactly the module's variables for this pool: offer values, then site values, then defaults."""
+    o, spot = pool.offer, pool.offer.tier == Tier.spot
+    common = {"pool_name": pool.name, "offer_id": o.id, "instance_count": pool.count, "tier": o.tier.value}
+    by_cloud = {
+        "aws": {"availability_zone_id": o.zone, "instance_type": o.instance_type, "max_price": _on_demand_price(catalog, o) if spot else None},
+        "gcp": {"zone": o.zone, "machine_type": o.instance_type},
+        "azure": {"location": o.region, "vm_size": o.instance_type, "max_bid_price": -1},
+    }  # fmt: skip
+    declared = module_variables(o.cloud)
+    cloud_site = site.get(o.cloud) or {}
+    unknown = sorted(set(cloud_site) - set(declared))
+    if unknown:
+        raise BrokerError(f"site.{o.cloud}.{unknown[0]}: not a variable of {MODULES[o.cloud]}; allowed: {', '.join(declared)}")
+    values = {**common, **by_cloud[o.cloud], **cloud_site}
+    for name, var in declared.items():
+        if name not in values:
+            if var.required:
+                raise BrokerError(f"site.{o.cloud}.{name}: required by {MODULES[o.cloud]} ({var.description}); add it to the site file")
+            values[name] = var.default
+    for name, var in declared.items():
+        check_type(f"site.{o.cloud}.{name}", var.type, values[name])
+    return {name: values[name] for name in declared}
+
+
+def check_type(field: str, kind: str, value: Any) -> None:
+    """Raise a BrokerError when `value` cannot be a Terraform value of type `kind` (null always can)."""
+    ok = (
+        value is None
+        or (kind == "string" and isinstance(value, str))
+        or (kind == "number" and isinstance(value, (int, float)) and not isinstance(value, bool))
+        or (kind == "bool" and isinstance(value, bool))
+        or (kind.startswith("map(") and isinstance(value, dict) and all(isinstance(v, str) for v in value.values()))
+        or (kind.startswith("object(") and isinstance(value, dict))
+        or kind == "any"
+    )
+    if not ok:
+        raise BrokerError(f"{field}: {value!r} is not a Terraform {kind}")
+
+
+def write_pool(pool: Pool, values: dict, out_dir: Path) -> Path:
+    """The pool's Terraform root: main.tf.json and <pool>.auto.tfvars.json; returns its directory."""
+    cloud = pool.offer.cloud
+    root = Path(out_dir) / pool.name
+    root.mkdir(parents=True, exist_ok=True)
+    module_dir = terraform_dir() / "modules" / MODULES[cloud]
+    source = os.path.relpath(module_dir, root.resolve())
+    providers = {
+        "aws": {"aws": {"region": pool.offer.region}},
+        "gcp": {"google": {"project": "${var.project}"}},
+        "azure": {"azurerm": {"features": {}}},
+    }
+    declared = module_variables(cloud)
+    config = {
+        "provider": providers[cloud],
+        "variable": {n: {"type": v.type, "description": v.description} for n, v in declared.items()},
+        "module": {"agents": {"source": source if source.startswith(".") else f"./{source}", **{n: f"${{var.{n}}}" for n in declared}}},
+    }
+    (root / "main.tf.json").write_text(json.dumps(config, indent=2) + "\n")
+    (root / f"{pool.name}.auto.tfvars.json").write_text(json.dumps(values, indent=2) + "\n")
+    return root
+
+
+def terraform_binary() -> str | None:
+    """terraform or tofu from PATH."""
+    return shutil.which("terraform") or shutil.which("tofu")

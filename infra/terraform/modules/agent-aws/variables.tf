@@ -1,0 +1,92 @@
+variable "pool_name" {
+  description = "Name of the broker pool these agents serve; tagged as broker-pool."
+  type        = string
+}
+
+variable "offer_id" {
+  description = "The broker offer the instances stand for (cloud/zone/instance-type/tier), passed to `broker agent --offer`."
+  type        = string
+}
+
+variable "availability_zone_id" {
+  description = "AWS availability zone ID (for example use1-az1), as the price catalog names zones."
+  type        = string
+}
+
+variable "instance_type" {
+  description = "GPU instance type, for example g6.xlarge or p4d.24xlarge."
+  type        = string
+}
+
+variable "instance_count" {
+  description = "How many instances (agents) to run."
+  type        = number
+  default     = 1
+}
+
+variable "tier" {
+  description = "Capacity tier: spot or on_demand; tagged as broker-tier."
+  type        = string
+  default     = "spot"
+
+  validation {
+    condition     = contains(["spot", "on_demand"], var.tier)
+    error_message = "tier must be spot or on_demand."
+  }
+}
+
+variable "max_price" {
+  description = "Highest spot price in USD per hour; null caps it at the on-demand price."
+  type        = number
+  default     = null
+}
+
+variable "ami_id" {
+  description = "A GPU AMI with NVIDIA drivers, Python 3.11 and the AWS CLI (for example an AWS Deep Learning AMI)."
+  type        = string
+}
+
+variable "subnet_id" {
+  description = "Subnet for the instances; null uses the default subnet of the availability zone."
+  type        = string
+  default     = null
+}
+
+variable "root_volume_gb" {
+  description = "Size of the encrypted root volume in GB."
+  type        = number
+  default     = 200
+}
+
+variable "checkpoint_bucket" {
+  description = "S3 bucket holding checkpoints."
+  type        = string
+}
+
+variable "checkpoint_prefix" {
+  description = "Key prefix inside the bucket; the instances may touch nothing else."
+  type        = string
+  default     = "broker/checkpoints/"
+}
+
+variable "redis_url" {
+  description = "Broker Redis URL without a password, for example rediss://agent@broker.example.com:6380/0; the agent adds the token."
+  type        = string
+}
+
+variable "agent_token_secret_arn" {
+  description = "ARN of the Secrets Manager secret holding the agent token (the Redis password); read at boot, never put in user data."
+  type        = string
+}
+
+variable "broker_package" {
+  description = "pip requirement that installs broker on the instance."
+  type        = string
+  default     = "broker"
+}
+
+variable "tags" {
+  description = "Extra tags for every resource."
+  type        = map(string)
+  default     = {}
+}

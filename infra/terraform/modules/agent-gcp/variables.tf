@@ -1,0 +1,109 @@
+variable "pool_name" {
+  description = "Name of the broker pool these agents serve; labelled broker-pool (lowercase letters, digits, dashes)."
+  type        = string
+}
+
+variable "offer_id" {
+  description = "The broker offer the instances stand for (cloud/zone/instance-type/tier), passed to `broker agent --offer`."
+  type        = string
+}
+
+variable "project" {
+  description = "GCP project ID."
+  type        = string
+}
+
+variable "zone" {
+  description = "Zone, for example us-central1-a."
+  type        = string
+}
+
+variable "machine_type" {
+  description = "Machine type, for example g2-standard-4 or a2-highgpu-1g (their GPUs come with the machine type)."
+  type        = string
+}
+
+variable "accelerator_type" {
+  description = "Accelerator to attach to an N1 machine type (for example nvidia-tesla-t4); null for A2/A3/G2, whose GPUs are built in."
+  type        = string
+  default     = null
+}
+
+variable "accelerator_count" {
+  description = "How many accelerators to attach (N1 machine types only)."
+  type        = number
+  default     = 0
+}
+
+variable "instance_count" {
+  description = "How many instances (agents) to run."
+  type        = number
+  default     = 1
+}
+
+variable "tier" {
+  description = "Capacity tier: spot or on_demand; labelled broker-tier."
+  type        = string
+  default     = "spot"
+
+  validation {
+    condition     = contains(["spot", "on_demand"], var.tier)
+    error_message = "tier must be spot or on_demand."
+  }
+}
+
+variable "image" {
+  description = "Boot image with NVIDIA drivers, Python 3.11, cloud-init and gcloud (for example a Deep Learning VM image)."
+  type        = string
+}
+
+variable "boot_disk_gb" {
+  description = "Boot disk size in GB."
+  type        = number
+  default     = 200
+}
+
+variable "network" {
+  description = "VPC network."
+  type        = string
+  default     = "default"
+}
+
+variable "subnetwork" {
+  description = "Subnetwork; null uses the network's subnetwork in the zone's region."
+  type        = string
+  default     = null
+}
+
+variable "checkpoint_bucket" {
+  description = "Cloud Storage bucket holding checkpoints."
+  type        = string
+}
+
+variable "checkpoint_prefix" {
+  description = "Object prefix inside the bucket; the service account may touch nothing else."
+  type        = string
+  default     = "broker/checkpoints/"
+}
+
+variable "redis_url" {
+  description = "Broker Redis URL without a password, for example rediss://agent@broker.example.com:6380/0; the agent adds the token."
+  type        = string
+}
+
+variable "agent_token_secret_id" {
+  description = "Secret Manager secret ID holding the agent token (the Redis password); read at boot, never put in metadata."
+  type        = string
+}
+
+variable "broker_package" {
+  description = "pip requirement that installs broker on the instance."
+  type        = string
+  default     = "broker"
+}
+
+variable "labels" {
+  description = "Extra labels for the instances."
+  type        = map(string)
+  default     = {}
+}

@@ -1,0 +1,185 @@
+"""Terraform modules for agents: they parse, declare and document their variables, set spot right,
+open no inbound port, keep the token out of user data; `broker agents provision --plan` fills them."""
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from broker.agents import terraform
+from broker.agents.terraform import MODULES, Pool, module_variables, parse_tf, pool_name, pool_values, write_pool
+from broker.cli import app
+from broker.errors import BrokerError
+from broker.model import Job, Tier
+from broker.policies import get
+from conftest import NOW, ROOT, make_spec
+
+TF = ROOT / "infra" / "terraform"
+TF_FILES = sorted(TF.glob("modules/*/*.tf")) + sorted(TF.glob("examples/*/*.tf"))
+
+SITE = {
+    "aws": {"ami_id": "ami-0123456789abcdef0", "checkpoint_bucket": "ckpts", "redis_url": "rediss://agent@r.example:6380/0",
+            "agent_token_secret_arn": "arn:aws:secretsmanager:us-east-1:1:secret:tok"},
+    "gcp": {"project": "acme", "image": "projects/x/global/images/family/y", "checkpoint_bucket": "ckpts",
+            "redis_url": "rediss://agent@r.example:6380/0", "agent_token_secret_id": "tok"},
+    "azure": {"resource_group_name": "rg", "subnet_id": "/subscriptions/s/x/subnets/a", "admin_ssh_public_key": "ssh-ed25519 AAAA k",
+              "checkpoint_container_id": "/subscriptions/s/c", "checkpoint_url": "az://c/broker/", "storage_account_name": "acct",
+              "redis_url": "rediss://agent@r.example:6380/0", "agent_token_secret_id": "https://v.vault.azure.net/secrets/tok",
+              "key_vault_id": "/subscriptions/s/v"},
+}  # fmt: skip
+
+
+def module_files(cloud):
+    return sorted((TF / "modules" / MODULES[cloud]).glob("*.tf"))
+
+
+def resources(cloud, kind):
+    """Bodies of the module's resources of one type."""
+    out = []
+    for path in module_files(cloud):
+        for block in parse_tf(path).get("resource", []):
+            out += [body for name, body in block.get(kind, {}).items()]
+    return out
+
+
+@pytest.mark.parametrize("path", TF_FILES, ids=lambda p: str(p.relative_to(TF)))
+def test_every_tf_file_parses(path):
+    assert isinstance(parse_tf(path), dict)
+
+
+@pytest.mark.parametrize("cloud", MODULES)
+def test_every_variable_used_is_declared_and_every_declared_one_documented(cloud):
+    declared = module_variables(cloud)
+    used = set()
+    for path in module_files(cloud):
+        used |= set(re.findall(r"\bvar\.([a-z_][a-z0-9_]*)", path.read_text()))
+    assert used <= set(declared), used - set(declared)
+    assert set(declared) <= used, f"declared but unused: {set(declared) - used}"
+    assert all(len(v.description) > 10 for v in declared.values())
+    for name in ("variables.tf", "outputs.tf", "versions.tf", "main.tf", "README.md"):
+        assert (TF / "modules" / MODULES[cloud] / name).exists(), name
+    readme = (TF / "modules" / MODULES[cloud] / "README.md").read_text()
+    assert all(f"`{name}`" in readme for name in declared)
+
+
+def test_aws_spot_is_one_time_terminate_with_imdsv2_required():
+    template = resources("aws", "aws_launch_template")[0]
+    market = template["dynamic"][0]["instance_market_options"]["content"][0]
+    spot = market["spot_options"][0]
+    assert market["market_type"] == "spot"
+    assert (spot["spot_instance_type"], spot["instance_interruption_behavior"]) == ("one-time", "terminate")
+    assert template["metadata_options"][0]["http_tokens"] == "required"
+
+
+def test_gcp_spot_scheduling_is_deleted_on_preemption():
+    scheduling = resources("gcp", "google_compute_instance")[0]["scheduling"][0]
+    assert '"SPOT"' in scheduling["provisioning_model"] and scheduling["preemptible"] == "${local.spot}"
+    assert scheduling["automatic_restart"] is False and scheduling["on_host_maintenance"] == "TERMINATE"
+    assert '"DELETE"' in scheduling["instance_termination_action"]
+
+
+def test_azure_spot_is_evicted_by_delete_with_a_bid_cap():
+    vm = resources("azure", "azurerm_linux_virtual_machine")[0]
+    assert '"Spot"' in vm["priority"] and '"Delete"' in vm["eviction_policy"] and "var.max_bid_price" in vm["max_bid_price"]
+    assert module_variables("azure")["max_bid_price"].default == -1
+
+
+def test_no_inbound_rule_opens_a_port():
+    assert all("ingress" not in sg for sg in resources("aws", "aws_security_group"))
+    assert resources("aws", "aws_security_group_rule") == [] and resources("aws", "aws_vpc_security_group_ingress_rule") == []
+    assert resources("gcp", "google_compute_firewall") == []
+    assert all("security_rule" not in nsg for nsg in resources("azure", "azurerm_network_security_group"))
+    assert resources("azure", "azurerm_network_security_rule") == []
+
+
+def render(template: Path, values: dict) -> str:
+    """Terraform's templatefile for the ${name} interpolations these templates use."""
+    return re.sub(r"\$\{([a-z_]+)\}", lambda m: str(values[m.group(1)]), template.read_text())
+
+
+@pytest.mark.parametrize("cloud", MODULES)
+def test_user_data_reads_the_token_from_the_secret_manager_and_never_holds_it(cloud):
+    assert not [n for n in module_variables(cloud) if n.endswith("token") or "password" in n]  # no way to pass it in
+    template = TF / "modules" / MODULES[cloud] / "templates" / "cloud-init.yaml.tftpl"
+    keys = set(re.findall(r"\$\{([a-z_]+)\}", template.read_text()))
+    text = render(template, {k: f"<{k}>" for k in keys} | {"redis_url": "rediss://agent@r.example:6380/0"})
+    reader = {"aws": "aws secretsmanager get-secret-value", "gcp": "gcloud secrets versions access", "azure": "vault.azure.net"}[cloud]
+    assert reader in text and ("<secret_arn>" in text or "<secret_id>" in text)
+    assert not re.search(r"://[^/@\s'$]*:[^/@\s'$]+@", text)  # no URL with a literal password (only $token at boot)
+    assert "umask 077" in text  # the token lands in a root-only file
+
+
+def offer_of(catalog, cloud, tier=Tier.spot):
+    return min((o for o in catalog.offers if o.cloud == cloud and o.tier == tier), key=lambda o: o.price_usd_per_h)
+
+
+@pytest.mark.parametrize("cloud", MODULES)
+def test_tfvars_have_exactly_the_modules_variables_with_valid_types(cloud, catalog, tmp_path):
+    offer = offer_of(catalog, cloud)
+    pool = Pool(pool_name(offer), offer, 3)
+    root = write_pool(pool, pool_values(pool, SITE, catalog), tmp_path)
+    tfvars = json.loads((root / f"{pool.name}.auto.tfvars.json").read_text())
+    declared = module_variables(cloud)
+    assert set(tfvars) == set(declared)
+    for name, var in declared.items():
+        terraform.check_type(name, var.type, tfvars[name])
+    assert tfvars["instance_count"] == 3 and tfvars["offer_id"] == offer.id and tfvars["tier"] == "spot"
+    config = json.loads((root / "main.tf.json").read_text())
+    assert (root / config["module"]["agents"]["source"]).resolve() == (TF / "modules" / MODULES[cloud]).resolve()
+    if cloud == "aws":
+        on_demand = catalog.by_id[offer.id.replace("/spot", "/on_demand")].price_usd_per_h
+        assert tfvars["max_price"] == on_demand and tfvars["availability_zone_id"] == offer.zone
+
+
+def test_missing_or_mistyped_site_values_are_named(catalog):
+    offer = offer_of(catalog, "aws")
+    pool = Pool(pool_name(offer), offer, 1)
+    incomplete = {"aws": {k: v for k, v in SITE["aws"].items() if k != "ami_id"}}
+    with pytest.raises(BrokerError, match="site.aws.ami_id: required by agent-aws"):
+        pool_values(pool, incomplete, catalog)
+    with pytest.raises(BrokerError, match="site.aws.root_volume_gb: 'big' is not a Terraform number"):
+        pool_values(pool, {"aws": {**SITE["aws"], "root_volume_gb": "big"}}, catalog)
+    with pytest.raises(BrokerError, match="site.aws.ami: not a variable of agent-aws"):
+        pool_values(pool, {"aws": {**SITE["aws"], "ami": "x"}}, catalog)
+
+
+def test_provision_plan_writes_one_pool_per_chosen_offer(store, catalog, redis_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    spec = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 1})
+    quote = get().quote(spec, catalog.offers, NOW)
+    for i in range(2):
+        store.add_job(Job(id=f"j{i}", spec=spec, submitted_at=quote.created_at, updated_at=quote.created_at, quote=quote))
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump(SITE))
+    result = CliRunner().invoke(app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools"), "--json"])
+    assert result.exit_code == 0, result.output
+    [row] = json.loads(result.stdout)
+    assert row["count"] == 2 and row["offer"] == quote.chosen.offer.id and "apply" in row["command"]
+    assert (Path(row["dir"]) / f"{row['pool']}.auto.tfvars.json").exists()
+
+
+terraform_bin = terraform.terraform_binary()
+
+
+@pytest.mark.skipif(terraform_bin is None, reason="no terraform or tofu binary on PATH")
+def test_terraform_fmt_check_passes():
+    done = subprocess.run([terraform_bin, "fmt", "-check", "-recursive", str(TF)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(terraform_bin is None, reason="no terraform or tofu binary on PATH")
+@pytest.mark.parametrize("cloud", MODULES)
+def test_terraform_validate_passes(cloud, tmp_path):
+    shutil.copytree(TF, tmp_path / "terraform", ignore=shutil.ignore_patterns("pools", ".terraform"))
+    work = tmp_path / "terraform" / "examples" / cloud
+    init = subprocess.run([terraform_bin, f"-chdir={work}", "init", "-backend=false", "-input=false", "-no-color"], capture_output=True, text=True, timeout=120)
+    if init.returncode != 0:
+        why = next((line.strip() for line in init.stderr.splitlines() if line.strip().startswith("Error")), init.stderr[-200:])
+        pytest.skip(f"terraform init cannot fetch the {cloud} provider here: {why}")
+    done = subprocess.run([terraform_bin, f"-chdir={work}", "validate", "-no-color"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
