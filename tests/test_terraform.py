@@ -183,3 +183,21 @@ def test_terraform_validate_passes(cloud, tmp_path):
         pytest.skip(f"terraform init cannot fetch the {cloud} provider here: {why}")
     done = subprocess.run([terraform_bin, f"-chdir={work}", "validate", "-no-color"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_apply_without_terraform_says_how_to_install_it(store, catalog, redis_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    monkeypatch.setattr(terraform, "terraform_binary", lambda: None)
+    spec = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 1})
+    quote = get().quote(spec, catalog.offers, NOW)
+    store.add_job(Job(id="j", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote))
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump(SITE))
+    result = CliRunner().invoke(app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools"), "--apply"])
+    assert result.exit_code == 2 and "terraform: not installed; install Terraform >= 1.5 or OpenTofu" in result.stderr
+    assert list((tmp_path / "pools").iterdir())  # the plan is written all the same, to apply by hand
+
+
+def test_deprovision_of_an_unknown_pool_is_refused(tmp_path):
+    result = CliRunner().invoke(app, ["agents", "deprovision", "nope", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and f"pool: no Terraform root at {tmp_path / 'nope'}" in result.stderr
