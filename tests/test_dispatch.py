@@ -235,3 +235,15 @@ def test_a_real_agent_process_killed_with_sigkill_hands_its_job_to_another(syste
     done = system.job(job.id)
     assert [(r.agent, r.end_reason) for r in done.runs] == [("spot-a", "lost"), ("ondemand-a", "finished")]
     assert_same_weights(torch.load(tmp_path / "final.pt"), uninterrupted)
+
+
+def test_a_job_cancelled_before_its_agent_started_it_frees_the_agent(system):
+    agent = system.agent("spot-a")
+    job = system.broker.submit(quick_spec())
+    assert system.server.dispatch() == [(job.id, "spot-a")]
+    system.broker.cancel(job.id)
+    agent.step(block_ms=10)
+    system.server.round(block_ms=10)
+    cancelled = system.job(job.id)
+    assert cancelled.current_run is None and cancelled.runs[0].end_reason == "cancelled"
+    assert system.reports("started") == [] and system.store.get_agent("spot-a").job is None

@@ -104,9 +104,13 @@ class Agent:
         job_id, fence = fields["job"], int(fields["fence"])
         job = self.store.get_job(job_id)
         run = job.current_run
-        stale = job.fence != fence or run is None or run.agent != self.id or job.state.terminal
+        stale = job.fence != fence or run is None or run.agent != self.id
         if stale or (job_id, fence) in self.started_fences or run.started_at is not None:
             log.info("agent=%s skip job=%s fence=%d (stale or already started)", self.id, job_id, fence)
+            self.store.ack_assignment(self.id, entry_id)
+            return
+        if job.state.terminal:  # cancelled between dispatch and now: close the run so the broker frees us
+            self.store.report(self.id, job_id, fence, "exited", reason="cancelled", code=None, log_tail=[])
             self.store.ack_assignment(self.id, entry_id)
             return
         process = JobProcess(
