@@ -175,7 +175,12 @@ class JobSpec(_Spec):
     @field_validator("env", mode="before")
     @classmethod
     def _env_strings(cls, env: Any) -> Any:
-        return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else env
+        if not isinstance(env, dict):
+            return env
+        reserved = sorted(k for k in env if str(k).startswith("BROKER_"))
+        if reserved:
+            raise ValueError(f"{reserved[0]}: BROKER_* variables are set by the agent; rename it")
+        return {str(k): str(v) for k, v in env.items()}
 
     @field_validator("deadline", mode="before")
     @classmethod

@@ -108,3 +108,12 @@ def test_failed_setup_stops_the_start(tmp_path):
     with pytest.raises(OSError, match="setup exited with 3"):
         job.start()
     assert job.proc is None
+
+
+def test_the_agents_own_broker_settings_never_reach_the_job(tmp_path, monkeypatch):
+    monkeypatch.setenv("BROKER_REDIS_URL", "rediss://agent:s3cret@redis.example:6380/0")
+    code = "import os; print(sorted(k for k in os.environ if k.startswith('BROKER_')))"
+    job = JobProcess(make_spec(run=[sys.executable, "-c", code]), "j", "/tmp/c/j", tmp_path)
+    job.start()
+    job.wait(timeout=30)
+    assert job.log_tail() == ["['BROKER_CHECKPOINT_DIR', 'BROKER_EVENTS_FILE', 'BROKER_JOB_ID', 'BROKER_RESUME_FROM']"]

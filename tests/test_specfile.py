@@ -129,3 +129,8 @@ def test_cli_overrides_replace_the_files_deadline_and_budget(tmp_path):
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_is_a_valid_spec(path):
     assert load_spec(path, NOW).name
+
+
+def test_a_job_cannot_set_broker_variables():
+    with pytest.raises(SpecError, match=r"spec: env: BROKER_RESUME_FROM: BROKER_\* variables are set by the agent; rename it"):
+        validate_spec(base(env={"BROKER_RESUME_FROM": "/etc"}), NOW)

@@ -44,11 +44,12 @@ class JobProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.events_file = self.run_dir / "events.jsonl"
         self.log_file = self.run_dir / "output.log"
-        # the agent's Python environment is the job's default one: `python` in argv means it
-        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+        # The agent's Python environment is the job's default one (`python` in argv means it); the
+        # agent's own BROKER_* settings (its Redis URL and password among them) never reach the job.
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
+        inherited["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
         self.env = {
-            **os.environ,
-            "PATH": path,
+            **inherited,
             **(extra_env or {}),
             **spec.env,
             "BROKER_JOB_ID": job_id,
