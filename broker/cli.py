@@ -247,6 +247,7 @@ def agent(
     lease_s: float = typer.Option(5.0, help="Heartbeat lease; the broker moves the job when it lapses."),
     checkpoints: Optional[str] = typer.Option(None, help="Checkpoint store URL (default BROKER_CHECKPOINTS)."),
     runs: Optional[Path] = typer.Option(None, help="Where job logs and events go (default $BROKER_HOME/runs)."),
+    metrics_port: int = typer.Option(0, help="Serve Prometheus metrics on this loopback port (0: off)."),
 ) -> None:
     """Run the agent of one instance: take assignments, run jobs, report, checkpoint on notices."""
     from broker.agents.agent import Agent
@@ -258,9 +259,14 @@ def agent(
         source = watcher(notices, speedup)
     except ValueError as error:
         raise BrokerError(str(error)) from None
+    from broker.metrics import AgentMetrics, serve
+
+    metrics = AgentMetrics()
+    if metrics_port:
+        serve(metrics.registry, metrics_port)
     worker = Agent(
         _store(settings), agent_id, catalog.offer(offer_id), checkpoints or settings.checkpoints,
-        runs or settings.home / "runs", notices=source, lease_s=lease_s,
+        runs or settings.home / "runs", notices=source, lease_s=lease_s, metrics=metrics,
     )  # fmt: skip
     err.print(f"agent {agent_id} ended: {worker.run()}")
 
@@ -270,6 +276,7 @@ def agent(
 def server(
     speedup: float = typer.Option(1.0, help="Clock compression (demos and tests)."),
     consumer: str = typer.Option("server-1", help="This replica's name in the agent-events consumer group."),
+    metrics_port: int = typer.Option(9464, help="Serve Prometheus metrics on this loopback port (0: off)."),
 ) -> None:
     """Run the broker's control loop: apply agent reports, reclaim lost agents, dispatch."""
     from broker.agents.checkpoints import CheckpointStore
@@ -278,7 +285,12 @@ def server(
 
     settings = Settings.from_env()
     broker = _broker()
-    loop = BrokerServer(broker.store, broker.policy, ScaledClock(speedup), CheckpointStore(settings.checkpoints), consumer)
+    from broker.metrics import ServerMetrics, serve
+
+    metrics = ServerMetrics(broker.store)
+    if metrics_port:
+        serve(metrics.registry, metrics_port)
+    loop = BrokerServer(broker.store, broker.policy, ScaledClock(speedup), CheckpointStore(settings.checkpoints), consumer, metrics=metrics)
     err.print(f"broker server {consumer} running; Ctrl-C stops it")
     try:
         loop.serve()

@@ -87,10 +87,12 @@ def progress(done: float, total: float) -> None:
 def save(state: Any, step: int) -> Manifest:
     """torch.save the state as checkpoint `step`, publish it with its manifest, and report it."""
     store, job = _store()
+    began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="broker-ckpt-") as tmp:
         torch.save(state, Path(tmp) / STATE_FILE)
         manifest = store.publish(job, step, Path(tmp))
-    _emit({"type": "checkpoint", "step": step, "url": manifest.url, "bytes": manifest.size_bytes})
+    seconds = time.monotonic() - began
+    _emit({"type": "checkpoint", "step": step, "url": manifest.url, "bytes": manifest.size_bytes, "seconds": seconds})
     return manifest
 
 
@@ -100,6 +102,7 @@ def restore(weights_only: bool = True) -> Any | None:
     if not resume:
         return None
     store, job = _store()
+    began = time.monotonic()
     manifest = next((m for m in store.manifests(job) if m.url.rstrip("/") == resume.rstrip("/")), None)
     problem = "has no manifest" if manifest is None else store.verify(manifest)
     if problem:  # it broke after the agent chose it: fall back to the newest one that verifies
@@ -109,5 +112,5 @@ def restore(weights_only: bool = True) -> Any | None:
             return None
     with store.open_file(manifest, STATE_FILE) as f:
         state = torch.load(f, weights_only=weights_only, map_location="cpu")
-    _emit({"type": "restored", "step": manifest.step, "url": manifest.url})
+    _emit({"type": "restored", "step": manifest.step, "url": manifest.url, "seconds": time.monotonic() - began})
     return state

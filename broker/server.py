@@ -23,14 +23,19 @@ log = logging.getLogger(__name__)
 class BrokerServer:
     """One broker replica's control loop over the shared store."""
 
-    def __init__(self, store: Store, policy, clock, checkpoints: CheckpointStore, consumer: str = "server-1", lease_s: float = 5.0):
+    def __init__(
+        self, store: Store, policy, clock, checkpoints: CheckpointStore, consumer: str = "server-1", lease_s: float = 5.0,
+        metrics=None,
+    ):  # fmt: skip
         self.store, self.policy, self.clock, self.checkpoints = store, policy, clock, checkpoints
+        self.metrics = metrics  # a broker.metrics.ServerMetrics, or None
         self.consumer = consumer
         self.lease_s = lease_s
         self._last_reclaim = 0.0
 
     def round(self, block_ms: int = 100) -> None:
         """Apply reports (one transaction per job), reclaim lost agents' jobs, dispatch."""
+        started = time.monotonic()
         by_job: dict[str, list[tuple[str, dict]]] = {}
         for entry_id, report in self.store.read_reports(self.consumer, block_ms=block_ms):
             by_job.setdefault(report["job"], []).append((entry_id, report))
@@ -41,6 +46,8 @@ class BrokerServer:
             self._last_reclaim = time.monotonic()
             self.reclaim_lost()
         self.dispatch()
+        if self.metrics:
+            self.metrics.round_seconds.observe(time.monotonic() - started)
 
     def serve(self, until=lambda: False, interval_s: float = 0.05) -> None:
         while not until():
@@ -75,7 +82,18 @@ class BrokerServer:
                 if agent.job == job.id:
                     self.store.put_agent(pipe, agent.model_copy(update={"job": None, "fence": None}))
 
-        return self.store.update_job(job_id, change, also=also, emit=False)
+        job = self.store.update_job(job_id, change, also=also, emit=False)
+        if job is not None and self.metrics:
+            self._observe(job, reports)
+        return job
+
+    def _observe(self, job: Job, reports: list[dict]) -> None:
+        kinds = {r["type"] for r in reports}
+        run = job.runs[-1]
+        if "started" in kinds and run.started_at:
+            self.metrics.dispatch_latency.observe((run.started_at - run.dispatched_at).total_seconds())
+        if "exited" in kinds and run.end_reason == "preempted":
+            self.metrics.preemptions.inc()
 
     def _fold(self, job: Job, report: dict) -> Job | None:
         """The job after one report, or None when the report does not apply (stale, repeated, unknown)."""
@@ -141,7 +159,8 @@ class BrokerServer:
                             "runs": current.runs[:-1] + [live]}
                 )  # fmt: skip
 
-            self.store.update_job(job.id, lose)
+            if self.store.update_job(job.id, lose) is not None and self.metrics:
+                self.metrics.preemptions.inc()
         agents = self.store.agents()
         leases = self.store.leases([a.id for a in agents])
         for agent in agents:  # gone: its job (if any) was handled above
@@ -204,7 +223,10 @@ class BrokerServer:
             self.store.assign(pipe, agent.id, job.id, fence)
             self.store.put_agent(pipe, agent.model_copy(update={"job": job.id, "fence": fence}))
 
-        return self.store.update_job(job.id, change, also=send) is not None
+        assigned = self.store.update_job(job.id, change, also=send) is not None
+        if assigned and self.metrics and job.runs and job.runs[-1].end_reason in ("preempted", "lost"):
+            self.metrics.migrations.inc()
+        return assigned
 
 
 def _end_run(run: Run, now: datetime, reason: str, code: int | None) -> None:

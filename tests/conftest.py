@@ -7,7 +7,7 @@ import sys
 import socket
 import subprocess
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ import torch
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from broker.agents.notices import Notice
 from broker.agents.runner import JobProcess
 from broker.clock import ManualClock
 from broker.pricing.catalog import PriceCatalog
@@ -139,3 +140,16 @@ def assert_same_weights(a, b):
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+class Switch:
+    """A notice source the test fires by hand, as a cloud would."""
+
+    def __init__(self):
+        self.fired = None
+
+    def fire(self, lead_s=10.0):
+        self.fired = Notice("test", "terminate", datetime.now(timezone.utc) + timedelta(seconds=lead_s))
+
+    def check(self):
+        return self.fired

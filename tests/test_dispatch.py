@@ -3,7 +3,6 @@
 import json
 import sys
 import time
-from datetime import datetime, timedelta, timezone
 
 import pytest
 import torch
@@ -11,27 +10,13 @@ import torch
 from broker import policies
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
-from broker.agents.notices import Notice
 from broker.clock import SystemClock
 from broker.demo import pick_agents
 from broker.model import JobState
 from broker.server import BrokerServer
 from broker.service import Broker
 from broker.store import Store
-from conftest import assert_same_weights, make_spec, train_spec
-
-
-class Switch:
-    """A notice source the test fires by hand, as a cloud would."""
-
-    def __init__(self):
-        self.fired = None
-
-    def fire(self, lead_s=10.0):
-        self.fired = Notice("test", "terminate", datetime.now(timezone.utc) + timedelta(seconds=lead_s))
-
-    def check(self):
-        return self.fired
+from conftest import Switch, assert_same_weights, make_spec, train_spec
 
 
 class System:

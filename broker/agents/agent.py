@@ -39,11 +39,13 @@ class Agent:
         heartbeat_s: float = 1.0,
         lease_s: float = 5.0,
         grace_s: float = 30.0,
+        metrics=None,
     ):
         self.store, self.id, self.offer = store, agent_id, offer
         self.checkpoint_root = checkpoint_root.rstrip("/")
         self.run_root = Path(run_root)
         self.notices = notices
+        self.metrics = metrics  # a broker.metrics.AgentMetrics, or None
         self.heartbeat_s, self.lease_ms, self.grace_s = heartbeat_s, int(lease_s * 1000), grace_s
         self.job: JobProcess | None = None
         self.fence: int | None = None
@@ -129,6 +131,10 @@ class Agent:
 
     def _forward(self) -> None:
         for event in self.job.events():
+            if self.metrics and "seconds" in event:
+                histogram = {"checkpoint": self.metrics.checkpoint_save, "restored": self.metrics.checkpoint_restore}.get(event["type"])
+                if histogram:
+                    histogram.observe(event["seconds"])
             if event.get("type") in FORWARDED:
                 data = {k: v for k, v in event.items() if k not in ("type", "job")}
                 self.store.report(self.id, self.job.job_id, self.fence, event["type"], **data)
@@ -150,6 +156,8 @@ class Agent:
         The lease is left to lapse, not deleted, so the broker applies the exit report first.
         """
         self.store.mark_leaving(self.id)
+        if notice and self.metrics:
+            self.metrics.notices.inc()
         if self.job:
             self.store.report(self.id, self.job.job_id, self.fence, "notice", deadline=notice.deadline if notice else None)
             grace = self.grace_s

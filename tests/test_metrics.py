@@ -1,0 +1,66 @@
+"""Prometheus metrics: the server's and an agent's endpoints, scraped over HTTP after a real preempted job."""
+
+import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker import policies
+from broker.agents.agent import Agent
+from broker.agents.checkpoints import CheckpointStore
+from broker.clock import SystemClock
+from broker.demo import pick_agents
+from broker.metrics import AgentMetrics, ServerMetrics, serve
+from broker.model import JobState
+from broker.server import BrokerServer
+from broker.service import Broker
+from broker.store import Store
+from conftest import Switch, free_port, train_spec
+
+
+def scrape(port):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_server_and_agent_metrics_count_what_happened(redis_url, tmp_path, catalog):
+    store = Store(redis_url)
+    root = str(tmp_path / "ckpt")
+    offers = {name: offer for name, offer, _ in pick_agents(catalog)}
+    server_metrics, agent_metrics = ServerMetrics(store), AgentMetrics()
+    server_port, agent_port = free_port(), free_port()
+    serve(server_metrics.registry, server_port)
+    serve(agent_metrics.registry, agent_port)
+    server = BrokerServer(store, policies.get(), SystemClock(), CheckpointStore(root), lease_s=3.0, metrics=server_metrics)
+    notice = Switch()
+    agents = [
+        Agent(store, name, offers[name], root, tmp_path / "runs", notices=n, heartbeat_s=0.2, lease_s=3.0, metrics=agent_metrics)
+        for name, n in (("spot-a", notice), ("ondemand-a", None))
+    ]
+    for agent in agents:
+        agent.register()
+    job = Broker(store, catalog, policies.get(), SystemClock()).submit(train_spec(OUTPUT=str(tmp_path / "out.pt"), STEP_SLEEP_S="0.03"))
+
+    deadline = time.monotonic() + 90
+    while store.get_job(job.id).state != JobState.done:
+        assert time.monotonic() < deadline
+        for agent in list(agents):
+            if agent.step(block_ms=10):
+                agents.remove(agent)
+        server.round(block_ms=10)
+        run = store.get_job(job.id).current_run
+        if run and run.agent == "spot-a" and run.progress_done >= 15 and notice.fired is None:
+            notice.fire()
+
+    served = scrape(server_port)
+    assert served[("broker_jobs", (("state", "done"),))] == 1.0
+    assert served[("broker_preemptions_total", ())] == 1.0 and served[("broker_migrations_total", ())] == 1.0
+    assert served[("broker_dispatch_latency_seconds_count", ())] == 2.0  # two runs started
+    assert served[("broker_round_seconds_count", ())] > 10
+    done = store.get_job(job.id)
+    assert served[("broker_spend_usd", ())] == sum(r.cost_usd for r in done.runs)
+    agent_side = scrape(agent_port)
+    saves = sum(1 for r in done.runs if r.checkpoint_step)  # at least one save per run
+    assert agent_side[("broker_checkpoint_save_seconds_count", ())] >= saves
+    assert agent_side[("broker_checkpoint_restore_seconds_count", ())] == 1.0
+    assert agent_side[("broker_preemption_notices_total", ())] == 1.0
