@@ -12,12 +12,14 @@ import time
 from datetime import datetime
 
 from broker.agents.checkpoints import CheckpointStore
-from broker.errors import InfeasibleError
+from broker.errors import InfeasibleError, NotFoundError
 from broker.model import AgentInfo, Job, JobState, Run
 from broker.policies.risk import fits
 from broker.store import Store
 
 log = logging.getLogger(__name__)
+
+END_REASONS = {"finished", "failed", "preempted", "lost", "fenced", "cancelled"}
 
 
 class BrokerServer:
@@ -65,7 +67,11 @@ class BrokerServer:
             transitions.clear()
             folded = job
             for report in reports:
-                after = self._fold(folded, report)
+                try:
+                    after = self._fold(folded, report)
+                except (KeyError, TypeError, ValueError, AttributeError, OverflowError, OSError) as err:  # malformed: no change
+                    log.warning("report=malformed job=%s type=%r error=%r", job.id, report.get("type"), err)
+                    continue
                 if after is not None:
                     if after.state != folded.state:
                         transitions.append((after.state, after.reason))
@@ -82,7 +88,11 @@ class BrokerServer:
                 if agent.job == job.id:
                     self.store.put_agent(pipe, agent.model_copy(update={"job": None, "fence": None}))
 
-        job = self.store.update_job(job_id, change, also=also, emit=False)
+        try:
+            job = self.store.update_job(job_id, change, also=also, emit=False)
+        except NotFoundError:
+            log.warning("report for unknown job=%r dropped", job_id)
+            return None
         if job is not None and self.metrics:
             self._observe(job, reports)
         return job
@@ -109,20 +119,25 @@ class BrokerServer:
                 return None
             run.started_at = now
             update.update(state=JobState.running, reason=f"running on {run.agent}")
-        elif kind == "progress":
-            run.progress_done, run.progress_total, run.last_progress_at = data["done"], data["total"], now
+        elif kind == "progress":  # coerce every field: model_copy does not validate, and a bad value stored would poison the job
+            total = data.get("total")
+            run.progress_done, run.progress_total = float(data["done"]), None if total is None else float(total)
+            run.last_progress_at = now
         elif kind == "checkpoint":
-            run.checkpoint_url, run.checkpoint_step, run.checkpoint_at = data["url"], data["step"], now
+            run.checkpoint_url, run.checkpoint_step, run.checkpoint_at = str(data["url"]), int(data["step"]), now
         elif kind == "notice":
             update.update(state=JobState.migrating, reason=f"preemption notice on {run.agent}")
         elif kind == "exited":
-            _end_run(run, now, data["reason"], data.get("code"))
-            update.update(self._after_run(job, run, data))
+            if data["reason"] not in END_REASONS:
+                raise ValueError(f"unknown end reason {data['reason']!r}")
+            code = data.get("code")
+            _end_run(run, now, data["reason"], None if code is None else int(code))
+            update.update(self._after_run(job, run, [str(line) for line in data.get("log_tail") or []][-50:]))
         else:
             return None
         return job.model_copy(update={**update, "runs": job.runs[:-1] + [run]})
 
-    def _after_run(self, job: Job, run: Run, data: dict) -> dict:
+    def _after_run(self, job: Job, run: Run, log_tail: list[str]) -> dict:
         reason = run.end_reason
         if reason == "finished":
             return {"state": JobState.done, "reason": "finished"}
@@ -130,7 +145,7 @@ class BrokerServer:
             restarts = job.restarts + 1
             if restarts > job.spec.max_restarts:
                 why = f"failed {restarts} times (exit code {run.exit_code}); last output below"
-                return {"state": JobState.failed, "reason": why, "restarts": restarts, "log_tail": data.get("log_tail", [])}
+                return {"state": JobState.failed, "reason": why, "restarts": restarts, "log_tail": log_tail}
             return {"state": JobState.queued, "reason": f"restart {restarts} after exit code {run.exit_code}", "restarts": restarts}
         if reason in ("preempted", "lost"):
             return {"state": JobState.migrating, "reason": f"{reason} on {run.agent}"}

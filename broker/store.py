@@ -266,7 +266,17 @@ class Store:
         if not entries:
             new = self.redis.xreadgroup(BROKER_GROUP, consumer, {stream: ">"}, count=count, block=block_ms)
             entries = new[0][1] if new else []
-        return [(entry_id, {**fields, "fence": int(fields["fence"]), "data": json.loads(fields["data"])}) for entry_id, fields in entries]
+        reports, malformed = [], []
+        for entry_id, fields in entries:
+            report = _parse_report(fields)
+            if report is None:
+                malformed.append(entry_id)
+            else:
+                reports.append((entry_id, report))
+        if malformed:  # a broken or hostile message must not stop the broker: drop it, loudly
+            log.warning("reports=malformed count=%d ids=%s", len(malformed), malformed[:5])
+            self.ack_reports(malformed)
+        return reports
 
     def ack_reports(self, entry_ids: list[str]) -> None:
         self.redis.xack(self._key("agent-events"), BROKER_GROUP, *entry_ids)
@@ -291,3 +301,12 @@ class Store:
         aof = self.redis.config_get("appendonly").get("appendonly")
         return {"url": self.url, "appendonly": aof, "jobs": self.redis.zcard(self._key("jobs"))}
 
+
+def _parse_report(fields: dict) -> dict | None:
+    """An agent report with its fence as int and data as a dict, or None when malformed."""
+    try:
+        data = json.loads(fields["data"])
+        report = {"agent": fields["agent"], "job": fields["job"], "type": fields["type"], "fence": int(fields["fence"]), "data": data}
+    except (KeyError, TypeError, ValueError):
+        return None
+    return report if isinstance(data, dict) else None
