@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from urllib.parse import urlsplit, urlunsplit
 from collections.abc import Callable
 from datetime import datetime
 
@@ -45,7 +46,7 @@ class Store:
     """Jobs and their event log in Redis."""
 
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX):
-        self.url = url
+        self.url = redact_url(url)  # for messages and logs; the client keeps the real one
         self.prefix = prefix
         self.redis = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=3)
         self._ensure_durable()
@@ -310,3 +311,13 @@ def _parse_report(fields: dict) -> dict | None:
     except (KeyError, TypeError, ValueError):
         return None
     return report if isinstance(data, dict) else None
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ***, fit for logs and error messages."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -89,3 +89,9 @@ def test_an_acknowledged_job_survives_kill_9_of_the_embedded_server(tmp_path, ca
         assert Store(restarted.url).get_job("job-1").id == "job-1"
     finally:
         embedded.stop(tmp_path)
+
+
+def test_a_redis_password_never_shows_in_errors():
+    with pytest.raises(StoreUnavailableError) as err:
+        Store(f"redis://agent:s3cret-pass@127.0.0.1:{free_port()}/0")
+    assert "s3cret-pass" not in str(err.value) and "redis://agent:***@127.0.0.1:" in str(err.value)
