@@ -14,6 +14,7 @@ Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis):
     {p}assign:{id}       STREAM  assignments to one agent: job, fence; consumer group "agent"
     {p}agent-events      STREAM  what agents report: agent, job, fence, type, data (JSON);
                                  consumer group "broker", stale pending entries reclaimed
+    (both event streams are capped at about STREAM_MAXLEN entries; agents send progress at most once a second)
 
 A change to a job writes the job, its event and whatever must go with it (an assignment,
 the agent's record) in one MULTI/EXEC transaction under WATCH, so two writers cannot both
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "broker:"
 AGENT_GROUP = "agent"
+STREAM_MAXLEN = 1_000_000  # the event streams are capped (approximately) so Redis memory stays bounded
 BROKER_GROUP = "broker"
 
 
@@ -110,7 +112,8 @@ class Store:
 
     def event(self, pipe, job_id: str, state: JobState, at: datetime, reason: str | None) -> None:
         """Queue a job state-change event on a transaction pipeline."""
-        pipe.xadd(self._key("events"), {"job": job_id, "state": state.value, "at": at.isoformat(), "reason": reason or ""})
+        fields = {"job": job_id, "state": state.value, "at": at.isoformat(), "reason": reason or ""}
+        pipe.xadd(self._key("events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
 
     def get_job(self, job_id: str) -> Job:
         """The job with this id, or NotFoundError."""
@@ -247,7 +250,7 @@ class Store:
         """An agent's event for the broker (started, progress, checkpoint, notice, exited); `at` is when it happened."""
         data.setdefault("at", time.time())
         fields = {"agent": agent_id, "job": job_id, "fence": fence, "type": kind, "data": json.dumps(data, default=str)}
-        return self.redis.xadd(self._key("agent-events"), fields)
+        return self.redis.xadd(self._key("agent-events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
 
     def _ensure_broker_group(self) -> None:
         try:

@@ -22,6 +22,7 @@ from broker.store import Store
 log = logging.getLogger(__name__)
 
 FORWARDED = ("progress", "checkpoint", "restored", "checkpoint_skipped")
+PROGRESS_EVERY_S = 1.0
 NOTICE_MARGIN_S = 2.0  # stop the job this long before the instance goes away (less on a short notice)
 
 
@@ -52,6 +53,8 @@ class Agent:
         self.started_fences: set[tuple[str, int]] = set()
         self._last_beat = 0.0
         self._stopping = False
+        self._progress: dict | None = None  # the newest progress event not yet reported
+        self._progress_sent = 0.0
 
     def register(self) -> None:
         now = datetime.now(timezone.utc)
@@ -129,22 +132,38 @@ class Agent:
         self.store.report(self.id, job_id, fence, "started", pid=process.pid, resume_from=run.resume_from)
         self.store.ack_assignment(self.id, entry_id)  # only now: a crash before this redelivers it
 
-    def _forward(self) -> None:
+    def _forward(self, flush: bool = False) -> None:
+        """Report the job's events; progress at most once per PROGRESS_EVERY_S (the latest wins), in order."""
         for event in self.job.events():
             if self.metrics and "seconds" in event:
                 histogram = {"checkpoint": self.metrics.checkpoint_save, "restored": self.metrics.checkpoint_restore}.get(event["type"])
                 if histogram:
                     histogram.observe(event["seconds"])
-            if event.get("type") in FORWARDED:
-                data = {k: v for k, v in event.items() if k not in ("type", "job")}
-                self.store.report(self.id, self.job.job_id, self.fence, event["type"], **data)
+            if event.get("type") == "progress":
+                self._progress = event
+                if time.monotonic() - self._progress_sent >= PROGRESS_EVERY_S:
+                    self._send_progress()
+            elif event.get("type") in FORWARDED:
+                self._send_progress()  # keep the order: progress made before a checkpoint is reported first
+                self._send(event)
+        if flush:
+            self._send_progress()
+
+    def _send_progress(self) -> None:
+        if self._progress is not None:
+            self._send(self._progress)
+            self._progress, self._progress_sent = None, time.monotonic()
+
+    def _send(self, event: dict) -> None:
+        data = {k: v for k, v in event.items() if k not in ("type", "job")}
+        self.store.report(self.id, self.job.job_id, self.fence, event["type"], **data)
 
     def _end_job(self, reason: str, code: int | None = None, kill: bool = False) -> None:
         if self.job is None:
             return
         if self.job.poll() is None:
             self.job.kill() if kill else self.job.stop(self.grace_s)
-        self._forward()
+        self._forward(flush=True)
         code = self.job.poll() if code is None else code
         tail = self.job.log_tail() if reason == "failed" else []
         self.store.report(self.id, self.job.job_id, self.fence, "exited", reason=reason, code=code, log_tail=tail)
