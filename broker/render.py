@@ -151,31 +151,6 @@ def prices_records(rows: pd.DataFrame) -> list[dict]:
     return clean.to_dict(orient="records")
 
 
-def demo_summary(jobs: list[Job]) -> Table:
-    """Per job: the chosen tier and cost against on-demand; totals in the caption."""
-    table = Table(title="demo summary", title_justify="left", caption_justify="left")
-    for col in ("job", "tier", "offer", "gpus", "expected cost", "on-demand cost", "saves"):
-        table.add_column(col, justify="right" if "cost" in col or col == "saves" else "left", no_wrap=True)
-    total, baseline = 0.0, 0.0
-    for job in jobs:
-        quote = job.quote
-        base = quote.on_demand_baseline
-        total += quote.chosen.expected_cost_usd
-        baseline += base.expected_cost_usd if base else quote.chosen.expected_cost_usd
-        table.add_row(
-            job.id,
-            quote.chosen.offer.tier.value,
-            where(quote.chosen),
-            gpus(quote.chosen),
-            _money(quote.chosen.expected_cost_usd),
-            _money(base.expected_cost_usd if base else None),
-            "-" if quote.savings_pct is None else f"{quote.savings_pct:.0f}%",
-        )
-    if baseline > 0:
-        table.caption = f"total {_money(total)} vs {_money(baseline)} on-demand: {100 * (1 - total / baseline):.0f}% saved"
-    return table
-
-
 def run_summary(summary: dict) -> Table:
     """The demo's end-to-end result: per job its tiers, cost, on-demand cost, migrations, work lost."""
     table = Table(title=f"demo run (clock x{summary['speedup']:g})", title_justify="left", caption_justify="left")

@@ -300,10 +300,6 @@ class Store:
                 out.append((data["at"], data["done"]))
         return out
 
-    def info(self) -> dict:
-        """What a user may want to know about the store: where it is and whether AOF is on."""
-        aof = self.redis.config_get("appendonly").get("appendonly")
-        return {"url": self.url, "appendonly": aof, "jobs": self.redis.zcard(self._key("jobs"))}
 
 
 def _parse_report(fields: dict) -> dict | None:
