@@ -184,6 +184,15 @@ def prices(
         out.print(render.prices_table(shown, total=len(rows)))
 
 
+@app.command("policies")
+@_user_errors
+def list_policies(as_json: bool = JsonOpt) -> None:
+    """The planning policies by name; choose one with BROKER_POLICY or `broker server --policy`."""
+    active = Settings.from_env().policy
+    rows = [{**row, "active": row["name"] == active} for row in policies.describe()]
+    _print_json(rows) if as_json else out.print(render.policies_table(rows))
+
+
 @app.command()
 @_user_errors
 def demo(
@@ -277,6 +286,7 @@ def server(
     speedup: float = typer.Option(1.0, help="Clock compression (demos and tests)."),
     consumer: str = typer.Option("server-1", help="This replica's name in the agent-events consumer group."),
     metrics_port: int = typer.Option(9464, help="Serve Prometheus metrics on this loopback port (0: off)."),
+    policy: str = typer.Option(None, help="Planning policy (see `broker policies`); default BROKER_POLICY or costslo."),
 ) -> None:
     """Run the broker's control loop: apply agent reports, reclaim lost agents, dispatch."""
     from broker.agents.checkpoints import CheckpointStore
@@ -290,7 +300,8 @@ def server(
     metrics = ServerMetrics(broker.store)
     if metrics_port:
         serve(metrics.registry, metrics_port)
-    loop = BrokerServer(broker.store, broker.policy, ScaledClock(speedup), CheckpointStore(settings.checkpoints), consumer, metrics=metrics)
+    chosen = policies.get(policy) if policy else broker.policy
+    loop = BrokerServer(broker.store, chosen, ScaledClock(speedup), CheckpointStore(settings.checkpoints), consumer, metrics=metrics)
     err.print(f"broker server {consumer} running; Ctrl-C stops it")
     try:
         loop.serve()

@@ -221,6 +221,7 @@ class Offer(BaseModel):
     price_usd_per_h: float
     hazard_per_h: float = 0.0  # preemptions per hour (0 for on-demand)
     hazard_source: str = "none"
+    speed_factor: float = Field(1.0, gt=0, le=1)  # share of exclusive speed a job gets (a bubble's fill throughput)
 
     @property
     def id(self) -> str:
@@ -231,6 +232,7 @@ class Option(BaseModel):
     """One job priced on one offer: what it would take and cost, and its deadline odds."""
 
     offer: Offer
+    fallback: Offer | None = None  # on-demand kept in reserve: the deadline guard moves the job there
     exclusive_h: float
     checkpoint_interval_h: float | None
     expected_wall_h: float
@@ -268,6 +270,26 @@ class Quote(BaseModel):
         if base is None or base.expected_cost_usd <= 0:
             return None
         return 100.0 * self.savings_usd / base.expected_cost_usd
+
+
+class Plan(BaseModel):
+    """One planning round's decisions: where each job goes, and why the others wait."""
+
+    policy: str
+    assignments: dict[str, str] = {}  # job id -> offer id
+    fallbacks: dict[str, str] = {}  # job id -> on-demand offer id the deadline guard keeps in reserve
+    unplaced: dict[str, str] = {}  # job id -> why: resources, memory, deadline, budget, capacity
+    expected_cost_usd: float = 0.0
+    objective: float | None = None  # the program's objective (cost plus pending penalties)
+    bound: float | None = None  # a proven lower bound on it (the LP relaxation)
+    stats: dict[str, float] = {}  # how the solve went: seconds pricing, building, solving; passes; columns
+
+    @computed_field
+    @property
+    def gap(self) -> float | None:
+        if self.objective is None or self.bound is None:
+            return None
+        return max(0.0, self.objective - self.bound) / max(abs(self.objective), 1e-9)
 
 
 class Run(BaseModel):
@@ -313,6 +335,8 @@ class Job(BaseModel):
     reason: str | None = None
     fence: int = 0  # the token of the newest run; events carrying another are stale
     restarts: int = 0
+    pinned_tier: Tier | None = None  # set by the deadline guard: dispatch only to this tier
+    move_requested: bool = False  # the guard asked the agent to checkpoint and give the job back
     runs: list[Run] = []
     log_tail: list[str] = []
 
@@ -338,7 +362,7 @@ class Job(BaseModel):
 
     @property
     def migrations(self) -> int:
-        return sum(1 for r in self.runs[:-1] if r.end_reason in ("preempted", "lost"))
+        return sum(1 for r in self.runs[:-1] if r.end_reason in ("preempted", "lost", "moved"))
 
 
 class AgentInfo(BaseModel):

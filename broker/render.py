@@ -47,7 +47,7 @@ def quote_table(quote: Quote, title: str) -> Table:
     for label, option in rows:
         table.add_row(
             f"[bold green]{label}[/]" if label == "chosen" else label,
-            option.offer.tier.value,
+            option.offer.tier.value + ("+od" if option.fallback else ""),
             where(option),
             gpus(option),
             f"{option.offer.price_usd_per_h:,.4f}",
@@ -56,8 +56,21 @@ def quote_table(quote: Quote, title: str) -> Table:
             f"{option.p_meet_deadline:.3f}",
             _when(option.expected_finish),
         )
+    notes = []
     if quote.savings_usd is not None:
-        table.caption = f"savings vs cheapest on-demand: {_money(quote.savings_usd)} ({quote.savings_pct:.1f}%)"
+        notes.append(f"savings vs cheapest on-demand: {_money(quote.savings_usd)} ({quote.savings_pct:.1f}%)")
+    if quote.chosen.fallback is not None:
+        notes.append(f"+od: the deadline guard moves the job to {quote.chosen.fallback.instance_type} on-demand if it falls behind")
+    table.caption = "\n".join(notes) or None
+    return table
+
+
+def policies_table(rows: list[dict]) -> Table:
+    table = Table(title="policies", title_justify="left")
+    for col in ("name", "active", "what it does"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["name"], "yes" if row["active"] else "", row["summary"])
     return table
 
 

@@ -13,13 +13,17 @@ from datetime import datetime
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.errors import InfeasibleError, NotFoundError
-from broker.model import AgentInfo, Job, JobState, Run
+from broker.model import AgentInfo, Job, JobState, Run, Tier
+from broker.policies.options import PlanItem
 from broker.policies.risk import fits
+from broker.policies.uniform_progress import Move, decide, progress_of
 from broker.store import Store
 
 log = logging.getLogger(__name__)
 
-END_REASONS = {"finished", "failed", "preempted", "lost", "fenced", "cancelled"}
+END_REASONS = {"finished", "failed", "preempted", "lost", "fenced", "cancelled", "moved"}
+PLAN_PAGE = 1000  # pending jobs planned per round, most urgent first
+GUARD_EVERY_S = 1.0
 
 
 class BrokerServer:
@@ -34,6 +38,7 @@ class BrokerServer:
         self.consumer = consumer
         self.lease_s = lease_s
         self._last_reclaim = 0.0
+        self._last_guard = 0.0
 
     def round(self, block_ms: int = 100) -> None:
         """Apply reports (one transaction per job), reclaim lost agents' jobs, dispatch."""
@@ -47,6 +52,9 @@ class BrokerServer:
         if time.monotonic() - self._last_reclaim >= self.lease_s / 4:  # leases last seconds: no need every round
             self._last_reclaim = time.monotonic()
             self.reclaim_lost()
+        if time.monotonic() - self._last_guard >= GUARD_EVERY_S:
+            self._last_guard = time.monotonic()
+            self.guard()
         self.dispatch()
         if self.metrics:
             self.metrics.round_seconds.observe(time.monotonic() - started)
@@ -149,6 +157,8 @@ class BrokerServer:
             return {"state": JobState.queued, "reason": f"restart {restarts} after exit code {run.exit_code}", "restarts": restarts}
         if reason in ("preempted", "lost"):
             return {"state": JobState.migrating, "reason": f"{reason} on {run.agent}"}
+        if reason == "moved":
+            return {"state": JobState.migrating, "reason": f"moved off {run.agent} by the deadline guard", "move_requested": False}
         return {}  # fenced or cancelled: the job already moved on
 
     # -- lost agents ----------------------------------------------------------------------
@@ -185,26 +195,61 @@ class BrokerServer:
     # -- dispatch -------------------------------------------------------------------------
 
     def dispatch(self) -> list[tuple[str, str]]:
-        """Give pending jobs to idle agents, most urgent first; returns (job, agent) pairs."""
+        """Plan the most urgent pending jobs onto idle agents with the policy; returns (job, agent) pairs.
+
+        A job the policy cannot place on time or within budget still runs where it finishes first
+        (it is late either way); one that only lacks capacity waits for the next round.
+        """
         agents = self.store.agents()
         leases = self.store.leases([a.id for a in agents])
         idle = [a for a in agents if a.job is None and leases[a.id] not in (None, "leaving")]
-        done, start, page = [], 0, 200
-        while idle:
-            jobs = self.store.pending_jobs(start, page)  # most urgent first
-            assigned = 0
-            for job in jobs:
-                agent = self._choose(job, idle)
-                if agent is not None and self._assign(job, agent):
-                    idle.remove(agent)
-                    done.append((job.id, agent.id))
-                    assigned += 1
-                    if not idle:
-                        break
-            if len(jobs) < page:
-                break
-            start += len(jobs) - assigned  # the assigned ones left the index
+        if not idle:
+            return []
+        jobs = self.store.pending_jobs(0, PLAN_PAGE)  # most urgent first
+        if not jobs:
+            return []
+        by_offer: dict[str, list[AgentInfo]] = {}
+        for agent in idle:
+            by_offer.setdefault(agent.offer.id, []).append(agent)
+        offers = [agents_here[0].offer for agents_here in by_offer.values()]
+        plan = self.policy.plan([PlanItem.from_job(j) for j in jobs], offers, {k: len(v) for k, v in by_offer.items()}, self.clock.now())
+        done = []
+        for job in jobs:
+            offer_id = plan.assignments.get(job.id)
+            if offer_id is None and plan.unplaced.get(job.id) in ("deadline", "budget"):
+                agent = self._choose(job, [a for group in by_offer.values() for a in group])
+                offer_id = agent.offer.id if agent else None
+            if offer_id is None or not by_offer.get(offer_id):
+                continue
+            agent = by_offer[offer_id].pop()
+            if self._assign(job, agent):
+                done.append((job.id, agent.id))
         return done
+
+    def guard(self) -> list[str]:
+        """Uniform Progress between rounds: a spot or bubble job falling behind its deadline is asked to
+        checkpoint and move to on-demand now; returns the ids of the jobs it moved."""
+        now, moved = self.clock.now(), []
+        for job in self.store.active_jobs():
+            run, baseline = job.current_run, job.quote.on_demand_baseline
+            if run is None or run.started_at is None or job.spec.deadline is None or baseline is None or job.move_requested:
+                continue
+            if run.offer.tier == Tier.on_demand:
+                continue
+            progress = progress_of(PlanItem.from_job(job), baseline.exclusive_h, job.submitted_at, now)
+            if decide(progress, run.offer.tier, spot_available=True) != Move.on_demand:
+                continue
+            why = f"deadline guard: {progress.total_h - progress.done_h:.1f} h of work left, deadline in {progress.window_h - progress.elapsed_h:.1f} h"
+
+            def request(current: Job, fence=job.fence) -> Job | None:
+                if current.fence != fence or current.current_run is None or current.move_requested:
+                    return None
+                return current.model_copy(update={"move_requested": True, "pinned_tier": Tier.on_demand, "reason": why, "updated_at": now})
+
+            if self.store.update_job(job.id, request) is not None:
+                log.info("job=%s guard=on_demand %s", job.id, why)
+                moved.append(job.id)
+        return moved
 
     def _choose(self, job: Job, idle: list[AgentInfo]) -> AgentInfo | None:
         """The idle agent the policy prices cheapest for the job (the earliest finish if none is feasible)."""
@@ -239,7 +284,7 @@ class BrokerServer:
             self.store.put_agent(pipe, agent.model_copy(update={"job": job.id, "fence": fence}))
 
         assigned = self.store.update_job(job.id, change, also=send) is not None
-        if assigned and self.metrics and job.runs and job.runs[-1].end_reason in ("preempted", "lost"):
+        if assigned and self.metrics and job.runs and job.runs[-1].end_reason in ("preempted", "lost", "moved"):
             self.metrics.migrations.inc()
         return assigned
 

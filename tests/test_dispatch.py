@@ -3,6 +3,7 @@
 import json
 import sys
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -10,9 +11,9 @@ import torch
 from broker import policies
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
-from broker.clock import SystemClock
+from broker.clock import ManualClock, SystemClock
 from broker.demo import pick_agents
-from broker.model import JobState
+from broker.model import JobState, Tier
 from broker.server import BrokerServer
 from broker.service import Broker
 from broker.store import Store
@@ -81,6 +82,23 @@ def test_preempted_job_migrates_and_finishes_with_identical_weights(system, tmp_
     assert first.work_lost_s == 0 and done.migrations == 1
     assert [r.offer.tier.value for r in done.runs] == ["spot", "on_demand"]
     assert done.cost_usd == pytest.approx(sum(r.offer.price_usd_per_h * r.hours(r.ended_at) for r in done.runs))
+    assert_same_weights(torch.load(tmp_path / "final.pt"), uninterrupted)
+
+
+def test_the_deadline_guard_moves_a_job_falling_behind_from_spot_to_on_demand(system, tmp_path, uninterrupted):
+    system.agent("spot-a")
+    system.agent("ondemand-a")
+    job = system.broker.submit(train_spec(OUTPUT=str(tmp_path / "final.pt"), STEP_SLEEP_S="0.03") .model_copy(
+        update={"deadline": system.server.clock.now() + timedelta(hours=2)}))  # fmt: skip
+    system.drive(lambda: progressed(system, job.id, 15))
+    assert system.server.guard() == []  # on schedule: the guard leaves it on spot
+    system.server.clock = ManualClock(job.submitted_at + timedelta(hours=1.85))  # R < C + 2d: the safety net
+    assert system.server.guard() == [job.id]
+    system.drive(lambda: system.job(job.id).state == JobState.done)
+    done = system.job(job.id)
+    assert [(r.agent, r.end_reason) for r in done.runs] == [("spot-a", "moved"), ("ondemand-a", "finished")]
+    assert done.runs[1].resume_from == done.runs[0].checkpoint_url is not None  # checkpointed on the way out
+    assert done.pinned_tier == Tier.on_demand and done.migrations == 1
     assert_same_weights(torch.load(tmp_path / "final.pt"), uninterrupted)
 
 

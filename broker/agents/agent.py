@@ -80,8 +80,8 @@ class Agent:
                 self._end_job("lost", kill=True)  # may have moved our job, so drop it and start afresh
                 log.warning("agent=%s lease lapsed; re-registering", self.id)
                 self.register()
-            if self.job and not self._still_mine():
-                self._end_job("fenced")
+            if self.job:
+                self._check_ownership()
         notice = self.notices.check() if self.notices else None
         if notice or self._stopping:
             return self._leave(notice)
@@ -97,9 +97,13 @@ class Agent:
         self._take_assignment(block_ms)
         return None
 
-    def _still_mine(self) -> bool:
+    def _check_ownership(self) -> None:
+        """Stop the job when it moved on (fence, cancel), or checkpoint and hand it back when the broker asks."""
         job = self.store.get_job(self.job.job_id)
-        return job.fence == self.fence and not job.state.terminal
+        if job.fence != self.fence or job.state.terminal:
+            self._end_job("fenced")
+        elif job.move_requested:
+            self._end_job("moved")
 
     def _take_assignment(self, block_ms: int) -> None:
         entry = self.store.read_assignment(self.id, block_ms)

@@ -9,7 +9,7 @@ from broker.errors import BrokerError
 
 _REGISTRY: dict[str, type] = {}
 
-DEFAULT_POLICY = "cheapest"
+DEFAULT_POLICY = "costslo"
 
 
 def register(name: str):
@@ -29,6 +29,12 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def describe() -> list[dict]:
+    """Each registered policy's name and the first line of its docstring."""
+    _load_builtin()
+    return [{"name": n, "summary": (_REGISTRY[n].__doc__ or "").strip().splitlines()[0]} for n in sorted(_REGISTRY)]
+
+
 def get(name: str = DEFAULT_POLICY):
     """A new instance of the policy registered as `name`."""
     _load_builtin()
@@ -38,4 +44,4 @@ def get(name: str = DEFAULT_POLICY):
 
 
 def _load_builtin() -> None:
-    from broker.policies import cheapest  # noqa: F401  (registers itself)
+    from broker.policies import cheapest, costslo, fairness, uniform_progress  # noqa: F401  (each registers itself)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 
 from broker.errors import InfeasibleError
-from broker.model import JobSpec, Offer, Option, Quote, Tier
+from broker.model import JobSpec, Offer, Option, Plan, Quote, Tier
 from broker.policies import register
+from broker.policies.options import PlanItem
 from broker.policies.risk import evaluate, fits
 
 ALTERNATIVES = 4
 
 
-def _cost_order(option: Option) -> tuple:
+def cost_order(option: Option) -> tuple:
     return (option.expected_cost_usd, option.expected_finish, option.offer.id)
 
 
@@ -33,7 +35,26 @@ class CheapestFeasible:
 
     def options(self, spec: JobSpec, offers: list[Offer], now: datetime) -> list[Option]:
         """Every offer the job fits, priced, cheapest first."""
-        return sorted((evaluate(spec, o, now) for o in offers if fits(spec, o)), key=_cost_order)
+        return sorted((evaluate(spec, o, now) for o in offers if fits(spec, o)), key=cost_order)
+
+    def plan(self, items: list[PlanItem], offers: list[Offer], capacity: dict[str, int], now: datetime) -> Plan:
+        """Greedy: each job in the given order (most urgent first) on its cheapest feasible offer with room left."""
+        left = {o.id: capacity.get(o.id, math.inf) for o in offers}
+        plan = Plan(policy=self.name)
+        for item in items:
+            options = self.options(item.spec, [o for o in offers if left[o.id] >= 1], now)
+            feasible = [o for o in options if o.feasible]
+            if not feasible:
+                on_time = any(o.meets_deadline for o in options)
+                plan.unplaced[item.id] = ("budget" if on_time else "deadline") if options else "capacity"
+                continue
+            chosen = feasible[0]
+            plan.assignments[item.id] = chosen.offer.id
+            if chosen.fallback is not None:
+                plan.fallbacks[item.id] = chosen.fallback.id
+            plan.expected_cost_usd += chosen.expected_cost_usd
+            left[chosen.offer.id] -= 1
+        return plan
 
     def quote(self, spec: JobSpec, offers: list[Offer], now: datetime) -> Quote:
         """The cheapest feasible option, the next distinct alternatives, and the on-demand baseline."""

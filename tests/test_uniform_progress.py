@@ -1,0 +1,105 @@
+"""Uniform Progress (Can't Be Late): the paper's rule table, and deadlines kept on hand-made spot traces."""
+
+import random
+
+import pytest
+
+from broker.model import Offer, Tier
+from broker.policies.options import PlanItem
+from broker.policies.uniform_progress import Move, Progress, UniformProgress, decide
+from conftest import NOW, make_spec
+
+D = 0.2  # changeover delay (hours), as in the paper's evaluation
+
+
+def at(done_h, elapsed_h, total_h=48.0, window_h=72.0):
+    return Progress(total_h=total_h, done_h=done_h, elapsed_h=elapsed_h, window_h=window_h, changeover_h=D)
+
+
+def test_idle_and_behind_goes_on_demand():
+    assert decide(at(done_h=10, elapsed_h=24), on=None, spot_available=False) == Move.on_demand  # ep = 16
+
+
+def test_idle_and_ahead_waits_for_spot():
+    assert decide(at(done_h=20, elapsed_h=24), on=None, spot_available=False) == Move.wait
+
+
+def test_spot_available_is_taken_even_when_behind():
+    assert decide(at(done_h=10, elapsed_h=24), on=None, spot_available=True) == Move.spot
+
+
+def test_a_job_on_spot_stays_until_preempted():
+    assert decide(at(done_h=10, elapsed_h=24), on=Tier.spot, spot_available=True) == Move.spot
+    assert decide(at(done_h=10, elapsed_h=24), on=Tier.bubble, spot_available=False) == Move.spot
+
+
+def test_safety_net_goes_on_demand_whatever_else_holds():
+    p = at(done_h=20, elapsed_h=43.7)  # R = 28.3 < C + 2d = 28.4
+    assert decide(p, on=Tier.spot, spot_available=True) == Move.on_demand
+    assert decide(p, on=Tier.on_demand, spot_available=True) == Move.on_demand
+
+
+def test_on_demand_is_left_only_once_ahead_of_the_expected_progress_two_changeovers_on():
+    ep_later = (24 + 2 * D) * 48 / 72  # 16.27
+    assert decide(at(done_h=16.1, elapsed_h=24), on=Tier.on_demand, spot_available=True) == Move.on_demand
+    assert decide(at(done_h=ep_later + 0.01, elapsed_h=24), on=Tier.on_demand, spot_available=True) == Move.spot
+    assert decide(at(done_h=ep_later + 0.01, elapsed_h=24), on=Tier.on_demand, spot_available=False) == Move.wait
+
+
+def simulate(trace: list[bool], total_h=48.0, window_h=72.0, step_h=0.1):
+    """Run one job under the guard on an availability trace; returns (finish hour or None, spot hours, od hours)."""
+    on, done, t, busy_until, spot_h, od_h = None, 0.0, 0.0, 0.0, 0.0, 0.0
+    for available in trace:
+        if done >= total_h - 1e-9:
+            return t, spot_h, od_h
+        if on == Tier.spot and not available:
+            on = None  # preempted
+        move = decide(Progress(total_h, done, t, window_h, D), on, available)
+        target = {Move.spot: Tier.spot, Move.on_demand: Tier.on_demand, Move.wait: None}[move]
+        if target != on:
+            on = target
+            busy_until = t + D if target else t  # a changeover makes no progress
+        if on is not None:
+            spot_h += step_h * (on == Tier.spot)
+            od_h += step_h * (on == Tier.on_demand)
+            if t >= busy_until:
+                done += step_h
+        t += step_h
+    return (t if done >= total_h - 1e-9 else None), spot_h, od_h
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_guard_never_misses_a_deadline_on_demand_alone_could_meet(seed):
+    rng = random.Random(seed)
+    trace, available = [], True
+    for _ in range(720):  # 72 h in 0.1 h steps: spot comes and goes in runs
+        if rng.random() < rng.choice([0.01, 0.05, 0.2]):
+            available = not available
+        trace.append(available)
+    finish, spot_h, od_h = simulate(trace)
+    assert finish is not None and finish <= 72 + 1e-6
+
+
+def test_with_spot_always_there_the_guard_never_pays_on_demand():
+    finish, spot_h, od_h = simulate([True] * 720)
+    assert od_h == 0 and finish == pytest.approx(48 + D, abs=0.11)
+
+
+def test_with_no_spot_at_all_the_job_still_finishes_on_demand():
+    finish, spot_h, od_h = simulate([False] * 720)
+    assert spot_h == 0 and finish is not None and finish <= 72
+
+
+def offer(name, tier, price):
+    return Offer(cloud="aws", region="r", zone=name, instance_type="x", tier=tier, accelerator="A100",
+                 accelerator_count=1, gpu_memory_gb=40, vcpus=8, memory_gb=64, price_usd_per_h=price)  # fmt: skip
+
+
+def test_the_policy_places_on_spot_when_available_and_waits_when_ahead():
+    spot, od = offer("s", Tier.spot, 1.0), offer("o", Tier.on_demand, 3.0)
+    item = PlanItem("j", make_spec(work={"gpu_hours": 10}, deadline="+40h"))
+    assert UniformProgress().plan([item], [spot, od], {spot.id: 1}, NOW).assignments == {"j": spot.id}
+    waiting = UniformProgress().plan([item], [spot, od], {spot.id: 0}, NOW)
+    assert waiting.assignments == {} and waiting.unplaced == {"j": "waiting for spot"}
+    tight = PlanItem("t", make_spec(work={"gpu_hours": 10}, deadline="+10.3h"))  # R < C + 2d: safety net
+    assert UniformProgress().plan([tight], [spot, od], {spot.id: 0}, NOW).assignments == {"t": od.id}
