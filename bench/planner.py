@@ -73,7 +73,8 @@ def run(jobs: int, offers: int, seed: int, incremental: int = 0) -> dict:
     if incremental:
         left = dict(capacity)
         for offer_id in plan.assignments.values():
-            left[offer_id] -= 1
+            if offer_id in left:  # on-demand has no limit
+                left[offer_id] -= 1
         arrivals = make_jobs(incremental, rng, prefix="new")
         started = time.perf_counter()
         again = CostSLO().plan(arrivals, offer_list, left, NOW)
@@ -100,11 +101,12 @@ def main() -> None:
         print(json.dumps({"curve": rows}))
         return
     table = Table(title=f"costslo planner, {args.offers} offers")
-    for column in ("jobs", "price_s", "build_s", "solve_s", "total_s", "passes", "columns", "gap", "placed"):
+    columns = ("jobs", "price_s", "auction_s", "build_s", "solve_s", "total_s", "passes", "columns", "gap", "placed")
+    for column in columns:
         table.add_column(column, justify="right")
     for r in rows:
-        table.add_row(*(f"{r[c]:.2e}" if c == "gap" else str(r[c]) for c in ("jobs", "price_s", "build_s", "solve_s", "total_s", "passes", "columns", "gap", "placed")))
-    Console().print(table)
+        table.add_row(*(f"{r[c]:.2e}" if c == "gap" else str(r.get(c, "-")) for c in columns))
+    Console(width=140).print(table)
 
 
 if __name__ == "__main__":

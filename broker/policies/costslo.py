@@ -26,13 +26,16 @@ import highspy
 
 from broker.model import Offer, Option, Plan, Tier
 from broker.policies import register
+from broker.policies.auction import auction_prices
 from broker.policies.cheapest import CheapestFeasible, cost_order
 from broker.policies.options import OptionTable, PlanItem, option_table
 from broker.policies.risk import evaluate_with_fallback, window_hours
 
-COLUMNS_PER_JOB = 4  # options each job starts with, and the most added per job per pricing pass
+COLUMNS_PER_JOB = 4  # the most options added per job in one pricing pass
 PENDING_FACTOR = 10.0  # waiting costs 10x the job's dearest option: place it whenever anything fits
 MAX_PRICING_PASSES = 20
+AUCTION_EPSILON = 1e-2  # bid increment, as a share of the mean option cost
+NEAR_EPSILONS = 5  # options within this many increments of a job's best price seed the LP
 INF = highspy.kHighsInf
 
 
@@ -62,21 +65,40 @@ class CostSLO(CheapestFeasible):
         table = option_table(items, offers, now)
         plan = Plan(policy=self.name, unplaced={items[j].id: why for j, why in table.unfit.items()})
         rows = np.flatnonzero(table.feasible)
-        if len(rows) == 0:
-            return plan.model_copy(update={"objective": 0.0, "bound": 0.0})
         cap = np.array([capacity.get(o.id, math.inf) for o in offers], dtype=float)
-        rows = _undominated(table, rows, cap)
         penalty = _penalty(items, table, rows, now)
-        program = _Program(table, rows, cap, penalty, self.budget_usd, self.time_limit_s)
+        roomless = set(table.job[rows].tolist())
+        rows = _undominated(table, rows[cap[table.offer[rows]] >= 1], cap)  # an offer with no room is no option
+        roomless -= set(table.job[rows].tolist())  # fits somewhere, but nowhere with room: waits
         plan.stats = {"price_s": time.perf_counter() - started, "build_s": 0.0, "solve_s": 0.0, "passes": 0}
+        objective, bound, chosen, pending = 0.0, 0.0, {}, {}
+        if len(rows):
+            objective, bound, chosen, pending = self._solve(table, rows, cap, penalty, plan.stats)
+        for j, row in chosen.items():
+            plan.assignments[items[j].id] = offers[table.offer[row]].id
+            if table.fallback[row] >= 0:
+                plan.fallbacks[items[j].id] = offers[table.fallback[row]].id
+        for j in roomless:
+            pending[j] = "capacity"
+            objective, bound = objective + penalty[j], bound + penalty[j]
+        plan.unplaced.update({items[j].id: why for j, why in pending.items()})
+        plan.expected_cost_usd = float(sum(table.cost[r] for r in chosen.values()))
+        plan.objective, plan.bound = float(objective), float(min(bound, objective))
+        return plan
+
+    def _solve(self, table: OptionTable, rows: np.ndarray, cap: np.ndarray, penalty: np.ndarray, stats: dict):
+        """Column generation until the plan is within the gap target of the bound: (objective, bound, chosen, pending)."""
+        program = _Program(table, rows, cap, penalty, self.budget_usd, self.time_limit_s)
         active = np.zeros(len(table), dtype=bool)
-        active[_cheapest_columns(table, rows, COLUMNS_PER_JOB)] = True
+        started = time.perf_counter()
+        active[_auction_columns(table, rows, cap, penalty)] = True  # near-optimal duals: few pricing passes
+        stats["auction_s"] = time.perf_counter() - started
         active[rows[table.offer[rows] == table.current[table.job[rows]]]] = True  # staying put is always a column
         best, bound = None, -math.inf
         for last in [False] * (MAX_PRICING_PASSES - 1) + [True]:
-            program.solve(np.flatnonzero(active), plan.stats)
+            program.solve(np.flatnonzero(active), stats)
             reduced = program.reduced_costs(rows)
-            lowest = np.zeros(len(items))
+            lowest = np.zeros(len(penalty))
             np.minimum.at(lowest, table.job[rows], reduced)
             bound = max(bound, program.value + float(lowest.sum()))  # Lagrangian: valid before convergence too
             improving = (reduced < -1e-7) & ~active[rows]
@@ -88,17 +110,8 @@ class CostSLO(CheapestFeasible):
             if best is not None and (not improving.any() or _gap(best[0], bound) <= self.gap_target):
                 break
             active[_cheapest_columns(table, rows[improving], COLUMNS_PER_JOB, key=reduced[improving])] = True
-        plan.stats["columns"] = int(active.sum())
-        objective, chosen, pending = best
-        for j, row in chosen.items():
-            plan.assignments[items[j].id] = offers[table.offer[row]].id
-            if table.fallback[row] >= 0:
-                plan.fallbacks[items[j].id] = offers[table.fallback[row]].id
-        for j, why in pending.items():
-            plan.unplaced[items[j].id] = why
-        plan.expected_cost_usd = float(sum(table.cost[r] for r in chosen.values()))
-        plan.objective, plan.bound = objective, min(bound, objective)
-        return plan
+        stats["columns"] = int(active.sum())
+        return best[0], bound, best[1], best[2]
 
 
 def _gap(objective: float, bound: float) -> float:
@@ -125,6 +138,17 @@ def _penalty(items: list[PlanItem], table: OptionTable, rows: np.ndarray, now: d
     urgency = 1 + 24 / (24 + np.where(np.isnan(slack_h), math.inf, np.maximum(slack_h, 0)))
     weight = np.array([2.0 ** max(-5, min(5, i.spec.priority)) for i in items])
     return PENDING_FACTOR * np.maximum(dearest, 1.0) * urgency * weight
+
+
+def _auction_columns(table: OptionTable, rows: np.ndarray, cap: np.ndarray, penalty: np.ndarray) -> np.ndarray:
+    """Each job's options that are best or nearly so at the auction's prices, and the auction's own choice."""
+    epsilon = AUCTION_EPSILON * float(np.mean(table.cost[rows]))
+    price, chosen = auction_prices(table.job[rows], table.offer[rows], table.cost[rows], cap, penalty, epsilon)
+    value = table.cost[rows] + price[table.offer[rows]]
+    best = penalty.copy()
+    np.minimum.at(best, table.job[rows], value)
+    near = rows[value <= best[table.job[rows]] + NEAR_EPSILONS * epsilon]
+    return np.r_[near, rows[chosen[chosen >= 0]]]
 
 
 def _cheapest_columns(table: OptionTable, rows: np.ndarray, per_job: int, key: np.ndarray | None = None) -> np.ndarray:
