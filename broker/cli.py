@@ -82,7 +82,7 @@ def _broker(with_store: bool = True) -> Broker:
     settings = Settings.from_env()
     catalog = PriceCatalog.from_snapshot(settings.prices_dir)
     store = _store(settings) if with_store else None
-    return Broker(store, catalog, policies.get(settings.policy), SystemClock())
+    return Broker(store, catalog, policies.get(settings.policy, **settings.policy_options()), SystemClock())
 
 
 def _print_json(obj) -> None:
@@ -300,7 +300,7 @@ def server(
     metrics = ServerMetrics(broker.store)
     if metrics_port:
         serve(metrics.registry, metrics_port)
-    chosen = policies.get(policy) if policy else broker.policy
+    chosen = policies.get(policy, **settings.policy_options()) if policy else broker.policy
     loop = BrokerServer(broker.store, chosen, ScaledClock(speedup), CheckpointStore(settings.checkpoints), consumer, metrics=metrics)
     err.print(f"broker server {consumer} running; Ctrl-C stops it")
     try:

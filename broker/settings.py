@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.errors import BrokerError
 from broker.policies import DEFAULT_POLICY
 
 
@@ -18,6 +19,11 @@ class Settings:
     policy: str  # BROKER_POLICY: the planner used for quotes
     checkpoints: str  # BROKER_CHECKPOINTS: fsspec URL of the checkpoint store
     prefix: str = "broker:"  # BROKER_PREFIX: key prefix in Redis
+    round_budget_usd: float | None = None  # BROKER_ROUND_BUDGET_USD: expected spend one planning round may commit
+
+    def policy_options(self) -> dict:
+        """Keyword arguments for the active policy."""
+        return {} if self.round_budget_usd is None else {"budget_usd": self.round_budget_usd}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
@@ -31,4 +37,18 @@ class Settings:
             policy=env.get("BROKER_POLICY", DEFAULT_POLICY),
             checkpoints=env.get("BROKER_CHECKPOINTS") or str(Path(home) / "checkpoints"),
             prefix=env.get("BROKER_PREFIX", "broker:"),
+            round_budget_usd=_positive(env, "BROKER_ROUND_BUDGET_USD"),
         )
+
+
+def _positive(env: Mapping[str, str], name: str) -> float | None:
+    text = env.get(name)
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise BrokerError(f"{name}: {text!r} is not a positive number of USD; set it like {name}=500 or unset it")
+    return value

@@ -185,3 +185,29 @@ def test_the_installed_command_runs_as_a_real_process(env, tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip() == "error: job: no job 'nope'; `broker list` shows the ids"
     listed = subprocess.run([str(broker), "list", "--json"], capture_output=True, text=True, timeout=60, env={**os.environ, "BROKER_REDIS_URL": env})
     assert [j["id"] for j in json.loads(listed.stdout)] == [job]
+
+
+def test_policies_lists_the_registry_and_marks_the_active_one(env, monkeypatch):
+    rows = {r["name"]: r for r in json.loads(run("policies", "--json").stdout)}
+    assert {"cheapest", "costslo", "uniform-progress", "max-min-fairness", "min-makespan"} <= set(rows)
+    assert rows["costslo"]["active"] and not rows["cheapest"]["active"]
+    monkeypatch.setenv("BROKER_POLICY", "uniform-progress")
+    assert json.loads(run("policies", "--json").stdout)[-1]["active"]
+
+
+def test_submit_quotes_with_the_active_policy_and_refuses_an_unknown_one(env, tmp_path, monkeypatch):
+    monkeypatch.setenv("BROKER_POLICY", "cheapest")
+    assert json.loads(run("submit", job_file(tmp_path), "--quote", "--json").stdout)["quote"]["policy"] == "cheapest"
+    monkeypatch.setenv("BROKER_POLICY", "fastest")
+    result = run("submit", job_file(tmp_path), "--quote")
+    assert result.exit_code == 2 and "unknown policy 'fastest'" in result.output and stored_keys(env) == []
+
+
+def test_a_round_budget_reaches_the_planner_and_a_bad_one_is_one_line(env, tmp_path, monkeypatch):
+    from broker.cli import _broker
+
+    monkeypatch.setenv("BROKER_ROUND_BUDGET_USD", "250")
+    assert _broker(with_store=False).policy.budget_usd == 250
+    monkeypatch.setenv("BROKER_ROUND_BUDGET_USD", "lots")
+    result = run("submit", job_file(tmp_path), "--quote")
+    assert result.exit_code == 2 and "BROKER_ROUND_BUDGET_USD: 'lots' is not a positive number" in result.output

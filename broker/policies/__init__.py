@@ -35,12 +35,15 @@ def describe() -> list[dict]:
     return [{"name": n, "summary": (_REGISTRY[n].__doc__ or "").strip().splitlines()[0]} for n in sorted(_REGISTRY)]
 
 
-def get(name: str = DEFAULT_POLICY):
-    """A new instance of the policy registered as `name`."""
+def get(name: str = DEFAULT_POLICY, **options):
+    """A new instance of the policy registered as `name`, with its options (e.g. budget_usd for costslo)."""
     _load_builtin()
     if name not in _REGISTRY:
         raise BrokerError(f"policy: unknown policy {name!r}; choose one of {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]()
+    try:
+        return _REGISTRY[name](**options)
+    except TypeError:
+        raise BrokerError(f"policy: {name} takes no {', '.join(options)}; use costslo or unset BROKER_ROUND_BUDGET_USD") from None
 
 
 def _load_builtin() -> None:
