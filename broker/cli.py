@@ -2,95 +2,38 @@
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.progress import Progress
 
 from broker import embedded, policies, render
-from broker.clock import SystemClock
 from broker.errors import BrokerError, InfeasibleError
 from broker.model import JobState, Quote
 from broker.pricing.catalog import PriceCatalog
-from broker.service import Broker
 from broker.settings import Settings
 from broker.specfile import load_spec
-from broker.store import Store
+from broker.cli_common import JsonOpt, debug_flag, err, make_broker, out, print_json, redis_url, store_for, user_errors
+from broker.cli_prices import prices_app
 
 app = typer.Typer(
     help="Run GPU jobs on the cheapest capacity (pipeline bubbles, spot, on-demand) that meets their deadline and budget.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-# Tables are wide: when output is not a terminal (pipes, CI logs) give rich room for them.
-_WIDTH = shutil.get_terminal_size((200, 24)).columns
-out = Console(width=_WIDTH)
-err = Console(stderr=True, width=_WIDTH)
-_debug = {"on": False}
-
-JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON instead of tables.")
+app.add_typer(prices_app, name="prices")
 
 
 @app.callback()
 def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks of unexpected errors.")) -> None:
-    _debug["on"] = debug
+    debug_flag["on"] = debug
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s %(message)s")
 
 
-def _user_errors(command):
-    """Print a BrokerError's lines and exit 2; unexpected errors exit 1 (traceback with --debug)."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except BrokerError as error:
-            for line in str(error).splitlines():
-                err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-        except (typer.Exit, typer.Abort):
-            raise
-        except Exception as error:
-            if _debug["on"]:
-                raise
-            err.print(f"[red]internal error:[/] {type(error).__name__}: {error} (rerun with --debug for the traceback)")
-            raise typer.Exit(1) from None
-
-    return wrapper
-
-
-def _redis_url(settings: Settings) -> str:
-    if settings.redis_url:
-        return settings.redis_url
-    server = embedded.ensure(settings.home)
-    verb = "started" if server.started else "using"
-    err.print(f"[dim]{verb} private redis-server on 127.0.0.1:{server.port} (data in {server.data_dir})[/]")
-    return server.url
-
-
-def _store(settings: Settings) -> Store:
-    return Store(_redis_url(settings), prefix=settings.prefix)
-
-
-def _broker(with_store: bool = True) -> Broker:
-    settings = Settings.from_env()
-    catalog = PriceCatalog.from_snapshot(settings.prices_dir)
-    store = _store(settings) if with_store else None
-    return Broker(store, catalog, policies.get(settings.policy, **settings.policy_options()), SystemClock())
-
-
-def _print_json(obj) -> None:
-    typer.echo(json.dumps(obj, indent=2, default=str))
-
-
 @app.command()
-@_user_errors
+@user_errors
 def submit(
     job_file: Path = typer.Argument(..., help="The job spec (YAML)."),
     deadline: Optional[str] = typer.Option(None, help="Overrides the spec: ISO time (2026-12-01T18:00Z) or +36h."),
@@ -99,7 +42,7 @@ def submit(
     as_json: bool = JsonOpt,
 ) -> None:
     """Quote a job and store it (queued); --quote only prices it."""
-    broker = _broker(with_store=not quote_only)
+    broker = make_broker(with_store=not quote_only)
     spec = load_spec(job_file, broker.clock.now(), deadline=deadline, budget_usd=budget)
     if quote_only:
         quote, job_id = broker.quote(spec), None
@@ -107,22 +50,22 @@ def submit(
         job = broker.submit(spec)
         quote, job_id = job.quote, job.id
     if as_json:
-        _print_json(render.quote_dict(quote, job_id, stored=job_id is not None))
+        print_json(render.quote_dict(quote, job_id, stored=job_id is not None))
         return
     title = f"job {job_id} queued" if job_id else f"quote for {spec.name} (not stored)"
     out.print(render.quote_table(quote, title))
 
 
 @app.command("list")
-@_user_errors
+@user_errors
 def list_jobs(
     state: Optional[list[JobState]] = typer.Option(None, help="Only jobs in this state (repeatable)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """List jobs, oldest first."""
-    jobs = _broker().jobs(set(state) if state else None)
+    jobs = make_broker().jobs(set(state) if state else None)
     if as_json:
-        _print_json([render.job_dict(j) for j in jobs])
+        print_json([render.job_dict(j) for j in jobs])
     elif not jobs:
         out.print("no jobs yet: run `broker submit examples/finetune-l4.yaml`")
     else:
@@ -130,14 +73,14 @@ def list_jobs(
 
 
 @app.command()
-@_user_errors
+@user_errors
 def status(job_id: str = typer.Argument(..., help="The job id (see `broker list`)."), as_json: bool = JsonOpt) -> None:
     """Show one job: its state, quote and events."""
-    broker = _broker()
+    broker = make_broker()
     job = broker.get(job_id)
     events = broker.store.events(job_id)
     if as_json:
-        _print_json(render.job_dict(job, events))
+        print_json(render.job_dict(job, events))
         return
     out.print(f"[bold]{job.id}[/]  state: [bold]{job.state.value}[/]" + (f"  ({job.reason})" if job.reason else ""))
     out.print(render.quote_table(job.quote, f"quote at {job.quote.created_at:%Y-%m-%d %H:%M} UTC"))
@@ -150,51 +93,27 @@ def status(job_id: str = typer.Argument(..., help="The job id (see `broker list`
 
 
 @app.command()
-@_user_errors
+@user_errors
 def cancel(job_id: str = typer.Argument(..., help="The job id."), as_json: bool = JsonOpt) -> None:
     """Cancel a job that has not finished."""
-    job = _broker().cancel(job_id)
+    job = make_broker().cancel(job_id)
     if as_json:
-        _print_json(render.job_dict(job))
+        print_json(render.job_dict(job))
     else:
         out.print(f"{job.id} cancelled")
 
 
-@app.command()
-@_user_errors
-def prices(
-    gpu: Optional[str] = typer.Option(None, help="Only this accelerator (A100, L4, H100, ...)."),
-    cloud: Optional[str] = typer.Option(None, help="Only this cloud (aws, gcp, azure)."),
-    region: Optional[str] = typer.Option(None, help="Only this region."),
-    spot: bool = typer.Option(False, "--spot", help="Only rows with a spot price, cheapest spot first."),
-    limit: int = typer.Option(20, help="Rows to show (0 for all)."),
-    as_json: bool = JsonOpt,
-) -> None:
-    """Show GPU instance prices: on-demand and spot, with the interruption band."""
-    if gpu:
-        from broker.pricing.accelerators import lookup
-
-        gpu = lookup(gpu).name
-    catalog = _broker(with_store=False).catalog
-    rows = catalog.table(gpu=gpu, cloud=cloud, region=region, spot_only=spot)
-    shown = rows.head(limit) if limit else rows
-    if as_json:
-        _print_json(render.prices_records(shown))
-    else:
-        out.print(render.prices_table(shown, total=len(rows)))
-
-
 @app.command("policies")
-@_user_errors
+@user_errors
 def list_policies(as_json: bool = JsonOpt) -> None:
     """The planning policies by name; choose one with BROKER_POLICY or `broker server --policy`."""
     active = Settings.from_env().policy
     rows = [{**row, "active": row["name"] == active} for row in policies.describe()]
-    _print_json(rows) if as_json else out.print(render.policies_table(rows))
+    print_json(rows) if as_json else out.print(render.policies_table(rows))
 
 
 @app.command()
-@_user_errors
+@user_errors
 def demo(
     examples: Path = typer.Option(Path("examples"), help="Directory of example job specs (runnable ones in demo/)."),
     speedup: float = typer.Option(60.0, help="Time compression: simulated seconds per wall-clock second."),
@@ -208,7 +127,7 @@ def demo(
     if not files or not (examples / "demo").is_dir():
         raise BrokerError(f"examples: no *.yaml and demo/ in {examples}; run from the project root or pass --examples DIR")
     settings = Settings.from_env()
-    broker = _broker(with_store=False)
+    broker = make_broker(with_store=False)
     quotes = []
     for path in files:
         spec = load_spec(path, broker.clock.now())
@@ -228,15 +147,15 @@ def demo(
         def show(jobs):
             bar.update(task, description="  ".join(f"{j.spec.name}: {j.state.value}" for j in jobs))
 
-        summary = run_demo(_redis_url(settings), settings.home, examples, broker.catalog, broker.policy, speedup, timeout, show)
+        summary = run_demo(redis_url(settings), settings.home, examples, broker.catalog, broker.policy, speedup, timeout, show)
     if as_json:
-        _print_json({"quotes": quotes, **summary})
+        print_json({"quotes": quotes, **summary})
         return
     out.print(render.run_summary(summary))
 
 
 @app.command()
-@_user_errors
+@user_errors
 def stop() -> None:
     """Stop the embedded private redis-server (its data stays on disk)."""
     settings = Settings.from_env()
@@ -247,7 +166,7 @@ def stop() -> None:
 
 
 @app.command()
-@_user_errors
+@user_errors
 def agent(
     agent_id: str = typer.Option(..., "--id", help="This agent's unique name."),
     offer_id: str = typer.Option(..., "--offer", help="The offer this instance is (cloud/zone/type/tier, see `broker prices`)."),
@@ -274,14 +193,14 @@ def agent(
     if metrics_port:
         serve(metrics.registry, metrics_port)
     worker = Agent(
-        _store(settings), agent_id, catalog.offer(offer_id), checkpoints or settings.checkpoints,
+        store_for(settings), agent_id, catalog.offer(offer_id), checkpoints or settings.checkpoints,
         runs or settings.home / "runs", notices=source, lease_s=lease_s, metrics=metrics,
     )  # fmt: skip
     err.print(f"agent {agent_id} ended: {worker.run()}")
 
 
 @app.command()
-@_user_errors
+@user_errors
 def server(
     speedup: float = typer.Option(1.0, help="Clock compression (demos and tests)."),
     consumer: str = typer.Option("server-1", help="This replica's name in the agent-events consumer group."),
@@ -294,7 +213,7 @@ def server(
     from broker.server import BrokerServer
 
     settings = Settings.from_env()
-    broker = _broker()
+    broker = make_broker()
     from broker.metrics import ServerMetrics, serve
 
     metrics = ServerMetrics(broker.store)
@@ -310,7 +229,7 @@ def server(
 
 
 @app.command()
-@_user_errors
+@user_errors
 def dashboard(
     port: int = typer.Option(8501, help="Port to serve on."),
     address: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
@@ -326,7 +245,7 @@ def dashboard(
     if not app_path.exists():
         raise BrokerError(f"dashboard: {app_path} not found; run broker from its source checkout (pip install -e .)")
     settings = Settings.from_env()
-    env = {**os.environ, "BROKER_REDIS_URL": _redis_url(settings), "BROKER_PREFIX": settings.prefix}
+    env = {**os.environ, "BROKER_REDIS_URL": redis_url(settings), "BROKER_PREFIX": settings.prefix}
     argv = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless", "true",
             "--server.address", address, "--server.port", str(port), "--browser.gatherUsageStats", "false",
             "--client.toolbarMode", "viewer"]  # fmt: skip
@@ -343,7 +262,7 @@ POOLS_DIR = Path("infra/terraform/pools")
 
 
 @agents_app.command("provision")
-@_user_errors
+@user_errors
 def agents_provision(
     site: Path = typer.Option(..., help="YAML with per-cloud site values (ami_id, checkpoint_bucket, secret references, redis_url, ...)."),
     plan: bool = typer.Option(True, "--plan/--apply", help="--plan writes the Terraform roots; --apply also runs terraform."),
@@ -361,11 +280,11 @@ def agents_provision(
         site_values = yaml.safe_load(site.read_text()) or {}
     except (OSError, yaml.YAMLError) as error:
         raise BrokerError(f"site: cannot read {site} ({error}); give a YAML file with aws:, gcp:, azure: sections") from None
-    broker = _broker()
+    broker = make_broker()
     pools = terraform.pools_from_jobs(broker.jobs())
     if not pools:
         out_msg = "no pending jobs: nothing to provision (submit jobs first)"
-        _print_json([]) if as_json else out.print(out_msg)
+        print_json([]) if as_json else out.print(out_msg)
         return
     written = []
     for pool in pools:
@@ -382,14 +301,14 @@ def agents_provision(
                 if subprocess.run([binary, f"-chdir={row['dir']}", *step]).returncode != 0:
                     raise BrokerError(f"terraform {step[0]} failed for pool {row['pool']}; see its output above")
     if as_json:
-        _print_json(written)
+        print_json(written)
         return
     for row in written:
         out.print(f"[bold]{row['pool']}[/]: {row['count']} x {row['offer']}\n  {row['command']}")
 
 
 @agents_app.command("deprovision")
-@_user_errors
+@user_errors
 def agents_deprovision(
     pool: str = typer.Argument(..., help="The pool's name (a directory under --out)."),
     out: Path = typer.Option(POOLS_DIR, help="Where the pools' Terraform roots are."),

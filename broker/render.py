@@ -158,6 +158,18 @@ def prices_table(rows: pd.DataFrame, total: int) -> Table:
     return table
 
 
+def risk_table(rows: list[dict], total: int) -> Table:
+    table = Table(title=f"spot preemption hazard ({len(rows)} of {total} instance types and regions)", title_justify="left")
+    for col in ("cloud", "region", "instance", "gpus", "λ /h", "90% band", "mean time to preempt", "avail", "band", "evidence"):
+        table.add_column(col, justify="right" if col in ("λ /h", "avail") else "left", no_wrap=col != "evidence")
+    for r in rows:
+        mttp = 1 / r["hazard_per_h"] if r["hazard_per_h"] > 0 else float("inf")
+        table.add_row(r["cloud"], r["region"], r["instance_type"], r["gpus"], f"{r['hazard_per_h']:.3f}",
+                      f"{r['low']:.3f}-{r['high']:.3f}", _hours(mttp) if mttp < 1e6 else "-", f"{r['availability']:.0%}",
+                      r["band"], r["evidence"])  # fmt: skip
+    return table
+
+
 def prices_records(rows: pd.DataFrame) -> list[dict]:
     """Price rows as JSON-ready dicts (NaN becomes null)."""
     clean = rows.astype(object).where(rows.notna(), None)

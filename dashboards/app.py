@@ -111,9 +111,12 @@ def prices_page() -> None:
     )  # fmt: skip
     st.subheader("Spot vs on-demand by region")
     st.altair_chart(chart, use_container_width=True)
-    st.subheader("Preemption hazard per spot offer")
-    spot = rows[rows["tier"] == "spot"][["offer", "price_usd_per_h", "hazard_per_h", "hazard_source"]]
-    st.dataframe(spot.sort_values("price_usd_per_h"), hide_index=True, use_container_width=True)
+    st.subheader("Preemption hazard per spot offer (per hour, with its 90% band)")
+    spot = rows[rows["tier"] == "spot"][["offer", "cloud", "region", "instance_type", "price_usd_per_h", "hazard_per_h", "availability", "hazard_source"]]
+    bands = [catalog().hazard.spot(c, r, i) for c, r, i in zip(spot["cloud"], spot["region"], spot["instance_type"])]
+    spot = spot.assign(hazard_low=[b.low for b in bands], hazard_high=[b.high for b in bands])
+    columns = ["offer", "price_usd_per_h", "hazard_per_h", "hazard_low", "hazard_high", "availability", "hazard_source"]
+    st.dataframe(spot[columns].sort_values("price_usd_per_h"), hide_index=True, use_container_width=True)
     st.caption("Price history arrives with the live price adapters; until then prices are the packaged snapshot.")
 
 

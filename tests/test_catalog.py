@@ -2,12 +2,10 @@
 
 import csv
 import filecmp
-import math
 
 import pytest
 
 from broker.model import Tier
-from broker.pricing.hazard import BAND_PROBABILITY, SpotAdvisorHazard, hazard_from_monthly
 from broker.pricing.snapshot import FILES, packaged_dir
 from conftest import SHARED_DATA
 
@@ -73,21 +71,6 @@ def test_offers_carry_prices_and_gpu_shapes_from_the_rows(catalog):
     assert on_demand["aws/use1-az1/p3.2xlarge/on_demand"].price_usd_per_h == row.on_demand_usd_per_h == 3.06
     assert spot["aws/use1-az1/p3.2xlarge/spot"].gpu_memory_gb == 16
     assert all(o.hazard_per_h == 0 for o in on_demand.values())
-
-
-def test_spot_hazard_follows_the_spot_advisor_band():
-    hazard = SpotAdvisorHazard()
-    p3 = hazard.spot("aws", "us-east-1", "p3.2xlarge")  # band index 4 in the shared snapshot
-    assert p3.band == ">20%" and p3.source == "aws-spot-advisor"
-    assert p3.per_hour == pytest.approx(-math.log(1 - 0.25) / 730)
-    g5g = hazard.spot("aws", "us-east-1", "g5g.xlarge")  # band index 0
-    assert g5g.band == "<5%" and g5g.per_hour < p3.per_hour
-    assert hazard.spot("gcp", "us-central1", "a2-highgpu-1g").source == "default"
-
-
-def test_hazard_grows_with_the_monthly_interruption_probability():
-    rates = [hazard_from_monthly(p) for p in sorted(BAND_PROBABILITY.values())]
-    assert rates == sorted(rates) and rates[0] > 0
 
 
 def test_price_table_filters_and_sorts_by_the_requested_price(catalog):

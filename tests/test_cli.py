@@ -12,7 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from broker.cli import app
-from conftest import EXAMPLES
+from broker.specfile import load_spec
+from conftest import EXAMPLES, NOW
 
 runner = CliRunner()
 
@@ -204,10 +205,35 @@ def test_submit_quotes_with_the_active_policy_and_refuses_an_unknown_one(env, tm
 
 
 def test_a_round_budget_reaches_the_planner_and_a_bad_one_is_one_line(env, tmp_path, monkeypatch):
-    from broker.cli import _broker
+    from broker.cli_common import make_broker
 
     monkeypatch.setenv("BROKER_ROUND_BUDGET_USD", "250")
-    assert _broker(with_store=False).policy.budget_usd == 250
+    assert make_broker(with_store=False).policy.budget_usd == 250
     monkeypatch.setenv("BROKER_ROUND_BUDGET_USD", "lots")
     result = run("submit", job_file(tmp_path), "--quote")
     assert result.exit_code == 2 and "BROKER_ROUND_BUDGET_USD: 'lots' is not a positive number" in result.output
+
+
+def test_prices_risk_shows_lambda_its_band_and_the_evidence(env):
+    rows = json.loads(run("prices", "risk", "--gpu", "V100", "--cloud", "aws", "--limit", "0", "--json").stdout)
+    traced = [r for r in rows if r["instance_type"] == "p3.2xlarge" and r["region"] == "us-east-1"]
+    assert traced and "observed" in traced[0]["evidence"] and traced[0]["availability"] < 1
+    assert all(r["low"] < r["hazard_per_h"] < r["high"] for r in rows)
+    assert "90% band" in run("prices", "risk", "--gpu", "V100").stdout
+
+
+def test_preemptions_our_agents_saw_move_the_hazard(env, tmp_path):
+    from datetime import timedelta
+
+    from broker.cli_common import make_broker
+    from broker.model import Job, Run
+
+    broker = make_broker()
+    before = broker.catalog.hazard.spot("aws", "ap-south-1", "g6.xlarge")
+    spec = load_spec(job_file(tmp_path), NOW)
+    offer = next(o for o in broker.catalog.offers if o.instance_type == "g6.xlarge" and o.region == "ap-south-1" and o.tier.value == "spot")
+    runs = [Run(fence=k, agent="a", offer=offer, dispatched_at=NOW, started_at=NOW, ended_at=NOW + timedelta(hours=1),
+                end_reason="preempted") for k in range(1, 21)]  # fmt: skip
+    broker.store.add_job(Job(id="seen", spec=spec, submitted_at=NOW, updated_at=NOW, quote=broker.quote(spec), runs=runs))
+    after = make_broker().catalog.hazard.spot("aws", "ap-south-1", "g6.xlarge")
+    assert after.per_hour > before.per_hour and "20 preemptions in 20 h observed" in after.source

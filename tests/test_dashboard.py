@@ -107,7 +107,10 @@ def test_prices_page_shows_the_cheapest_spot_and_on_demand_and_the_hazard(app, r
             expected = min(o.price_usd_per_h for o in catalog.offers if o.accelerator == "L4" and o.cloud == cloud and o.tier == tier)
             assert cheapest.loc[cloud, tier.value] == pytest.approx(expected)
     hazards = app.dataframe[1].value
-    assert (hazards["hazard_per_h"] > 0).all() and hazards["hazard_source"].str.contains("aws-spot-advisor|default").all()
+    assert (hazards["hazard_per_h"] > 0).all() and hazards["hazard_source"].str.contains("advisor|default|observed|regions").all()
+    assert ((hazards["hazard_low"] < hazards["hazard_per_h"]) & (hazards["hazard_per_h"] < hazards["hazard_high"])).all()
+    first = catalog.by_id[hazards["offer"].iloc[0]]
+    assert hazards["hazard_high"].iloc[0] == pytest.approx(catalog.hazard.spot(first.cloud, first.region, first.instance_type).high)
 
 
 @pytest.mark.parametrize("page", ["Overview", "Jobs", "Bubbles", "Backtest"])

@@ -72,6 +72,7 @@ def _offer_columns(offers: list[Offer]) -> dict[str, np.ndarray]:
         "vcpus": np.array([o.vcpus or 0 for o in offers], dtype=float),
         "mem": np.array([o.memory_gb or 0 for o in offers], dtype=float),
         "speed": np.array([o.speed_factor for o in offers], dtype=float),
+        "availability": np.array([o.availability for o in offers], dtype=float),
     }
 
 
@@ -129,7 +130,7 @@ def option_table(items: list[PlanItem], offers: list[Offer], now: datetime) -> O
 
     t = hours * j["remaining"][job] / o["speed"][offer]
     restart, window = j["restart"][job], j["window"][job]
-    e = risk.expectation(t, j["delta"][job], restart, o["hazard"][offer], o["price"][offer], window)
+    e = risk.expectation(t, j["delta"][job], restart, o["hazard"][offer], o["price"][offer], window, o["availability"][offer])
     cost, wall, p_meet = e.cost_usd.copy(), e.wall_h.copy(), e.p_meet.copy()
     moving = (j["current"][job] >= 0) & (j["current"][job] != offer)
     cost += np.where(moving, o["price"][offer] * restart, 0.0)  # a migration pays a restart on the new offer

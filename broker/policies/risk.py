@@ -108,20 +108,25 @@ def poisson_cdf(k, mean):
     return p.item() if p.ndim == 0 else p
 
 
-def expectation(t, delta, restart, hazard, price, window_h) -> Expectation:
+def expectation(t, delta, restart, hazard, price, window_h, availability=1.0) -> Expectation:
     """The money model for exclusive hours t, checkpoint hours delta, restart hours R, hazard per hour,
-    price per hour and hours until the deadline (inf for none). Arrays broadcast; numbers give numbers."""
-    t, delta, restart, hazard, price, window_h = np.broadcast_arrays(
-        *(np.asarray(x, dtype=float) for x in (t, delta, restart, hazard, price, window_h))
+    price per hour and hours until the deadline (inf for none). Arrays broadcast; numbers give numbers.
+
+    With spot `availability` a < 1 each launch succeeds with probability a, so a start (and every
+    restart) takes 1/a launch attempts on average: (1/a - 1) extra start-ups."""
+    t, delta, restart, hazard, price, window_h, availability = np.broadcast_arrays(
+        *(np.asarray(x, dtype=float) for x in (t, delta, restart, hazard, price, window_h, availability))
     )
+    waiting = STARTUP_H * (1 / availability - 1)
+    restart = restart + waiting
     with np.errstate(divide="ignore", invalid="ignore"):
         tau = np.where(hazard > 0, np.minimum(np.sqrt(2 * delta / hazard), t), np.nan)
         writes = np.where(tau > 0, delta / tau, 0.0)  # share of time spent checkpointing
         running = t * (1 + writes)
         per_preemption = restart + np.where(hazard > 0, tau, 0.0) / 2
         mean_preemptions = hazard * running
-        wall = STARTUP_H + running + mean_preemptions * per_preemption
-        slack = window_h - STARTUP_H - running
+        wall = STARTUP_H + waiting + running + mean_preemptions * per_preemption
+        slack = window_h - STARTUP_H - waiting - running
         allowed = np.where(np.isfinite(slack), np.floor(slack / per_preemption), 0.0)
         p_meet = np.where(np.isinf(window_h), 1.0, np.where(slack < 0, 0.0, poisson_cdf(allowed, mean_preemptions)))
     out = Expectation(tau, running, wall, price * wall, p_meet)
@@ -149,7 +154,7 @@ def evaluate(spec: JobSpec, offer: Offer, now: datetime, remaining: float = 1.0)
     """
     t = exclusive_hours(spec, offer) * remaining
     e = expectation(t, checkpoint_hours(spec), restart_hours(spec), offer.hazard_per_h, offer.price_usd_per_h,
-                    window_hours(spec, now))  # fmt: skip
+                    window_hours(spec, now), offer.availability)  # fmt: skip
     return _option(spec, offer, now, t, e)
 
 
@@ -157,7 +162,7 @@ def evaluate_with_fallback(spec: JobSpec, spot: Offer, on_demand: Option, now: d
     """Price the job on a spot (or bubble) offer with `on_demand` kept in reserve by the deadline guard."""
     t = exclusive_hours(spec, spot) * remaining
     restart, window = restart_hours(spec), window_hours(spec, now)
-    alone = expectation(t, checkpoint_hours(spec), restart, spot.hazard_per_h, spot.price_usd_per_h, window)
+    alone = expectation(t, checkpoint_hours(spec), restart, spot.hazard_per_h, spot.price_usd_per_h, window, spot.availability)
     e = fallback_expectation(alone, spot.price_usd_per_h, t, on_demand.expected_cost_usd, on_demand.exclusive_h, restart, window)
     return _option(spec, spot, now, t, Expectation(*(float(x) for x in e)), fallback=on_demand.offer)
 

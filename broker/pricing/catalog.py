@@ -10,22 +10,22 @@ import pandas as pd
 
 from broker.errors import BrokerError
 from broker.model import Offer, Tier
-from broker.pricing.hazard import SpotAdvisorHazard
+from broker.pricing.hazard import HazardModel
 from broker.pricing.snapshot import load_snapshot
 
 
 class PriceCatalog:
     """One table of GPU instance prices across clouds; each row yields a spot and an on-demand Offer."""
 
-    def __init__(self, rows: pd.DataFrame, hazard: SpotAdvisorHazard | None = None, source: str = "snapshot"):
+    def __init__(self, rows: pd.DataFrame, hazard: HazardModel | None = None, source: str = "snapshot"):
         self.rows = rows
-        self.hazard = hazard or SpotAdvisorHazard()
+        self.hazard = hazard or HazardModel.packaged()
         self.source = source
 
     @classmethod
-    def from_snapshot(cls, directory: Path | None = None) -> "PriceCatalog":
+    def from_snapshot(cls, directory: Path | None = None, hazard: HazardModel | None = None) -> "PriceCatalog":
         """The catalog of the published snapshots (packaged copy unless `directory` is given)."""
-        return cls(load_snapshot(directory), source=f"snapshot:{directory or 'packaged'}")
+        return cls(load_snapshot(directory), hazard, source=f"snapshot:{directory or 'packaged'}")
 
     @cached_property
     def offers(self) -> list[Offer]:
@@ -53,7 +53,8 @@ class PriceCatalog:
                         tier=Tier.spot,
                         price_usd_per_h=row.spot_usd_per_h,
                         hazard_per_h=risk.per_hour,
-                        hazard_source=f"{risk.source}:{risk.band}",
+                        hazard_source=risk.source,
+                        availability=risk.availability,
                     )
                 )
         return offers

@@ -1,56 +1,156 @@
-"""Preemption hazard per offer (preemptions per hour), from the best evidence at hand.
+"""Preemption hazard per spot offer (preemptions per hour) with an uncertainty band, from evidence.
 
-Until a hazard model is calibrated on preemption history, the evidence is the AWS Spot
-Advisor: per region and instance type, a band of monthly interruption frequency. A band
-is read as the probability p that an instance is interrupted within a month (730 h), so
-the hazard is -ln(1 - p) / 730. Clouds without published bands (GCP, Azure) get the
-worst AWS band, a deliberately cautious default. On-demand capacity has hazard 0.
+Per (cloud, region, instance type) the hazard is a Gamma posterior over a Poisson rate:
+    shape = prior_mean x PRIOR_HOURS + preemptions,  rate = PRIOR_HOURS + exposure hours
+Evidence is what the shipped spot traces measured (`data/trace_evidence.csv`, derived by
+`python -m broker.pricing.traces`) plus what our own agents observe (preemptions over hours on
+spot, added online with `observe`). The prior, in order of preference:
+1. the same instance type's pooled rate in other regions of the cloud (traces, our agents);
+2. AWS Spot Advisor bands, anchored on the traces: every traced AWS instance type sits in the
+   ">20%" band, so that band's rate is their pooled rate, and a lower band scales it by the
+   ratio of band midpoints (2.5/25 for "<5%" ...). A monthly-probability reading of the bands
+   (-ln(1-p)/730) predicts ~1,000x fewer preemptions than the traces saw, so it is not used;
+3. for clouds without bands (GCP, Azure GPUs): the ">20%" anchor, a cautious default.
+The band (low, high) is the 5-95% range of the rate over the next period: posterior uncertainty
+plus the day-to-day dispersion the traces show (a rate that is itself Gamma distributed), which is
+what `bench/hazard.py` checks against the last 30% of every trace.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+from scipy import stats
+
 from broker.pricing.snapshot import packaged_dir
 
-HOURS_PER_MONTH = 730.0
-# A representative monthly interruption probability for each Spot Advisor band
-# (labels "<5%", "5-10%", "10-15%", "15-20%", ">20%"): the band's midpoint, 25% for the open one.
-BAND_PROBABILITY = {"<5%": 0.025, "5-10%": 0.075, "10-15%": 0.125, "15-20%": 0.175, ">20%": 0.25}
-DEFAULT_BAND = ">20%"
+PRIOR_HOURS = 24.0  # the prior weighs as much as a day of observation
+BAND_MIDPOINT = {"<5%": 2.5, "5-10%": 7.5, "10-15%": 12.5, "15-20%": 17.5, ">20%": 25.0}
+ANCHOR_BAND = ">20%"
+DEFAULT_DISPERSION = 0.3  # day-to-day squared CV of the rate where no trace measured it (traces: 0-0.9)
+
+Key = tuple[str, str, str]  # cloud, region, instance type
 
 
-def hazard_from_monthly(probability: float) -> float:
-    """Preemptions per hour for a probability of interruption within one month."""
-    return -math.log(1.0 - probability) / HOURS_PER_MONTH
+@dataclass(frozen=True)
+class Evidence:
+    preemptions: float = 0.0
+    hours: float = 0.0
+    dispersion: float = 0.0
+
+    def __add__(self, other: "Evidence") -> "Evidence":
+        hours = self.hours + other.hours
+        weighted = (self.dispersion * self.hours + other.dispersion * other.hours) / hours if hours else 0.0
+        return Evidence(self.preemptions + other.preemptions, hours, weighted)
 
 
 @dataclass(frozen=True)
 class Hazard:
     per_hour: float
-    band: str
-    source: str
+    low: float  # 5% quantile of the rate
+    high: float  # 95% quantile
+    band: str  # the Spot Advisor band, or "-" for none
+    source: str  # what the number rests on, in a few words
+    availability: float = 1.0  # share of time spot capacity could be had at all
 
 
-class SpotAdvisorHazard:
-    """Hazard per (cloud, region, instance type) from the AWS Spot Advisor bands."""
+def gamma_band(shape: float, rate: float, dispersion: float, level: float = 0.90) -> tuple[float, float]:
+    """The central `level` range of a rate whose mean is Gamma(shape, rate) and that varies with squared CV `dispersion`."""
+    mean = shape / rate
+    cv2 = 1 / shape + dispersion
+    if mean <= 0:
+        return 0.0, 0.0
+    tail = (1 - level) / 2
+    dist = stats.gamma(a=1 / cv2, scale=mean * cv2)
+    return float(dist.ppf(tail)), float(dist.ppf(1 - tail))
 
-    def __init__(self, path: Path | None = None):
-        path = path or packaged_dir() / "aws_spot_advisor_gpu.json"
-        data = json.loads(Path(path).read_text())
+
+class HazardModel:
+    """Hazard per (cloud, region, instance type) from traces, Spot Advisor bands and our own observations."""
+
+    def __init__(self, evidence: pd.DataFrame, bands: dict[tuple[str, str], str]):
+        self.bands = bands
+        preempt = evidence[evidence["kind"] == "preemption"]
+        self.evidence: dict[Key, Evidence] = {}
+        for row in preempt.itertuples(index=False):
+            key = (row.cloud, row.region, row.instance_type)
+            self.evidence[key] = self.evidence.get(key, Evidence()) + Evidence(row.preemptions, row.exposure_h, row.dispersion)
+        avail = evidence.groupby(["cloud", "region", "instance_type"])["availability"].mean()
+        self.availability = {k: float(v) for k, v in avail.items()}
+        self.traces = len(preempt)
+        self.anchor = self._anchor()
+
+    @classmethod
+    def packaged(cls) -> "HazardModel":
+        """The model from the evidence and Spot Advisor slice shipped in the package."""
+        data = json.loads((packaged_dir() / "aws_spot_advisor_gpu.json").read_text())
         labels = {r["index"]: r["label"] for r in data["ranges"]}
-        self._bands = {
-            (region, itype): labels[row["r"]]
-            for region, oses in data["spot_advisor"].items()
-            for itype, row in oses.get("Linux", {}).items()
-        }
+        bands = {(region, itype): labels[row["r"]] for region, oses in data["spot_advisor"].items()
+                 for itype, row in oses.get("Linux", {}).items()}  # fmt: skip
+        return cls(pd.read_csv(packaged_dir() / "trace_evidence.csv"), bands)
+
+    @classmethod
+    def from_traces(cls, directory: Path, bands: dict | None = None) -> "HazardModel":
+        from broker.pricing.traces import evidence, load_traces
+
+        return cls(evidence(load_traces(directory)), bands if bands is not None else cls.packaged().bands)
+
+    def observe(self, observed: dict[Key, Evidence]) -> "HazardModel":
+        """A model that also counts preemptions our agents saw (offer key -> preemptions over spot hours)."""
+        model = object.__new__(HazardModel)
+        model.__dict__.update(self.__dict__)
+        model.evidence = dict(self.evidence)
+        for key, seen in observed.items():
+            model.evidence[key] = model.evidence.get(key, Evidence()) + seen
+        model.anchor = model._anchor()
+        return model
+
+    def _anchor(self) -> Evidence:
+        """Pooled evidence of AWS instance types in the anchor band."""
+        pooled = Evidence()
+        for (cloud, region, itype), seen in self.evidence.items():
+            if cloud == "aws" and self.bands.get((region, itype)) == ANCHOR_BAND:
+                pooled = pooled + seen
+        return pooled
+
+    def _prior(self, cloud: str, region: str, instance_type: str) -> tuple[float, float, str, str]:
+        """(mean, dispersion, band, source) before this key's own evidence."""
+        same_type = Evidence()
+        for (c, r, itype), seen in self.evidence.items():
+            if c == cloud and itype == instance_type and r != region:
+                same_type = same_type + seen
+        band = self.bands.get((region, instance_type), "-") if cloud == "aws" else "-"
+        if same_type.hours > 0:
+            return same_type.preemptions / same_type.hours, same_type.dispersion, band, f"{instance_type} in other regions"
+        anchor_rate = self.anchor.preemptions / self.anchor.hours if self.anchor.hours else 0.0
+        dispersion = self.anchor.dispersion if self.anchor.hours else DEFAULT_DISPERSION
+        if band != "-":
+            return anchor_rate * BAND_MIDPOINT[band] / BAND_MIDPOINT[ANCHOR_BAND], dispersion, band, f"advisor band {band}"
+        return anchor_rate, dispersion, band, "cautious default (no band)"
 
     def spot(self, cloud: str, region: str, instance_type: str) -> Hazard:
-        """The spot hazard of an instance type in a region."""
-        band = self._bands.get((region, instance_type)) if cloud == "aws" else None
-        if band is None:
-            return Hazard(hazard_from_monthly(BAND_PROBABILITY[DEFAULT_BAND]), DEFAULT_BAND, "default")
-        return Hazard(hazard_from_monthly(BAND_PROBABILITY[band]), band, "aws-spot-advisor")
+        """The spot hazard of an instance type in a region, with its 90% band and the evidence behind it."""
+        key = (cloud, region, instance_type)
+        mean0, dispersion, band, source = self._prior(*key)
+        seen = self.evidence.get(key, Evidence())
+        shape, rate = max(mean0 * PRIOR_HOURS, 1e-6) + seen.preemptions, PRIOR_HOURS + seen.hours
+        if seen.hours > 0:
+            dispersion = seen.dispersion
+            source = f"{seen.preemptions:.0f} preemptions in {seen.hours:,.0f} h observed, prior: {source}"
+        low, high = gamma_band(shape, rate, dispersion)
+        return Hazard(shape / rate, low, high, band, source, self.availability.get(key, 1.0))
+
+
+def observed(jobs) -> dict[Key, Evidence]:
+    """What our own agents saw: per (cloud, region, instance type), hours run on spot and runs ended by a preemption."""
+    seen: dict[Key, Evidence] = {}
+    for job in jobs:
+        for run in job.runs:
+            if run.offer.tier.value != "spot" or run.ended_at is None:
+                continue
+            key = (run.offer.cloud, run.offer.region, run.offer.instance_type)
+            seen[key] = seen.get(key, Evidence()) + Evidence(float(run.end_reason == "preempted"), run.hours(run.ended_at))
+    return seen

@@ -1,0 +1,74 @@
+"""What every `broker` command shares: the consoles, the error wrapper, the store and the core."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+
+import typer
+from rich.console import Console
+
+from broker import embedded, policies
+from broker.clock import SystemClock
+from broker.errors import BrokerError
+from broker.pricing.catalog import PriceCatalog
+from broker.pricing.hazard import HazardModel, observed
+from broker.service import Broker
+from broker.settings import Settings
+from broker.store import Store
+
+# Tables are wide: when output is not a terminal (pipes, CI logs) give rich room for them.
+_WIDTH = shutil.get_terminal_size((200, 24)).columns
+out = Console(width=_WIDTH)
+err = Console(stderr=True, width=_WIDTH)
+debug_flag = {"on": False}
+
+JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON instead of tables.")
+
+
+def user_errors(command):
+    """Print a BrokerError's lines and exit 2; unexpected errors exit 1 (traceback with --debug)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except BrokerError as error:
+            for line in str(error).splitlines():
+                err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as error:
+            if debug_flag["on"]:
+                raise
+            err.print(f"[red]internal error:[/] {type(error).__name__}: {error} (rerun with --debug for the traceback)")
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def redis_url(settings: Settings) -> str:
+    if settings.redis_url:
+        return settings.redis_url
+    server = embedded.ensure(settings.home)
+    verb = "started" if server.started else "using"
+    err.print(f"[dim]{verb} private redis-server on 127.0.0.1:{server.port} (data in {server.data_dir})[/]")
+    return server.url
+
+
+def store_for(settings: Settings) -> Store:
+    return Store(redis_url(settings), prefix=settings.prefix)
+
+
+def make_broker(with_store: bool = True) -> Broker:
+    settings = Settings.from_env()
+    store = store_for(settings) if with_store else None
+    hazard = HazardModel.packaged().observe(observed(store.list_jobs())) if store else None  # our agents' preemptions count
+    catalog = PriceCatalog.from_snapshot(settings.prices_dir, hazard)
+    return Broker(store, catalog, policies.get(settings.policy, **settings.policy_options()), SystemClock())
+
+
+def print_json(obj) -> None:
+    typer.echo(json.dumps(obj, indent=2, default=str))

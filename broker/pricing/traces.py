@@ -1,0 +1,125 @@
+"""Spot traces (the Can't Be Late format) and what they say about preemption and availability.
+
+A trace file is `{"metadata": {"gap_seconds": N}, "data": [v0, v1, ...]}`; v is how many spot
+instances were running (preemption traces: relaunched after each loss) or obtainable
+(availability traces) at each tick. A file's name says where and what: `us-west-2b_v100_1`
+is zone us-west-2b, one V100; the directory above it says the cloud (`aws-04-22-2023`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from broker.errors import BrokerError
+
+# Trace names -> the instance type they were measured on (the upstream README says which).
+INSTANCE_TYPES = {
+    ("aws", "v100_1"): "p3.2xlarge",
+    ("aws", "v100_8"): "p3.16xlarge",
+    ("aws", "k80_1"): "p2.xlarge",
+    ("aws", "k80_8"): "p2.8xlarge",
+    ("aws", "intel_64"): "r5.16xlarge",
+    ("aws", "a100_40gb_8"): "p4d.24xlarge",
+    ("gcp", "c3-88"): "c3-highcpu-88",
+}
+_NAME = re.compile(r"^(?P<zone>[a-z]+-[a-z]+-?\d+-?[a-z])_(?P<shape>[a-z0-9_-]+)$")
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One trace file: where it was measured and its ticks."""
+
+    name: str
+    kind: str  # "preemption" (running count, relaunched after each loss) or "availability"
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    gap_s: float
+    data: np.ndarray
+
+    @property
+    def hours(self) -> float:
+        return len(self.data) * self.gap_s / 3600
+
+    def window(self, start: float, end: float) -> "Trace":
+        """The part of the trace between two fractions of its length (0.0-1.0)."""
+        a, b = int(len(self.data) * start), int(len(self.data) * end)
+        return Trace(self.name, self.kind, self.cloud, self.region, self.zone, self.instance_type, self.gap_s, self.data[a:b])
+
+    def preemptions(self) -> int:
+        """Instances lost: every drop in the running count."""
+        return int(np.maximum(0, self.data[:-1] - self.data[1:]).sum())
+
+    def exposure_hours(self) -> float:
+        """Instance-hours at risk: the running count summed over ticks."""
+        return float(self.data.sum() * self.gap_s / 3600)
+
+    def dispersion(self, block_h: float = 24.0) -> float:
+        """Squared coefficient of variation of the preemption rate between blocks (days by default):
+        how much more the count varies than a constant-rate Poisson process would (0 = not at all)."""
+        per = max(2, int(block_h * 3600 / self.gap_s))
+        blocks = [self.data[i : i + per] for i in range(0, len(self.data) - per + 1, per)]
+        counts = np.array([np.maximum(0, b[:-1] - b[1:]).sum() for b in blocks])
+        exposure = np.array([b.sum() * self.gap_s / 3600 for b in blocks])
+        if len(blocks) < 2 or exposure.sum() <= 0:
+            return 0.0
+        mean = counts.sum() / exposure.sum() * exposure
+        return float(max(0.0, np.sum((counts - mean) ** 2 - mean) / max(np.sum(mean**2), 1e-9)))
+
+    def availability(self) -> float:
+        """Share of ticks at which spot capacity could be had at all."""
+        return float((self.data > 0).mean()) if len(self.data) else 0.0
+
+
+def load_trace(path: Path) -> Trace:
+    """Read one trace file; BrokerError naming the file when it is not in the trace format."""
+    path = Path(path)
+    try:
+        body = json.loads(path.read_text())
+        gap_s, data = float(body["metadata"]["gap_seconds"]), np.asarray(body["data"], dtype=float)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise BrokerError(f"trace {path}: not a spot trace ({err}); expected {{metadata: {{gap_seconds}}, data: [...]}}") from None
+    if gap_s <= 0 or data.ndim != 1 or (data < 0).any():
+        raise BrokerError(f"trace {path}: gap_seconds must be > 0 and data a list of counts >= 0")
+    cloud = path.parent.name.split("-")[0]
+    kind = "availability" if "availability" in path.parts else "preemption"
+    match = _NAME.match(path.stem)
+    if cloud not in ("aws", "gcp", "azure") or match is None:
+        raise BrokerError(f"trace {path}: name it <zone>_<gpu>_<count>.json in a <cloud>-<date> directory")
+    zone, shape = match["zone"], match["shape"]
+    region = zone[:-1] if cloud == "aws" else zone.rsplit("-", 1)[0]
+    instance_type = INSTANCE_TYPES.get((cloud, shape), shape)
+    return Trace(path.stem, kind, cloud, region, zone, instance_type, gap_s, data)
+
+
+def load_traces(directory: Path, pattern: str = "**/*.json") -> list[Trace]:
+    """Every trace file under a directory, sorted by path."""
+    return [load_trace(p) for p in sorted(Path(directory).glob(pattern))]
+
+
+EVIDENCE_COLUMNS = ["trace", "kind", "cloud", "region", "zone", "instance_type", "hours", "preemptions", "exposure_h",
+                    "dispersion", "availability"]  # fmt: skip
+
+
+def evidence(traces: list[Trace]) -> pd.DataFrame:
+    """One row of evidence per trace: preemptions over exposure, their day-to-day dispersion, availability."""
+    rows = [
+        [t.name, t.kind, t.cloud, t.region, t.zone, t.instance_type, round(t.hours, 3),
+         t.preemptions() if t.kind == "preemption" else 0, round(t.exposure_hours(), 3) if t.kind == "preemption" else 0.0,
+         round(t.dispersion(), 4) if t.kind == "preemption" else 0.0, round(t.availability(), 4)]
+        for t in traces
+    ]  # fmt: skip
+    return pd.DataFrame(rows, columns=EVIDENCE_COLUMNS)
+
+
+if __name__ == "__main__":  # python -m broker.pricing.traces ../shared/data/traces > broker/pricing/data/trace_evidence.csv
+    import sys
+
+    evidence(load_traces(Path(sys.argv[1]))).to_csv(sys.stdout, index=False)
