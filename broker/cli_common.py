@@ -14,6 +14,7 @@ from broker.clock import SystemClock
 from broker.errors import BrokerError
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.hazard import HazardModel, observed
+from broker.pricing.history import PriceHistory
 from broker.service import Broker
 from broker.settings import Settings
 from broker.store import Store
@@ -67,6 +68,8 @@ def make_broker(with_store: bool = True) -> Broker:
     store = store_for(settings) if with_store else None
     hazard = HazardModel.packaged().observe(observed(store.list_jobs())) if store else None  # our agents' preemptions count
     catalog = PriceCatalog.from_snapshot(settings.prices_dir, hazard)
+    if store:  # refreshed and imported prices replace the snapshot's where they exist
+        catalog = catalog.with_history(PriceHistory(store).latest())
     return Broker(store, catalog, policies.get(settings.policy, **settings.policy_options()), SystemClock())
 
 

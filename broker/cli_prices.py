@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Optional
 
 import typer
 
 from broker import render
 from broker.cli_common import JsonOpt, make_broker, out, print_json, user_errors
+from broker.errors import BrokerError
+from broker.model import parse_deadline
+from broker.pricing import history
 from broker.pricing.accelerators import lookup
+from broker.pricing.snapshot import load_aws
 
 prices_app = typer.Typer(help="GPU instance prices and their preemption risk.")
 
@@ -32,7 +38,7 @@ def prices(
     """Show GPU instance prices: on-demand and spot, with the interruption band."""
     if ctx.invoked_subcommand:
         return
-    catalog = make_broker(with_store=False).catalog
+    catalog = make_broker().catalog  # with the store: refreshed prices and their age
     rows = catalog.table(gpu=lookup(gpu).name if gpu else None, cloud=cloud, region=region, spot_only=spot)
     shown = rows.head(limit) if limit else rows
     print_json(render.prices_records(shown)) if as_json else out.print(render.prices_table(shown, total=len(rows)))
@@ -54,3 +60,47 @@ def risk(gpu: Optional[str] = Gpu, cloud: Optional[str] = Cloud, region: Optiona
     records.sort(key=lambda r: (-("observed" in r["evidence"]), r["hazard_per_h"]))
     shown = records[:limit] if limit else records
     print_json(shown) if as_json else out.print(render.risk_table(shown, total=len(records)))
+
+
+@prices_app.command("import")
+@user_errors
+def import_prices(
+    path: Path = typer.Argument(..., help="AWS spot price history (.tsv: az_id, type, product, usd, time) or a catalog CSV (AWS vms.csv format)."),
+    at: Optional[str] = typer.Option(None, help="When a catalog CSV's prices were seen (ISO time); required for CSVs, which carry no time."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Add recorded prices to the price history (only changes are stored)."""
+    if not path.is_file():
+        raise BrokerError(f"path: no file {path}; give an AWS spot price history .tsv or a catalog .csv")
+    if path.suffix == ".tsv":
+        points = history.points_from_spot_tsv(path)
+    else:
+        if at is None:
+            raise BrokerError(f"--at: {path.name} has no times in it; say when its prices were seen, e.g. --at 2025-06-01")
+        points = history.points_from_rows(load_aws(path), parse_deadline(at, datetime.now(timezone.utc)))
+    prices = history.PriceHistory(make_broker().store)
+    appended = prices.record(points)
+    prices.mark_refreshed(f"file:{path.name}", datetime.now(timezone.utc))
+    result = {"file": str(path), "points": len(points), "appended": appended, "offers": points["offer"].nunique()}
+    print_json(result) if as_json else out.print(f"{path.name}: {appended} price changes of {result['offers']} offers recorded ({len(points)} points read)")
+
+
+@prices_app.command("history")
+@user_errors
+def price_history(
+    instance: str = typer.Option(..., help="Instance type, e.g. p3.2xlarge."),
+    zone: Optional[str] = typer.Option(None, help="Only this zone (AWS zone ID such as use1-az1) or region."),
+    tier: str = typer.Option("spot", help="spot or on_demand."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Recorded price changes of an instance type: a table and a sparkline per zone."""
+    prices = history.PriceHistory(make_broker().store)
+    wanted = [o for o in prices.offers() if o.split("/")[2] == instance and o.endswith(f"/{tier}") and (zone is None or o.split("/")[1] == zone)]
+    if not wanted:
+        raise BrokerError(f"instance: no recorded {tier} prices for {instance}{' in ' + zone if zone else ''}; "
+                          "run `broker prices refresh` or `broker prices import FILE`")  # fmt: skip
+    series = {o: prices.series(o) for o in wanted}
+    if as_json:
+        print_json({o: [{"at": at.isoformat(), "usd": usd} for at, usd in zip(s["at"], s["usd"])] for o, s in series.items()})
+        return
+    out.print(render.history_table(series, datetime.now(timezone.utc)))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 
 import pandas as pd
 from rich.table import Table
@@ -133,6 +133,7 @@ PRICE_COLUMNS = {
     "spot_usd_per_h": "spot $/h",
     "spot_savings_pct": "spot saves",
     "spot_band": "interruptions/month",
+    "as_of": "as of",
 }
 
 
@@ -146,6 +147,8 @@ def prices_table(rows: pd.DataFrame, total: int) -> Table:
             value = getattr(row, col)
             if value is None or (isinstance(value, float) and pd.isna(value)):
                 cells.append("-")
+            elif col == "as_of":
+                cells.append(age(datetime.fromisoformat(value[5:]), datetime.now(timezone.utc)) if value.startswith("live ") else "snapshot")
             elif col == "spot_savings_pct":
                 cells.append(f"{value:.0f}%")
             elif col.endswith("usd_per_h"):
@@ -167,6 +170,34 @@ def risk_table(rows: list[dict], total: int) -> Table:
         table.add_row(r["cloud"], r["region"], r["instance_type"], r["gpus"], f"{r['hazard_per_h']:.3f}",
                       f"{r['low']:.3f}-{r['high']:.3f}", _hours(mttp) if mttp < 1e6 else "-", f"{r['availability']:.0%}",
                       r["band"], r["evidence"])  # fmt: skip
+    return table
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values) -> str:
+    """Unicode bars scaled between the series' min and max."""
+    values = list(values)
+    low, high = min(values), max(values)
+    if high == low:
+        return SPARKS[3] * len(values)
+    return "".join(SPARKS[round((v - low) / (high - low) * (len(SPARKS) - 1))] for v in values)
+
+
+def age(at: datetime, now: datetime) -> str:
+    """How old a price is, in words."""
+    hours = (now - at).total_seconds() / 3600
+    return f"{hours * 60:.0f} min ago" if hours < 1 else f"{hours:.1f} h ago" if hours < 48 else f"{hours / 24:.0f} days ago"
+
+
+def history_table(series: dict[str, pd.DataFrame], now: datetime) -> Table:
+    table = Table(title="price history (USD per hour): every recorded change", title_justify="left")
+    for col in ("offer", "changes", "first", "last", "min", "max", "now", "as of", "trend"):
+        table.add_column(col, justify="right" if col in ("changes", "min", "max", "now") else "left", no_wrap=True)
+    for offer, s in series.items():
+        table.add_row(offer, str(len(s)), _when(s["at"].iloc[0]), _when(s["at"].iloc[-1]), f"{s['usd'].min():.4f}",
+                      f"{s['usd'].max():.4f}", f"{s['usd'].iloc[-1]:.4f}", age(s["at"].iloc[-1], now), sparkline(s["usd"].tail(40)))  # fmt: skip
     return table
 
 

@@ -14,6 +14,7 @@ Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis):
     {p}assign:{id}       STREAM  assignments to one agent: job, fence; consumer group "agent"
     {p}agent-events      STREAM  what agents report: agent, job, fence, type, data (JSON);
                                  consumer group "broker", stale pending entries reclaimed
+    price:{offer}, priced, refreshed   price history: see broker/pricing/history.py
     (both event streams are capped at about STREAM_MAXLEN entries; agents send progress at most once a second)
 
 A change to a job writes the job, its event and whatever must go with it (an assignment,
@@ -55,6 +56,8 @@ class Store:
 
     def _key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
+
+    key = _key  # for the modules that keep their own keys beside the store's (pricing/history.py)
 
     def _ensure_durable(self) -> None:
         try:

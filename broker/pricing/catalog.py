@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
 
@@ -16,6 +17,12 @@ from broker.pricing.snapshot import load_snapshot
 
 class PriceCatalog:
     """One table of GPU instance prices across clouds; each row yields a spot and an on-demand Offer."""
+
+    # The snapshots' own dates are not known (SOURCE.md): say which catalog they are. Their AWS
+    # prices predate AWS's mid-2025 P4/P5 price cut, so a recorded price counts as newer than the
+    # snapshot only from this date on; older history (the 2022 spot export) is shown, not used.
+    snapshot_note = "SkyPilot catalog v7/v6, date unknown"
+    snapshot_superseded_from = datetime(2025, 6, 1, tzinfo=timezone.utc)
 
     def __init__(self, rows: pd.DataFrame, hazard: HazardModel | None = None, source: str = "snapshot"):
         self.rows = rows
@@ -59,6 +66,24 @@ class PriceCatalog:
                 )
         return offers
 
+    def with_history(self, latest: dict) -> "PriceCatalog":
+        """This catalog with every price that has a recorded history replaced by its newest point.
+
+        `latest` maps offer id -> (usd, seen at), as PriceHistory.latest() gives it; rows keep
+        `price_as_of`, the time of their newest live price (empty for snapshot prices)."""
+        latest = {k: v for k, v in latest.items() if v[1] >= self.snapshot_superseded_from}
+        rows = self.rows.copy()
+        rows["price_as_of"] = pd.Series([pd.NaT] * len(rows), dtype="datetime64[ns, UTC]")
+        where = rows["zone"].where(rows["zone"].notna(), rows["region"])
+        for tier, column in ((Tier.on_demand, "on_demand_usd_per_h"), (Tier.spot, "spot_usd_per_h")):
+            found = [latest.get(f"{c}/{w}/{i}/{tier.value}") for c, w, i in zip(rows["cloud"], where, rows["instance_type"])]
+            hit = pd.Series([f is not None for f in found], index=rows.index)
+            if hit.any():
+                rows.loc[hit, column] = [f[0] for f in found if f is not None]
+                seen = pd.Series([pd.Timestamp(f[1]) for f in found if f is not None], index=rows.index[hit])
+                rows.loc[hit, "price_as_of"] = rows.loc[hit, "price_as_of"].combine(seen, lambda a, b: b if pd.isna(a) else max(a, b))
+        return PriceCatalog(rows, self.hazard, source=f"{self.source}+history")
+
     @cached_property
     def by_id(self) -> dict[str, Offer]:
         return {o.id: o for o in self.offers}
@@ -93,5 +118,7 @@ class PriceCatalog:
                 self.hazard.spot(c, r, i).band for c, r, i in zip(rows["cloud"], rows["region"], rows["instance_type"])
             ],
         )
+        as_of = rows["price_as_of"] if "price_as_of" in rows else pd.Series(pd.NaT, index=rows.index)
+        rows = rows.assign(as_of=[f"live {t.isoformat()}" if pd.notna(t) else f"snapshot ({self.snapshot_note})" for t in as_of])
         key = "spot_usd_per_h" if spot_only else "on_demand_usd_per_h"
         return rows.sort_values([key, "cloud", "region", "zone"], na_position="last").reset_index(drop=True)

@@ -1,0 +1,75 @@
+"""Price history in Redis: only changes are stored, imports, the catalog's newest prices, the CLI."""
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from broker.cli import app
+from broker.pricing.history import PriceHistory, points_from_rows, points_from_spot_tsv
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "prices"
+TSV = SHARED / "aws_spot_price_history_2022-05-31.tsv"
+T0 = datetime(2025, 7, 1, tzinfo=timezone.utc)
+
+
+def points(*rows):
+    return pd.DataFrame(rows, columns=["offer", "usd", "at"])
+
+
+def test_only_changes_are_appended_and_a_repeat_writes_nothing(store):
+    history = PriceHistory(store)
+    first = points(("aws/use1-az1/p3.2xlarge/spot", 0.9, T0), ("aws/use1-az1/p3.2xlarge/spot", 0.9, T0 + timedelta(hours=1)),
+                   ("aws/use1-az1/p3.2xlarge/spot", 1.1, T0 + timedelta(hours=2)))  # fmt: skip
+    assert history.record(first) == 2
+    assert history.record(first) == 0
+    assert history.record(points(("aws/use1-az1/p3.2xlarge/spot", 0.95, T0 + timedelta(hours=3)))) == 1
+    series = history.series("aws/use1-az1/p3.2xlarge/spot")
+    assert list(series["usd"]) == [0.9, 1.1, 0.95] and series["at"].is_monotonic_increasing
+    assert history.latest()["aws/use1-az1/p3.2xlarge/spot"] == (0.95, T0 + timedelta(hours=3))
+
+
+@pytest.mark.skipif(not TSV.exists(), reason="shared price data not here")
+def test_the_aws_spot_export_imports_as_history(store):
+    raw = pd.read_csv(TSV, sep="\t", header=None)
+    linux = raw[raw[2] == "Linux/UNIX"]
+    pts = points_from_spot_tsv(TSV)
+    assert len(pts) == len(linux) and pts["at"].min().year == 2022
+    appended = PriceHistory(store).record(pts)
+    distinct = linux.sort_values(4).groupby([0, 1])[3].apply(lambda s: int((s != s.shift()).sum())).sum()
+    assert appended == distinct
+
+
+def test_the_catalog_takes_newer_recorded_prices_and_keeps_older_ones_as_history(store, catalog):
+    history = PriceHistory(store)
+    row = catalog.rows[(catalog.rows.instance_type == "p3.2xlarge") & (catalog.rows.zone == "use1-az1")]
+    history.record(points_from_rows(row.assign(spot_usd_per_h=0.5), T0))
+    history.record(points(("aws/use1-az2/p3.2xlarge/spot", 9.99, datetime(2022, 5, 31, tzinfo=timezone.utc))))
+    live = catalog.with_history(history.latest())
+    assert live.by_id["aws/use1-az1/p3.2xlarge/spot"].price_usd_per_h == 0.5
+    assert live.by_id["aws/use1-az2/p3.2xlarge/spot"].price_usd_per_h == catalog.by_id["aws/use1-az2/p3.2xlarge/spot"].price_usd_per_h
+    table = live.table(gpu="V100", cloud="aws", spot_only=True)
+    assert table[table.zone == "use1-az1"].as_of.iloc[0].startswith("live 2025-07-01")
+    assert table[table.zone == "use1-az2"].as_of.iloc[0].startswith("snapshot")
+
+
+def test_cli_import_and_history_with_a_sparkline(redis_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    runner = CliRunner()
+    csv = tmp_path / "vms.csv"
+    header = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone\n"
+    csv.write_text(header + "p3.2xlarge,V100,1.0,8.0,61.0,{},3.06,0.41,us-east-1,use1-az1\n")
+    refused = runner.invoke(app, ["prices", "import", str(csv)])
+    assert refused.exit_code == 2 and "--at" in refused.output
+    for at, spot in (("2025-07-01", "0.41"), ("2025-08-01", "0.52"), ("2025-09-01", "0.47")):
+        csv.write_text(header + f"p3.2xlarge,V100,1.0,8.0,61.0,{{}},3.06,{spot},us-east-1,use1-az1\n")
+        assert runner.invoke(app, ["prices", "import", str(csv), "--at", at]).exit_code == 0
+    body = json.loads(runner.invoke(app, ["prices", "history", "--instance", "p3.2xlarge", "--json"]).stdout)
+    assert [p["usd"] for p in body["aws/use1-az1/p3.2xlarge/spot"]] == [0.41, 0.52, 0.47]
+    shown = runner.invoke(app, ["prices", "history", "--instance", "p3.2xlarge"]).stdout
+    assert "▁█▄" in shown or "▁█▅" in shown
+    missing = runner.invoke(app, ["prices", "history", "--instance", "p9.huge"])
+    assert missing.exit_code == 2 and "broker prices refresh" in missing.output
