@@ -104,3 +104,29 @@ def price_history(
         print_json({o: [{"at": at.isoformat(), "usd": usd} for at, usd in zip(s["at"], s["usd"])] for o, s in series.items()})
         return
     out.print(render.history_table(series, datetime.now(timezone.utc)))
+
+
+@prices_app.command("refresh")
+@user_errors
+def refresh_prices(
+    cloud: list[str] = typer.Option(["aws"], help="Which live sources to ask (aws)."),
+    region: Optional[list[str]] = typer.Option(None, help="Only these regions (default: every region in the catalog)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Fetch live prices and record the changes; without credentials the snapshot stays and says so."""
+    from broker.pricing.aws import AwsPrices
+    from broker.pricing.refresh import refresh
+
+    broker = make_broker()
+    known = {c: set(broker.catalog.rows.loc[broker.catalog.rows.cloud == c, "region"]) for c in ("aws", "gcp", "azure")}
+    builders = {"aws": lambda: AwsPrices(sorted(region or known["aws"]))}
+    unknown = [c for c in cloud if c not in builders]
+    if unknown:
+        raise BrokerError(f"--cloud: no live source for {', '.join(unknown)} yet; choose from {', '.join(builders)}")
+    reports = refresh([builders[c]() for c in cloud], history.PriceHistory(broker.store), known, datetime.now(timezone.utc))
+    if as_json:
+        print_json(reports)
+        return
+    for r in reports:
+        skipped = ", ".join(f"{n} {why}" for why, n in r["skipped"].items()) or "none"
+        out.print(r["message"] if r["status"] != "ok" else f"{r['source']}: {r['rows']} rows, {r['recorded']} price changes recorded; skipped: {skipped}")

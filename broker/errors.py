@@ -19,3 +19,7 @@ class NotFoundError(BrokerError):
 
 class StoreUnavailableError(BrokerError):
     """Redis cannot be reached or started."""
+
+
+class SourceUnavailable(BrokerError):
+    """A live price source cannot be used here (no credentials, no network); the snapshot stays."""

@@ -73,3 +73,16 @@ def test_cli_import_and_history_with_a_sparkline(redis_url, monkeypatch, tmp_pat
     assert "▁█▄" in shown or "▁█▅" in shown
     missing = runner.invoke(app, ["prices", "history", "--instance", "p9.huge"])
     assert missing.exit_code == 2 and "broker prices refresh" in missing.output
+
+
+def test_cli_refresh_without_credentials_keeps_the_snapshot_and_says_so(redis_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    result = CliRunner().invoke(app, ["prices", "refresh", "--cloud", "aws"])
+    assert result.exit_code == 0 and "no credentials" in result.stdout and "keeping the snapshot" in result.stdout
+    wrong = CliRunner().invoke(app, ["prices", "refresh", "--cloud", "oracle"])
+    assert wrong.exit_code == 2 and "--cloud: no live source for oracle" in wrong.output

@@ -65,7 +65,8 @@ def packaged_dir() -> Path:
     return Path(str(resources.files("broker.pricing") / "data"))
 
 
-def _finish(frame: pd.DataFrame, cloud: str) -> pd.DataFrame:
+def normalized(frame: pd.DataFrame, cloud: str) -> pd.DataFrame:
+    """Rows of one cloud in COLUMNS order with numeric types and per-GPU memory (every price source ends here)."""
     frame = frame.assign(cloud=cloud)
     frame["accelerator_count"] = frame["accelerator_count"].astype(int)
     frame["gpu_memory_gb"] = frame["accelerator"].map(lambda a: ACCELERATORS[a].memory_gb)
@@ -78,7 +79,7 @@ def load_aws(path: Path) -> pd.DataFrame:
     """AWS rows: one per instance type and AZ ID (zone IDs such as use1-az1)."""
     raw = pd.read_csv(path, dtype={"AvailabilityZone": str})
     raw = raw.drop_duplicates(["InstanceType", "AvailabilityZone"], keep="first")
-    return _finish(raw.rename(columns=_RENAME), "aws")
+    return normalized(raw.rename(columns=_RENAME), "aws")
 
 
 def _gcp_host_gpu(instance_type: str) -> tuple[str, int] | None:
@@ -122,7 +123,7 @@ def load_gcp(path: Path) -> pd.DataFrame:
             "spot_usd_per_h": joined["SpotPrice_host"] + joined["SpotPrice_gpu"],
         }
     )
-    return _finish(frame, "gcp")
+    return normalized(frame, "gcp")
 
 
 def load_azure(path: Path) -> pd.DataFrame:
@@ -132,7 +133,7 @@ def load_azure(path: Path) -> pd.DataFrame:
     frame["zone"] = None
     fixes = frame["instance_type"].map(_AZURE_COUNT_FIXES)
     frame["accelerator_count"] = fixes.fillna(frame["accelerator_count"])
-    return _finish(frame, "azure")
+    return normalized(frame, "azure")
 
 
 LOADERS = {"aws": load_aws, "gcp": load_gcp, "azure": load_azure}
