@@ -66,7 +66,9 @@ def store_for(settings: Settings) -> Store:
 def make_broker(with_store: bool = True) -> Broker:
     settings = Settings.from_env()
     store = store_for(settings) if with_store else None
-    hazard = HazardModel.packaged().observe(observed(store.list_jobs())) if store else None  # our agents' preemptions count
+    hazard = None
+    if store:  # eviction bands from refreshes and the preemptions our agents saw count as evidence
+        hazard = HazardModel.packaged().with_bands(PriceHistory(store).bands()).observe(observed(store.list_jobs()))
     catalog = PriceCatalog.from_snapshot(settings.prices_dir, hazard)
     if store:  # refreshed and imported prices replace the snapshot's where they exist
         catalog = catalog.with_history(PriceHistory(store).latest())

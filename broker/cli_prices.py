@@ -109,17 +109,19 @@ def price_history(
 @prices_app.command("refresh")
 @user_errors
 def refresh_prices(
-    cloud: list[str] = typer.Option(["aws"], help="Which live sources to ask (aws)."),
+    cloud: list[str] = typer.Option(["aws", "azure"], help="Which live sources to ask (aws, azure)."),
     region: Optional[list[str]] = typer.Option(None, help="Only these regions (default: every region in the catalog)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Fetch live prices and record the changes; without credentials the snapshot stays and says so."""
     from broker.pricing.aws import AwsPrices
+    from broker.pricing.azure import AzurePrices
     from broker.pricing.refresh import refresh
 
     broker = make_broker()
     known = {c: set(broker.catalog.rows.loc[broker.catalog.rows.cloud == c, "region"]) for c in ("aws", "gcp", "azure")}
-    builders = {"aws": lambda: AwsPrices(sorted(region or known["aws"]))}
+    builders = {"aws": lambda: AwsPrices(sorted(region or known["aws"])),
+                "azure": lambda: AzurePrices(sorted(region or known["azure"]), _azure_types(broker.catalog.rows), *_azure_login())}  # fmt: skip
     unknown = [c for c in cloud if c not in builders]
     if unknown:
         raise BrokerError(f"--cloud: no live source for {', '.join(unknown)} yet; choose from {', '.join(builders)}")
@@ -129,4 +131,23 @@ def refresh_prices(
         return
     for r in reports:
         skipped = ", ".join(f"{n} {why}" for why, n in r["skipped"].items()) or "none"
-        out.print(r["message"] if r["status"] != "ok" else f"{r['source']}: {r['rows']} rows, {r['recorded']} price changes recorded; skipped: {skipped}")
+        out.print(r["message"] if r["status"] != "ok" else f"{r['source']}: {r['rows']} rows, {r['recorded']} price changes recorded; skipped: {skipped}"
+                  + (f"\n  {r['message']}" if r["message"] else ""))  # fmt: skip
+
+
+def _azure_types(rows) -> dict[str, dict]:
+    """The catalog's Azure VM sizes and their GPUs (the SKU API gives a GPU count, not the model)."""
+    azure = rows[rows.cloud == "azure"].drop_duplicates("instance_type")
+    return {r.instance_type: {"accelerator": r.accelerator, "accelerator_count": r.accelerator_count, "vcpus": r.vcpus, "memory_gb": r.memory_gb}
+            for r in azure.itertuples(index=False)}  # fmt: skip
+
+
+def _azure_login() -> tuple:
+    """(credential, subscription) from azure-identity's chain when a subscription is configured, else (None, None)."""
+    import os
+
+    if not os.environ.get("AZURE_SUBSCRIPTION_ID"):
+        return None, None
+    from azure.identity import DefaultAzureCredential
+
+    return DefaultAzureCredential(), os.environ["AZURE_SUBSCRIPTION_ID"]

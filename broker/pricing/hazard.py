@@ -29,6 +29,7 @@ from broker.pricing.snapshot import packaged_dir
 
 PRIOR_HOURS = 24.0  # the prior weighs as much as a day of observation
 BAND_MIDPOINT = {"<5%": 2.5, "5-10%": 7.5, "10-15%": 12.5, "15-20%": 17.5, ">20%": 25.0}
+AZURE_BANDS = {"0-5": "<5%", "5-10": "5-10%", "10-15": "10-15%", "15-20": "15-20%", "20+": ">20%"}  # Resource Graph labels
 ANCHOR_BAND = ">20%"
 DEFAULT_DISPERSION = 0.3  # day-to-day squared CV of the rate where no trace measured it (traces: 0-0.9)
 
@@ -81,6 +82,7 @@ class HazardModel:
         avail = evidence.groupby(["cloud", "region", "instance_type"])["availability"].mean()
         self.availability = {k: float(v) for k, v in avail.items()}
         self.traces = len(preempt)
+        self.cloud_bands: dict[Key, str] = {}  # bands of clouds other than AWS, added by with_bands
         self.anchor = self._anchor()
 
     @classmethod
@@ -108,6 +110,13 @@ class HazardModel:
         model.anchor = model._anchor()
         return model
 
+    def with_bands(self, bands: dict[Key, str]) -> "HazardModel":
+        """A model that also knows other clouds' eviction-rate bands (Azure's from Resource Graph), keyed by Key."""
+        model = object.__new__(HazardModel)
+        model.__dict__.update(self.__dict__)
+        model.cloud_bands = {**self.cloud_bands, **{k: AZURE_BANDS.get(v, v) for k, v in bands.items()}}
+        return model
+
     def _anchor(self) -> Evidence:
         """Pooled evidence of AWS instance types in the anchor band."""
         pooled = Evidence()
@@ -122,7 +131,8 @@ class HazardModel:
         for (c, r, itype), seen in self.evidence.items():
             if c == cloud and itype == instance_type and r != region:
                 same_type = same_type + seen
-        band = self.bands.get((region, instance_type), "-") if cloud == "aws" else "-"
+        band = self.bands.get((region, instance_type), "-") if cloud == "aws" else self.cloud_bands.get((cloud, region, instance_type), "-")
+        band = band if band in BAND_MIDPOINT or band == "-" else "-"
         if same_type.hours > 0:
             return same_type.preemptions / same_type.hours, same_type.dispersion, band, f"{instance_type} in other regions"
         anchor_rate = self.anchor.preemptions / self.anchor.hours if self.anchor.hours else 0.0

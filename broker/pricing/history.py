@@ -5,6 +5,7 @@ Keys (beside the store's own, same prefix):
     {p}price:{offer id}   ZSET    "{epoch}|{usd}" scored by epoch seconds: one member per price change
     {p}priced             SET     offer ids with a history
     {p}refreshed          HASH    source (aws, gcp, azure, a file) -> ISO time of its last successful refresh
+    {p}evictions          HASH    "cloud|region|instance type" -> the cloud's eviction-rate band (Azure: "0-5" ... "20+")
 
 A point is appended only when it differs from the price in effect at its time, checked and
 written in one Lua call, so a refresh that repeats the same prices writes nothing and two
@@ -96,6 +97,14 @@ class PriceHistory:
                 epoch, usd = members[0].split("|")
                 out[offer] = (float(usd), datetime.fromtimestamp(float(epoch), timezone.utc))
         return out
+
+    def record_bands(self, bands: dict[tuple[str, str, str], str]) -> None:
+        """Store the newest eviction-rate band per (cloud, region, instance type)."""
+        if bands:
+            self.redis.hset(self._key("evictions"), mapping={"|".join(k): v for k, v in bands.items()})
+
+    def bands(self) -> dict[tuple[str, str, str], str]:
+        return {tuple(k.split("|")): v for k, v in self.redis.hgetall(self._key("evictions")).items()}
 
     def mark_refreshed(self, source: str, at: datetime) -> None:
         self.redis.hset(self._key("refreshed"), source, at.isoformat())

@@ -34,6 +34,7 @@ def refresh(sources: list, history: PriceHistory, known_regions: dict[str, set[s
         try:
             source.check()
             rows = source.rows(now)
+            bands = source.eviction_bands() if hasattr(source, "eviction_bands") else {}
         except SourceUnavailable as err:
             report.update(status="unavailable", message=str(err))
         except Exception as err:  # network, API errors, malformed pages: the previous prices stay
@@ -42,7 +43,9 @@ def refresh(sources: list, history: PriceHistory, known_regions: dict[str, set[s
             skipped = Counter(getattr(source, "skipped", {}))
             rows = check_rows(rows, known_regions.get(source.cloud, set()), skipped)
             report.update(rows=len(rows), recorded=history.record(points_from_rows(rows, now)) if len(rows) else 0,
-                          skipped={k: v for k, v in skipped.items() if v})  # fmt: skip
+                          skipped={k: v for k, v in skipped.items() if v}, bands=len(bands),
+                          message="; ".join(getattr(source, "notes", [])))  # fmt: skip
+            history.record_bands(bands)
             history.mark_refreshed(source.cloud, now)
         reports.append(report)
     return reports
