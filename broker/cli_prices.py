@@ -109,18 +109,19 @@ def price_history(
 @prices_app.command("refresh")
 @user_errors
 def refresh_prices(
-    cloud: list[str] = typer.Option(["aws", "azure"], help="Which live sources to ask (aws, azure)."),
+    cloud: list[str] = typer.Option(["aws", "gcp", "azure"], help="Which live sources to ask (aws, gcp, azure)."),
     region: Optional[list[str]] = typer.Option(None, help="Only these regions (default: every region in the catalog)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Fetch live prices and record the changes; without credentials the snapshot stays and says so."""
     from broker.pricing.aws import AwsPrices
     from broker.pricing.azure import AzurePrices
+    from broker.pricing.gcp import GcpPrices
     from broker.pricing.refresh import refresh
 
     broker = make_broker()
     known = {c: set(broker.catalog.rows.loc[broker.catalog.rows.cloud == c, "region"]) for c in ("aws", "gcp", "azure")}
-    builders = {"aws": lambda: AwsPrices(sorted(region or known["aws"])),
+    builders = {"aws": lambda: AwsPrices(sorted(region or known["aws"])), "gcp": lambda: GcpPrices(sorted(region or known["gcp"])),
                 "azure": lambda: AzurePrices(sorted(region or known["azure"]), _azure_types(broker.catalog.rows), *_azure_login())}  # fmt: skip
     unknown = [c for c in cloud if c not in builders]
     if unknown:
