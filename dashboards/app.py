@@ -16,6 +16,7 @@ import streamlit as st
 from broker import reporting
 from broker.errors import BrokerError
 from broker.pricing.catalog import PriceCatalog
+from broker.pricing.history import PriceHistory
 from broker.store import Store
 
 REFRESH_S = 5
@@ -98,7 +99,9 @@ def jobs_page() -> None:
 
 
 def prices_page() -> None:
-    offers = pd.DataFrame([o.model_dump() | {"offer": o.id} for o in catalog().offers])
+    history = PriceHistory(store())
+    live = catalog().with_history(history.latest())  # refreshed and imported prices replace the snapshot's
+    offers = pd.DataFrame([o.model_dump() | {"offer": o.id} for o in live.offers])
     gpus = sorted(offers["accelerator"].unique())
     gpu = st.selectbox("Accelerator", gpus, index=gpus.index("A100") if "A100" in gpus else 0)
     rows = offers[offers["accelerator"] == gpu]
@@ -117,7 +120,21 @@ def prices_page() -> None:
     spot = spot.assign(hazard_low=[b.low for b in bands], hazard_high=[b.high for b in bands])
     columns = ["offer", "price_usd_per_h", "hazard_per_h", "hazard_low", "hazard_high", "availability", "hazard_source"]
     st.dataframe(spot[columns].sort_values("price_usd_per_h"), hide_index=True, use_container_width=True)
-    st.caption("Price history arrives with the live price adapters; until then prices are the packaged snapshot.")
+    price_history(history, gpu, set(rows["offer"]))
+
+
+def price_history(history: PriceHistory, gpu: str, offer_ids: set[str]) -> None:
+    st.subheader(f"{gpu} price history")
+    recorded = [o for o in history.offers() if o in offer_ids]
+    if not recorded:
+        st.info(f"no recorded {gpu} prices yet: run `broker prices refresh` or `broker prices import FILE`; "
+                "prices above are the packaged snapshot")  # fmt: skip
+        return
+    chosen = st.selectbox("Offer", recorded)
+    series = history.series(chosen)
+    chart = alt.Chart(series).mark_line(point=True, interpolate="step-after").encode(x="at:T", y=alt.Y("usd:Q", title="USD per hour"))
+    st.altair_chart(chart, use_container_width=True)
+    st.dataframe(series, hide_index=True, use_container_width=True)
 
 
 def bubbles_page() -> None:

@@ -9,6 +9,7 @@ import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -111,6 +112,22 @@ def test_prices_page_shows_the_cheapest_spot_and_on_demand_and_the_hazard(app, r
     assert ((hazards["hazard_low"] < hazards["hazard_per_h"]) & (hazards["hazard_per_h"] < hazards["hazard_high"])).all()
     first = catalog.by_id[hazards["offer"].iloc[0]]
     assert hazards["hazard_high"].iloc[0] == pytest.approx(catalog.hazard.spot(first.cloud, first.region, first.instance_type).high)
+
+
+def test_prices_page_charts_recorded_price_history_and_uses_the_newest_price(app, redis_url, store, catalog):
+    from broker.pricing.history import PriceHistory
+
+    spot = next(o for o in catalog.offers if o.accelerator == "L4" and o.tier == Tier.spot)
+    t0 = datetime(2025, 7, 1, tzinfo=timezone.utc)
+    PriceHistory(store).record(pd.DataFrame({"offer": [spot.id] * 3, "usd": [0.31, 0.35, 0.29], "at": [t0 + timedelta(days=d) for d in range(3)]}))
+    app.run()
+    app.sidebar.radio[0].set_value("Prices and risk").run()
+    app.selectbox[0].set_value("L4").run()
+    assert not app.exception
+    assert app.selectbox[1].value == spot.id
+    assert list(app.dataframe[-1].value["usd"]) == [0.31, 0.35, 0.29]
+    hazards = app.dataframe[1].value
+    assert hazards.loc[hazards.offer == spot.id, "price_usd_per_h"].iloc[0] == 0.29  # the newest recorded price
 
 
 @pytest.mark.parametrize("page", ["Overview", "Jobs", "Bubbles", "Backtest"])
