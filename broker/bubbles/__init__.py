@@ -1,0 +1,1 @@
+"""Bubbles as capacity: the idle windows of pipeline-parallel training jobs (PipeFill, FreeRide)."""
