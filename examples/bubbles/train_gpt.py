@@ -1,0 +1,109 @@
+"""A small GPT-style model trained with DeepSpeed's pipeline engine, 4 stages, 4 microbatches.
+
+    torchrun --nproc_per_node 4 examples/bubbles/train_gpt.py --steps 3 --out run.json [--instrument]
+
+Runs on CPU with gloo (or CUDA with NCCL when there is a GPU per rank). With --instrument the
+engine marks its bubbles (broker.bubbles.instrument) and each rank writes the windows it saw;
+rank 0 writes the losses. Seeds are fixed, so two runs give the same losses bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from deepspeed.pipe import LayerSpec, PipelineModule
+from torch import nn
+
+VOCAB, SEQ, HIDDEN, HEADS, LAYERS = 256, 32, 64, 4, 8
+
+
+class Embed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(VOCAB, HIDDEN), nn.Embedding(SEQ, HIDDEN)
+
+    def forward(self, ids):
+        return self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(HIDDEN, HEADS, 4 * HIDDEN, dropout=0.0, batch_first=True, norm_first=True)
+        self.mask = nn.Transformer.generate_square_subsequent_mask(SEQ)
+
+    def forward(self, x):
+        return self.layer(x, src_mask=self.mask.to(x.device), is_causal=True)
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.out = nn.LayerNorm(HIDDEN), nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, x):
+        return self.out(self.norm(x))
+
+
+def loss_fn(logits, labels):
+    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+
+
+def batches(micro_batch: int, seed: int):
+    """Synthetic next-token data: sequences of a noisy counting pattern (learnable, deterministic)."""
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        start = torch.randint(0, VOCAB, (micro_batch, 1), generator=generator)
+        ids = (start + torch.arange(SEQ + 1)) % VOCAB
+        yield ids[:, :-1], ids[:, 1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--micro-batches", type=int, default=4)
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--stages", type=int, default=4)
+    parser.add_argument("--instrument", action="store_true")
+    parser.add_argument("--out", default="run.json")
+    args = parser.parse_args()
+
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    torch.manual_seed(0)
+    layers = [LayerSpec(Embed)] + [LayerSpec(Block) for _ in range(LAYERS)] + [LayerSpec(Head)]
+    model = PipelineModule(layers=layers, num_stages=args.stages, loss_fn=loss_fn, partition_method="uniform")
+    config = {"train_micro_batch_size_per_gpu": args.micro_batch, "gradient_accumulation_steps": args.micro_batches,
+              "steps_per_print": 10**9, "wall_clock_breakdown": False}  # fmt: skip
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    recorder = None
+    if args.instrument:
+        from broker.bubbles.instrument import BubbleRecorder, instrument
+
+        recorder = BubbleRecorder(memory_budget_bytes=2 * 1024**3)
+        instrument(engine, recorder)
+    data = batches(args.micro_batch, seed=1)
+    losses, iterations = [], []
+    for _ in range(args.steps):
+        started = time.perf_counter()
+        loss = engine.train_batch(data_iter=data)
+        iterations.append((started, time.perf_counter()))
+        losses.append(float(loss))
+    rank = dist.get_rank()
+    result = {"rank": rank, "stage": engine.stage_id, "losses": losses, "iterations": iterations,
+              "windows": recorder.windows if recorder else []}  # fmt: skip
+    with open(f"{args.out}.rank{rank}", "w") as handle:
+        json.dump(result, handle)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

@@ -1,0 +1,45 @@
+"""A real DeepSpeed pipeline (4 stages, gloo, torchrun) marks its bubbles without changing training."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "bubbles" / "train_gpt.py"
+STEPS = 3
+
+
+def train(out: Path, *flags: str) -> list[dict]:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun), "--nproc_per_node", "4", str(SCRIPT), "--steps", str(STEPS), "--out", str(out), *flags]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return sorted((json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(4)), key=lambda r: r["stage"])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pipeline")
+    return train(tmp / "plain"), train(tmp / "marked", "--instrument")
+
+
+def test_losses_are_identical_bit_for_bit_with_the_bubble_marks(runs):
+    plain, marked = runs
+    for a, b in zip(plain, marked):
+        assert a["losses"] == b["losses"] and len(a["losses"]) == STEPS
+    assert plain[0]["losses"][-1] != plain[0]["losses"][0]  # it trained
+
+
+def test_each_stage_records_the_windows_the_schedule_has(runs):
+    _, marked = runs
+    kinds = [[w[0] for w in stage["windows"]] for stage in marked]
+    assert kinds[0] == ["fwd-bwd"] * STEPS  # the first stage never waits for activations
+    assert kinds[3] == ["fill-drain"] * STEPS  # the last stage never waits for gradients
+    for middle in kinds[1:3]:
+        assert middle == ["fill-drain", "fwd-bwd"] * STEPS
+    for stage in marked:
+        for (kind, start, end, free), (began, ended) in zip(stage["windows"][::len(stage["windows"]) // STEPS], stage["iterations"]):
+            assert began <= start <= end <= ended and free > 0
