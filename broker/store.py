@@ -14,7 +14,8 @@ Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis):
     {p}assign:{id}       STREAM  assignments to one agent: job, fence; consumer group "agent"
     {p}agent-events      STREAM  what agents report: agent, job, fence, type, data (JSON);
                                  consumer group "broker", stale pending entries reclaimed
-    price:{offer}, priced, refreshed   price history: see broker/pricing/history.py
+    price:{offer}, priced, refreshed, evictions   price history: see broker/pricing/history.py
+    bubbles:{main job}:{stage}         bubble profiles: see broker/bubbles/profiler.py
     (both event streams are capped at about STREAM_MAXLEN entries; agents send progress at most once a second)
 
 A change to a job writes the job, its event and whatever must go with it (an assignment,

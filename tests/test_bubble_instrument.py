@@ -43,3 +43,15 @@ def test_each_stage_records_the_windows_the_schedule_has(runs):
     for stage in marked:
         for (kind, start, end, free), (began, ended) in zip(stage["windows"][::len(stage["windows"]) // STEPS], stage["iterations"]):
             assert began <= start <= end <= ended and free > 0
+
+
+def test_the_recorded_windows_make_a_profile_per_stage(runs):
+    from datetime import datetime, timezone
+
+    from broker.bubbles.profiler import profile
+
+    _, marked = runs
+    profiles = [profile("gpt", s["stage"], "cpu", [tuple(w) for w in s["windows"]], s["iterations"], datetime.now(timezone.utc)) for s in marked]
+    assert [sorted(w.kind for w in p.windows) for p in profiles] == [["fwd-bwd"], ["fill-drain", "fwd-bwd"], ["fill-drain", "fwd-bwd"], ["fill-drain"]]
+    for p in profiles:
+        assert 0 < p.usable_s() < p.iteration_s and all(w.p10_s <= w.median_s for w in p.windows)

@@ -1,0 +1,97 @@
+"""Bubble profiles: what a running pipeline's stages measured of their idle windows, kept in Redis.
+
+A profile summarises several iterations of one stage: the iteration period (median), and per
+window kind its median and 10th-percentile length and the least free memory seen, so the
+planner prices a window by what it is nearly always at least. A profile is replaced when the
+main job's iteration time drifts more than 10% from it. PipeFill's doubling probe measures
+how much of a window a fill job may really use: wait at the bubble instruction, start at
+100 ms, double each iteration until the main job's iteration time rises.
+
+Keys (same prefix as the store): {p}bubbles:{main job}:{stage}  STRING  the BubbleProfile as JSON
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import numpy as np
+from pydantic import BaseModel
+
+from broker.store import Store
+
+DRIFT = 0.10
+
+
+class WindowStats(BaseModel):
+    kind: str
+    median_s: float
+    p10_s: float
+    free_bytes: int  # the least free memory seen at this window's start
+    count: int
+
+
+class BubbleProfile(BaseModel):
+    """One stage of a main training job: its iteration period and idle windows."""
+
+    main_job: str
+    stage: int
+    device: str  # e.g. "cuda:0 H100" or "cpu"
+    iteration_s: float
+    windows: list[WindowStats]
+    measured_at: datetime
+
+    def usable_s(self, min_window_s: float = 0.0) -> float:
+        """Idle seconds per iteration in windows that are nearly always (p10) at least min_window_s long."""
+        return sum(w.p10_s for w in self.windows if w.p10_s >= min_window_s)
+
+    def drifted(self, iteration_s: float) -> bool:
+        """Whether the main job's iteration time moved more than 10% since this profile."""
+        return abs(iteration_s - self.iteration_s) > DRIFT * self.iteration_s
+
+
+def profile(main_job: str, stage: int, device: str, windows: list, iterations: list, measured_at: datetime, warmup: int = 1) -> BubbleProfile:
+    """A profile from an engine's records: windows (kind, start, end, free bytes) and iterations (start, end).
+    The first `warmup` iterations are left out (allocator and communicator set-up)."""
+    kept = iterations[warmup:] or iterations
+    first = kept[0][0]
+    stats = []
+    for kind in sorted({w[0] for w in windows}):
+        mine = [w for w in windows if w[0] == kind and w[1] >= first] or [w for w in windows if w[0] == kind]
+        lengths = np.array([end - start for _, start, end, _ in mine])
+        stats.append(WindowStats(kind=kind, median_s=float(np.median(lengths)), p10_s=float(np.percentile(lengths, 10)),
+                                 free_bytes=int(min(w[3] for w in mine)), count=len(mine)))  # fmt: skip
+    period = float(np.median([end - start for start, end in kept]))
+    return BubbleProfile(main_job=main_job, stage=stage, device=device, iteration_s=period, windows=stats, measured_at=measured_at)
+
+
+def save_profile(store: Store, bubble: BubbleProfile) -> bool:
+    """Store the profile unless the stored one still holds (iteration time within 10%); True if written."""
+    key = store.key("bubbles", bubble.main_job, str(bubble.stage))
+    current = store.redis.get(key)
+    if current is not None and not BubbleProfile.model_validate_json(current).drifted(bubble.iteration_s):
+        return False
+    store.redis.set(key, bubble.model_dump_json())
+    return True
+
+
+def load_profiles(store: Store) -> list[BubbleProfile]:
+    """Every stored profile, by main job and stage."""
+    keys = sorted(store.redis.scan_iter(store.key("bubbles", "*")))
+    return [BubbleProfile.model_validate_json(v) for v in store.redis.mget(keys) if v] if keys else []
+
+
+class DoublingProbe:
+    """PipeFill's probe: how long a fill job may hold a window before the main job slows down."""
+
+    def __init__(self, baseline_s: float, start_s: float = 0.1, tolerance: float = 0.02):
+        self.baseline_s, self.tolerance = baseline_s, tolerance
+        self.probe_s, self.safe_s, self.done = start_s, 0.0, False
+
+    def after_iteration(self, iteration_s: float) -> float | None:
+        """Record the iteration measured with the current probe; the next wait, or None once found."""
+        if iteration_s > self.baseline_s * (1 + self.tolerance):
+            self.done = True
+            return None
+        self.safe_s = self.probe_s
+        self.probe_s *= 2
+        return self.probe_s

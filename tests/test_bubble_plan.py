@@ -1,0 +1,92 @@
+"""Bubble profiles, PipeFill's fill plan and doubling probe, and bubbles as planner offers."""
+
+from datetime import datetime, timezone
+
+import pytest
+
+from broker.bubbles.capacity import bubble_offer
+from broker.bubbles.plan import Node, best_configuration, fill_plan, fill_throughput
+from broker.bubbles.profiler import BubbleProfile, DoublingProbe, WindowStats, load_profiles, profile, save_profile
+from broker.model import Tier
+from broker.policies.costslo import CostSLO
+from broker.policies.options import PlanItem
+from conftest import NOW, make_spec
+
+T = datetime(2026, 11, 22, tzinfo=timezone.utc)
+GB = 10**9
+
+
+def windows(iterations=5):
+    """Records as the engine writes them: each iteration a 0.30-0.32 s fill-drain and a 0.1 s fwd-bwd window."""
+    out, its = [], []
+    for k in range(iterations):
+        base = k * 1.0
+        its.append((base, base + 1.0))
+        out.append(("fill-drain", base + 0.60, base + 0.90 + 0.005 * k, 8 * GB - k))
+        out.append(("fwd-bwd", base + 0.20, base + 0.30, 6 * GB))
+    return out, its
+
+
+def test_profile_takes_medians_p10_and_the_least_free_memory_after_warmup():
+    records, iterations = windows()
+    p = profile("llama", 3, "cpu", records, iterations, T)
+    assert p.iteration_s == pytest.approx(1.0)
+    by_kind = {w.kind: w for w in p.windows}
+    assert by_kind["fill-drain"].count == 4 and by_kind["fill-drain"].median_s == pytest.approx(0.3125)
+    assert by_kind["fill-drain"].p10_s < by_kind["fill-drain"].median_s and by_kind["fill-drain"].free_bytes == 8 * GB - 4
+    assert p.usable_s(0.2) == pytest.approx(by_kind["fill-drain"].p10_s)
+
+
+def test_a_stored_profile_is_replaced_only_when_the_iteration_time_drifts(store):
+    records, iterations = windows()
+    first = profile("llama", 3, "cpu", records, iterations, T)
+    assert save_profile(store, first)
+    assert not save_profile(store, first.model_copy(update={"iteration_s": 1.05}))
+    assert save_profile(store, first.model_copy(update={"iteration_s": 1.2}))
+    assert [p.iteration_s for p in load_profiles(store)] == [1.2]
+
+
+def test_the_doubling_probe_stops_at_the_first_slowdown():
+    probe = DoublingProbe(baseline_s=1.0)
+    assert [probe.after_iteration(1.0), probe.after_iteration(1.01), probe.after_iteration(1.0)] == [0.2, 0.4, 0.8]
+    assert probe.after_iteration(1.3) is None and probe.safe_s == 0.4 and probe.done
+
+
+def test_fill_plan_packs_nodes_into_bubbles_cyclically_within_time_and_memory():
+    bubbles = [(1.0, 4 * GB), (0.5, 1 * GB)]
+    nodes = [Node(0.4, 2 * GB), Node(0.3, 1 * GB)]
+    partitions = fill_plan(bubbles, nodes)
+    assert partitions[0] == [0, 1]  # 0.7 s in the 1.0 s bubble; the next node (0.4 s) would overrun it
+    assert partitions[1] == []  # the 2 GB node does not fit the 1 GB bubble
+    for k, part in enumerate(partitions):
+        duration, memory = bubbles[k % 2]
+        assert sum(nodes[n].time_s for n in part) <= duration and all(nodes[n].memory_bytes <= memory for n in part)
+
+
+def test_a_node_that_fits_no_bubble_makes_the_job_infeasible_instead_of_looping():
+    assert fill_plan([(1.0, 4 * GB)], [Node(0.2, GB), Node(1.5, GB)]) is None
+    assert fill_throughput([(1.0, 4 * GB)], 3.0, [Node(0.2, 8 * GB)]) == 0.0
+
+
+def test_throughput_is_below_the_bubble_share_and_the_best_configuration_wins():
+    bubbles, iteration = [(0.9, 4 * GB), (0.3, 4 * GB)], 3.0
+    small = [Node(0.1, GB)] * 4
+    big = [Node(0.5, 3 * GB)] * 2
+    assert 0 < fill_throughput(bubbles, iteration, big) < fill_throughput(bubbles, iteration, small) <= 1.2 / 3.0
+    assert best_configuration(bubbles, iteration, {"batch 8": small, "batch 32": big})[0] == "batch 8"
+
+
+def stage_profile(free_gb=12.0):
+    return BubbleProfile(main_job="llama-70b", stage=3, device="cuda:3 H100", iteration_s=7.4, measured_at=T,
+                         windows=[WindowStats(kind="fill-drain", median_s=2.0, p10_s=1.9, free_bytes=int(free_gb * GB), count=20),
+                                  WindowStats(kind="scattered", median_s=0.02, p10_s=0.01, free_bytes=int(free_gb * GB), count=80)])  # fmt: skip
+
+
+def test_a_profile_becomes_a_bubble_offer_the_planner_uses_for_fill_jobs():
+    offer = bubble_offer(stage_profile(), "aws", "us-east-1", "H100")
+    assert offer.tier == Tier.bubble and offer.price_usd_per_h == 0 and offer.gpu_memory_gb == pytest.approx(12.0)
+    assert offer.speed_factor == pytest.approx(1.9 / 7.4 * 0.9)  # the 10 ms scattered gaps are not counted
+    fill = PlanItem("eval", make_spec(resources={"accelerators": ["H100:1"]}, work={"gpu_hours": 1}, deadline="+48h", fill=True))
+    plan = CostSLO().plan([fill], [offer], {offer.id: 1}, NOW)
+    assert plan.assignments == {"eval": offer.id}
+    assert bubble_offer(stage_profile().model_copy(update={"windows": stage_profile().windows[1:]}), "aws", "us-east-1", "H100") is None
