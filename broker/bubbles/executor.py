@@ -1,0 +1,191 @@
+"""The fill executor: runs a fill job one step at a time inside a stage's bubbles (FreeRide's side task).
+
+A fill job implements FillTask (SUBMITTED -create-> CREATED -init-> PAUSED -run steps-> PAUSED, and
+-stop-> STOPPED). It lives in a child process so it can be killed: on each window signal the
+executor tells it when the window ends; the task runs a step only while the time left exceeds its
+measured step time, then pauses and reports. A task that has not paused by the window's end plus
+a grace period is SIGKILLed and restarted from its last state. On CUDA the child caps its own
+memory to the window's free memory. The task's state is checkpointed through the same store as
+every job (`checkpoint`), so it can move to spot or on-demand and resume there (`run_standalone`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+START_TIMEOUT_S = 120.0
+
+
+class FillTask:
+    """The step interface a fill job implements."""
+
+    def create(self, config: dict) -> None:
+        """Build the job (model, data) from its configuration."""
+
+    def init(self) -> None:
+        """Move what the steps need to the device."""
+
+    def run_step(self) -> None:
+        """One batch."""
+        raise NotImplementedError
+
+    def pause(self) -> None:
+        """Stop touching the device until the next window (e.g. synchronise)."""
+
+    def stop(self) -> None:
+        """Release everything."""
+
+    def steps_done(self) -> int:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+
+def load_task(path: str) -> FillTask:
+    """`module:Class` -> a new FillTask."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)()
+
+
+def _serve(task_path: str, config: dict, state: dict | None, conn, memory_fraction: float | None) -> None:
+    """The child: one task, commands from the executor, one reply per command."""
+    if memory_fraction is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.set_per_process_memory_fraction(memory_fraction)  # an OOM hits the fill job, not the main job
+    task = load_task(task_path)
+    task.create(config)
+    if state is not None:
+        task.load_state_dict(state)
+    task.init()
+    conn.send(("ready", None))
+    step_s = float(config.get("step_s", 0.0))  # the profiled step time; refined as steps run
+    while True:
+        command, arg = conn.recv()
+        if command == "run":
+            steps = []
+            while time.monotonic() + step_s < arg:
+                began = time.monotonic()
+                task.run_step()
+                ended = time.monotonic()
+                steps.append((began, ended))
+                step_s = max(step_s, ended - began) if step_s else ended - began
+            task.pause()
+            conn.send(("paused", {"steps": steps, "done": task.steps_done()}))
+        elif command == "state":
+            conn.send(("state", _pack(task.state_dict())))
+        elif command == "stop":
+            task.stop()
+            conn.send(("stopped", _pack(task.state_dict())))
+            return
+
+
+def _pack(state: dict) -> bytes:
+    """The state as bytes: tensors sent through a pipe as they are would share memory with a process that may be gone."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def _unpack(data: bytes) -> dict:
+    import io
+
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+class FillExecutor:
+    """One stage's executor: a fill task in a child process, driven by window signals."""
+
+    def __init__(self, task_path: str, config: dict, grace_s: float = 0.05):
+        self.task_path, self.config, self.grace_s = task_path, config, grace_s
+        self.context = multiprocessing.get_context("spawn")
+        self.state: dict | None = None  # the last state taken from the task (restarts resume here)
+        self.steps: list[tuple[float, float, float]] = []  # (start, end, window end) of every step
+        self.kills = 0
+        self.process = None
+
+    def start(self, memory_fraction: float | None = None) -> None:
+        self.conn, child = self.context.Pipe()
+        self.process = self.context.Process(target=_serve, args=(self.task_path, self.config, self.state, child, memory_fraction), daemon=True)
+        self.process.start()
+        if not self.conn.poll(START_TIMEOUT_S) or self.conn.recv()[0] != "ready":  # imports and init take seconds
+            raise RuntimeError(f"fill task {self.task_path} did not start within {START_TIMEOUT_S} s")
+
+    def window(self, duration_s: float) -> dict | None:
+        """A bubble starts now and lasts duration_s: let the task run steps in it. None if it had to be killed."""
+        end = time.monotonic() + duration_s
+        self.conn.send(("run", end))
+        if self.conn.poll(max(0.0, end - time.monotonic()) + self.grace_s):
+            _, report = self.conn.recv()
+            self.steps += [(a, b, end) for a, b in report["steps"]]
+            return report
+        self.kill_and_restart()
+        return None
+
+    def kill_and_restart(self) -> None:
+        """The task overran its window: SIGKILL it and start again from the last state taken."""
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.join()
+        self.kills += 1
+        self.start()
+
+    def take_state(self) -> dict:
+        self.conn.send(("state", None))
+        self.state = _unpack(self.conn.recv()[1])
+        return self.state
+
+    def checkpoint(self, store, job_id: str) -> str:
+        """Publish the task's state as a checkpoint of the fill job; returns its URL."""
+        import torch
+
+        from broker.sdk import STATE_FILE
+
+        state = self.take_state()
+        with tempfile.TemporaryDirectory(prefix="broker-fill-") as tmp:
+            torch.save(state, Path(tmp) / STATE_FILE)
+            return store.publish(job_id, int(state.get("step", 0)), Path(tmp)).url
+
+    def stop(self) -> dict:
+        self.conn.send(("stop", None))
+        self.state = _unpack(self.conn.recv()[1])
+        self.process.join()
+        return self.state
+
+    def overruns_ms(self) -> list[float]:
+        """How far each step ended past its window's end (0 for steps inside)."""
+        return [max(0.0, (b - end) * 1000) for _, b, end in self.steps]
+
+
+def run_standalone(task_path: str, config: dict, total_steps: int) -> FillTask:
+    """Run a fill task as an ordinary job (the job contract): resume from BROKER_RESUME_FROM, save at the end."""
+    from broker import sdk
+
+    task = load_task(task_path)
+    task.create(config)
+    state = sdk.restore(weights_only=False)
+    if state is not None:
+        task.load_state_dict(state)
+    task.init()
+    while task.steps_done() < total_steps:
+        task.run_step()
+        sdk.progress(task.steps_done(), total_steps)
+    sdk.save(task.state_dict(), step=task.steps_done())
+    task.stop()
+    return task

@@ -1,0 +1,58 @@
+"""A fill job with the step interface: a small MLP trained on deterministic synthetic batches.
+
+The same task runs inside bubbles (broker.bubbles.executor.FillExecutor) and as an ordinary
+job (`python examples/bubbles/fill_mlp.py` under an agent, through broker.sdk), and reaches
+the same weights either way: batch k depends only on k.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+from torch import nn
+
+from broker.bubbles.executor import FillTask, run_standalone
+
+
+class MlpFill(FillTask):
+    def create(self, config: dict) -> None:
+        torch.set_num_threads(1)  # the same arithmetic in every process it may run in: identical weights anywhere
+        torch.manual_seed(int(config.get("seed", 0)))
+        self.model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.step, self.sleep_s = 0, float(config.get("extra_step_s", 0.0))
+
+    def batch(self, k: int):
+        generator = torch.Generator().manual_seed(1000 + k)
+        x = torch.randn(16, 32, generator=generator)
+        return x, x.sum(dim=1, keepdim=True)
+
+    def run_step(self) -> None:
+        x, y = self.batch(self.step)
+        self.optimizer.zero_grad()
+        nn.functional.mse_loss(self.model(x), y).backward()
+        self.optimizer.step()
+        self.step += 1
+        if self.sleep_s:
+            time.sleep(self.sleep_s)  # a heavier step (or one that ignores its window, for the tests)
+
+    def steps_done(self) -> int:
+        return self.step
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = state["step"]
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+if __name__ == "__main__":  # as an ordinary job: STEPS, OUTPUT from the environment
+    task = run_standalone("fill_mlp:MlpFill", {}, int(os.environ.get("STEPS", "60")))
+    if os.environ.get("OUTPUT"):
+        torch.save(task.model.state_dict(), os.environ["OUTPUT"])
+    sys.exit(0)

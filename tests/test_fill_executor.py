@@ -1,0 +1,78 @@
+"""The fill executor with real processes: steps stay inside windows, an overrunning task is SIGKILLed and
+resumes from its state, and a fill job checkpointed in bubbles finishes on an ordinary agent identically."""
+
+import sys
+import time
+
+import pytest
+import torch
+
+from broker.agents.checkpoints import CheckpointStore
+from broker.bubbles.executor import FillExecutor
+from conftest import EXAMPLES, assert_same_weights, make_spec, run_to_end
+
+FILL = EXAMPLES / "bubbles" / "fill_mlp.py"
+
+
+@pytest.fixture(autouse=True)
+def importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(FILL.parent))  # the spawned child imports fill_mlp by name
+
+
+def windows(executor, count, length_s, gap_s=0.02):
+    reports = []
+    for _ in range(count):
+        reports.append(executor.window(length_s))
+        time.sleep(gap_s)  # the main job computes between bubbles
+    return reports
+
+
+def test_fill_steps_run_only_inside_their_windows():
+    executor = FillExecutor("fill_mlp:MlpFill", {"extra_step_s": 0.004, "step_s": 0.006}, grace_s=0.5)
+    executor.start()
+    try:
+        reports = windows(executor, 30, 0.05)
+    finally:
+        executor.stop()
+    assert all(r is not None for r in reports) and executor.kills == 0
+    overruns = sorted(executor.overruns_ms())
+    assert len(overruns) >= 60  # several steps per 50 ms window
+    assert overruns[int(0.99 * (len(overruns) - 1))] <= 5.0  # p99 overrun within 5 ms
+
+
+def test_a_task_that_overruns_its_window_is_killed_and_resumes_from_its_last_state():
+    executor = FillExecutor("fill_mlp:MlpFill", {"step_s": 0.0}, grace_s=0.05)
+    executor.start()
+    try:
+        windows(executor, 5, 0.05)
+        saved = executor.take_state()["step"]
+        assert saved > 0
+        executor.config = {**executor.config, "extra_step_s": 2.0}  # the restarted child takes 2 s per step
+        executor.kill_and_restart()
+        assert executor.window(0.05) is None and executor.kills == 2  # ignored its window: killed again
+        executor.config = {"step_s": 0.0}
+        executor.kill_and_restart()
+        assert executor.take_state()["step"] == saved  # back where the last state was taken
+    finally:
+        executor.stop()
+
+
+def test_a_fill_job_checkpointed_in_bubbles_finishes_on_an_ordinary_agent_with_the_same_weights(tmp_path):
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    executor = FillExecutor("fill_mlp:MlpFill", {"step_s": 0.0})
+    executor.start()
+    try:
+        while executor.take_state()["step"] < 15:
+            windows(executor, 3, 0.03)
+        url = executor.checkpoint(store, "fill")
+        total = str(executor.state["step"] + 50)  # 50 more steps on the agent
+    finally:
+        executor.stop()
+
+    def spec(out):
+        return make_spec(name="fill", run=[sys.executable, str(FILL)], env={"STEPS": total, "OUTPUT": str(out)},
+                         resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 0.1})  # fmt: skip
+
+    run_to_end(spec(tmp_path / "moved.pt"), "fill", tmp_path / "ckpt", tmp_path / "run-moved", resume_from=url)
+    run_to_end(spec(tmp_path / "plain.pt"), "plain", tmp_path / "ckpt", tmp_path / "run-plain")
+    assert_same_weights(torch.load(tmp_path / "moved.pt"), torch.load(tmp_path / "plain.pt"))
