@@ -66,13 +66,13 @@ class BubbleRecorder:
 
     def begin(self, kind: str, expected_s: float) -> None:
         free = free_memory_bytes(self.memory_budget_bytes)
-        self._open[kind] = (time.perf_counter(), free)
+        self._open[kind] = (time.monotonic(), free)
         if self.signal is not None:
             self.signal(kind, expected_s, free)
 
     def end(self, kind: str) -> None:
         started, free = self._open.pop(kind)
-        self.windows.append((kind, started, time.perf_counter(), free))
+        self.windows.append((kind, started, time.monotonic(), free))
 
 
 def free_memory_bytes(budget_bytes: int) -> int:

@@ -64,6 +64,48 @@ def batches(micro_batch: int, seed: int):
         yield ids[:, :-1], ids[:, 1:]
 
 
+class Filler:
+    """Runs a fill task in this rank's bubbles: each bubble signal becomes an executor window as long as
+    that kind of window nearly always is (its p10 so far), on a thread so the engine never waits."""
+
+    def __init__(self, task: str, recorder, stage: int):
+        import queue
+        import threading
+
+        import numpy as np
+
+        from broker.bubbles.executor import FillExecutor
+
+        self.p10 = {}
+        for kind in {w[0] for w in recorder.windows}:
+            lengths = [end - start for k, start, end, _ in recorder.windows if k == kind]
+            self.p10[kind] = float(np.percentile(lengths, 10))
+        self.executor = FillExecutor(task, {"step_s": 0.0, "seed": stage})
+        self.executor.start()
+        self.signals = queue.Queue()
+        self.windows = []  # (kind, start, planned end)
+        recorder.signal = lambda kind, expected_s, free: self.signals.put((kind, time.monotonic()))
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            item = self.signals.get()
+            if item is None:
+                return
+            kind, began = item
+            length = self.p10.get(kind, 0.0) * 0.9 - (time.monotonic() - began)  # keep a 10% margin
+            if length > 0.001:
+                self.windows.append((kind, began, began + length))
+                self.executor.window(length)
+
+    def finish(self) -> dict:
+        self.signals.put(None)
+        self.thread.join()
+        self.executor.stop()
+        return {"steps": [(a, b, end) for a, b, end in self.executor.steps], "windows": self.windows, "kills": self.executor.kills, "p10": self.p10}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3)
@@ -71,6 +113,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--instrument", action="store_true")
+    parser.add_argument("--fill", default=None, help="module:Class of a fill task to run in the bubbles (implies --instrument)")
+    parser.add_argument("--profile-steps", type=int, default=2, help="iterations measured without fill before filling")
     parser.add_argument("--out", default="run.json")
     args = parser.parse_args()
 
@@ -82,22 +126,24 @@ def main() -> None:
               "steps_per_print": 10**9, "wall_clock_breakdown": False}  # fmt: skip
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    recorder = None
-    if args.instrument:
+    recorder, filler = None, None
+    if args.instrument or args.fill:
         from broker.bubbles.instrument import BubbleRecorder, instrument
 
         recorder = BubbleRecorder(memory_budget_bytes=2 * 1024**3)
         instrument(engine, recorder)
     data = batches(args.micro_batch, seed=1)
     losses, iterations = [], []
-    for _ in range(args.steps):
-        started = time.perf_counter()
+    for step in range(args.steps):
+        if args.fill and step == args.profile_steps:
+            filler = Filler(args.fill, recorder, engine.stage_id)
+        started = time.monotonic()
         loss = engine.train_batch(data_iter=data)
-        iterations.append((started, time.perf_counter()))
+        iterations.append((started, time.monotonic()))
         losses.append(float(loss))
     rank = dist.get_rank()
     result = {"rank": rank, "stage": engine.stage_id, "losses": losses, "iterations": iterations,
-              "windows": recorder.windows if recorder else []}  # fmt: skip
+              "windows": recorder.windows if recorder else [], "fill": filler.finish() if filler else None}  # fmt: skip
     with open(f"{args.out}.rank{rank}", "w") as handle:
         json.dump(result, handle)
     dist.barrier()
