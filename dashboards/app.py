@@ -14,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from broker import reporting
+from broker.bubbles.profiler import load_profiles
 from broker.errors import BrokerError
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.history import PriceHistory
@@ -138,8 +139,29 @@ def price_history(history: PriceHistory, gpu: str, offer_ids: set[str]) -> None:
 
 
 def bubbles_page() -> None:
-    st.info("no main training jobs registered yet: pipeline bubbles become capacity once an instrumented "
-            "DeepSpeed job reports its bubble profile")  # fmt: skip
+    profiles = load_profiles(store())
+    if not profiles:
+        st.info("no main training jobs registered yet: pipeline bubbles become capacity once an instrumented "
+                "DeepSpeed job reports its bubble profile")  # fmt: skip
+        return
+    served = {}
+    for job in store().list_jobs():
+        for run in job.runs:
+            if run.offer.tier.value == "bubble":
+                served.setdefault(run.offer.zone, set()).add(job.id)
+    for main_job in sorted({p.main_job for p in profiles}):
+        stages = sorted((p for p in profiles if p.main_job == main_job), key=lambda p: p.stage)
+        st.subheader(f"Main job {main_job}")
+        rows = [{"stage": p.stage, "device": p.device, "iteration s": p.iteration_s, "bubble fraction": p.bubble_fraction(),
+                 "usable share": p.usable_s(0.05) / p.iteration_s, "free GB": min(w.free_bytes for w in p.windows) / 1e9,
+                 "fill jobs served": len(served.get(f"{main_job}-stage{p.stage}", ())), "measured": p.measured_at}
+                for p in stages]  # fmt: skip
+        st.dataframe(pd.DataFrame(rows), hide_index=True, use_container_width=True)
+        windows = pd.DataFrame([{"stage": f"stage {p.stage}", "kind": w.kind, "start": w.offset_s, "end": w.offset_s + w.median_s}
+                                for p in stages for w in p.windows])  # fmt: skip
+        chart = alt.Chart(windows).mark_bar().encode(x=alt.X("start:Q", title="seconds into the iteration"), x2="end:Q",
+                                                     y="stage:N", color="kind:N", tooltip=["stage", "kind", "start", "end"])  # fmt: skip
+        st.altair_chart(chart, use_container_width=True)
 
 
 def backtest_page() -> None:

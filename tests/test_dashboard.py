@@ -130,6 +130,23 @@ def test_prices_page_charts_recorded_price_history_and_uses_the_newest_price(app
     assert hazards.loc[hazards.offer == spot.id, "price_usd_per_h"].iloc[0] == 0.29  # the newest recorded price
 
 
+def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis_url, store):
+    from broker.bubbles.profiler import BubbleProfile, WindowStats, save_profile
+
+    measured = datetime(2026, 11, 22, tzinfo=timezone.utc)
+    for stage, (fill_drain, fwd_bwd) in enumerate([(0.0, 0.9), (0.3, 0.6), (0.6, 0.3), (0.9, 0.0)]):
+        windows = [WindowStats(kind=k, offset_s=o, median_s=d, p10_s=d * 0.9, free_bytes=(8 + stage) * 10**9, count=10)
+                   for k, o, d in (("fill-drain", 2.1 - fill_drain, fill_drain), ("fwd-bwd", 0.5, fwd_bwd)) if d]  # fmt: skip
+        save_profile(store, BubbleProfile(main_job="llama", stage=stage, device="cpu", iteration_s=2.1, windows=windows, measured_at=measured))
+    app.run()
+    app.sidebar.radio[0].set_value("Bubbles").run()
+    assert not app.exception
+    table = app.dataframe[0].value
+    assert list(table["stage"]) == [0, 1, 2, 3]
+    assert list(table["bubble fraction"]) == pytest.approx([0.9 / 2.1] * 4)  # (p-1)/(m+p-1) with t_f + t_b = 0.3 s
+    assert list(table["free GB"]) == pytest.approx([8, 9, 10, 11])
+
+
 @pytest.mark.parametrize("page", ["Overview", "Jobs", "Bubbles", "Backtest"])
 def test_empty_pages_say_what_to_do(app, redis_url, page):
     app.run()

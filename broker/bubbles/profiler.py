@@ -24,6 +24,7 @@ DRIFT = 0.10
 
 class WindowStats(BaseModel):
     kind: str
+    offset_s: float = 0.0  # median start within the iteration
     median_s: float
     p10_s: float
     free_bytes: int  # the least free memory seen at this window's start
@@ -39,6 +40,10 @@ class BubbleProfile(BaseModel):
     iteration_s: float
     windows: list[WindowStats]
     measured_at: datetime
+
+    def bubble_fraction(self) -> float:
+        """Share of the iteration this stage is idle in its recorded windows (medians)."""
+        return sum(w.median_s for w in self.windows) / self.iteration_s
 
     def usable_s(self, min_window_s: float = 0.0) -> float:
         """Idle seconds per iteration in windows that are nearly always (p10) at least min_window_s long."""
@@ -58,8 +63,9 @@ def profile(main_job: str, stage: int, device: str, windows: list, iterations: l
     for kind in sorted({w[0] for w in windows}):
         mine = [w for w in windows if w[0] == kind and w[1] >= first] or [w for w in windows if w[0] == kind]
         lengths = np.array([end - start for _, start, end, _ in mine])
-        stats.append(WindowStats(kind=kind, median_s=float(np.median(lengths)), p10_s=float(np.percentile(lengths, 10)),
-                                 free_bytes=int(min(w[3] for w in mine)), count=len(mine)))  # fmt: skip
+        offsets = [start - max((b for b, _ in iterations if b <= start), default=start) for _, start, _, _ in mine]
+        stats.append(WindowStats(kind=kind, offset_s=float(np.median(offsets)), median_s=float(np.median(lengths)),
+                                 p10_s=float(np.percentile(lengths, 10)), free_bytes=int(min(w[3] for w in mine)), count=len(mine)))  # fmt: skip
     period = float(np.median([end - start for start, end in kept]))
     return BubbleProfile(main_job=main_job, stage=stage, device=device, iteration_s=period, windows=stats, measured_at=measured_at)
 
