@@ -132,6 +132,8 @@ class BrokerServer:
             run.progress_done, run.progress_total = float(data["done"]), None if total is None else float(total)
             run.last_progress_at = now
         elif kind == "checkpoint":
+            if not self.checkpoints.owns(str(data["url"]), job.id):
+                raise ValueError(f"checkpoint url {str(data['url'])[:200]!r} is outside the job's directory in the store")
             run.checkpoint_url, run.checkpoint_step, run.checkpoint_at = str(data["url"]), int(data["step"]), now
         elif kind == "notice":
             update.update(state=JobState.migrating, reason=f"preemption notice on {run.agent}")

@@ -68,3 +68,25 @@ def test_hostile_reports_never_crash_the_server_nor_change_other_jobs(redis_url,
     after = store.get_job(victim.id)
     assert after.state == before.state and after.runs == before.runs and after.fence == before.fence
     assert store.redis.xpending("broker:agent-events", "broker")["pending"] == 0  # every message handled or dropped
+
+
+def test_checkpoint_urls_outside_the_jobs_own_directory_are_refused(redis_url, catalog, tmp_path):
+    store = Store(redis_url)
+    offer = next(o for o in catalog.offers if o.accelerator == "A100" and o.accelerator_count == 1)
+    broker = Broker(store, catalog, policies.get(), SystemClock())
+    checkpoints = CheckpointStore(str(tmp_path / "ckpt"))
+    server = BrokerServer(store, policies.get(), SystemClock(), checkpoints, consumer="urls")
+    store.register_agent(AgentInfo(id="a", offer=offer, host="h", pid=1, registered_at=datetime.now(timezone.utc)), 60_000)
+    job = broker.submit(make_spec(name="own"))
+    assert server.dispatch() == [(job.id, "a")]
+    other = broker.submit(make_spec(name="other"))
+    hostile = ["file:///etc/passwd", "/etc/shadow", f"{tmp_path}/ckpt/{other.id}/step-000000000001",
+               f"{tmp_path}/ckpt/{job.id}/../{other.id}/step-1", "s3://other-bucket/x", "memory://x"]  # fmt: skip
+    for url in hostile:
+        store.report("a", job.id, 1, "checkpoint", url=url, step=1)
+        server.round(block_ms=1)
+        assert store.get_job(job.id).runs[-1].checkpoint_url is None, url
+    good = f"{tmp_path}/ckpt/{job.id}/step-000000000010"
+    store.report("a", job.id, 1, "checkpoint", url=good, step=10)
+    server.round(block_ms=1)
+    assert store.get_job(job.id).runs[-1].checkpoint_url == good

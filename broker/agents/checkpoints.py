@@ -83,6 +83,16 @@ class CheckpointStore:
         """Open one file of a checkpoint for reading."""
         return self.fs.open(posixpath.join(self.path(manifest.url), name), "rb")
 
+    def owns(self, url: str, job_id: str) -> bool:
+        """Whether a checkpoint URL lies in this store under the job's own directory (not file:///etc, not another bucket)."""
+        try:
+            fs, path = fsspec.core.url_to_fs(url)
+        except (ValueError, ImportError, TypeError):
+            return False
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        inside = posixpath.normpath(path).startswith(posixpath.normpath(self.job_dir(job_id)) + "/")
+        return protocol == self.protocol and inside
+
     def job_dir(self, job_id: str) -> str:
         return posixpath.join(self.root, job_id)
 
