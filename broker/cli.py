@@ -176,6 +176,7 @@ def agent(
     checkpoints: Optional[str] = typer.Option(None, help="Checkpoint store URL (default BROKER_CHECKPOINTS)."),
     runs: Optional[Path] = typer.Option(None, help="Where job logs and events go (default $BROKER_HOME/runs)."),
     metrics_port: int = typer.Option(0, help="Serve Prometheus metrics on this loopback port (0: off)."),
+    token: Optional[str] = typer.Option(None, envvar="BROKER_AGENT_TOKEN", help="Registration token (`broker agents token`)."),
 ) -> None:
     """Run the agent of one instance: take assignments, run jobs, report, checkpoint on notices."""
     from broker.agents.agent import Agent
@@ -194,7 +195,7 @@ def agent(
         serve(metrics.registry, metrics_port)
     worker = Agent(
         store_for(settings), agent_id, catalog.offer(offer_id), checkpoints or settings.checkpoints,
-        runs or settings.home / "runs", notices=source, lease_s=lease_s, metrics=metrics,
+        runs or settings.home / "runs", notices=source, lease_s=lease_s, metrics=metrics, token=token,
     )  # fmt: skip
     err.print(f"agent {agent_id} ended: {worker.run()}")
 
@@ -220,7 +221,8 @@ def server(
     if metrics_port:
         serve(metrics.registry, metrics_port)
     chosen = policies.get(policy, **settings.policy_options()) if policy else broker.policy
-    loop = BrokerServer(broker.store, chosen, ScaledClock(speedup), CheckpointStore(settings.checkpoints), consumer, metrics=metrics)
+    loop = BrokerServer(broker.store, chosen, ScaledClock(speedup), CheckpointStore(settings.checkpoints), consumer, metrics=metrics,
+                        agent_secret=settings.agent_secret)  # fmt: skip
     err.print(f"broker server {consumer} running; Ctrl-C stops it")
     try:
         loop.serve()
@@ -305,6 +307,25 @@ def agents_provision(
         return
     for row in written:
         out.print(f"[bold]{row['pool']}[/]: {row['count']} x {row['offer']}\n  {row['command']}")
+
+
+@agents_app.command("token")
+@user_errors
+def agents_token(
+    agent_id: str = typer.Option(..., "--id", help="The agent the token is for."),
+    ttl_hours: float = typer.Option(24.0, help="Hours until the token expires."),
+) -> None:
+    """Print a registration token for one agent (needs BROKER_AGENT_SECRET, the broker's secret)."""
+    from datetime import datetime, timedelta, timezone
+
+    from broker.agents.tokens import issue
+
+    settings = Settings.from_env()
+    if not settings.agent_secret:
+        raise BrokerError("BROKER_AGENT_SECRET: not set; set the broker's secret (the server checks tokens against it)")
+    if ttl_hours <= 0:
+        raise BrokerError("--ttl-hours: must be > 0")
+    typer.echo(issue(settings.agent_secret, agent_id, datetime.now(timezone.utc) + timedelta(hours=ttl_hours)))
 
 
 @agents_app.command("deprovision")

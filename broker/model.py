@@ -374,5 +374,6 @@ class AgentInfo(BaseModel):
     host: str
     pid: int
     registered_at: datetime
+    token: str | None = None  # registration token (agents/tokens.py), when the broker asks for one
     job: str | None = None
     fence: int | None = None

@@ -12,6 +12,7 @@ import time
 from datetime import datetime
 
 from broker.agents.checkpoints import CheckpointStore
+from broker.agents.tokens import refusal
 from broker.errors import InfeasibleError, NotFoundError
 from broker.model import AgentInfo, Job, JobState, Run, Tier
 from broker.policies.options import PlanItem
@@ -31,7 +32,7 @@ class BrokerServer:
 
     def __init__(
         self, store: Store, policy, clock, checkpoints: CheckpointStore, consumer: str = "server-1", lease_s: float = 5.0,
-        metrics=None,
+        metrics=None, agent_secret: str | None = None,
     ):  # fmt: skip
         self.store, self.policy, self.clock, self.checkpoints = store, policy, clock, checkpoints
         self.metrics = metrics  # a broker.metrics.ServerMetrics, or None
@@ -39,6 +40,7 @@ class BrokerServer:
         self.lease_s = lease_s
         self._last_reclaim = 0.0
         self._last_guard = 0.0
+        self.agent_secret = agent_secret  # when set, only agents with a valid registration token get work
 
     def round(self, block_ms: int = 100) -> None:
         """Apply reports (one transaction per job), reclaim lost agents' jobs, dispatch."""
@@ -204,7 +206,7 @@ class BrokerServer:
         """
         agents = self.store.agents()
         leases = self.store.leases([a.id for a in agents])
-        idle = [a for a in agents if a.job is None and leases[a.id] not in (None, "leaving")]
+        idle = [a for a in agents if a.job is None and leases[a.id] not in (None, "leaving") and self._admitted(a)]
         if not idle:
             return []
         jobs = self.store.pending_jobs(0, PLAN_PAGE)  # most urgent first
@@ -227,6 +229,17 @@ class BrokerServer:
             if self._assign(job, agent):
                 done.append((job.id, agent.id))
         return done
+
+    def _admitted(self, agent: AgentInfo) -> bool:
+        """Whether the agent may get work: its registration token verifies (when the broker asks for one)."""
+        if self.agent_secret is None:
+            return True
+        why = refusal(self.agent_secret, agent.id, agent.token, self.clock.now())
+        if why is None:
+            return True
+        log.warning("agent=%s refused: %s; removed", agent.id, why)
+        self.store.remove_agent(agent.id)
+        return False
 
     def guard(self) -> list[str]:
         """Uniform Progress between rounds: a spot or bubble job falling behind its deadline is asked to

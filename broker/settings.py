@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.errors import BrokerError
@@ -20,6 +20,7 @@ class Settings:
     checkpoints: str  # BROKER_CHECKPOINTS: fsspec URL of the checkpoint store
     prefix: str = "broker:"  # BROKER_PREFIX: key prefix in Redis
     round_budget_usd: float | None = None  # BROKER_ROUND_BUDGET_USD: expected spend one planning round may commit
+    agent_secret: str | None = field(default=None, repr=False)  # BROKER_AGENT_SECRET: agents need a token signed with it
 
     def policy_options(self) -> dict:
         """Keyword arguments for the active policy."""
@@ -38,6 +39,7 @@ class Settings:
             checkpoints=env.get("BROKER_CHECKPOINTS") or str(Path(home) / "checkpoints"),
             prefix=env.get("BROKER_PREFIX", "broker:"),
             round_budget_usd=_positive(env, "BROKER_ROUND_BUDGET_USD"),
+            agent_secret=env.get("BROKER_AGENT_SECRET") or None,
         )
 
 

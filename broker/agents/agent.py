@@ -41,8 +41,9 @@ class Agent:
         lease_s: float = 5.0,
         grace_s: float = 30.0,
         metrics=None,
+        token: str | None = None,
     ):
-        self.store, self.id, self.offer = store, agent_id, offer
+        self.store, self.id, self.offer, self.token = store, agent_id, offer, token
         self.checkpoint_root = checkpoint_root.rstrip("/")
         self.run_root = Path(run_root)
         self.notices = notices
@@ -58,7 +59,7 @@ class Agent:
 
     def register(self) -> None:
         now = datetime.now(timezone.utc)
-        info = AgentInfo(id=self.id, offer=self.offer, host=socket.gethostname(), pid=os.getpid(), registered_at=now)
+        info = AgentInfo(id=self.id, offer=self.offer, host=socket.gethostname(), pid=os.getpid(), registered_at=now, token=self.token)
         self.store.register_agent(info, self.lease_ms)
         self._last_beat = time.monotonic()
         log.info("agent=%s registered offer=%s", self.id, self.offer.id)

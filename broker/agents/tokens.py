@@ -1,0 +1,36 @@
+"""Agent registration tokens: an expiry and an HMAC-SHA256 of (agent id, expiry) under the broker's secret.
+
+The broker (`broker agents token`) issues one per agent; the agent registers with it; the server
+gives work only to agents whose token verifies, and drops and logs the others. Without a secret
+configured (the embedded single-machine default) no token is asked for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from datetime import datetime, timezone
+
+
+def _signature(secret: str, agent_id: str, expires: int) -> str:
+    return hmac.new(secret.encode(), f"{agent_id}|{expires}".encode(), hashlib.sha256).hexdigest()
+
+
+def issue(secret: str, agent_id: str, expires_at: datetime) -> str:
+    """A token for `agent_id`, valid until `expires_at`."""
+    expires = int(expires_at.timestamp())
+    return f"{expires}.{_signature(secret, agent_id, expires)}"
+
+
+def refusal(secret: str, agent_id: str, token: str | None, now: datetime) -> str | None:
+    """Why the token does not admit the agent now, or None when it does."""
+    if not token:
+        return "no registration token"
+    expires, _, signature = token.partition(".")
+    if not expires.isdigit() or len(signature) != 64:
+        return "malformed registration token"
+    if not hmac.compare_digest(signature, _signature(secret, agent_id, int(expires))):
+        return "registration token does not match this agent id"
+    if int(expires) < now.timestamp():
+        return f"registration token expired at {datetime.fromtimestamp(int(expires), timezone.utc):%Y-%m-%d %H:%M} UTC"
+    return None

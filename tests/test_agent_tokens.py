@@ -1,0 +1,53 @@
+"""Agents join with an expiring HMAC registration token; the server gives work only to admitted agents."""
+
+from datetime import datetime, timedelta, timezone
+
+from typer.testing import CliRunner
+
+from broker import policies
+from broker.agents.checkpoints import CheckpointStore
+from broker.agents.tokens import issue, refusal
+from broker.cli import app
+from broker.clock import SystemClock
+from broker.model import AgentInfo
+from broker.server import BrokerServer
+from broker.service import Broker
+from conftest import make_spec
+
+NOW = datetime(2026, 11, 22, 12, tzinfo=timezone.utc)
+
+
+def test_a_token_admits_its_agent_until_it_expires_and_nobody_else():
+    token = issue("s3cret", "spot-a", NOW + timedelta(hours=1))
+    assert refusal("s3cret", "spot-a", token, NOW) is None
+    assert "expired" in refusal("s3cret", "spot-a", token, NOW + timedelta(hours=2))
+    assert "does not match" in refusal("s3cret", "spot-b", token, NOW)
+    assert "does not match" in refusal("other", "spot-a", token, NOW)
+    tampered = str(int(token.split(".")[0]) + 3600) + "." + token.split(".")[1]  # a later expiry, same signature
+    assert "does not match" in refusal("s3cret", "spot-a", tampered, NOW)
+    assert refusal("s3cret", "spot-a", None, NOW) == "no registration token"
+    assert "malformed" in refusal("s3cret", "spot-a", "garbage", NOW)
+
+
+def test_the_server_dispatches_only_to_agents_with_a_valid_token_and_logs_the_rest(store, catalog, tmp_path, caplog):
+    offer = next(o for o in catalog.offers if o.accelerator == "A100" and o.accelerator_count == 1)
+    now = datetime.now(timezone.utc)
+    server = BrokerServer(store, policies.get(), SystemClock(), CheckpointStore(str(tmp_path)), agent_secret="s3cret")
+    for agent_id, token in (("intruder", None), ("stale", issue("s3cret", "stale", now - timedelta(minutes=1))),
+                            ("good", issue("s3cret", "good", now + timedelta(hours=1)))):  # fmt: skip
+        store.register_agent(AgentInfo(id=agent_id, offer=offer, host="h", pid=1, registered_at=now, token=token), 60_000)
+    job = Broker(store, catalog, policies.get(), SystemClock()).submit(make_spec())
+    assert server.dispatch() == [(job.id, "good")]
+    assert sorted(a.id for a in store.agents()) == ["good"]
+    assert "agent=intruder refused: no registration token" in caplog.text and "agent=stale refused: registration token expired" in caplog.text
+
+
+def test_cli_issues_tokens_only_with_the_brokers_secret(monkeypatch):
+    runner = CliRunner()
+    monkeypatch.delenv("BROKER_AGENT_SECRET", raising=False)
+    refused = runner.invoke(app, ["agents", "token", "--id", "spot-a"])
+    assert refused.exit_code == 2 and "BROKER_AGENT_SECRET" in refused.output
+    monkeypatch.setenv("BROKER_AGENT_SECRET", "s3cret")
+    token = runner.invoke(app, ["agents", "token", "--id", "spot-a", "--ttl-hours", "2"]).stdout.strip()
+    assert refusal("s3cret", "spot-a", token, datetime.now(timezone.utc)) is None
+    assert refusal("s3cret", "spot-a", token, datetime.now(timezone.utc) + timedelta(hours=3)) is not None
