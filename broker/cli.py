@@ -12,7 +12,6 @@ from rich.progress import Progress
 from broker import embedded, policies, render
 from broker.errors import BrokerError, InfeasibleError
 from broker.model import JobState, Quote
-from broker.pricing.catalog import PriceCatalog
 from broker.settings import Settings
 from broker.specfile import load_spec
 from broker.cli_common import JsonOpt, debug_flag, err, make_broker, out, print_json, redis_url, store_for, user_errors
@@ -183,7 +182,7 @@ def agent(
     from broker.agents.notices import watcher
 
     settings = Settings.from_env()
-    catalog = PriceCatalog.from_snapshot(settings.prices_dir)
+    catalog = make_broker().catalog  # the newest prices and the hazard with every piece of evidence the store has
     try:
         source = watcher(notices, speedup)
     except ValueError as error:
