@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from scipy import stats
 
-from broker.pricing.hazard import HazardModel
+from broker.pricing.hazard import PRIOR_HOURS, HazardModel
 from broker.pricing.traces import evidence, load_traces
 
 FIT_SHARE = 0.7
@@ -46,7 +46,7 @@ def run(directory: Path) -> dict:
         key = (t.cloud, t.region, t.instance_type)
         h = fitted.spot(*key)
         seen = fitted.evidence.get(key)
-        shape = h.per_hour * (24.0 + (seen.hours if seen else 0.0))  # the posterior's shape
+        shape = h.per_hour * (PRIOR_HOURS + (seen.hours if seen else 0.0))  # the posterior's shape
         dispersion = seen.dispersion if seen else 0.0
         exposure, observed = test.exposure_hours(), test.preemptions()
         low, high = interval(h.per_hour, shape, dispersion, exposure)

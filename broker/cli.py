@@ -41,7 +41,7 @@ def submit(
     as_json: bool = JsonOpt,
 ) -> None:
     """Quote a job and store it (queued); --quote only prices it."""
-    broker = make_broker(with_store=not quote_only)
+    broker = make_broker(with_store=not quote_only, live=not quote_only)
     spec = load_spec(job_file, broker.clock.now(), deadline=deadline, budget_usd=budget)
     if quote_only:
         quote, job_id = broker.quote(spec), None
@@ -182,7 +182,7 @@ def agent(
     from broker.agents.notices import watcher
 
     settings = Settings.from_env()
-    catalog = make_broker().catalog  # the newest prices and the hazard with every piece of evidence the store has
+    catalog = make_broker(live=True).catalog  # the newest prices and the hazard with every piece of evidence the store has
     try:
         source = watcher(notices, speedup)
     except ValueError as error:

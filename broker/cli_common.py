@@ -63,15 +63,16 @@ def store_for(settings: Settings) -> Store:
     return Store(redis_url(settings), prefix=settings.prefix)
 
 
-def make_broker(with_store: bool = True) -> Broker:
+def make_broker(with_store: bool = True, live: bool = False) -> Broker:
+    """The core on the configured store. `live` prices with what the store knows (recorded prices, eviction
+    bands, our agents' preemptions), which reads every job and price: only the commands that price ask for it."""
     settings = Settings.from_env()
     store = store_for(settings) if with_store else None
-    hazard = None
-    if store:  # eviction bands from refreshes and the preemptions our agents saw count as evidence
-        hazard = HazardModel.packaged().with_bands(PriceHistory(store).bands()).observe(observed(store.list_jobs()))
-    catalog = PriceCatalog.from_snapshot(settings.prices_dir, hazard)
-    if store:  # refreshed and imported prices replace the snapshot's where they exist
-        catalog = catalog.with_history(PriceHistory(store).latest())
+    catalog = PriceCatalog.from_snapshot(settings.prices_dir)
+    if store and live:
+        history = PriceHistory(store)
+        hazard = HazardModel.packaged().with_bands(history.bands()).observe(observed(store.list_jobs()))
+        catalog = PriceCatalog(catalog.rows, hazard, catalog.source).with_history(history.latest())
     return Broker(store, catalog, policies.get(settings.policy, **settings.policy_options()), SystemClock())
 
 

@@ -38,7 +38,7 @@ def prices(
     """Show GPU instance prices: on-demand and spot, with the interruption band."""
     if ctx.invoked_subcommand:
         return
-    catalog = make_broker().catalog  # with the store: refreshed prices and their age
+    catalog = make_broker(live=True).catalog  # refreshed prices and their age
     rows = catalog.table(gpu=lookup(gpu).name if gpu else None, cloud=cloud, region=region, spot_only=spot)
     shown = rows.head(limit) if limit else rows
     print_json(render.prices_records(shown)) if as_json else out.print(render.prices_table(shown, total=len(rows)))
@@ -49,7 +49,7 @@ def prices(
 def risk(gpu: Optional[str] = Gpu, cloud: Optional[str] = Cloud, region: Optional[str] = Region, limit: int = Limit,
          as_json: bool = JsonOpt) -> None:  # fmt: skip
     """Preemption hazard per spot instance type and region: lambda per hour, its 90% band, availability, evidence."""
-    broker = make_broker()  # with the store: preemptions our agents saw count as evidence
+    broker = make_broker(live=True)  # preemptions our agents saw count as evidence
     rows = broker.catalog.table(gpu=lookup(gpu).name if gpu else None, cloud=cloud, region=region, spot_only=True)
     rows = rows.drop_duplicates(["cloud", "region", "instance_type"])
     records = []

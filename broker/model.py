@@ -203,6 +203,11 @@ class JobSpec(_Spec):
         return self
 
 
+def offer_id(cloud: str, zone_or_region: str, instance_type: str, tier: "Tier") -> str:
+    """An offer's id: cloud/zone (or region)/instance type/tier; price rows and history use it too."""
+    return f"{cloud}/{zone_or_region}/{instance_type}/{tier.value}"
+
+
 class Offer(BaseModel):
     """A place a job can run: a tier at a location with a price, a hazard and a shape."""
 
@@ -226,7 +231,7 @@ class Offer(BaseModel):
 
     @property
     def id(self) -> str:
-        return f"{self.cloud}/{self.zone or self.region}/{self.instance_type}/{self.tier.value}"
+        return offer_id(self.cloud, self.zone or self.region, self.instance_type, self.tier)
 
 
 class Option(BaseModel):
@@ -273,6 +278,11 @@ class Quote(BaseModel):
         return 100.0 * self.savings_usd / base.expected_cost_usd
 
 
+def relative_gap(objective: float, bound: float) -> float:
+    """How far a solution's objective is above a lower bound, as a share of the objective."""
+    return max(0.0, objective - bound) / max(abs(objective), 1e-9)
+
+
 class Plan(BaseModel):
     """One planning round's decisions: where each job goes, and why the others wait."""
 
@@ -288,9 +298,7 @@ class Plan(BaseModel):
     @computed_field
     @property
     def gap(self) -> float | None:
-        if self.objective is None or self.bound is None:
-            return None
-        return max(0.0, self.objective - self.bound) / max(abs(self.objective), 1e-9)
+        return None if self.objective is None or self.bound is None else relative_gap(self.objective, self.bound)
 
 
 class Run(BaseModel):

@@ -6,7 +6,6 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from datetime import datetime, timedelta, timezone
 
 import boto3
-import pytest
 from botocore.stub import ANY, Stubber
 from moto import mock_aws
 

@@ -228,12 +228,12 @@ def test_preemptions_our_agents_saw_move_the_hazard(env, tmp_path):
     from broker.cli_common import make_broker
     from broker.model import Job, Run
 
-    broker = make_broker()
+    broker = make_broker(live=True)
     before = broker.catalog.hazard.spot("aws", "ap-south-1", "g6.xlarge")
     spec = load_spec(job_file(tmp_path), NOW)
     offer = next(o for o in broker.catalog.offers if o.instance_type == "g6.xlarge" and o.region == "ap-south-1" and o.tier.value == "spot")
     runs = [Run(fence=k, agent="a", offer=offer, dispatched_at=NOW, started_at=NOW, ended_at=NOW + timedelta(hours=1),
                 end_reason="preempted") for k in range(1, 21)]  # fmt: skip
     broker.store.add_job(Job(id="seen", spec=spec, submitted_at=NOW, updated_at=NOW, quote=broker.quote(spec), runs=runs))
-    after = make_broker().catalog.hazard.spot("aws", "ap-south-1", "g6.xlarge")
+    after = make_broker(live=True).catalog.hazard.spot("aws", "ap-south-1", "g6.xlarge")
     assert after.per_hour > before.per_hour and "20 preemptions in 20 h observed" in after.source

@@ -120,10 +120,13 @@ class FillExecutor:
         self.steps: list[tuple[float, float, float]] = []  # (start, end, window end) of every step
         self.kills = 0
         self.process = None
+        self.memory_fraction: float | None = None
 
     def start(self, memory_fraction: float | None = None) -> None:
+        """Start the task's process; a restart keeps the memory cap of the first start unless given another."""
+        self.memory_fraction = memory_fraction if memory_fraction is not None else self.memory_fraction
         self.conn, child = self.context.Pipe()
-        self.process = self.context.Process(target=_serve, args=(self.task_path, self.config, self.state, child, memory_fraction), daemon=True)
+        self.process = self.context.Process(target=_serve, args=(self.task_path, self.config, self.state, child, self.memory_fraction), daemon=True)
         self.process.start()
         if not self.conn.poll(START_TIMEOUT_S) or self.conn.recv()[0] != "ready":  # imports and init take seconds
             raise RuntimeError(f"fill task {self.task_path} did not start within {START_TIMEOUT_S} s")

@@ -24,11 +24,11 @@ from datetime import datetime
 import numpy as np
 import highspy
 
-from broker.model import Offer, Option, Plan, Tier
+from broker.model import Offer, Option, Plan, Tier, relative_gap
 from broker.policies import register
 from broker.policies.auction import auction_prices
 from broker.policies.cheapest import CheapestFeasible, cost_order
-from broker.policies.options import OptionTable, PlanItem, option_table
+from broker.policies.options import OptionTable, PlanItem, option_table, smallest_per_job
 from broker.policies.risk import evaluate_with_fallback, window_hours
 
 COLUMNS_PER_JOB = 4  # the most options added per job in one pricing pass
@@ -102,20 +102,16 @@ class CostSLO(CheapestFeasible):
             np.minimum.at(lowest, table.job[rows], reduced)
             bound = max(bound, program.value + float(lowest.sum()))  # Lagrangian: valid before convergence too
             improving = (reduced < -1e-7) & ~active[rows]
-            if last or not improving.any() or _gap(program.value, bound) <= self.gap_target:
-                chosen, pending = program.rounded(rows, self.budget_usd)
+            if last or not improving.any() or relative_gap(program.value, bound) <= self.gap_target:
+                chosen, pending = program.rounded(rows)
                 objective = float(sum(table.cost[r] for r in chosen.values()) + sum(penalty[j] for j in pending))
                 if best is None or objective < best[0]:
                     best = (objective, chosen, pending)
-            if best is not None and (not improving.any() or _gap(best[0], bound) <= self.gap_target):
+            if best is not None and (not improving.any() or relative_gap(best[0], bound) <= self.gap_target):
                 break
             active[_cheapest_columns(table, rows[improving], COLUMNS_PER_JOB, key=reduced[improving])] = True
         stats["columns"] = int(active.sum())
         return best[0], bound, best[1], best[2]
-
-
-def _gap(objective: float, bound: float) -> float:
-    return max(0.0, objective - bound) / max(abs(objective), 1e-9)
 
 
 def _undominated(table: OptionTable, rows: np.ndarray, cap: np.ndarray) -> np.ndarray:
@@ -151,14 +147,9 @@ def _auction_columns(table: OptionTable, rows: np.ndarray, cap: np.ndarray, pena
     return np.r_[near, rows[chosen[chosen >= 0]]]
 
 
-def _cheapest_columns(table: OptionTable, rows: np.ndarray, per_job: int, key: np.ndarray | None = None) -> np.ndarray:
-    """The `per_job` rows with the smallest key (cost by default) for each job among `rows`."""
-    key = table.cost[rows] if key is None else key
-    order = np.lexsort((key, table.job[rows]))
-    jobs = table.job[rows][order]
-    starts = np.r_[0, np.flatnonzero(jobs[1:] != jobs[:-1]) + 1]
-    rank = np.arange(len(jobs)) - np.repeat(starts, np.diff(np.r_[starts, len(jobs)]))
-    return rows[order][rank < per_job]
+def _cheapest_columns(table: OptionTable, rows: np.ndarray, per_job: int, key: np.ndarray) -> np.ndarray:
+    """The `per_job` rows with the smallest key for each job among `rows`."""
+    return rows[smallest_per_job(table.job[rows], key, per_job)]
 
 
 class _Program:
@@ -232,12 +223,12 @@ class _Program:
         beta = self.duals[self.budget_row] if self.budget_row is not None else 0.0
         return t.cost[rows] * (1 - beta) - u - w
 
-    def rounded(self, rows: np.ndarray, budget: float | None) -> tuple[dict[int, int], dict[int, str]]:
+    def rounded(self, rows: np.ndarray) -> tuple[dict[int, int], dict[int, str]]:
         """Integral choices: whole LP assignments kept, fractional jobs repaired greedily, most urgent first."""
         t = self.table
         chosen = {int(t.job[r]): int(r) for r, x in zip(self.active, self.x) if x > 1 - 1e-6}
         used = np.bincount([t.offer[r] for r in chosen.values()], minlength=len(self.cap)).astype(float)
-        left_usd = math.inf if budget is None else budget - sum(t.cost[r] for r in chosen.values())
+        left_usd = math.inf if self.budget is None else self.budget - sum(t.cost[r] for r in chosen.values())
         jobs = sorted(set(t.job[rows].tolist()) - set(chosen), key=lambda j: -self.penalty[j])
         placed_share = np.bincount(t.job[self.active], weights=self.x, minlength=len(self.penalty))
         pending = {}

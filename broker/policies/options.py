@@ -154,13 +154,22 @@ def option_table(items: list[PlanItem], offers: list[Offer], now: datetime) -> O
     return OptionTable(job, offer, cost, wall, p_meet, feasible, fallback, j["current"], unfit)
 
 
+def smallest_per_job(job: np.ndarray, key: np.ndarray, per_job: int = 1) -> np.ndarray:
+    """Positions of the `per_job` entries with the smallest key for each job (ties: first)."""
+    if len(job) == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((key, job))
+    jobs = job[order]
+    starts = np.r_[0, np.flatnonzero(jobs[1:] != jobs[:-1]) + 1]
+    rank = np.arange(len(jobs)) - np.repeat(starts, np.diff(np.r_[starts, len(jobs)]))
+    return order[rank < per_job]
+
+
 def _cheapest_per_job(job: np.ndarray, cost: np.ndarray, n_jobs: int) -> np.ndarray:
     """For each job, the index (into these arrays) of its cheapest row, or -1."""
     best = np.full(n_jobs, -1, dtype=np.int64)
-    if len(job):
-        order = np.lexsort((cost, job))
-        first = np.r_[True, job[order][1:] != job[order][:-1]]
-        best[job[order][first]] = order[first]
+    first = smallest_per_job(job, cost)
+    best[job[first]] = first
     return best
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from broker.errors import BrokerError
-from broker.model import Offer, Tier
+from broker.model import Offer, Tier, offer_id
 from broker.pricing.hazard import HazardModel
 from broker.pricing.snapshot import load_snapshot
 
@@ -76,7 +76,7 @@ class PriceCatalog:
         rows["price_as_of"] = pd.Series([pd.NaT] * len(rows), dtype="datetime64[ns, UTC]")
         where = rows["zone"].where(rows["zone"].notna(), rows["region"])
         for tier, column in ((Tier.on_demand, "on_demand_usd_per_h"), (Tier.spot, "spot_usd_per_h")):
-            found = [latest.get(f"{c}/{w}/{i}/{tier.value}") for c, w, i in zip(rows["cloud"], where, rows["instance_type"])]
+            found = [latest.get(offer_id(c, w, i, tier)) for c, w, i in zip(rows["cloud"], where, rows["instance_type"])]
             hit = pd.Series([f is not None for f in found], index=rows.index)
             if hit.any():
                 rows.loc[hit, column] = [f[0] for f in found if f is not None]

@@ -18,9 +18,9 @@ what `bench/hazard.py` checks against the last 30% of every trace.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 from scipy import stats
@@ -94,16 +94,9 @@ class HazardModel:
                  for itype, row in oses.get("Linux", {}).items()}  # fmt: skip
         return cls(pd.read_csv(packaged_dir() / "trace_evidence.csv"), bands)
 
-    @classmethod
-    def from_traces(cls, directory: Path, bands: dict | None = None) -> "HazardModel":
-        from broker.pricing.traces import evidence, load_traces
-
-        return cls(evidence(load_traces(directory)), bands if bands is not None else cls.packaged().bands)
-
     def observe(self, observed: dict[Key, Evidence]) -> "HazardModel":
         """A model that also counts preemptions our agents saw (offer key -> preemptions over spot hours)."""
-        model = object.__new__(HazardModel)
-        model.__dict__.update(self.__dict__)
+        model = copy.copy(self)
         model.evidence = dict(self.evidence)
         for key, seen in observed.items():
             model.evidence[key] = model.evidence.get(key, Evidence()) + seen
@@ -112,8 +105,7 @@ class HazardModel:
 
     def with_bands(self, bands: dict[Key, str]) -> "HazardModel":
         """A model that also knows other clouds' eviction-rate bands (Azure's from Resource Graph), keyed by Key."""
-        model = object.__new__(HazardModel)
-        model.__dict__.update(self.__dict__)
+        model = copy.copy(self)
         model.cloud_bands = {**self.cloud_bands, **{k: AZURE_BANDS.get(v, v) for k, v in bands.items()}}
         return model
 

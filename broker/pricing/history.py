@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from broker.model import Tier
+from broker.model import Tier, offer_id
 from broker.store import Store
 
 _APPEND_IF_CHANGED = """
@@ -32,11 +32,6 @@ redis.call('ZADD', KEYS[1], ARGV[1], ARGV[1] .. '|' .. ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[3])
 return 1
 """
-
-
-def offer_id(cloud: str, zone_or_region: str, instance_type: str, tier: Tier) -> str:
-    """The id an Offer has (Offer.id), from its parts."""
-    return f"{cloud}/{zone_or_region}/{instance_type}/{tier.value}"
 
 
 def points_from_rows(rows: pd.DataFrame, at: datetime) -> pd.DataFrame:
@@ -67,7 +62,6 @@ class PriceHistory:
 
     def record(self, points: pd.DataFrame) -> int:
         """Append the points (offer, usd, at) that change an offer's price; returns how many were appended."""
-        appended = 0
         ordered = points.sort_values("at", kind="stable")
         with self.redis.pipeline(transaction=False) as pipe:
             for offer, usd, at in zip(ordered["offer"], ordered["usd"], ordered["at"]):
