@@ -15,6 +15,7 @@ from broker.model import JobState, Quote
 from broker.settings import Settings
 from broker.specfile import load_spec
 from broker.cli_common import JsonOpt, debug_flag, err, make_broker, out, print_json, redis_url, store_for, user_errors
+from broker.cli_backtest import backtest_command
 from broker.cli_prices import prices_app
 
 app = typer.Typer(
@@ -23,6 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(prices_app, name="prices")
+app.command("backtest")(backtest_command)
 
 
 @app.callback()

@@ -35,6 +35,13 @@ class ManualClock:
         return self._now
 
 
+class SimulatedClock(ManualClock):
+    """The backtest's clock: moved by the simulation, and events carry simulated epoch times."""
+
+    def at(self, epoch_s: float) -> datetime:
+        return datetime.fromtimestamp(epoch_s, timezone.utc)
+
+
 class ScaledClock:
     """Wall time running `speedup` times faster from now: the demo's compressed hours."""
 

@@ -11,6 +11,7 @@ import json
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -72,6 +73,37 @@ def _running(home: Path) -> dict | None:
     return state if _alive(state["port"]) else None
 
 
+def _binary() -> str:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise StoreUnavailableError(
+            "redis-server: not installed; run `apt-get install redis-server` (make setup does) or set BROKER_REDIS_URL"
+        )
+    return binary
+
+
+@contextmanager
+def scratch():
+    """A throwaway redis-server for work that is recomputed rather than kept (the backtest): a temporary
+    directory, no snapshots; stopped and removed on exit. Yields its URL."""
+    with tempfile.TemporaryDirectory(prefix="broker-redis-") as data_dir:
+        port = _free_port()
+        process = subprocess.Popen(
+            [_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", data_dir, "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not _alive(port):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise StoreUnavailableError(f"redis-server: a scratch server did not start on port {port}")
+                time.sleep(0.05)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            process.terminate()
+            process.wait(timeout=START_TIMEOUT_S)
+
+
 def ensure(home: Path) -> EmbeddedRedis:
     """The private redis-server for `home`: the running one, or a new one."""
     data_dir = home / "redis"
@@ -79,11 +111,7 @@ def ensure(home: Path) -> EmbeddedRedis:
         state = _running(home)
         if state:
             return EmbeddedRedis(f"redis://127.0.0.1:{state['port']}/0", state["port"], state["pid"], data_dir, False)
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise StoreUnavailableError(
-                "redis-server: not installed; run `apt-get install redis-server` (make setup does) or set BROKER_REDIS_URL"
-            )
+        binary = _binary()
         port = _free_port()
         pidfile = data_dir / "redis.pid"
         pidfile.unlink(missing_ok=True)

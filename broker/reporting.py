@@ -60,14 +60,16 @@ def overview(jobs: list[Job], now: datetime) -> dict:
     }
 
 
-def spend_over_time(jobs: list[Job], now: datetime, buckets: int = 60) -> pd.DataFrame:
-    """Cumulative spend by tier (columns) over time (index): each run accrues evenly over its hours."""
+def spend_over_time(jobs: list[Job], now: datetime, buckets: int = 60, times: pd.DatetimeIndex | None = None) -> pd.DataFrame:
+    """Cumulative spend by tier (columns) over time (index, `buckets` steps to now unless `times` are given):
+    each run accrues evenly over its hours."""
     utc = lambda t: pd.Timestamp(t).tz_convert("UTC")  # noqa: E731 (stored times carry pydantic's UTC tzinfo)
     runs = [(r, utc(r.started_at or r.dispatched_at), utc(r.ended_at or now)) for j in jobs for r in j.runs]
     if not runs:
         return pd.DataFrame()
-    start = min(b for _, b, _ in runs)
-    times = pd.date_range(start, max(utc(now), start), periods=buckets)
+    if times is None:
+        start = min(b for _, b, _ in runs)
+        times = pd.date_range(start, max(utc(now), start), periods=buckets)
     frame = pd.DataFrame(0.0, index=times, columns=["bubble", "spot", "on_demand"])
     for run, begin, end in runs:
         cost = run.cost_usd if run.ended_at else run.offer.price_usd_per_h * run.hours(now)

@@ -45,12 +45,7 @@ class BrokerServer:
     def round(self, block_ms: int = 100) -> None:
         """Apply reports (one transaction per job), reclaim lost agents' jobs, dispatch."""
         started = time.monotonic()
-        by_job: dict[str, list[tuple[str, dict]]] = {}
-        for entry_id, report in self.store.read_reports(self.consumer, block_ms=block_ms):
-            by_job.setdefault(report["job"], []).append((entry_id, report))
-        for entries in by_job.values():
-            self.apply([report for _, report in entries])
-            self.store.ack_reports([entry_id for entry_id, _ in entries])  # after the change: a crash re-applies
+        self.fold_reports(block_ms)
         if time.monotonic() - self._last_reclaim >= self.lease_s / 4:  # leases last seconds: no need every round
             self._last_reclaim = time.monotonic()
             self.reclaim_lost()
@@ -60,6 +55,24 @@ class BrokerServer:
         self.dispatch()
         if self.metrics:
             self.metrics.round_seconds.observe(time.monotonic() - started)
+
+    def step(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """One round on a simulated clock (the backtest): every report folded, the guard, dispatch; nothing
+        throttled by wall time; returns (jobs the guard moved, (job, agent) dispatched). Lease expiry is not
+        simulated: simulated agents report every end themselves."""
+        while self.fold_reports(block_ms=None):
+            pass
+        return self.guard(), self.dispatch()
+
+    def fold_reports(self, block_ms: int | None) -> int:
+        """Apply one batch of agent reports (one transaction per job), then ack them; returns how many."""
+        by_job: dict[str, list[tuple[str, dict]]] = {}
+        for entry_id, report in self.store.read_reports(self.consumer, block_ms=block_ms):
+            by_job.setdefault(report["job"], []).append((entry_id, report))
+        for entries in by_job.values():
+            self.apply([report for _, report in entries])
+            self.store.ack_reports([entry_id for entry_id, _ in entries])  # after the change: a crash re-applies
+        return sum(len(entries) for entries in by_job.values())
 
     def serve(self, until=lambda: False, interval_s: float = 0.05) -> None:
         while not until():
@@ -245,6 +258,8 @@ class BrokerServer:
         """Uniform Progress between rounds: a spot or bubble job falling behind its deadline is asked to
         checkpoint and move to on-demand now; returns the ids of the jobs it moved."""
         now, moved = self.clock.now(), []
+        if not getattr(self.policy, "deadline_guard", True):  # baselines without deadline awareness (SkyPilot's)
+            return moved
         for job in self.store.active_jobs():
             run, baseline = job.current_run, job.quote.on_demand_baseline
             if run is None or run.started_at is None or job.spec.deadline is None or baseline is None or job.move_requested:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 
+from broker.errors import BrokerError
 from broker.model import Job, JobSpec, JobState, Quote
 from broker.pricing.catalog import PriceCatalog
 from broker.store import Store
@@ -22,14 +23,17 @@ class Broker:
         """Price the job on every offer and pick one; raises InfeasibleError when none fits."""
         return self.policy.quote(spec, self.catalog.offers, self.clock.now())
 
-    def submit(self, spec: JobSpec) -> Job:
-        """Quote the job and store it as queued; an infeasible job is refused and nothing is stored."""
+    def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
+        """Quote the job and store it as queued; an infeasible job is refused and nothing is stored.
+        The id is the name plus a random suffix unless given (the backtest's are reproducible)."""
         quote = self.quote(spec)
         now = self.clock.now()
         while True:
-            job = Job(id=f"{spec.name}-{secrets.token_hex(3)}", spec=spec, submitted_at=now, updated_at=now, quote=quote)
+            job = Job(id=job_id or f"{spec.name}-{secrets.token_hex(3)}", spec=spec, submitted_at=now, updated_at=now, quote=quote)
             if self.store.add_job(job):
                 return job
+            if job_id:
+                raise BrokerError(f"job id {job_id!r} exists already; submit it under another name")
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a job that has not ended."""

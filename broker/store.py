@@ -107,6 +107,9 @@ class Store:
         """Jobs waiting for capacity, most urgent first (a page of them)."""
         return self._jobs(self.redis.zrange(self._key("pending"), start, start + count - 1))
 
+    def pending_count(self) -> int:
+        return self.redis.zcard(self._key("pending"))
+
     def active_jobs(self) -> list[Job]:
         """Jobs with a run under way."""
         return self._jobs(sorted(self.redis.smembers(self._key("active"))))

@@ -17,6 +17,7 @@ from datetime import datetime
 import numpy as np
 from pydantic import BaseModel
 
+from broker.bubbles.schedule import bubble_windows
 from broker.store import Store
 
 DRIFT = 0.10
@@ -68,6 +69,20 @@ def profile(main_job: str, stage: int, device: str, windows: list, iterations: l
                                  p10_s=float(np.percentile(lengths, 10)), free_bytes=int(min(w[3] for w in mine)), count=len(mine)))  # fmt: skip
     period = float(np.median([end - start for start, end in kept]))
     return BubbleProfile(main_job=main_job, stage=stage, device=device, iteration_s=period, windows=stats, measured_at=measured_at)
+
+
+def forecast(main_job: str, schedule: str, p: int, m: int, t_f: list[float], t_b: list[float], free_bytes: list[int],
+             device: str, at: datetime, v: int = 1) -> list[BubbleProfile]:  # fmt: skip
+    """Each stage's profile from the analytic schedule model, before anything is measured: every window
+    as long as the model says (median = p10); a measured profile replaces it when it is saved."""
+    period, stages = bubble_windows(schedule, p, m, t_f, t_b, v)
+    return [
+        BubbleProfile(main_job=main_job, stage=stage, device=device, iteration_s=period, measured_at=at, windows=[
+            WindowStats(kind=w.kind, offset_s=w.offset_s, median_s=w.duration_s, p10_s=w.duration_s, free_bytes=free_bytes[stage], count=0)
+            for w in windows
+        ])  # fmt: skip
+        for stage, windows in enumerate(stages)
+    ]
 
 
 def save_profile(store: Store, bubble: BubbleProfile) -> bool:

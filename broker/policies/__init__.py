@@ -47,4 +47,4 @@ def get(name: str = DEFAULT_POLICY, **options):
 
 
 def _load_builtin() -> None:
-    from broker.policies import cheapest, costslo, fairness, uniform_progress  # noqa: F401  (each registers itself)
+    from broker.policies import baselines, cheapest, costslo, fairness, uniform_progress  # noqa: F401  (each registers itself)

@@ -30,6 +30,7 @@ class PlanItem:
     current: str | None = None  # offer id of the run under way, if any
     spent_usd: float = 0.0
     submitted_at: datetime | None = None
+    preempted_in: str | None = None  # region of its last run when that run was preempted or lost
 
     @classmethod
     def from_job(cls, job: Job) -> "PlanItem":
@@ -42,7 +43,9 @@ class PlanItem:
                 break
         run = job.current_run
         spec = job.spec.model_copy(update={"tiers": [job.pinned_tier]}) if job.pinned_tier else job.spec
-        return cls(job.id, spec, remaining, run.offer.id if run else None, job.cost_usd, job.submitted_at)
+        last = job.runs[-1] if job.runs else None
+        preempted_in = last.offer.region if last and last.end_reason in ("preempted", "lost") else None
+        return cls(job.id, spec, remaining, run.offer.id if run else None, job.cost_usd, job.submitted_at, preempted_in)
 
 
 @dataclass

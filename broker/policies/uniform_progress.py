@@ -43,8 +43,9 @@ class Progress:
         return min(self.total_h, at_h * self.total_h / self.window_h) if self.window_h > 0 else self.total_h
 
 
-def decide(p: Progress, on: Tier | None, spot_available: bool) -> Move:
-    """The guard's rule for a job now on `on` (None: idle, e.g. just preempted)."""
+def decide(p: Progress, on: Tier | None, spot_available: bool, uniform: bool = True) -> Move:
+    """The guard's rule for a job now on `on` (None: idle, e.g. just preempted). With uniform=False it is
+    Can't Be Late's Greedy: an idle job waits for spot however far behind, until the safety net."""
     left_h, time_left_h = p.total_h - p.done_h, p.window_h - p.elapsed_h
     if time_left_h < left_h + 2 * p.changeover_h:
         return Move.on_demand  # safety net
@@ -54,7 +55,7 @@ def decide(p: Progress, on: Tier | None, spot_available: bool) -> Move:
         return Move.spot if spot_available else Move.wait
     if on in (Tier.spot, Tier.bubble) or spot_available:
         return Move.spot
-    return Move.on_demand if p.done_h < p.expected_done_h(p.elapsed_h) else Move.wait
+    return Move.on_demand if uniform and p.done_h < p.expected_done_h(p.elapsed_h) else Move.wait
 
 
 def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now: datetime) -> Progress:
@@ -74,6 +75,7 @@ class UniformProgress(CheapestFeasible):
     """Can't Be Late's Uniform Progress as a placement policy: spot when there is some, on-demand when behind."""
 
     name = "uniform-progress"
+    uniform = True
 
     def plan(self, items: list[PlanItem], offers: list[Offer], capacity: dict[str, int], now: datetime) -> Plan:
         """Place each job (in the given order) on the cheapest fitting spot offer, or on-demand when behind."""
@@ -87,7 +89,7 @@ class UniformProgress(CheapestFeasible):
                 move = Move.spot if spot else Move.on_demand
             else:
                 od_h = min((o.exclusive_h for o in od), default=float("inf"))
-                move = decide(progress_of(item, od_h, item.submitted_at or now, now), None, bool(spot))
+                move = decide(progress_of(item, od_h, item.submitted_at or now, now), None, bool(spot), self.uniform)
             if move == Move.spot and spot:
                 chosen = spot[0]
             elif move == Move.on_demand and od:
@@ -98,3 +100,11 @@ class UniformProgress(CheapestFeasible):
             plan.assignments[item.id] = chosen.id
             left[chosen.id] -= 1
         return plan
+
+
+@register("cbl-greedy")
+class GreedySafetyNet(UniformProgress):
+    """Can't Be Late's Greedy: spot whenever there is some, else wait; on-demand only at the safety net."""
+
+    name = "cbl-greedy"
+    uniform = False

@@ -1,0 +1,202 @@
+"""The backtest: the live core (service.Broker, server.BrokerServer, the registered policies, the store)
+on a simulated clock, cloud and fleet, driven by real spot traces.
+
+Each policy runs the same workload on its own key prefix in one Redis: jobs are submitted through
+`Broker.submit` (the policy quotes them), the server folds the fleet's reports, guards deadlines and
+dispatches with the policy, and the fleet runs what it is given. A policy written `name+bubbles`
+also sees the bubble offers of the main jobs. The omniscient bound is solved per job on the known
+future. Nothing here decides where a job runs: that is the policies' code, imported, not copied.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import numpy as np
+
+from broker import policies
+from broker.agents.checkpoints import CheckpointStore
+from broker.clock import SimulatedClock
+from broker.errors import BrokerError, InfeasibleError
+from broker.model import Job, JobState
+from broker.reporting import missed_deadline, spend_usd
+from broker.server import BrokerServer
+from broker.service import Broker
+from broker.sim.agents import SimFleet
+from broker.sim.market import Market, OfferBook
+from broker.sim.omniscient import Bound, omniscient
+from broker.sim.workloads import Arrival
+from broker.store import Store
+
+DEFAULT_POLICIES = ("on-demand", "skypilot-eager", "cbl-greedy", "uniform-progress", "costslo", "costslo+bubbles")
+OMNISCIENT = "omniscient"
+BUBBLES = "+bubbles"
+
+
+@dataclass
+class Outcome:
+    """What one policy did with the workload: its jobs as the store holds them at the end."""
+
+    policy: str
+    jobs: list[Job]
+    end: datetime
+    refused: list[str] = field(default_factory=list)  # jobs the policy's quote refused at submit
+    ticks: int = 0
+
+    def cost_usd(self) -> float:
+        return sum(spend_usd(j, self.end) for j in self.jobs)
+
+    def misses(self) -> int:
+        return sum(missed_deadline(j, self.end) for j in self.jobs) + len(self.refused)
+
+    def on_time(self) -> dict[str, float]:
+        """Cost of each job that finished by its deadline."""
+        return {j.spec.name: j.cost_usd for j in self.jobs if j.state == JobState.done and not missed_deadline(j, self.end)}
+
+    def tier_hours(self) -> dict[str, float]:
+        hours = {"bubble": 0.0, "spot": 0.0, "on_demand": 0.0}
+        for job in self.jobs:
+            for run in job.runs:
+                hours[run.offer.tier.value] += run.hours(self.end)
+        return hours
+
+
+def check_policies(names: list[str]) -> list[str]:
+    """The requested policies, each a registered name (optionally +bubbles) or `omniscient`."""
+    known = policies.names()
+    for name in names:
+        base = name.removesuffix(BUBBLES)
+        if name != OMNISCIENT and base not in known:
+            raise BrokerError(f"policies: unknown policy {name!r}; choose from {', '.join(known)}, any of them +bubbles, or omniscient")
+    return names
+
+
+def run_policy(name: str, redis_url: str, market: Market, arrivals: list[Arrival], seed: int,
+               on_tick: Callable[[int], None] | None = None) -> Outcome:  # fmt: skip
+    """Run one policy over the workload on the simulated clock; its keys are deleted afterwards."""
+    base, bubbles = name.removesuffix(BUBBLES), name.endswith(BUBBLES)
+    prefix = f"backtest:{seed}:{name}:"
+    store = Store(redis_url, prefix=prefix)
+    _clear(store)
+    clock = SimulatedClock(market.start)
+    policy = policies.get(base)
+    broker = Broker(store, OfferBook(market.offers(bubbles)), policy, clock)
+    checkpoints = CheckpointStore(f"memory://backtest/{seed}/{name}")
+    server = BrokerServer(store, policy, clock, checkpoints, consumer="backtest")
+    fleet = SimFleet(store, checkpoints, market, bubbles)
+    tick_h = market.tick_s / 3600
+    queue, refused = list(arrivals), []
+    last_tick = horizon(market, arrivals)
+    tick = 0
+    try:
+        for tick in range(last_tick):
+            now = clock.now()
+            while queue and queue[0].at_h <= tick * tick_h + 1e-9:
+                arrival = queue.pop(0)
+                spec = arrival.spec.model_copy(update={"deadline": now + timedelta(hours=arrival.window_h)}) if arrival.window_h else arrival.spec
+                try:
+                    broker.submit(spec, job_id=spec.name)
+                except InfeasibleError:
+                    refused.append(spec.name)
+            fleet.provision(tick, now, store.pending_count())
+            moved, dispatched = server.step()
+            fleet.hand_back(moved, now)
+            fleet.take(dispatched, now)
+            fleet.advance(now, tick_h)
+            clock.advance(hours=tick_h)
+            if on_tick:
+                on_tick(tick)
+            if not queue and not fleet.runs and store.pending_count() == 0 and not store.active_jobs():
+                server.step()  # fold the last reports
+                if store.pending_count() == 0:
+                    break
+        server.step()
+        return Outcome(name, store.list_jobs(), clock.now(), refused, tick + 1)
+    finally:
+        fleet.close()
+        checkpoints.fs.rm(checkpoints.root, recursive=True) if checkpoints.fs.exists(checkpoints.root) else None
+        _clear(store)
+
+
+def horizon(market: Market, arrivals: list[Arrival]) -> int:
+    """Ticks a backtest may run: until every job's deadline has passed three times over, or the traces end."""
+    return min(market.ticks, math.ceil(max(a.at_h + 3 * (a.window_h or 72.0) for a in arrivals) / (market.tick_s / 3600)))
+
+
+def _clear(store: Store) -> None:
+    keys = list(store.redis.scan_iter(store.prefix + "*", count=1000))
+    for i in range(0, len(keys), 500):
+        store.redis.delete(*keys[i : i + 500])
+
+
+def summary(outcomes: list[Outcome], bound: dict[str, Bound] | None, reference: Outcome | None = None) -> list[dict]:
+    """One row per policy: cost, savings vs all on-demand (`reference`), misses, cost / omniscient, migrations,
+    work lost, and how far realised costs were from the quotes."""
+    reference = (reference or next((o for o in outcomes if o.policy == "on-demand"), None))
+    reference = reference.cost_usd() if reference else None
+    optimum = sum(b.cost_usd for b in bound.values()) if bound else None
+    rows = []
+    for out in outcomes:
+        cost = out.cost_usd()
+        done = [j for j in out.jobs if j.state == JobState.done and j.quote.chosen.expected_cost_usd > 0]
+        errors = [abs(j.cost_usd - j.quote.chosen.expected_cost_usd) / j.quote.chosen.expected_cost_usd for j in done]
+        rows.append({
+            "policy": out.policy,
+            "cost_usd": round(cost, 2),
+            "savings_pct": round(100 * (1 - cost / reference), 1) if reference else None,
+            "deadline_misses": out.misses(),
+            "cost_vs_omniscient": round(cost / optimum, 3) if optimum else None,
+            "migrations": sum(j.migrations for j in out.jobs),
+            "work_lost_h": round(sum(r.work_lost_s for j in out.jobs for r in j.runs) / 3600, 2),
+            "quote_error_pct": round(100 * float(np.mean(errors)), 1) if errors else None,
+            "unfinished": sum(1 for j in out.jobs if j.state != JobState.done),
+            **{f"{tier}_h": round(h, 1) for tier, h in out.tier_hours().items()},
+        })  # fmt: skip
+    if bound:
+        hours = {tier: sum(b.tier_hours.get(tier, 0.0) for b in bound.values()) for tier in ("bubble", "spot", "on_demand")}
+        rows.append({
+            "policy": OMNISCIENT, "cost_usd": round(optimum, 2), "savings_pct": round(100 * (1 - optimum / reference), 1) if reference else None,
+            "deadline_misses": 0, "cost_vs_omniscient": 1.0, "migrations": 0, "work_lost_h": 0.0, "quote_error_pct": None,
+            "unfinished": 0, **{f"{tier}_h": round(h, 1) for tier, h in hours.items()},
+        })  # fmt: skip
+    return rows
+
+
+@dataclass
+class Result:
+    """A whole backtest: its setting, each policy's outcome and row, and the per-job bounds."""
+
+    setting: dict
+    outcomes: list[Outcome]
+    bound: dict[str, Bound]
+    rows: list[dict]
+    skipped: list[str]
+
+
+def run(market: Market, arrivals: list[Arrival], names: list[str], seed: int, redis_url: str,
+        progress: Callable[[str, int, int], None] | None = None, setting: dict | None = None) -> Result:  # fmt: skip
+    """Every requested policy over the workload (all on-demand too: savings are measured against it), then
+    the omniscient bound when asked for; `progress(what, done, total)` is called as it goes."""
+    check_policies(names)
+    simulated = [n for n in names if n != OMNISCIENT]
+    if "on-demand" not in simulated:
+        simulated.insert(0, "on-demand")
+    outcomes = []
+    for name in simulated:
+        last = horizon(market, arrivals)
+        tick = (lambda t, n=name: progress(n, t + 1, last)) if progress else None
+        outcomes.append(run_policy(name, redis_url, market, arrivals, seed, tick))
+        if progress:
+            progress(name, last, last)
+    bound: dict[str, Bound] = {}
+    if OMNISCIENT in names:
+        tick_h = market.tick_s / 3600
+        for i, a in enumerate(arrivals):
+            bound[a.spec.name] = omniscient(a.spec, a.window_h or 72.0, market, math.ceil(a.at_h / tick_h - 1e-9), bubbles=True)
+            if progress:
+                progress(OMNISCIENT, i + 1, len(arrivals))
+    rows = summary([o for o in outcomes if o.policy in names], bound or None, reference=outcomes[0])
+    return Result(setting or {}, outcomes, bound, rows, market.skipped)

@@ -1,0 +1,153 @@
+"""The simulated cloud of a backtest: which offers exist and how much capacity each has at every tick.
+
+Spot offers follow traces (one per trace file): an instance can be had at a tick, and a running
+one survives it, only when the trace shows capacity for the whole tick (the minimum of the
+trace's own ticks inside it), scaled as below. Their prices come from the
+catalog: the trace's zone name (us-east-1a) is not the catalog's zone ID (use1-az1), the mapping
+differs per AWS account, so a zone's spot price is the median of its region's. On-demand offers
+are the catalog's, for the traced instance types and regions, always available. Bubble offers
+come from main training jobs' profiles, one executor (capacity 1) per stage. A trace's peak stands for at
+least `spot_instances` instances (a 1-node trace says whether spot could be had, not that only one could).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from broker.errors import BrokerError
+from broker.model import Offer, Tier
+from broker.pricing.catalog import PriceCatalog
+from broker.pricing.traces import Trace, load_trace
+
+UNLIMITED = 10**6
+
+
+@dataclass
+class SpotSeries:
+    """One spot offer and the instances obtainable at each simulated tick."""
+
+    offer: Offer
+    capacity: np.ndarray  # per tick
+    trace: str  # the file it follows
+
+    def at(self, tick: int) -> int:
+        """Instances at a tick; none after the trace ends."""
+        return int(self.capacity[tick]) if tick < len(self.capacity) else 0
+
+
+@dataclass
+class OfferBook:
+    """What the core's Broker prices a job on in a backtest: the market's offers (duck-types PriceCatalog)."""
+
+    offers: list[Offer]
+
+
+@dataclass
+class Market:
+    """The offers of a backtest and their capacity over time."""
+
+    start: datetime
+    tick_s: float
+    spot: list[SpotSeries]
+    on_demand: list[Offer]
+    bubbles: list[Offer] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # trace files that give no GPU offer, and why
+
+    @property
+    def ticks(self) -> int:
+        return max((len(s.capacity) for s in self.spot), default=0)
+
+    def offers(self, bubbles: bool = True) -> list[Offer]:
+        return [s.offer for s in self.spot] + self.on_demand + (self.bubbles if bubbles else [])
+
+    def with_bubbles(self, bubbles: list[Offer]) -> "Market":
+        return Market(self.start, self.tick_s, self.spot, self.on_demand, bubbles, self.skipped)
+
+
+def resample(trace: Trace, tick_s: float) -> np.ndarray:
+    """The trace's count per simulated tick: the least count seen during the tick (a tick is survived
+    only when capacity lasted all of it); a tick finer than the trace repeats its values."""
+    count = int(trace.hours * 3600 // tick_s)
+    if count == 0:
+        return np.zeros(0, dtype=int)
+    first = (np.arange(count) * tick_s // trace.gap_s).astype(int)
+    last = np.minimum(((np.arange(count) + 1) * tick_s - 1e-9) // trace.gap_s, len(trace.data) - 1).astype(int)
+    return np.asarray([trace.data[a : b + 1].min() for a, b in zip(first, last)], dtype=int)
+
+
+def _placement(path: Path, mapping: dict) -> dict:
+    """cloud, region, zone and instance type of a trace file: from offers.yaml, else from its name."""
+    entry = mapping.get(path.name) or mapping.get(path.stem)
+    if entry is None:
+        trace = load_trace(path)
+        return {"trace": trace, "cloud": trace.cloud, "region": trace.region, "zone": trace.zone, "instance_type": trace.instance_type}
+    missing = [k for k in ("cloud", "region", "instance_type") if k not in entry]
+    if missing:
+        raise BrokerError(f"offers.yaml: {path.name} needs {', '.join(missing)}; give cloud, region, zone and instance_type")
+    try:
+        body = json.loads(path.read_text())
+        gap_s, data = float(body["metadata"]["gap_seconds"]), np.asarray(body["data"], dtype=float)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise BrokerError(f"trace {path}: not a spot trace ({err}); expected {{metadata: {{gap_seconds}}, data: [...]}}") from None
+    zone = entry.get("zone") or entry["region"]
+    trace = Trace(path.stem, "availability", entry["cloud"], entry["region"], zone, entry["instance_type"], gap_s, data)
+    return {"trace": trace, **{k: entry.get(k) for k in ("cloud", "region", "instance_type", "spot_usd_per_h")}, "zone": zone}
+
+
+def from_traces(directory: Path, catalog: PriceCatalog, start: datetime, tick_s: float = 600.0, spot_instances: int = 4) -> Market:
+    """The market of a trace directory (its JSON files, recursively) priced with the catalog."""
+    directory = Path(directory)
+    files = sorted(directory.glob("**/*.json"))
+    if not directory.is_dir() or not files:
+        raise BrokerError(f"traces: {directory} has no trace files (*.json); point --traces at e.g. ../shared/data/traces/availability/1-node")
+    mapping_file = directory / "offers.yaml"
+    mapping = yaml.safe_load(mapping_file.read_text()) or {} if mapping_file.exists() else {}
+    rows = catalog.rows
+    spot, skipped, seen = [], [], set()
+    regions: set[tuple[str, str, str]] = set()
+    for path in files:
+        place = _placement(path, mapping)
+        here = rows[(rows.cloud == place["cloud"]) & (rows.instance_type == place["instance_type"])]
+        in_region = here[here.region == place["region"]]
+        if here.empty or in_region.empty:
+            skipped.append(f"{path.relative_to(directory)}: no GPU offer {place['instance_type']} in {place['region']} in the catalog")
+            continue
+        price = place.get("spot_usd_per_h") or in_region.spot_usd_per_h.median()
+        if price is None or (isinstance(price, float) and math.isnan(price)):
+            skipped.append(f"{path.relative_to(directory)}: the catalog has no spot price for {place['instance_type']} in {place['region']}")
+            continue
+        row = in_region.iloc[0]
+        risk = catalog.hazard.spot(place["cloud"], place["region"], place["instance_type"])
+        offer = Offer(
+            cloud=place["cloud"], region=place["region"], zone=place["zone"], instance_type=place["instance_type"], tier=Tier.spot,
+            accelerator=row.accelerator, accelerator_count=int(row.accelerator_count), gpu_memory_gb=float(row.gpu_memory_gb),
+            vcpus=None if math.isnan(row.vcpus) else float(row.vcpus), memory_gb=None if math.isnan(row.memory_gb) else float(row.memory_gb),
+            price_usd_per_h=float(price), hazard_per_h=risk.per_hour, hazard_source=risk.source, availability=risk.availability,
+        )  # fmt: skip
+        if offer.id in seen:
+            skipped.append(f"{path.relative_to(directory)}: a second trace for {offer.id}; the first one is used")
+            continue
+        seen.add(offer.id)
+        regions.add((place["cloud"], place["region"], place["instance_type"]))
+        scale = max(1, spot_instances // max(1, int(place["trace"].data.max())))
+        spot.append(SpotSeries(offer, resample(place["trace"], tick_s) * scale, str(path.relative_to(directory))))
+    if not spot:
+        raise BrokerError(f"traces: no trace in {directory} maps to a GPU offer in the catalog: " + "; ".join(skipped[:3]))
+    return Market(start, tick_s, spot, _on_demand(catalog, regions), [], skipped)
+
+
+def _on_demand(catalog: PriceCatalog, regions: set[tuple[str, str, str]]) -> list[Offer]:
+    """The cheapest on-demand offer of each traced (cloud, region, instance type)."""
+    best: dict[tuple, Offer] = {}
+    for offer in catalog.offers:
+        key = (offer.cloud, offer.region, offer.instance_type)
+        if offer.tier == Tier.on_demand and key in regions and (key not in best or offer.price_usd_per_h < best[key].price_usd_per_h):
+            best[key] = offer.model_copy(update={"zone": None})
+    return sorted(best.values(), key=lambda o: o.id)

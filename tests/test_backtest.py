@@ -1,0 +1,192 @@
+"""The backtest: the live core on a simulated clock and cloud over real traces, every baseline, the bound."""
+
+import json
+import math
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from broker import service
+from broker.cli import app
+from broker.cli_backtest import PACKAGED_TRACES, trace_start
+from broker.errors import BrokerError, InfeasibleError
+from broker.model import JobState
+from broker.policies.risk import exclusive_hours, restart_hours
+from broker.pricing.traces import Trace
+from broker.sim import backtest
+from broker.sim.agents import PROGRESS_UNITS
+from broker.sim.market import from_traces, resample
+from broker.sim.workloads import FREERIDE_MAIN_JOBS, ml_mix
+
+START = datetime(2023, 2, 15, tzinfo=timezone.utc)
+POLICIES = [*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT]
+
+
+@pytest.fixture(scope="module")
+def market(catalog):
+    market = from_traces(PACKAGED_TRACES, catalog, START, tick_s=1200)
+    return market.with_bubbles([o for main in FREERIDE_MAIN_JOBS for o in main.offers(START)])
+
+
+def workload(seed, jobs=6):
+    return ml_mix(seed, jobs, 3.06, arrival_h=12)
+
+
+@pytest.fixture(scope="module")
+def results(market, redis_server):
+    """Every policy and the bound over two seeds of a small ML mix."""
+    return {seed: backtest.run(market, workload(seed), POLICIES, seed, redis_server) for seed in (0, 1)}
+
+
+def test_omniscient_costs_no_more_than_any_policy_for_every_job_it_finishes_on_time(results):
+    for result in results.values():
+        for outcome in result.outcomes:
+            for name, cost in outcome.on_time().items():
+                bound = result.bound[name]
+                assert bound.status in ("optimal", "dual bound")
+                assert bound.cost_usd <= cost * (1 + 1e-6) + 1e-6, (outcome.policy, name, bound, cost)
+        optimum = next(r for r in result.rows if r["policy"] == backtest.OMNISCIENT)
+        for row in result.rows:
+            if row["deadline_misses"] == 0:
+                assert optimum["cost_usd"] <= row["cost_usd"] + 0.01, row
+
+
+def test_all_on_demand_and_uniform_progress_meet_every_feasible_deadline(results):
+    for result in results.values():
+        by_policy = {o.policy: o for o in result.outcomes}
+        for policy in ("on-demand", "uniform-progress"):
+            outcome = by_policy[policy]
+            assert outcome.refused == []
+            assert all(j.state == JobState.done for j in outcome.jobs), policy
+            assert outcome.misses() == 0, policy
+        assert all(run.offer.tier.value == "on_demand" for job in by_policy["on-demand"].jobs for run in job.runs)
+
+
+def test_finished_jobs_did_exactly_their_work_and_resumed_from_their_checkpoints(results):
+    for outcome in results[0].outcomes:
+        for job in outcome.jobs:
+            if job.state != JobState.done:
+                continue
+            last = job.runs[-1]
+            assert last.progress_done == pytest.approx(PROGRESS_UNITS) and last.progress_total == PROGRESS_UNITS
+            resumed = 0
+            for before, run in zip(job.runs, job.runs[1:]):
+                if run.resume_from:  # resumed from the newest checkpoint the earlier runs saved
+                    resumed = max(r.checkpoint_step or 0 for r in job.runs[: job.runs.index(run)])
+                    assert f"step-{resumed:012d}" in run.resume_from
+                else:
+                    resumed = 0
+            # the last run did the rest of the work at the model's speed, after its restart
+            needed_h = (1 - resumed / PROGRESS_UNITS) * exclusive_hours(job.spec, last.offer) + restart_hours(job.spec)
+            one_step_h = exclusive_hours(job.spec, last.offer) / PROGRESS_UNITS  # checkpoint steps are whole units
+            assert last.hours(last.ended_at) >= needed_h - one_step_h, (outcome.policy, job.id)
+
+
+def test_the_same_seed_gives_the_same_result_and_another_seed_another(results, market, redis_server):
+    again = backtest.run(market, workload(0), ["costslo", "skypilot-eager"], 0, redis_server)
+    first = {r["policy"]: r for r in results[0].rows}
+    for row in again.rows:  # (no bound asked for this time)
+        assert {**row, "cost_vs_omniscient": None} == {**first[row["policy"]], "cost_vs_omniscient": None}
+    assert [r["cost_usd"] for r in results[0].rows] != [r["cost_usd"] for r in results[1].rows]
+
+
+def test_bubbles_carry_fill_jobs_only_when_the_policy_sees_them(results):
+    for result in results.values():
+        by_policy = {o.policy: o for o in result.outcomes}
+        for policy, outcome in by_policy.items():
+            bubble_runs = [(j, r) for j in outcome.jobs for r in j.runs if r.offer.tier.value == "bubble"]
+            if not policy.endswith("+bubbles"):
+                assert bubble_runs == [], policy
+            assert all(j.spec.fill for j, _ in bubble_runs)
+    assert any(r.offer.tier.value == "bubble" for res in results.values() for j in res.outcomes[-1].jobs for r in j.runs)
+
+
+def test_skypilot_ignores_deadlines_and_never_uses_on_demand(results):
+    outcome = next(o for o in results[0].outcomes if o.policy == "skypilot-eager")
+    assert all(r.offer.tier.value == "spot" for j in outcome.jobs for r in j.runs)
+
+
+def test_the_backtest_drives_the_live_core_not_a_copy(market, redis_server, monkeypatch):
+    def refuse(self, spec):
+        raise InfeasibleError("deadline/budget: refused by a patched core")
+
+    monkeypatch.setattr(service.Broker, "quote", refuse)
+    result = backtest.run(market, workload(0, jobs=3), ["costslo"], 0, redis_server)
+    assert all(len(o.refused) == 3 and o.jobs == [] for o in result.outcomes)
+
+
+def test_resample_keeps_a_tick_only_when_capacity_lasted_all_of_it():
+    trace = Trace("t", "availability", "aws", "us-east-1", "us-east-1a", "p3.2xlarge", 100.0, np.array([1, 1, 0, 1, 1, 1, 2, 2]))
+    assert resample(trace, 200.0).tolist() == [1, 0, 1, 2]
+    assert resample(trace, 50.0).tolist() == [1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2]
+
+
+def test_offers_yaml_places_traces_and_non_gpu_traces_are_skipped(tmp_path, catalog):
+    (tmp_path / "zone-a.json").write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [1, 0, 1, 1]}))
+    (tmp_path / "cpu.json").write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [1, 1]}))
+    (tmp_path / "offers.yaml").write_text(
+        "zone-a.json: {cloud: aws, region: us-east-2, zone: us-east-2b, instance_type: p3.2xlarge, spot_usd_per_h: 0.5}\n"
+        "cpu.json: {cloud: aws, region: us-east-1, instance_type: r5.16xlarge}\n"
+    )
+    market = from_traces(tmp_path, catalog, START, tick_s=600, spot_instances=1)
+    (series,) = market.spot
+    assert series.offer.id == "aws/us-east-2b/p3.2xlarge/spot" and series.offer.price_usd_per_h == 0.5
+    assert series.capacity.tolist() == [1, 0, 1, 1] and series.at(10) == 0
+    assert [o.id for o in market.on_demand] == ["aws/us-east-2/p3.2xlarge/on_demand"]
+    assert "r5.16xlarge" in market.skipped[0]
+    (tmp_path / "cpu.json").unlink()
+    (tmp_path / "offers.yaml").write_text("zone-a.json: {cloud: aws}\n")
+    with pytest.raises(BrokerError, match="offers.yaml: zone-a.json needs region, instance_type"):
+        from_traces(tmp_path, catalog, START)
+
+
+def test_workloads_are_seeded_and_deadlines_feasible_on_demand():
+    a, b = ml_mix(3, 20, 3.06), ml_mix(3, 20, 3.06)
+    assert a == b and a != ml_mix(4, 20, 3.06)
+    for arrival in a:
+        fraction = (exclusive_hours(arrival.spec, _v100_on_demand()) + restart_hours(arrival.spec)) / arrival.window_h
+        assert 0 < fraction < 1 if arrival.spec.fill else 0.55 < fraction < 0.9
+
+
+def _v100_on_demand():
+    from broker.model import Offer, Tier
+
+    return Offer(cloud="aws", region="us-east-1", zone=None, instance_type="p3.2xlarge", tier=Tier.on_demand, accelerator="V100",
+                 accelerator_count=1, gpu_memory_gb=16, vcpus=8, memory_gb=61, price_usd_per_h=3.06)  # fmt: skip
+
+
+def test_cli_backtest_json_and_output_directory(tmp_path):
+    out = tmp_path / "bt"
+    result = CliRunner().invoke(app, ["backtest", "--jobs", "3", "--seed", "2", "--tick-minutes", "30",
+                                      "--policies", "uniform-progress,costslo+bubbles,omniscient", "--out", str(out), "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    names = [row["policy"] for row in body["policies"]]
+    assert names == ["uniform-progress", "costslo+bubbles", "omniscient"]
+    for row in body["policies"]:
+        assert {"policy", "cost_usd", "savings_pct", "deadline_misses", "cost_vs_omniscient", "migrations", "work_lost_h",
+                "quote_error_pct"} <= row.keys()  # fmt: skip
+        assert row["cost_usd"] > 0 and not math.isnan(row["cost_usd"])
+    for name in ("policies.csv", "jobs.csv", "spend.csv", "summary.json", "cost_by_policy.png", "spend_over_time.png", "tier_mix.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "cost_by_policy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--policies", "cheapest,nope"], "policies: unknown policy 'nope'"),
+        (["--traces", "/nonexistent/traces"], "traces: /nonexistent/traces is not a directory"),
+        (["--jobs", "0"], "Invalid value for '--jobs'"),
+    ],
+)
+def test_cli_backtest_refuses_bad_input_with_one_line(args, message):
+    result = CliRunner().invoke(app, ["backtest", *args])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_trace_start_reads_the_directory_date():
+    assert trace_start(PACKAGED_TRACES) == START
