@@ -236,6 +236,7 @@ def server(
 def dashboard(
     port: int = typer.Option(8501, help="Port to serve on."),
     address: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
+    backtest_dir: Optional[Path] = typer.Option(None, "--backtest", help="A `broker backtest --out` directory for the Backtest page."),
 ) -> None:
     """Serve the Streamlit dashboard on the live store (read-only)."""
     import os
@@ -249,6 +250,8 @@ def dashboard(
         raise BrokerError(f"dashboard: {app_path} not found; run broker from its source checkout (pip install -e .)")
     settings = Settings.from_env()
     env = {**os.environ, "BROKER_REDIS_URL": redis_url(settings), "BROKER_PREFIX": settings.prefix}
+    if backtest_dir:
+        env["BROKER_BACKTEST_DIR"] = str(backtest_dir.resolve())
     argv = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless", "true",
             "--server.address", address, "--server.port", str(port), "--browser.gatherUsageStats", "false",
             "--client.toolbarMode", "viewer"]  # fmt: skip

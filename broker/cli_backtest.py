@@ -3,6 +3,7 @@ missed deadlines, against every baseline and the omniscient bound."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,6 +15,8 @@ from rich.table import Table
 
 from broker import embedded
 from broker.cli_common import JsonOpt, err, out, print_json, user_errors
+from broker.bubbles.capacity import bubble_offer
+from broker.bubbles.profiler import BubbleProfile
 from broker.errors import BrokerError
 from broker.pricing.catalog import PriceCatalog
 from broker.settings import Settings
@@ -34,6 +37,18 @@ def trace_start(directory: Path) -> datetime:
     return datetime(2023, 1, 1, tzinfo=timezone.utc)
 
 
+def measured_bubbles(path: Path, market) -> list:
+    """Bubble offers from a file of measured profiles, on the traces' accelerator in the first on-demand region."""
+    try:
+        found = [BubbleProfile.model_validate(p) for p in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError) as err:
+        raise BrokerError(f"profiles: {path} is not a JSON list of bubble profiles ({str(err).splitlines()[0]}); "
+                          "write one from `broker.bubbles.profiler.load_profiles`") from None  # fmt: skip
+    home = market.on_demand[0]
+    offers = (bubble_offer(p, home.cloud, home.region, home.accelerator) for p in found)
+    return [o for o in offers if o is not None]
+
+
 def command(
     traces: Path = typer.Option(PACKAGED_TRACES, help="Directory of spot traces (JSON, Can't Be Late format), optionally with offers.yaml."),
     jobs: int = typer.Option(40, min=1, max=2000, help="Jobs in the seeded ML mix."),
@@ -43,6 +58,7 @@ def command(
     tick_minutes: float = typer.Option(10.0, min=1.0, max=120.0, help="Simulated tick."),
     spot_instances: int = typer.Option(4, min=1, help="Instances a trace's peak stands for (a 1-node trace says spot could be had)."),
     arrival_hours: float = typer.Option(48.0, min=0.0, help="Jobs arrive over this many hours."),
+    profiles: Optional[Path] = typer.Option(None, help="Measured bubble profiles (a JSON list of BubbleProfile) instead of the FreeRide-like forecasts."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Run the live core on a simulated clock and cloud over real spot traces, for every policy."""
@@ -54,7 +70,8 @@ def command(
         raise BrokerError(f"traces: {traces} is not a directory; point --traces at a directory of trace JSON files")
     catalog = PriceCatalog.from_snapshot(Settings.from_env().prices_dir)
     market = from_traces(traces, catalog, trace_start(traces), tick_minutes * 60, spot_instances)
-    market = market.with_bubbles([o for main in FREERIDE_MAIN_JOBS for o in main.offers(market.start)])
+    market = market.with_bubbles(measured_bubbles(profiles, market) if profiles else
+                                 [o for main in FREERIDE_MAIN_JOBS for o in main.offers(market.start)])  # fmt: skip
     od_price = min(o.price_usd_per_h for o in market.on_demand)
     arrivals = ml_mix(seed, jobs, od_price, market.spot[0].offer.accelerator, arrival_hours)
     setting = {"traces": str(traces), "jobs": jobs, "seed": seed, "tick_minutes": tick_minutes, "spot_instances": spot_instances,

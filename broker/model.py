@@ -161,6 +161,14 @@ class JobSpec(_Spec):
     budget_usd: float | None = Field(None, gt=0)
     tiers: list[Tier] = Field(default_factory=lambda: list(Tier), min_length=1)
     fill: bool = False
+    fill_task: str | None = None  # module:Class of its FillTask: it can run inside pipeline bubbles
+
+    @field_validator("fill_task")
+    @classmethod
+    def _module_class(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
+            raise ValueError(f"{value!r} is not module:Class, e.g. fill_mlp:MlpFill")
+        return value
     priority: int = 0
     max_restarts: int = Field(3, ge=0, le=100)
 
@@ -189,6 +197,12 @@ class JobSpec(_Spec):
             return None
         now = (info.context or {}).get("now") or datetime.now(timezone.utc)
         return parse_deadline(value, now)
+
+    @model_validator(mode="after")
+    def _fill_task_counts_steps(self) -> "JobSpec":
+        if self.fill_task and not (self.fill and self.work.steps):
+            raise ValueError("fill_task needs fill: true and work.steps (the executor counts steps), e.g. steps: 600")
+        return self
 
     @model_validator(mode="after")
     def _rates_cover_accelerators(self) -> "JobSpec":

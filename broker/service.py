@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 
 from broker.errors import BrokerError
-from broker.model import Job, JobSpec, JobState, Quote
+from broker.model import Job, JobSpec, JobState, Offer, Quote, Tier
 from broker.pricing.catalog import PriceCatalog
 from broker.store import Store
 
@@ -19,9 +19,18 @@ class Broker:
         self.policy = policy
         self.clock = clock
 
+    def offers(self) -> list[Offer]:
+        """The catalog's offers and the bubble offers of the fill executors registered now."""
+        offers = list(self.catalog.offers)
+        if self.store is not None:
+            known = {o.id for o in offers}
+            bubbles = {a.offer.id: a.offer for a in self.store.agents() if a.offer.tier == Tier.bubble and a.offer.id not in known}
+            offers += bubbles.values()
+        return offers
+
     def quote(self, spec: JobSpec) -> Quote:
         """Price the job on every offer and pick one; raises InfeasibleError when none fits."""
-        return self.policy.quote(spec, self.catalog.offers, self.clock.now())
+        return self.policy.quote(spec, self.offers(), self.clock.now())
 
     def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
         """Quote the job and store it as queued; an infeasible job is refused and nothing is stored.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timezone
+from pathlib import Path
 
 import altair as alt
 import pandas as pd
@@ -18,6 +19,7 @@ from broker.bubbles.profiler import load_profiles
 from broker.errors import BrokerError
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.history import PriceHistory
+from broker.sim import report
 from broker.store import Store
 
 REFRESH_S = 5
@@ -165,7 +167,39 @@ def bubbles_page() -> None:
 
 
 def backtest_page() -> None:
-    st.info("no backtest loaded: `broker backtest` writes an output directory to compare policies here")
+    directory = st.text_input("Backtest output directory", os.environ.get("BROKER_BACKTEST_DIR", ""))
+    if not directory:
+        st.info("no backtest loaded: run `broker backtest --out DIR` and enter DIR here (or `broker dashboard --backtest DIR`)")
+        return
+    try:
+        table, spend, summary = report.load(Path(directory))
+    except BrokerError as error:
+        st.info(f"no backtest loaded: {error}")
+        return
+    if summary:
+        st.caption(f"{summary.get('jobs')} jobs, seed {summary.get('seed')}, traces {summary.get('traces')}, "
+                   f"{len(summary.get('spot_offers', []))} spot offers")  # fmt: skip
+    rows = table.set_index("policy")
+    best = next((p for p in ("costslo+bubbles", "costslo") if p in rows.index), rows.index[0])
+    cols = st.columns(4)
+    cols[0].metric(f"Cost ({best})", money(rows.loc[best, "cost_usd"]))
+    savings = rows.loc[best, "savings_pct"]
+    cols[1].metric("Savings vs all on-demand", "-" if pd.isna(savings) else f"{savings:.1f}%")
+    cols[2].metric("Deadline misses", int(rows.loc[best, "deadline_misses"]))
+    ratio = rows.loc[best, "cost_vs_omniscient"]
+    cols[3].metric("Cost / omniscient", "-" if pd.isna(ratio) else f"{ratio:.2f}x")
+    st.dataframe(table, hide_index=True, use_container_width=True)
+    st.subheader("Cost by policy")
+    bars = alt.Chart(table).mark_bar().encode(x="cost_usd:Q", y=alt.Y("policy:N", sort=list(table.policy)),
+                                              color=alt.Color("deadline_misses:Q", title="misses"),
+                                              tooltip=["policy", "cost_usd", "savings_pct", "deadline_misses", "cost_vs_omniscient"])  # fmt: skip
+    st.altair_chart(bars, use_container_width=True)
+    st.subheader("Cumulative spend")
+    long = spend.reset_index().melt("hours", var_name="policy", value_name="spend $")
+    st.altair_chart(alt.Chart(long).mark_line().encode(x="hours:Q", y="spend $:Q", color="policy:N"), use_container_width=True)
+    st.subheader("Tier mix (instance hours)")
+    mix = table.melt("policy", value_vars=["bubble_h", "spot_h", "on_demand_h"], var_name="tier", value_name="hours")
+    st.altair_chart(alt.Chart(mix).mark_bar().encode(x=alt.X("hours:Q", stack=True), y="policy:N", color="tier:N"), use_container_width=True)
 
 
 def main() -> None:

@@ -190,3 +190,23 @@ def test_cli_backtest_refuses_bad_input_with_one_line(args, message):
 
 def test_trace_start_reads_the_directory_date():
     assert trace_start(PACKAGED_TRACES) == START
+
+
+def test_cli_backtest_takes_measured_bubble_profiles_and_refuses_a_bad_file(tmp_path):
+    from broker.bubbles.profiler import forecast
+
+    def bubble_hours(free_gb):
+        measured = forecast("measured", "gpipe", 4, 4, [0.25] * 4, [0.5] * 4, [int(free_gb * 1e9)] * 4, "V100", START)
+        path = tmp_path / "profiles.json"
+        path.write_text(json.dumps([p.model_dump(mode="json") for p in measured]))
+        result = CliRunner().invoke(app, ["backtest", "--jobs", "4", "--seed", "1", "--tick-minutes", "30", "--policies",
+                                          "costslo+bubbles", "--profiles", str(path), "--json"])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        (row,) = json.loads(result.stdout)["policies"]
+        return row["bubble_h"]
+
+    assert bubble_hours(12) > 0
+    assert bubble_hours(1) == 0  # no fill job fits in 1 GB: the measured profiles, not the defaults, were used
+    (tmp_path / "bad.json").write_text('[{"stage": 1}]')
+    bad = CliRunner().invoke(app, ["backtest", "--profiles", str(tmp_path / "bad.json")])
+    assert bad.exit_code == 2 and "profiles: " in bad.output and "is not a JSON list of bubble profiles" in bad.output

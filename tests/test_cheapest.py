@@ -107,5 +107,5 @@ def test_no_matching_hardware_is_reported_as_such(catalog):
 
 
 def test_unknown_policy_names_the_known_ones():
-    with pytest.raises(BrokerError, match="choose one of cheapest"):
+    with pytest.raises(BrokerError, match="choose one of cbl-greedy, cheapest, costslo"):
         policies.get("nope")

@@ -106,7 +106,7 @@ def _penalties(items, offers, capacity, budget=None):
     from broker.policies.costslo import _penalty
 
     table = option_table(items, offers, NOW)
-    return _penalty(items, table, np.flatnonzero(table.feasible), NOW)
+    return _penalty(items, offers, table, np.flatnonzero(table.feasible), NOW)
 
 
 def test_capacity_is_never_exceeded():

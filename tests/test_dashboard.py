@@ -147,6 +147,31 @@ def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis
     assert list(table["free GB"]) == pytest.approx([8, 9, 10, 11])
 
 
+def test_backtest_page_shows_a_backtest_directory_as_written(app, redis_url, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from broker.cli import app as cli
+
+    out = tmp_path / "bt"
+    run = CliRunner().invoke(cli, ["backtest", "--jobs", "3", "--tick-minutes", "30", "--policies", "on-demand,costslo+bubbles,omniscient",
+                                   "--out", str(out), "--json"])  # fmt: skip
+    assert run.exit_code == 0, run.output
+    table = pd.read_csv(out / "policies.csv").set_index("policy")
+    monkeypatch.setenv("BROKER_BACKTEST_DIR", str(out))
+    app.run()
+    app.sidebar.radio[0].set_value("Backtest").run()
+    assert not app.exception
+    metrics = {m.label: m.value for m in app.metric}
+    best = table.loc["costslo+bubbles"]
+    assert dollars(metrics["Cost (costslo+bubbles)"]) == pytest.approx(best["cost_usd"], abs=0.01)
+    assert metrics["Savings vs all on-demand"] == f"{best['savings_pct']:.1f}%"
+    assert metrics["Deadline misses"] == str(int(best["deadline_misses"]))
+    assert metrics["Cost / omniscient"] == f"{best['cost_vs_omniscient']:.2f}x"
+    assert list(app.dataframe[0].value["policy"]) == ["on-demand", "costslo+bubbles", "omniscient"]
+    app.text_input[0].set_value(str(tmp_path / "nothing")).run()
+    assert any("has no policies.csv" in i.value for i in app.info)
+
+
 @pytest.mark.parametrize("page", ["Overview", "Jobs", "Bubbles", "Backtest"])
 def test_empty_pages_say_what_to_do(app, redis_url, page):
     app.run()

@@ -30,9 +30,11 @@ from broker.policies.auction import auction_prices
 from broker.policies.cheapest import CheapestFeasible, cost_order
 from broker.policies.options import OptionTable, PlanItem, option_table, smallest_per_job
 from broker.policies.risk import evaluate_with_fallback, window_hours
+from broker.policies.uniform_progress import Move, decide, progress_of
 
 COLUMNS_PER_JOB = 4  # the most options added per job in one pricing pass
-PENDING_FACTOR = 10.0  # waiting costs 10x the job's dearest option: place it whenever anything fits
+PENDING_FACTOR = 10.0  # a job that cannot wait: pending costs 10x its dearest option, so it is placed if anything fits
+WAIT_SHARE = 0.9  # a job that may wait values waiting at this share of its on-demand cost: any cheaper option beats it
 MAX_PRICING_PASSES = 20
 AUCTION_EPSILON = 1e-2  # bid increment, as a share of the mean option cost
 NEAR_EPSILONS = 5  # options within this many increments of a job's best price seed the LP
@@ -66,7 +68,7 @@ class CostSLO(CheapestFeasible):
         plan = Plan(policy=self.name, unplaced={items[j].id: why for j, why in table.unfit.items()})
         rows = np.flatnonzero(table.feasible)
         cap = np.array([capacity.get(o.id, math.inf) for o in offers], dtype=float)
-        penalty = _penalty(items, table, rows, now)
+        penalty = _penalty(items, offers, table, rows, now)
         roomless = set(table.job[rows].tolist())
         rows = _undominated(table, rows[cap[table.offer[rows]] >= 1], cap)  # an offer with no room is no option
         roomless -= set(table.job[rows].tolist())  # fits somewhere, but nowhere with room: waits
@@ -123,8 +125,10 @@ def _undominated(table: OptionTable, rows: np.ndarray, cap: np.ndarray) -> np.nd
     return rows[table.cost[rows] <= threshold[table.job[rows]]]
 
 
-def _penalty(items: list[PlanItem], table: OptionTable, rows: np.ndarray, now: datetime) -> np.ndarray:
-    """What leaving each job pending costs: far above its dearest option, more for urgent and high-priority jobs."""
+def _penalty(items: list[PlanItem], offers: list[Offer], table: OptionTable, rows: np.ndarray, now: datetime) -> np.ndarray:
+    """What leaving each job pending costs: for a job that may wait, a little less than its on-demand option (so
+    spot or bubbles are taken when they have room, on-demand is not); otherwise far above its dearest option,
+    more for urgent and high-priority jobs."""
     dearest = np.zeros(len(items))
     np.maximum.at(dearest, table.job[rows], table.cost[rows])
     fastest = np.full(len(items), math.inf)
@@ -133,7 +137,22 @@ def _penalty(items: list[PlanItem], table: OptionTable, rows: np.ndarray, now: d
         slack_h = np.array([window_hours(i.spec, now) for i in items]) - fastest
     urgency = 1 + 24 / (24 + np.where(np.isnan(slack_h), math.inf, np.maximum(slack_h, 0)))
     weight = np.array([2.0 ** max(-5, min(5, i.spec.priority)) for i in items])
-    return PENDING_FACTOR * np.maximum(dearest, 1.0) * urgency * weight
+    must_run = PENDING_FACTOR * np.maximum(dearest, 1.0) * urgency * weight
+    on_demand = np.full(len(items), math.inf)
+    od_rows = rows[np.array([offers[k].tier == Tier.on_demand for k in table.offer[rows]], dtype=bool)] if len(rows) else rows
+    np.minimum.at(on_demand, table.job[od_rows], table.cost[od_rows])
+    patient = np.array([may_wait(i, now) for i in items], dtype=bool)
+    return np.where(patient & np.isfinite(on_demand), WAIT_SHARE * on_demand, must_run)
+
+
+def may_wait(item: PlanItem, now: datetime) -> bool:
+    """Whether an idle job may wait for spot or bubble capacity instead of taking on-demand now: until
+    Can't Be Late's safety net (Greedy's rule). Without this the program puts every job on whatever has
+    room, on-demand included, however far its deadline: under contention that cost 3x Greedy's spend."""
+    if item.current is not None or item.on_demand_h is None or item.spec.deadline is None:
+        return False  # without a deadline nothing bounds the wait: it runs on the best there is now
+    progress = progress_of(item, item.on_demand_h, item.submitted_at or now, now)
+    return decide(progress, None, spot_available=False, uniform=False) == Move.wait
 
 
 def _auction_columns(table: OptionTable, rows: np.ndarray, cap: np.ndarray, penalty: np.ndarray) -> np.ndarray:
@@ -180,6 +199,8 @@ class _Program:
     def _add_columns(self, costs: np.ndarray, job_rows: np.ndarray, cap_rows: np.ndarray, budget_coef: np.ndarray) -> None:
         """Columns in compressed form: a 1 in the job's row, a 1 in the offer's capacity row (if capped),
         the cost in the budget row (if any)."""
+        if len(costs) == 0:
+            return
         has_cap = cap_rows >= 0
         has_budget = (budget_coef != 0) & (self.budget_row is not None)
         counts = 1 + has_cap.astype(int) + has_budget.astype(int)

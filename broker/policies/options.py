@@ -31,6 +31,7 @@ class PlanItem:
     spent_usd: float = 0.0
     submitted_at: datetime | None = None
     preempted_in: str | None = None  # region of its last run when that run was preempted or lost
+    on_demand_h: float | None = None  # its whole work on the on-demand offer it was quoted against
 
     @classmethod
     def from_job(cls, job: Job) -> "PlanItem":
@@ -45,7 +46,9 @@ class PlanItem:
         spec = job.spec.model_copy(update={"tiers": [job.pinned_tier]}) if job.pinned_tier else job.spec
         last = job.runs[-1] if job.runs else None
         preempted_in = last.offer.region if last and last.end_reason in ("preempted", "lost") else None
-        return cls(job.id, spec, remaining, run.offer.id if run else None, job.cost_usd, job.submitted_at, preempted_in)
+        baseline = job.quote.on_demand_baseline
+        return cls(job.id, spec, remaining, run.offer.id if run else None, job.cost_usd, job.submitted_at, preempted_in,
+                   baseline.exclusive_h if baseline else None)  # fmt: skip
 
 
 @dataclass

@@ -134,16 +134,24 @@ def expectation(t, delta, restart, hazard, price, window_h, availability=1.0) ->
 
 
 def fallback_expectation(spot: Expectation, spot_price, spot_t, od_cost, od_t, restart, window_h) -> Expectation:
-    """Spot with an on-demand fallback: the deadline guard moves the job to on-demand at the
-    latest safe moment, window - (on-demand time + restart). With probability p_meet the job
-    finishes on spot; otherwise it paid spot until the switch and then, conservatively, the
-    whole job again on on-demand. The deadline then holds whenever on-demand alone fits."""
-    switch_h = np.maximum(np.asarray(window_h, dtype=float) - np.asarray(od_t) - restart - STARTUP_H, 0.0)
+    """Spot with an on-demand fallback: the deadline guard moves the job to on-demand when its safety
+    net fires (Can't Be Late's R < C + 2d, d = restart + start-up). With probability p_meet the job
+    finishes on spot. Otherwise it progressed at its expected pace on spot, od_t / wall_h on-demand
+    hours per hour, until the net fired: at s = slack / (1 - pace) with slack = window - od_t - 2d;
+    it paid spot until then and on-demand for the work left, which its checkpoint takes along. The
+    deadline then holds whenever on-demand alone fits with that margin."""
+    window = np.asarray(window_h, dtype=float)
+    margin = 2 * (np.asarray(restart, dtype=float) + STARTUP_H)
     late = spot.p_meet < 1  # 0 x inf is NaN: only a job that can be late has a switch point
-    late_cost = np.where(late, spot_price * np.where(late, switch_h, 0.0) + od_cost, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pace = np.clip(np.asarray(od_t) / spot.wall_h, 0.0, 1.0)
+        slack = np.where(late, np.maximum(window - np.asarray(od_t) - margin, 0.0), 0.0)
+        switch_h = np.where(pace < 1, np.minimum(slack / (1 - pace), np.maximum(window - margin, 0.0)), slack)
+        left = np.where(late, np.clip((window - switch_h - margin) / np.asarray(od_t), 0.0, 1.0), 0.0)
+    late_cost = np.where(late, spot_price * switch_h + od_cost * left, 0.0)
     cost = spot.p_meet * spot.cost_usd + (1 - spot.p_meet) * late_cost
-    wall = np.where(late, spot.p_meet * spot.wall_h + (1 - spot.p_meet) * (switch_h + restart + od_t + STARTUP_H), spot.wall_h)
-    on_time = np.where(np.asarray(od_t) + restart + STARTUP_H <= window_h, 1.0, spot.p_meet)
+    wall = np.where(late, spot.p_meet * spot.wall_h + (1 - spot.p_meet) * (switch_h + restart + left * od_t + STARTUP_H), spot.wall_h)
+    on_time = np.where(np.asarray(od_t) + margin <= window, 1.0, spot.p_meet)
     return Expectation(spot.interval_h, spot.running_h, wall, cost, on_time)
 
 

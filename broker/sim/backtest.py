@@ -103,7 +103,9 @@ def run_policy(name: str, redis_url: str, market: Market, arrivals: list[Arrival
                     refused.append(spec.name)
             fleet.provision(tick, now, store.pending_count())
             moved, dispatched = server.step()
-            fleet.hand_back(moved, now)
+            if moved:  # a live agent hands a moved job back within a second: the server re-dispatches it at once
+                fleet.hand_back(moved, now)
+                dispatched += server.step()[1]
             fleet.take(dispatched, now)
             fleet.advance(now, tick_h)
             clock.advance(hours=tick_h)

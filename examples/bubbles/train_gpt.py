@@ -106,6 +106,33 @@ class Filler:
         return {"steps": [(a, b, end) for a, b, end in self.executor.steps], "windows": self.windows, "kills": self.executor.kills, "p10": self.p10}
 
 
+def register(main_job: str, accelerator: str, stage: int, recorder, iterations):
+    """Publish this stage's measured profile and serve fill jobs in its bubbles as a broker agent."""
+    from datetime import datetime, timezone
+
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.bubbles.agent import FillAgent
+    from broker.bubbles.capacity import bubble_offer
+    from broker.bubbles.profiler import profile, save_profile
+    from broker.settings import Settings
+    from broker.store import Store
+
+    settings = Settings.from_env()
+    if not settings.redis_url:
+        raise SystemExit("--broker needs BROKER_REDIS_URL: the broker's Redis (see `broker demo --bubbles`)")
+    store = Store(settings.redis_url, prefix=settings.prefix)
+    measured = profile(main_job, stage, "cuda" if torch.cuda.is_available() else "cpu", recorder.windows, iterations, datetime.now(timezone.utc))
+    save_profile(store, measured)
+    offer = bubble_offer(measured, "local", "local", accelerator, min_window_s=0.001)  # CPU windows last milliseconds
+    if offer is None:
+        print(f"stage {stage}: no window long enough to fill; not registering", flush=True)
+        return None
+    agent = FillAgent(store, CheckpointStore(settings.checkpoints), measured, offer)
+    recorder.signal = agent.signal
+    agent.start()
+    return agent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3)
@@ -116,6 +143,9 @@ def main() -> None:
     parser.add_argument("--fill", default=None, help="module:Class of a fill task to run in the bubbles (implies --instrument)")
     parser.add_argument("--profile-steps", type=int, default=2, help="iterations measured without fill before filling")
     parser.add_argument("--out", default="run.json")
+    parser.add_argument("--broker", default=None, metavar="MAIN_JOB",
+                        help="publish the bubble profile and serve fill jobs as agents of tier bubble (BROKER_REDIS_URL)")
+    parser.add_argument("--accelerator", default="T4", help="the GPU a stage's bubble offer stands for (on CPU: pretend)")
     args = parser.parse_args()
 
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
@@ -127,16 +157,19 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     recorder, filler = None, None
-    if args.instrument or args.fill:
+    if args.instrument or args.fill or args.broker:
         from broker.bubbles.instrument import BubbleRecorder, instrument
 
         recorder = BubbleRecorder(memory_budget_bytes=2 * 1024**3)
         instrument(engine, recorder)
     data = batches(args.micro_batch, seed=1)
     losses, iterations = [], []
+    fill_agent = None
     for step in range(args.steps):
         if args.fill and step == args.profile_steps:
             filler = Filler(args.fill, recorder, engine.stage_id)
+        if args.broker and step == args.profile_steps:
+            fill_agent = register(args.broker, args.accelerator, engine.stage_id, recorder, iterations)
         started = time.monotonic()
         loss = engine.train_batch(data_iter=data)
         iterations.append((started, time.monotonic()))
@@ -144,6 +177,9 @@ def main() -> None:
     rank = dist.get_rank()
     result = {"rank": rank, "stage": engine.stage_id, "losses": losses, "iterations": iterations,
               "windows": recorder.windows if recorder else [], "fill": filler.finish() if filler else None}  # fmt: skip
+    if fill_agent:
+        fill_agent.stop()
+        result["served"] = fill_agent.served
     with open(f"{args.out}.rank{rank}", "w") as handle:
         json.dump(result, handle)
     dist.barrier()

@@ -1,0 +1,114 @@
+"""Cost benchmark: every policy over every shared trace directory that maps to GPU offers, 3 seeds each.
+
+Each (directory, seed) is one `broker backtest` (the ML mix of --jobs jobs arriving over 48 h, bubbles
+from the two FreeRide-like main jobs, the omniscient bound per job). The summary adds the runs up per
+policy: total cost, savings against all on-demand, deadline misses, cost / omniscient, migrations,
+work lost and the mean quote error, and checks the issue's goals.
+
+    python bench/cost.py --json [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from broker import embedded
+from broker.cli_backtest import trace_start
+from broker.errors import BrokerError
+from broker.pricing.catalog import PriceCatalog
+from broker.sim import backtest
+from broker.sim.market import from_traces
+from broker.sim.workloads import FREERIDE_MAIN_JOBS, ml_mix
+
+POLICIES = [*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT]
+
+
+def leaf_directories(root: Path) -> list[Path]:
+    return sorted({p.parent for p in root.glob("**/*.json")})
+
+
+def one(directory: str, seed: int, jobs: int) -> dict:
+    """One backtest; its rows, or why the directory has no GPU offers."""
+    catalog = PriceCatalog.from_snapshot()
+    try:
+        market = from_traces(Path(directory), catalog, trace_start(Path(directory)))
+    except BrokerError as err:
+        return {"traces": directory, "seed": seed, "skipped": str(err)}
+    market = market.with_bubbles([o for main in FREERIDE_MAIN_JOBS for o in main.offers(market.start)])
+    arrivals = ml_mix(seed, jobs, min(o.price_usd_per_h for o in market.on_demand), market.spot[0].offer.accelerator)
+    with embedded.scratch() as url:
+        result = backtest.run(market, arrivals, POLICIES, seed, url)
+    bound_status = sorted({b.status for b in result.bound.values()})
+    return {"traces": directory, "seed": seed, "rows": result.rows, "bound_status": bound_status}
+
+
+def aggregate(runs: list[dict]) -> list[dict]:
+    """Per policy over all runs: sums, and ratios of sums."""
+    done = [r for r in runs if "rows" in r]
+    out = []
+    for policy in POLICIES:
+        rows = [row for r in done for row in r["rows"] if row["policy"] == policy]
+        od = sum(row["cost_usd"] for r in done for row in r["rows"] if row["policy"] == "on-demand")
+        best = sum(row["cost_usd"] for r in done for row in r["rows"] if row["policy"] == backtest.OMNISCIENT)
+        cost = sum(row["cost_usd"] for row in rows)
+        errors = [row["quote_error_pct"] for row in rows if row["quote_error_pct"] is not None]
+        out.append({
+            "policy": policy, "cost_usd": round(cost, 2), "savings_pct": round(100 * (1 - cost / od), 1),
+            "deadline_misses": sum(row["deadline_misses"] for row in rows), "cost_vs_omniscient": round(cost / best, 3),
+            "migrations": sum(row["migrations"] for row in rows), "work_lost_h": round(sum(row["work_lost_h"] for row in rows), 1),
+            "quote_error_pct": round(sum(errors) / len(errors), 1) if errors else None,
+        })  # fmt: skip
+    return out
+
+
+def goals(table: list[dict]) -> dict:
+    by = {row["policy"]: row for row in table}
+    broker, up = by["costslo+bubbles"], by["uniform-progress"]
+    return {
+        "broker_vs_omniscient_le_1.10": broker["cost_vs_omniscient"] <= 1.10,
+        "broker_misses_0": broker["deadline_misses"] == 0,
+        "broker_le_0.85x_uniform_progress": broker["cost_usd"] <= 0.85 * up["cost_usd"],
+        "broker_savings_ge_60pct": broker["savings_pct"] >= 60,
+        "broker_vs_uniform_progress": round(broker["cost_usd"] / up["cost_usd"], 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "traces")
+    parser.add_argument("--jobs", type=int, default=40)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    tasks = [(str(d), s) for d in leaf_directories(args.traces) for s in args.seeds]
+    console = Console(stderr=True)
+    runs = []
+    with Progress(console=console) as bar, ProcessPoolExecutor(args.workers) as pool:
+        task = bar.add_task("backtests", total=len(tasks))
+        for run in pool.map(one, *zip(*tasks), [args.jobs] * len(tasks)):
+            runs.append(run)
+            bar.advance(task)
+    table = aggregate(runs)
+    body = {"jobs_per_run": args.jobs, "seeds": args.seeds, "policies": table, "goals": goals(table), "runs": runs}
+    if args.json:
+        print(json.dumps(body, indent=1))
+        return
+    view = Table(title=f"{len([r for r in runs if 'rows' in r])} backtests of {args.jobs} jobs")
+    for column in table[0]:
+        view.add_column(column)
+    for row in table:
+        view.add_row(*(str(v) for v in row.values()))
+    Console().print(view)
+    Console().print(body["goals"])
+
+
+if __name__ == "__main__":
+    main()

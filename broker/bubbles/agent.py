@@ -1,0 +1,171 @@
+"""A stage's fill executor as a broker agent of tier `bubble`.
+
+An instrumented training rank publishes its BubbleProfile, registers the stage's windows as an
+Offer of tier bubble and serves fill jobs through the same contract as every agent: it takes
+assignments from its stream (acked after the start), resumes from the checkpoint the broker chose,
+reports started, progress, checkpoint and exited, obeys the fence and the deadline guard's
+move request, and keeps a heartbeat lease. A job runs only inside the windows: each bubble signal
+from the engine becomes an executor window as long as that kind of window nearly always is (its
+p10, less a 10% margin); the engine never waits for it. When training ends, the running fill job
+is checkpointed and handed back (end reason `preempted`), so the broker moves it elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from datetime import datetime, timezone
+
+from broker.agents.checkpoints import CheckpointStore
+from broker.bubbles.executor import FillExecutor
+from broker.bubbles.profiler import BubbleProfile
+from broker.model import AgentInfo, Job, Offer
+from broker.sdk import STATE_FILE
+from broker.store import Store
+
+log = logging.getLogger(__name__)
+
+WINDOW_MARGIN = 0.9  # use 90% of a window's p10 length
+CHECKPOINT_EVERY_S = 5.0
+OWNERSHIP_EVERY_S = 1.0
+PROGRESS_EVERY_S = 1.0  # as the other agents: windows come many times a second
+
+
+class FillAgent:
+    """One stage's agent: one fill job at a time, run in the stage's bubbles."""
+
+    def __init__(self, store: Store, checkpoints: CheckpointStore, profile: BubbleProfile, offer: Offer, lease_s: float = 10.0):
+        self.store, self.checkpoints, self.offer = store, checkpoints, offer
+        self.id = f"{profile.main_job}-stage{profile.stage}"
+        self.window_s = {w.kind: w.p10_s * WINDOW_MARGIN for w in profile.windows}
+        self.lease_ms = int(lease_s * 1000)
+        self.signals: queue.Queue = queue.Queue()
+        self.executor: FillExecutor | None = None
+        self.job: Job | None = None
+        self.total_steps = 0
+        self.served: list[str] = []  # job ids it ran, in order
+        self._thread = threading.Thread(target=self._serve, name=f"fill-agent-{self.id}", daemon=True)
+        self._beat = self._owned = self._saved = self._reported = 0.0
+
+    # -- wiring ---------------------------------------------------------------------------
+
+    def signal(self, kind: str, expected_s: float = 0.0, free_bytes: int = 0) -> None:
+        """The engine's bubble signal (BubbleRecorder.signal): queue it and return at once."""
+        self.signals.put((kind, time.monotonic()))
+
+    def start(self) -> None:
+        info = AgentInfo(id=self.id, offer=self.offer, host=socket.gethostname(), pid=os.getpid(), registered_at=datetime.now(timezone.utc))
+        self.store.register_agent(info, self.lease_ms)
+        log.info("agent=%s registered offer=%s", self.id, self.offer.id)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Training ends: hand the running job back with its checkpoint, leave the broker."""
+        self.signals.put(None)
+        self._thread.join()
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        try:
+            while True:
+                self._housekeeping()
+                try:
+                    item = self.signals.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                if item is None:
+                    break
+                if self.executor is not None:
+                    self._window(*item)
+        finally:
+            if self.executor is not None:
+                self._end("preempted", checkpoint=True)
+            self.store.remove_agent(self.id)
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        if now - self._beat >= self.lease_ms / 4000:
+            self._beat = now
+            self.store.renew_lease(self.id, self.lease_ms)
+        if self.executor is None:
+            self._take_assignment()
+        elif now - self._owned >= OWNERSHIP_EVERY_S:
+            self._owned = now
+            job = self.store.get_job(self.job.id)
+            if job.fence != self.job.fence or job.state.terminal:
+                self._end("fenced", checkpoint=False)
+            elif job.move_requested:
+                self._end("moved", checkpoint=True)
+
+    def _take_assignment(self) -> None:
+        entry = self.store.read_assignment(self.id, block_ms=None)
+        if entry is None:
+            return
+        entry_id, fields = entry
+        job = self.store.get_job(fields["job"])
+        run = job.current_run
+        if job.fence != int(fields["fence"]) or run is None or run.agent != self.id or run.started_at is not None:
+            self.store.ack_assignment(self.id, entry_id)
+            return
+        if not job.spec.fill_task:
+            self.store.report(self.id, job.id, job.fence, "exited", reason="failed", code=None,
+                              log_tail=["fill job has no fill_task (module:Class of its FillTask); it cannot run in bubbles"])  # fmt: skip
+            self.store.ack_assignment(self.id, entry_id)
+            return
+        executor = FillExecutor(job.spec.fill_task, {**job.spec.env, "step_s": 0.0})
+        executor.state = self._resume(job.id, run.resume_from)
+        try:
+            executor.start()
+        except (RuntimeError, OSError) as err:
+            self.store.report(self.id, job.id, job.fence, "exited", reason="failed", code=None, log_tail=[str(err)])
+            self.store.ack_assignment(self.id, entry_id)
+            return
+        self.executor, self.job, self.total_steps = executor, job, int(job.spec.work.steps)
+        self._owned = self._saved = time.monotonic()
+        self.served.append(job.id)
+        self.store.report(self.id, job.id, job.fence, "started", pid=executor.process.pid, resume_from=run.resume_from)
+        self.store.ack_assignment(self.id, entry_id)
+
+    def _resume(self, job_id: str, url: str | None) -> dict | None:
+        """The state in the checkpoint the broker chose (verified), or None to start afresh."""
+        if url is None:
+            return None
+        import torch
+
+        manifest, _ = self.checkpoints.latest_verified(job_id)
+        if manifest is None or manifest.url != url:
+            return None
+        with self.checkpoints.open_file(manifest, STATE_FILE) as f:
+            return torch.load(f, weights_only=False)
+
+    def _window(self, kind: str, began: float) -> None:
+        length = self.window_s.get(kind, 0.0) - (time.monotonic() - began)
+        if length <= 0.001:
+            return  # stale (the executor was busy starting) or a window too short to use
+        report = self.executor.window(length)
+        done = report["done"] if report else (self.executor.state or {}).get("step", 0)
+        if done >= self.total_steps or time.monotonic() - self._reported >= PROGRESS_EVERY_S:
+            self.store.report(self.id, self.job.id, self.job.fence, "progress", done=done, total=self.total_steps)
+            self._reported = time.monotonic()
+        if done >= self.total_steps:
+            self._end("finished", checkpoint=True)
+        elif time.monotonic() - self._saved >= CHECKPOINT_EVERY_S:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        url = self.executor.checkpoint(self.checkpoints, self.job.id)
+        step = int((self.executor.state or {}).get("step", 0))
+        self.store.report(self.id, self.job.id, self.job.fence, "checkpoint", url=url, step=step)
+        self._saved = time.monotonic()
+
+    def _end(self, reason: str, checkpoint: bool) -> None:
+        if checkpoint:
+            self._checkpoint()
+        self.executor.stop()
+        self.store.report(self.id, self.job.id, self.job.fence, "exited", reason=reason, code=0 if reason == "finished" else None, log_tail=[])
+        self.executor, self.job = None, None

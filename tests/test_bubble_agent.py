@@ -1,0 +1,89 @@
+"""Registration: a real instrumented DeepSpeed pipeline (4 ranks, gloo) publishes its bubble profiles, its
+stages' fill executors serve as agents of tier bubble, the broker quotes and dispatches a fill job to them
+through the ordinary streams, and when training ends the job moves, from its verified checkpoint, to an
+ordinary agent and finishes with the same weights as an uninterrupted run."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from broker import policies
+from broker.agents.agent import Agent
+from broker.agents.checkpoints import CheckpointStore
+from broker.bubbles.profiler import load_profiles
+from broker.clock import SystemClock
+from broker.model import JobState, Tier
+from broker.server import BrokerServer
+from broker.service import Broker
+from broker.specfile import load_spec
+from broker.store import Store
+from conftest import EXAMPLES, NOW, assert_same_weights, make_spec, run_to_end
+
+SCRIPT = EXAMPLES / "bubbles" / "train_gpt.py"
+FILL = EXAMPLES / "bubbles" / "fill_mlp.py"
+STAGES = [f"llm-stage{s}" for s in range(4)]
+
+
+def wait(condition, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_bubble_agents_serve_a_fill_job_that_then_finishes_on_an_ordinary_agent(redis_url, tmp_path, catalog):
+    store, root = Store(redis_url), str(tmp_path / "ckpt")
+    env = {**os.environ, "BROKER_REDIS_URL": redis_url, "BROKER_PREFIX": "broker:", "BROKER_CHECKPOINTS": root, "OMP_NUM_THREADS": "1"}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    training = subprocess.Popen([str(torchrun), "--nproc_per_node", "4", str(SCRIPT), "--steps", "400", "--out", str(tmp_path / "run"),
+                                 "--broker", "llm"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        wait(lambda: {a.id for a in store.agents()} >= set(STAGES) or training.poll() is not None, 300, "the bubble agents")
+        assert training.poll() is None, training.stdout.read()[-3000:]
+        assert sorted(p.stage for p in load_profiles(store) if p.main_job == "llm") == [0, 1, 2, 3]
+        assert {a.offer.tier for a in store.agents()} == {Tier.bubble}
+
+        policy, clock = policies.get(), SystemClock()
+        spec = load_spec(EXAMPLES / "bubbles" / "fill-mlp.yaml", clock.now())
+        spec = spec.model_copy(update={"run": [sys.executable, str(FILL)], "env": {"STEPS": "4000", "OUTPUT": str(tmp_path / "moved.pt")},
+                                       "deadline": None})  # no deadline: it does not wait for bubbles to come back  # fmt: skip
+        job = Broker(store, catalog, policy, clock).submit(spec)
+        assert job.quote.chosen.offer.tier == Tier.bubble  # the quote sees the registered executors' offers
+        server = BrokerServer(store, policy, clock, CheckpointStore(root))
+
+        def served_then_handed_back():
+            server.round(block_ms=20)
+            current = store.get_job(job.id)
+            return training.poll() is not None and current.pending and current.runs
+        wait(served_then_handed_back, 600, "training to end with the fill job handed back")
+        assert training.returncode == 0, training.stdout.read()[-3000:]
+    finally:
+        training.kill() if training.poll() is None else None
+
+    moved = store.get_job(job.id)
+    bubble_run = moved.runs[-1]
+    assert bubble_run.agent in STAGES and bubble_run.offer.tier == Tier.bubble and bubble_run.end_reason == "preempted"
+    assert bubble_run.started_at is not None and 0 < bubble_run.checkpoint_step < 4000
+    assert store.agents() == []  # the executors left with the training job
+
+    od = next(o for o in catalog.offers if o.tier == Tier.on_demand and o.accelerator == "T4" and o.accelerator_count == 1)
+    agent = Agent(store, "od-1", od, root, tmp_path / "agent")
+    agent.register()
+
+    def finished():
+        server.round(block_ms=20)
+        agent.step(block_ms=20)
+        return store.get_job(job.id).state.terminal
+    wait(finished, 300, "the fill job to finish on the ordinary agent")
+    done = store.get_job(job.id)
+    assert done.state == JobState.done and done.runs[-1].agent == "od-1"
+    assert done.runs[-1].resume_from == bubble_run.checkpoint_url
+
+    plain = make_spec(name="plain", run=[sys.executable, str(FILL)], env={"STEPS": "4000", "OUTPUT": str(tmp_path / "plain.pt")},
+                      resources={"accelerators": ["T4:1"]}, work={"gpu_hours": 0.1}, now=NOW)  # fmt: skip
+    run_to_end(plain, "plain", tmp_path / "ckpt-plain", tmp_path / "run-plain")
+    assert_same_weights(torch.load(tmp_path / "moved.pt"), torch.load(tmp_path / "plain.pt"))
