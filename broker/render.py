@@ -223,3 +223,17 @@ def run_summary(summary: dict) -> Table:
             f"{summary['savings_pct']:.0f}% saved (times and costs on the compressed clock)"
         )
     return table
+
+
+def bubbles_summary(summary: dict) -> Table:
+    """`broker demo --bubbles`: the main job's stages, and the fill job's runs from bubbles to elsewhere."""
+    job = summary["fill_job"]
+    table = Table(title=f"fill job {job['id']} ({job['state']}): ${job['cost_usd']:,.4f} vs ${job['on_demand_cost_usd']:,.4f} on on-demand",
+                  title_justify="left")  # fmt: skip
+    for col in ("run on", "tier", "end", "checkpoint step", "resumed from", "seconds"):
+        table.add_column(col)
+    for run in job["runs"]:
+        table.add_row(run["agent"], run["tier"], str(run["end"]), str(run["checkpoint_step"]), (run["resume_from"] or "-")[-40:], str(run["seconds"]))
+    stages = ", ".join(f"stage {s['stage']}: {100 * s['bubble_fraction']:.0f}% idle" for s in summary["stages"])
+    table.caption = f"main job {summary['main_job']} ({stages}, measured on this machine)"
+    return table

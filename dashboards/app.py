@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from broker import reporting
-from broker.bubbles.profiler import load_profiles
+from broker.bubbles.profiler import load_fill_stats, load_profiles
 from broker.errors import BrokerError
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.history import PriceHistory
@@ -146,6 +146,7 @@ def bubbles_page() -> None:
         st.info("no main training jobs registered yet: pipeline bubbles become capacity once an instrumented "
                 "DeepSpeed job reports its bubble profile")  # fmt: skip
         return
+    filled = load_fill_stats(store())
     served = {}
     for job in store().list_jobs():
         for run in job.runs:
@@ -154,10 +155,14 @@ def bubbles_page() -> None:
     for main_job in sorted({p.main_job for p in profiles}):
         stages = sorted((p for p in profiles if p.main_job == main_job), key=lambda p: p.stage)
         st.subheader(f"Main job {main_job}")
-        rows = [{"stage": p.stage, "device": p.device, "iteration s": p.iteration_s, "bubble fraction": p.bubble_fraction(),
-                 "usable share": p.usable_s(0.05) / p.iteration_s, "free GB": min(w.free_bytes for w in p.windows) / 1e9,
-                 "fill jobs served": len(served.get(f"{main_job}-stage{p.stage}", ())), "measured": p.measured_at}
-                for p in stages]  # fmt: skip
+        rows = []
+        for p in stages:
+            fill = filled.get((main_job, p.stage))
+            share, slowdown = (fill.fill_share(), fill.slowdown(p)) if fill else (None, None)
+            rows.append({"stage": p.stage, "device": p.device, "iteration s": p.iteration_s, "bubble fraction": p.bubble_fraction(),
+                         "usable share": p.usable_s(0.05) / p.iteration_s, "free GB": min(w.free_bytes for w in p.windows) / 1e9,
+                         "bubble time filled": share, "main-job slowdown %": None if slowdown is None else 100 * slowdown,
+                         "fill jobs served": len(served.get(f"{main_job}-stage{p.stage}", ())), "measured": p.measured_at})  # fmt: skip
         st.dataframe(pd.DataFrame(rows), hide_index=True, use_container_width=True)
         windows = pd.DataFrame([{"stage": f"stage {p.stage}", "kind": w.kind, "start": w.offset_s, "end": w.offset_s + w.median_s}
                                 for p in stages for w in p.windows])  # fmt: skip

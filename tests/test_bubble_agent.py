@@ -14,7 +14,7 @@ import torch
 from broker import policies
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
-from broker.bubbles.profiler import load_profiles
+from broker.bubbles.profiler import load_fill_stats, load_profiles
 from broker.clock import SystemClock
 from broker.model import JobState, Tier
 from broker.server import BrokerServer
@@ -49,8 +49,7 @@ def test_bubble_agents_serve_a_fill_job_that_then_finishes_on_an_ordinary_agent(
 
         policy, clock = policies.get(), SystemClock()
         spec = load_spec(EXAMPLES / "bubbles" / "fill-mlp.yaml", clock.now())
-        spec = spec.model_copy(update={"run": [sys.executable, str(FILL)], "env": {"STEPS": "4000", "OUTPUT": str(tmp_path / "moved.pt")},
-                                       "deadline": None})  # no deadline: it does not wait for bubbles to come back  # fmt: skip
+        spec = spec.model_copy(update={"run": [sys.executable, str(FILL)], "env": {"STEPS": "4000", "OUTPUT": str(tmp_path / "moved.pt")}})
         job = Broker(store, catalog, policy, clock).submit(spec)
         assert job.quote.chosen.offer.tier == Tier.bubble  # the quote sees the registered executors' offers
         server = BrokerServer(store, policy, clock, CheckpointStore(root))
@@ -69,6 +68,8 @@ def test_bubble_agents_serve_a_fill_job_that_then_finishes_on_an_ordinary_agent(
     assert bubble_run.agent in STAGES and bubble_run.offer.tier == Tier.bubble and bubble_run.end_reason == "preempted"
     assert bubble_run.started_at is not None and 0 < bubble_run.checkpoint_step < 4000
     assert store.agents() == []  # the executors left with the training job
+    stats = load_fill_stats(store)[("llm", int(bubble_run.agent[-1]))]
+    assert stats.jobs == 1 and 0 < stats.fill_s <= stats.bubble_s * 1.5 and stats.iteration_s > 0
 
     od = next(o for o in catalog.offers if o.tier == Tier.on_demand and o.accelerator == "T4" and o.accelerator_count == 1)
     agent = Agent(store, "od-1", od, root, tmp_path / "agent")

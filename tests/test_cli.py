@@ -237,3 +237,16 @@ def test_preemptions_our_agents_saw_move_the_hazard(env, tmp_path):
     broker.store.add_job(Job(id="seen", spec=spec, submitted_at=NOW, updated_at=NOW, quote=broker.quote(spec), runs=runs))
     after = make_broker(live=True).catalog.hazard.spot("aws", "ap-south-1", "g6.xlarge")
     assert after.per_hour > before.per_hour and "20 preemptions in 20 h observed" in after.source
+
+
+def test_demo_bubbles_runs_a_fill_job_in_a_pipelines_bubbles_then_on_demand(env):
+    result = run("demo", "--examples", EXAMPLES, "--bubbles", "--json")
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert [s["stage"] for s in body["stages"]] == [0, 1, 2, 3] and all(0 < s["bubble_fraction"] < 1 for s in body["stages"])
+    job = body["fill_job"]
+    assert job["state"] == "done" and job["tiers"] == ["bubble", "on_demand"]
+    first, second = job["runs"]
+    assert first["end"] == "preempted" and first["checkpoint_step"] > 0  # training ended: handed back with its checkpoint
+    assert second["end"] == "finished" and second["resume_from"].endswith(f"step-{first['checkpoint_step']:012d}")
+    assert job["cost_usd"] < job["on_demand_cost_usd"]  # the bubble part was free

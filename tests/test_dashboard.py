@@ -131,13 +131,14 @@ def test_prices_page_charts_recorded_price_history_and_uses_the_newest_price(app
 
 
 def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis_url, store):
-    from broker.bubbles.profiler import BubbleProfile, WindowStats, save_profile
+    from broker.bubbles.profiler import BubbleProfile, FillStats, WindowStats, save_fill_stats, save_profile
 
     measured = datetime(2026, 11, 22, tzinfo=timezone.utc)
     for stage, (fill_drain, fwd_bwd) in enumerate([(0.0, 0.9), (0.3, 0.6), (0.6, 0.3), (0.9, 0.0)]):
         windows = [WindowStats(kind=k, offset_s=o, median_s=d, p10_s=d * 0.9, free_bytes=(8 + stage) * 10**9, count=10)
                    for k, o, d in (("fill-drain", 2.1 - fill_drain, fill_drain), ("fwd-bwd", 0.5, fwd_bwd)) if d]  # fmt: skip
         save_profile(store, BubbleProfile(main_job="llama", stage=stage, device="cpu", iteration_s=2.1, windows=windows, measured_at=measured))
+    save_fill_stats(store, FillStats(main_job="llama", stage=3, bubble_s=90.0, fill_s=54.0, iteration_s=2.142, jobs=2, updated_at=measured))
     app.run()
     app.sidebar.radio[0].set_value("Bubbles").run()
     assert not app.exception
@@ -145,6 +146,8 @@ def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis
     assert list(table["stage"]) == [0, 1, 2, 3]
     assert list(table["bubble fraction"]) == pytest.approx([0.9 / 2.1] * 4)  # (p-1)/(m+p-1) with t_f + t_b = 0.3 s
     assert list(table["free GB"]) == pytest.approx([8, 9, 10, 11])
+    assert table["bubble time filled"].iloc[3] == pytest.approx(54 / 90) and pd.isna(table["bubble time filled"].iloc[0])
+    assert table["main-job slowdown %"].iloc[3] == pytest.approx(100 * (2.142 / 2.1 - 1))
 
 
 def test_backtest_page_shows_a_backtest_directory_as_written(app, redis_url, tmp_path, monkeypatch):

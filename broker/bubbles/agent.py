@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.bubbles.executor import FillExecutor
-from broker.bubbles.profiler import BubbleProfile
+from broker.bubbles.profiler import BubbleProfile, FillStats, save_fill_stats
 from broker.model import AgentInfo, Job, Offer
 from broker.sdk import STATE_FILE
 from broker.store import Store
@@ -33,6 +33,7 @@ WINDOW_MARGIN = 0.9  # use 90% of a window's p10 length
 CHECKPOINT_EVERY_S = 5.0
 OWNERSHIP_EVERY_S = 1.0
 PROGRESS_EVERY_S = 1.0  # as the other agents: windows come many times a second
+STATS_EVERY_S = 2.0
 
 
 class FillAgent:
@@ -42,6 +43,9 @@ class FillAgent:
         self.store, self.checkpoints, self.offer = store, checkpoints, offer
         self.id = f"{profile.main_job}-stage{profile.stage}"
         self.window_s = {w.kind: w.p10_s * WINDOW_MARGIN for w in profile.windows}
+        self.median_s = {w.kind: w.median_s for w in profile.windows}
+        self.stats = FillStats(main_job=profile.main_job, stage=profile.stage, updated_at=datetime.now(timezone.utc))
+        self.iterations: list[float] = []  # the main job's iteration times while a fill job ran
         self.lease_ms = int(lease_s * 1000)
         self.signals: queue.Queue = queue.Queue()
         self.executor: FillExecutor | None = None
@@ -49,13 +53,18 @@ class FillAgent:
         self.total_steps = 0
         self.served: list[str] = []  # job ids it ran, in order
         self._thread = threading.Thread(target=self._serve, name=f"fill-agent-{self.id}", daemon=True)
-        self._beat = self._owned = self._saved = self._reported = 0.0
+        self._beat = self._owned = self._saved = self._reported = self._published = 0.0
 
     # -- wiring ---------------------------------------------------------------------------
 
     def signal(self, kind: str, expected_s: float = 0.0, free_bytes: int = 0) -> None:
         """The engine's bubble signal (BubbleRecorder.signal): queue it and return at once."""
         self.signals.put((kind, time.monotonic()))
+
+    def iteration(self, seconds: float) -> None:
+        """The main job finished an iteration (for the slowdown while filling)."""
+        if self.executor is not None:
+            self.iterations.append(seconds)
 
     def start(self) -> None:
         info = AgentInfo(id=self.id, offer=self.offer, host=socket.gethostname(), pid=os.getpid(), registered_at=datetime.now(timezone.utc))
@@ -85,6 +94,7 @@ class FillAgent:
         finally:
             if self.executor is not None:
                 self._end("preempted", checkpoint=True)
+            self._publish()
             self.store.remove_agent(self.id)
 
     def _housekeeping(self) -> None:
@@ -92,6 +102,8 @@ class FillAgent:
         if now - self._beat >= self.lease_ms / 4000:
             self._beat = now
             self.store.renew_lease(self.id, self.lease_ms)
+        if now - self._published >= STATS_EVERY_S:
+            self._publish()
         if self.executor is None:
             self._take_assignment()
         elif now - self._owned >= OWNERSHIP_EVERY_S:
@@ -128,6 +140,7 @@ class FillAgent:
         self.executor, self.job, self.total_steps = executor, job, int(job.spec.work.steps)
         self._owned = self._saved = time.monotonic()
         self.served.append(job.id)
+        self.stats.jobs += 1
         self.store.report(self.id, job.id, job.fence, "started", pid=executor.process.pid, resume_from=run.resume_from)
         self.store.ack_assignment(self.id, entry_id)
 
@@ -148,6 +161,8 @@ class FillAgent:
         if length <= 0.001:
             return  # stale (the executor was busy starting) or a window too short to use
         report = self.executor.window(length)
+        self.stats.bubble_s += self.median_s.get(kind, 0.0)
+        self.stats.fill_s += sum(end - start for start, end in report["steps"]) if report else length
         done = report["done"] if report else (self.executor.state or {}).get("step", 0)
         if done >= self.total_steps or time.monotonic() - self._reported >= PROGRESS_EVERY_S:
             self.store.report(self.id, self.job.id, self.job.fence, "progress", done=done, total=self.total_steps)
@@ -156,6 +171,13 @@ class FillAgent:
             self._end("finished", checkpoint=True)
         elif time.monotonic() - self._saved >= CHECKPOINT_EVERY_S:
             self._checkpoint()
+
+    def _publish(self) -> None:
+        recent = sorted(self.iterations[-200:])
+        self.stats.iteration_s = recent[len(recent) // 2] if recent else self.stats.iteration_s
+        self.stats.updated_at = datetime.now(timezone.utc)
+        save_fill_stats(self.store, self.stats)
+        self._published = time.monotonic()
 
     def _checkpoint(self) -> None:
         url = self.executor.checkpoint(self.checkpoints, self.job.id)

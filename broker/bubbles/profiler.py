@@ -7,7 +7,8 @@ main job's iteration time drifts more than 10% from it. PipeFill's doubling prob
 how much of a window a fill job may really use: wait at the bubble instruction, start at
 100 ms, double each iteration until the main job's iteration time rises.
 
-Keys (same prefix as the store): {p}bubbles:{main job}:{stage}  STRING  the BubbleProfile as JSON
+Keys (same prefix as the store): {p}bubbles:{main job}:{stage}      STRING  the BubbleProfile as JSON
+                                 {p}bubble-fill:{main job}:{stage}  STRING  its FillStats as JSON
 """
 
 from __future__ import annotations
@@ -99,6 +100,35 @@ def load_profiles(store: Store) -> list[BubbleProfile]:
     """Every stored profile, by main job and stage."""
     keys = sorted(store.redis.scan_iter(store.key("bubbles", "*")))
     return [BubbleProfile.model_validate_json(v) for v in store.redis.mget(keys) if v] if keys else []
+
+
+class FillStats(BaseModel):
+    """What a stage's fill executor made of its bubbles while it served fill jobs (for the dashboard)."""
+
+    main_job: str
+    stage: int
+    bubble_s: float = 0.0  # idle time of the windows that came while it held a fill job (profile medians)
+    fill_s: float = 0.0  # time its fill steps ran
+    iteration_s: float | None = None  # the main job's median iteration time meanwhile
+    jobs: int = 0  # fill jobs served
+    updated_at: datetime
+
+    def fill_share(self) -> float | None:
+        return self.fill_s / self.bubble_s if self.bubble_s > 0 else None
+
+    def slowdown(self, profile: BubbleProfile) -> float | None:
+        """The main job's iteration time with fill over its time in the profile (measured without), less 1."""
+        return None if self.iteration_s is None else self.iteration_s / profile.iteration_s - 1
+
+
+def save_fill_stats(store: Store, stats: FillStats) -> None:
+    store.redis.set(store.key("bubble-fill", stats.main_job, str(stats.stage)), stats.model_dump_json())
+
+
+def load_fill_stats(store: Store) -> dict[tuple[str, int], FillStats]:
+    keys = sorted(store.redis.scan_iter(store.key("bubble-fill", "*")))
+    found = [FillStats.model_validate_json(v) for v in store.redis.mget(keys) if v] if keys else []
+    return {(f.main_job, f.stage): f for f in found}
 
 
 class DoublingProbe:

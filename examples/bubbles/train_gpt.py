@@ -173,6 +173,8 @@ def main() -> None:
         started = time.monotonic()
         loss = engine.train_batch(data_iter=data)
         iterations.append((started, time.monotonic()))
+        if fill_agent:
+            fill_agent.iteration(iterations[-1][1] - started)
         losses.append(float(loss))
     rank = dist.get_rank()
     result = {"rank": rank, "stage": engine.stage_id, "losses": losses, "iterations": iterations,
