@@ -117,14 +117,38 @@ class Work(_Spec):
     def _one_measure(self) -> "Work":
         if (self.gpu_hours is None) == (self.steps is None):
             raise ValueError("give either gpu_hours, or steps with steps_per_hour")
-        if self.steps is not None and not self.steps_per_hour:
-            raise ValueError("steps needs steps_per_hour, e.g. {A100: 1200}")
         return self
 
 
 class CheckpointSpec(_Spec):
     size_gb: float = Field(1.0, ge=0)
     restore_minutes: float = Field(2.0, ge=0)
+
+
+class TransformerSpec(_Spec):
+    """A transformer training job by its shape: the broker chooses its parallel layout on each offer
+    (policies/parallel.py) and prices `work.steps` iterations with it."""
+
+    layers: int = Field(ge=1, le=10_000)
+    hidden: int = Field(ge=8)
+    heads: int = Field(ge=1)
+    seq_len: int = Field(ge=1)
+    vocab: int = Field(ge=1)
+    global_batch: int = Field(ge=1, description="sequences per iteration")
+    precision: Literal["fp32", "bf16", "fp16"] = "bf16"
+    optimizer: Literal["adam", "sgd"] = "adam"
+    zero_stage: int = Field(0, ge=0, le=3)
+    recompute: bool = False
+    dropout: bool = True
+    flash_attention: bool = True  # attention scores are recomputed, not kept (no a s^2 b activations)
+    mlp_activation: Literal["gelu", "relu"] = "gelu"  # ReLU's backward needs only its output: 8 s b h fewer bytes
+    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> "TransformerSpec":
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden {self.hidden} must be a multiple of heads {self.heads}")
+        return self
 
 
 def parse_deadline(value: Any, now: datetime) -> datetime:
@@ -162,6 +186,7 @@ class JobSpec(_Spec):
     tiers: list[Tier] = Field(default_factory=lambda: list(Tier), min_length=1)
     fill: bool = False
     fill_task: str | None = None  # module:Class of its FillTask: it can run inside pipeline bubbles
+    transformer: TransformerSpec | None = None  # a training job described by its model's shape
 
     @field_validator("fill_task")
     @classmethod
@@ -202,6 +227,14 @@ class JobSpec(_Spec):
     def _fill_task_counts_steps(self) -> "JobSpec":
         if self.fill_task and not (self.fill and self.work.steps):
             raise ValueError("fill_task needs fill: true and work.steps (the executor counts steps), e.g. steps: 600")
+        return self
+
+    @model_validator(mode="after")
+    def _steps_have_a_rate(self) -> "JobSpec":
+        if self.transformer is not None and self.work.steps is None:
+            raise ValueError("a transformer job gives work.steps (training iterations); the broker times them")
+        if self.work.steps is not None and not self.work.steps_per_hour and self.transformer is None:
+            raise ValueError("work.steps needs work.steps_per_hour, e.g. {A100: 1200} (or a transformer: description)")
         return self
 
     @model_validator(mode="after")

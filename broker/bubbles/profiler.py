@@ -22,6 +22,7 @@ from broker.bubbles.schedule import bubble_windows
 from broker.store import Store
 
 DRIFT = 0.10
+FORECAST = "forecast"  # the device of a profile from the model, before any measurement
 
 
 class WindowStats(BaseModel):
@@ -86,11 +87,25 @@ def forecast(main_job: str, schedule: str, p: int, m: int, t_f: list[float], t_b
     ]
 
 
+def forecast_layout(main_job: str, model, layout, hw, memory_gb: float, at: datetime) -> list[BubbleProfile]:
+    """Forecast profiles of a main job registered with its layout (TransformerSpec, Layout, Hardware): per-stage
+    forward and backward times from the FLOPs model, free memory = the GPU's less the stage's estimate."""
+    from broker.policies.transformer import microbatch_flops, stage_memory_bytes
+
+    passes = 4 if model.recompute else 3
+    flops = [f / (layout.t * hw.flops) for f in microbatch_flops(model, layout)]
+    t_f, t_b = [f / passes for f in flops], [f * (passes - 1) / passes for f in flops]
+    free = [max(0, int(memory_gb * 1e9 - used)) for used in stage_memory_bytes(model, layout)]
+    return forecast(main_job, model.schedule, layout.p, layout.microbatches(model), t_f, t_b, free, FORECAST, at)
+
+
 def save_profile(store: Store, bubble: BubbleProfile) -> bool:
-    """Store the profile unless the stored one still holds (iteration time within 10%); True if written."""
+    """Store the profile unless the stored one still holds (a measured one within 10% of this iteration time;
+    a forecast is always replaced by a measurement); True if written."""
     key = store.key("bubbles", bubble.main_job, str(bubble.stage))
     current = store.redis.get(key)
-    if current is not None and not BubbleProfile.model_validate_json(current).drifted(bubble.iteration_s):
+    held = BubbleProfile.model_validate_json(current) if current is not None else None
+    if held is not None and not held.drifted(bubble.iteration_s) and (held.device != FORECAST or bubble.device == FORECAST):
         return False
     store.redis.set(key, bubble.model_dump_json())
     return True

@@ -132,6 +132,7 @@ def option_table(items: list[PlanItem], offers: list[Offer], now: datetime) -> O
     keep = j["allowed"][job, o["tier"][offer]]
     tiered = np.bincount(job[keep], minlength=len(items)) > 0
     keep &= (j["gpu_mem"][job] <= o["gpu_mem"][offer]) & (j["cpus"][job] <= o["vcpus"][offer]) & (j["mem"][job] <= o["mem"][offer])
+    keep &= np.isfinite(hours)  # a transformer job whose every layout overflows these GPUs
     job, offer, hours = job[keep], offer[keep], hours[keep]
 
     t = hours * j["remaining"][job] / o["speed"][offer]

@@ -61,6 +61,8 @@ def memory_fits(spec: JobSpec, offer: Offer) -> bool:
     res = spec.resources
     if res.gpu_memory_gb and offer.gpu_memory_gb < res.gpu_memory_gb:
         return False
+    if spec.transformer is not None and not math.isfinite(exclusive_hours_on(spec, offer.accelerator, offer.accelerator_count)):
+        return False  # no layout of the model fits in these GPUs' memory
     if res.cpus and (offer.vcpus or 0) < res.cpus:
         return False
     return not (res.memory_gb and (offer.memory_gb or 0) < res.memory_gb)
@@ -69,6 +71,10 @@ def memory_fits(spec: JobSpec, offer: Offer) -> bool:
 def exclusive_hours_on(spec: JobSpec, accelerator: str, count: int) -> float:
     """Hours the job needs on `count` x `accelerator` when never interrupted."""
     work = spec.work
+    if spec.transformer is not None:
+        from broker.policies.parallel import exclusive_hours as laid_out  # the layout search prices model jobs
+
+        return laid_out(spec, accelerator, count)
     if work.steps is not None:
         return work.steps / work.steps_per_hour[accelerator]
     return work.gpu_hours / (count * ACCELERATORS[accelerator].speed(work.kind))

@@ -20,7 +20,9 @@ import torch.distributed as dist
 from deepspeed.pipe import LayerSpec, PipelineModule
 from torch import nn
 
-VOCAB, SEQ, HIDDEN, HEADS, LAYERS = 256, 32, 64, 4, 8
+# The model's shape; bench/parallel.py varies it through the environment.
+VOCAB, SEQ, HIDDEN, HEADS, LAYERS = (int(os.environ.get(f"GPT_{k}", v)) for k, v in
+                                     (("VOCAB", 256), ("SEQ", 32), ("HIDDEN", 64), ("HEADS", 4), ("LAYERS", 8)))  # fmt: skip
 
 
 class Embed(nn.Module):
@@ -62,6 +64,54 @@ def batches(micro_batch: int, seed: int):
         start = torch.randint(0, VOCAB, (micro_batch, 1), generator=generator)
         ids = (start + torch.arange(SEQ + 1)) % VOCAB
         yield ids[:, :-1], ids[:, 1:]
+
+
+class SavedActivations:
+    """Peak bytes of the tensors autograd keeps for backward (each storage counted once, freed when
+    the graph lets go of it): the activation memory of a stage, measured on CPU as well as on GPU."""
+
+    def __init__(self):
+        import weakref
+
+        self.live, self.peak, self.count = 0, 0, {}
+        self._finalize = weakref.finalize
+
+    def pack(self, tensor):
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key not in self.count:
+            self.count[key] = 0
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+            self._finalize(storage, self._free, key, storage.nbytes())
+        self.count[key] += 1
+        return tensor
+
+    def _free(self, key, nbytes):
+        self.count.pop(key, None)
+        self.live -= nbytes
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda tensor: tensor)
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def measure_states(engine, optimizer, into: dict) -> None:
+    """Record weights + gradients + optimizer state as they stand just before each optimizer step (their peak)."""
+    from deepspeed.runtime.pipe import schedule
+
+    step = type(engine)._INSTRUCTION_MAP[schedule.OptimizerStep]
+
+    def measured(self, *args, **kwargs):
+        params = list(self.module.parameters())
+        states = [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+        into["state_bytes"] = max(into.get("state_bytes", 0), tensor_bytes(params) + tensor_bytes(p.grad for p in params) + tensor_bytes(states))
+        return step(self, *args, **kwargs)
+
+    type(engine)._INSTRUCTION_MAP = {**type(engine)._INSTRUCTION_MAP, schedule.OptimizerStep: measured}
 
 
 class Filler:
@@ -146,6 +196,7 @@ def main() -> None:
     parser.add_argument("--broker", default=None, metavar="MAIN_JOB",
                         help="publish the bubble profile and serve fill jobs as agents of tier bubble (BROKER_REDIS_URL)")
     parser.add_argument("--accelerator", default="T4", help="the GPU a stage's bubble offer stands for (on CPU: pretend)")
+    parser.add_argument("--measure-memory", action="store_true", help="record weights+grads+optimizer and peak saved activations")
     args = parser.parse_args()
 
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
@@ -163,6 +214,9 @@ def main() -> None:
         recorder = BubbleRecorder(memory_budget_bytes=2 * 1024**3)
         instrument(engine, recorder)
     data = batches(args.micro_batch, seed=1)
+    saved, states = SavedActivations(), {}
+    if args.measure_memory:
+        measure_states(engine, optimizer, states)
     losses, iterations = [], []
     fill_agent = None
     for step in range(args.steps):
@@ -171,14 +225,19 @@ def main() -> None:
         if args.broker and step == args.profile_steps:
             fill_agent = register(args.broker, args.accelerator, engine.stage_id, recorder, iterations)
         started = time.monotonic()
-        loss = engine.train_batch(data_iter=data)
+        if args.measure_memory:
+            with saved.hooks():
+                loss = engine.train_batch(data_iter=data)
+        else:
+            loss = engine.train_batch(data_iter=data)
         iterations.append((started, time.monotonic()))
         if fill_agent:
             fill_agent.iteration(iterations[-1][1] - started)
         losses.append(float(loss))
     rank = dist.get_rank()
     result = {"rank": rank, "stage": engine.stage_id, "losses": losses, "iterations": iterations,
-              "windows": recorder.windows if recorder else [], "fill": filler.finish() if filler else None}  # fmt: skip
+              "windows": recorder.windows if recorder else [], "fill": filler.finish() if filler else None,
+              "state_bytes": states.get("state_bytes", 0), "activation_peak_bytes": saved.peak}  # fmt: skip
     if fill_agent:
         fill_agent.stop()
         result["served"] = fill_agent.served

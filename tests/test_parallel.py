@@ -1,0 +1,129 @@
+"""Parallel configuration (Pipette, AutoPipe): the memory estimate, the layout search, node placement,
+the switch rule, and how the planner prices a transformer job with them."""
+
+import itertools
+import math
+from dataclasses import replace
+
+import pytest
+
+from broker.bubbles.profiler import forecast_layout
+from broker.errors import SpecError
+from broker.model import Offer, Tier, TransformerSpec
+from broker.policies import parallel
+from broker.policies.risk import evaluate, exclusive_hours, fits
+from broker.policies.transformer import Hardware, Layout, iteration_seconds, memory_bytes, stage_memory_bytes
+from conftest import NOW, make_spec
+
+GPT = TransformerSpec(layers=24, hidden=2048, heads=16, seq_len=2048, vocab=50257, global_batch=64)
+HW = Hardware(flops=100e12, intra_bytes_s=300e9, inter_bytes_s=12.5e9, devices_per_node=8)
+
+
+def test_memory_grows_with_layers_micro_batch_and_without_recompute():
+    layout = Layout(p=2, t=2, d=2, micro_batch=2)
+    base = memory_bytes(GPT, layout)
+    assert memory_bytes(GPT.model_copy(update={"layers": 48}), layout) > base
+    assert memory_bytes(GPT, replace(layout, micro_batch=4)) > base
+    assert memory_bytes(GPT.model_copy(update={"recompute": True}), layout) < base
+    assert memory_bytes(GPT.model_copy(update={"schedule": "gpipe"}), layout) > base  # all m microbatches in flight
+    assert memory_bytes(GPT.model_copy(update={"zero_stage": 1}), layout) < base  # optimizer state split d ways
+    assert memory_bytes(GPT, Layout(p=2, t=4, d=1, micro_batch=2)) < memory_bytes(GPT, Layout(p=2, t=1, d=4, micro_batch=2))
+
+
+def test_under_1f1b_the_first_stage_holds_the_most_activations():
+    stages = stage_memory_bytes(GPT.model_copy(update={"vocab": 8}), Layout(p=4, t=1, d=1, micro_batch=1))
+    assert stages == sorted(stages, reverse=True)
+
+
+def test_the_search_never_picks_a_layout_over_memory_and_falls_back_to_one_that_fits():
+    limit = 16e9
+    found = parallel.search(GPT, HW, 8, limit)
+    assert found and all(c.memory_bytes <= limit for c in found)
+    unlimited = parallel.search(GPT, HW, 8, math.inf)
+    assert memory_bytes(GPT, unlimited[0].layout) > limit  # the fastest layout does not fit in 16 GB
+    assert found[0].iteration_s > unlimited[0].iteration_s
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+def test_the_chosen_layout_equals_exhaustive_search(gpus):
+    small = TransformerSpec(layers=6, hidden=512, heads=8, seq_len=256, vocab=1000, global_batch=16)
+    limit = 2.5e9
+    every = []
+    for p, t, d, b in itertools.product(range(1, 9), range(1, 9), range(1, 9), range(1, 17)):
+        if p * t * d != gpus or small.heads % t or small.hidden % t or p > small.layers or small.global_batch % (d * b):
+            continue
+        layout = Layout(p, t, d, b)
+        if memory_bytes(small, layout) <= limit:
+            every.append((iteration_seconds(small, layout, replace(HW, devices_per_node=gpus)), layout))
+    chosen = parallel.search(small, replace(HW, devices_per_node=gpus), gpus, limit)[0]
+    assert chosen.iteration_s == pytest.approx(min(every, key=lambda e: e[0])[0])
+    assert len(every) == len(parallel.search(small, replace(HW, devices_per_node=gpus), gpus, limit))
+
+
+@pytest.mark.parametrize("remaining, switches", [(99, False), (100, False), (101, True)])
+def test_reconfigure_exactly_when_the_gain_over_the_remaining_steps_exceeds_the_switch_cost(remaining, switches):
+    assert parallel.should_switch(current_s=2.0, candidate_s=1.5, remaining_steps=remaining, switch_cost_s=50.0) is switches
+    assert parallel.should_switch(current_s=1.5, candidate_s=2.0, remaining_steps=10**6, switch_cost_s=0.0) is False
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_annealed_placement_equals_exhaustive_on_small_clusters(seed):
+    import random
+
+    rng = random.Random(seed)
+    n, p = 6, 3
+    bandwidth = [[0.0] * n for _ in range(n)]
+    for a, b in itertools.combinations(range(n), 2):
+        bandwidth[a][b] = bandwidth[b][a] = rng.choice([1e9, 5e9, 25e9, 100e9])
+    exhaustive = min(parallel.pipeline_seconds(list(order), p, bandwidth, 1e8) for order in itertools.permutations(range(n)))
+    _, annealed = parallel.anneal(p, bandwidth, 1e8, seed=seed)
+    assert annealed == pytest.approx(exhaustive)
+
+
+def offer(accelerator, count, price, tier=Tier.on_demand):
+    return Offer(cloud="aws", region="us-east-1", zone=None, instance_type=f"{accelerator}x{count}", tier=tier, accelerator=accelerator,
+                 accelerator_count=count, gpu_memory_gb=80, vcpus=96, memory_gb=1000, price_usd_per_h=price)  # fmt: skip
+
+
+def transformer_job(**fields):
+    return make_spec(resources={"accelerators": ["H100:8", "T4:1"]}, work={"steps": 1000}, transformer=GPT.model_dump(), **fields)
+
+
+def test_the_planner_prices_a_transformer_job_with_its_best_layout_and_skips_gpus_it_cannot_fit():
+    spec = transformer_job()
+    h100, t4 = offer("H100", 8, 98.0), offer("T4", 1, 0.5)
+    choice = parallel.best(GPT, "H100", 8)
+    assert exclusive_hours(spec, h100) == pytest.approx(1000 * choice.iteration_s / 3600)
+    assert evaluate(spec, h100, NOW).expected_cost_usd >= 98.0 * exclusive_hours(spec, h100)
+    assert fits(spec, h100) and not fits(spec, t4)  # 1.3 B parameters with Adam do not fit in one T4's 16 GB
+    assert parallel.best(GPT, "T4", 1) is None
+
+
+def test_a_transformer_spec_is_checked_field_by_field():
+    with pytest.raises(SpecError, match="hidden 1000 must be a multiple of heads 16"):
+        make_spec(work={"steps": 10}, transformer={**GPT.model_dump(), "hidden": 1000})
+    with pytest.raises(SpecError, match="work.steps"):
+        make_spec(work={"gpu_hours": 10}, transformer=GPT.model_dump())
+
+
+def test_a_registered_main_job_gets_forecast_bubbles_from_its_layout():
+    small = TransformerSpec(layers=8, hidden=512, heads=8, seq_len=256, vocab=8, global_batch=8, schedule="gpipe")
+    profiles = forecast_layout("llm", small, Layout(4, 1, 1, 1), HW, memory_gb=16.0, at=NOW)
+    assert [p.stage for p in profiles] == [0, 1, 2, 3]
+    for profile in profiles:  # equal stages (a tiny head): (p-1)/(m+p-1)
+        assert profile.bubble_fraction() == pytest.approx(3 / (8 + 3), rel=0.02)
+        assert profile.device == "forecast"
+        assert 0 < min(w.free_bytes for w in profile.windows) < 16e9
+
+
+def test_a_measured_profile_replaces_a_forecast_even_when_close(store):
+    from broker.bubbles.profiler import load_profiles, save_profile
+
+    small = TransformerSpec(layers=8, hidden=512, heads=8, seq_len=256, vocab=8, global_batch=8)
+    forecast = forecast_layout("llm", small, Layout(4, 1, 1, 1), HW, memory_gb=16.0, at=NOW)[0]
+    assert save_profile(store, forecast)
+    assert not save_profile(store, forecast)  # the same forecast again: nothing to do
+    measured = forecast.model_copy(update={"device": "cuda:0 H100", "iteration_s": forecast.iteration_s * 1.05})
+    assert save_profile(store, measured)
+    assert load_profiles(store)[0].device == "cuda:0 H100"
+    assert not save_profile(store, forecast)  # a forecast never overwrites a measurement within 10%
