@@ -16,6 +16,7 @@ from broker.settings import Settings
 from broker.specfile import load_spec
 from broker.cli_common import JsonOpt, debug_flag, err, make_broker, out, print_json, redis_url, store_for, user_errors
 from broker.cli_backtest import backtest_command
+from broker.cli_layout import layout_command
 from broker.cli_prices import prices_app
 
 app = typer.Typer(
@@ -25,6 +26,7 @@ app = typer.Typer(
 )
 app.add_typer(prices_app, name="prices")
 app.command("backtest")(backtest_command)
+app.command("layout")(layout_command)
 
 
 @app.callback()

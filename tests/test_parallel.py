@@ -127,3 +127,32 @@ def test_a_measured_profile_replaces_a_forecast_even_when_close(store):
     assert save_profile(store, measured)
     assert load_profiles(store)[0].device == "cuda:0 H100"
     assert not save_profile(store, forecast)  # a forecast never overwrites a measurement within 10%
+
+
+def test_broker_layout_shows_the_layout_per_shape_and_refuses_a_job_without_a_model(tmp_path):
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from broker.cli import app
+    from conftest import EXAMPLES
+
+    spec = yaml.safe_load((EXAMPLES / "pretrain-gpt-1b3.yaml").read_text())
+    spec["resources"]["accelerators"] = ["H100:8", "T4:1"]
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(app, ["layout", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    h100, t4 = json.loads(result.stdout)
+    model = TransformerSpec(**spec["transformer"])
+    choice = parallel.best(model, "H100", 8)
+    assert h100["layout"] == str(choice.layout) and h100["memory_gb"] <= 80
+    assert h100["hours"] == pytest.approx(spec["work"]["steps"] * choice.iteration_s / 3600, abs=0.01)
+    assert h100["on_demand_usd"] > h100["spot_usd"] > 0
+    assert t4["layout"] is None and t4["spot_usd"] is None  # 1.3 B parameters with Adam do not fit in 16 GB
+    del spec["transformer"]
+    spec["work"] = {"gpu_hours": 10}
+    path.write_text(yaml.safe_dump(spec))
+    refused = CliRunner().invoke(app, ["layout", str(path)])
+    assert refused.exit_code == 2 and "no transformer: section" in refused.output
