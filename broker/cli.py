@@ -233,11 +233,16 @@ def agent(
 @user_errors
 def server(
     speedup: float = typer.Option(1.0, help="Clock compression (demos and tests)."),
-    consumer: str = typer.Option("server-1", help="This replica's name in the agent-events consumer group."),
+    consumer: str = typer.Option(None, help="This replica's name (consumer group, planning lease); default host-pid."),
     metrics_port: int = typer.Option(9464, help="Serve Prometheus metrics on this loopback port (0: off)."),
     policy: str = typer.Option(None, help="Planning policy (see `broker policies`); default BROKER_POLICY or costslo."),
+    leader_lease_s: float = typer.Option(5.0, min=0.1, help="Planning lease: a standby replica takes over this long after the leader stops."),
 ) -> None:
-    """Run the broker's control loop: apply agent reports, reclaim lost agents, dispatch."""
+    """Run the broker's control loop: apply agent reports, reclaim lost agents, dispatch. Run several for
+    fail-over: one plans (the lease holder), the others stand by."""
+    import os
+    import socket
+
     from broker.agents.checkpoints import CheckpointStore
     from broker.clock import ScaledClock
     from broker.server import BrokerServer
@@ -250,8 +255,9 @@ def server(
     if metrics_port:
         serve(metrics.registry, metrics_port)
     chosen = policies.get(policy, **settings.policy_options()) if policy else broker.policy
+    consumer = consumer or f"server-{socket.gethostname()}-{os.getpid()}"
     loop = BrokerServer(broker.store, chosen, ScaledClock(speedup), CheckpointStore(settings.checkpoints), consumer, metrics=metrics,
-                        agent_secret=settings.agent_secret)  # fmt: skip
+                        agent_secret=settings.agent_secret, leader_lease_s=leader_lease_s)  # fmt: skip
     err.print(f"broker server {consumer} running; Ctrl-C stops it")
     try:
         loop.serve()

@@ -1,6 +1,10 @@
 """`broker server`: the control loop. Each round applies what agents reported, moves the jobs of
 agents whose lease expired, and dispatches pending jobs to idle agents chosen by the policy.
 
+Replicas share one Redis; the one holding the planning lease (a fencing token per holder) runs
+the rounds, the others stand by and take over when it lapses. Every dispatch and deadline move
+is written only while its replica still holds the lease (watched in the same transaction).
+
 Exactly one active run per job: every dispatch raises the job's fence token, and a report
 carrying an older token is ignored (the agent holding it is told to stop by its fence check).
 """
@@ -32,7 +36,7 @@ class BrokerServer:
 
     def __init__(
         self, store: Store, policy, clock, checkpoints: CheckpointStore, consumer: str = "server-1", lease_s: float = 5.0,
-        metrics=None, agent_secret: str | None = None,
+        metrics=None, agent_secret: str | None = None, leader_lease_s: float = 5.0,
     ):  # fmt: skip
         self.store, self.policy, self.clock, self.checkpoints = store, policy, clock, checkpoints
         self.metrics = metrics  # a broker.metrics.ServerMetrics, or None
@@ -41,10 +45,24 @@ class BrokerServer:
         self._last_reclaim = 0.0
         self._last_guard = 0.0
         self.agent_secret = agent_secret  # when set, only agents with a valid registration token get work
+        self.leader_lease_ms = int(leader_lease_s * 1000)
+        self.token: int | None = None  # our fencing token while we hold the planning lease
+
+    def lead(self) -> bool:
+        """Hold the planning lease (one replica plans at a time); False while another replica holds it."""
+        token = self.store.lead(self.consumer, self.leader_lease_ms)
+        if token != self.token:
+            log.info("server=%s %s", self.consumer, f"leads with token={token}" if token else "is standby")
+            self.token = token
+        return token is not None
 
     def round(self, block_ms: int = 100) -> None:
-        """Apply reports (one transaction per job), reclaim lost agents' jobs, dispatch."""
+        """As the leader: apply reports (one transaction per job), reclaim lost agents' jobs, dispatch.
+        A standby replica only waits for the lease to lapse."""
         started = time.monotonic()
+        if not self.lead():
+            time.sleep(block_ms / 1000)
+            return
         self.fold_reports(block_ms)
         if time.monotonic() - self._last_reclaim >= self.lease_s / 4:  # leases last seconds: no need every round
             self._last_reclaim = time.monotonic()
@@ -60,6 +78,8 @@ class BrokerServer:
         """One round on a simulated clock (the backtest): every report folded, the guard, dispatch; nothing
         throttled by wall time; returns (jobs the guard moved, (job, agent) dispatched). Lease expiry is not
         simulated: simulated agents report every end themselves."""
+        if not self.lead():
+            return [], []
         while self.fold_reports(block_ms=None):
             pass
         return self.guard(), self.dispatch()
@@ -217,6 +237,8 @@ class BrokerServer:
         A job the policy cannot place on time or within budget still runs where it finishes first
         (it is late either way); one that only lacks capacity waits for the next round.
         """
+        if not self.lead():
+            return []
         agents = self.store.agents()
         leases = self.store.leases([a.id for a in agents])
         idle = [a for a in agents if a.job is None and leases[a.id] not in (None, "leaving") and self._admitted(a)]
@@ -258,7 +280,7 @@ class BrokerServer:
         """Uniform Progress between rounds: a spot or bubble job falling behind its deadline is asked to
         checkpoint and move to on-demand now; returns the ids of the jobs it moved."""
         now, moved = self.clock.now(), []
-        if not getattr(self.policy, "deadline_guard", True):  # baselines without deadline awareness (SkyPilot's)
+        if not getattr(self.policy, "deadline_guard", True) or not self.lead():  # baselines without deadlines (SkyPilot's)
             return moved
         for job in self.store.active_jobs():
             run, baseline = job.current_run, job.quote.on_demand_baseline
@@ -276,7 +298,7 @@ class BrokerServer:
                     return None
                 return current.model_copy(update={"move_requested": True, "pinned_tier": Tier.on_demand, "reason": why, "updated_at": now})
 
-            if self.store.update_job(job.id, request) is not None:
+            if self.store.update_job(job.id, request, leader=self.consumer) is not None:
                 log.info("job=%s guard=on_demand %s", job.id, why)
                 moved.append(job.id)
         return moved
@@ -313,7 +335,7 @@ class BrokerServer:
             self.store.assign(pipe, agent.id, job.id, fence)
             self.store.put_agent(pipe, agent.model_copy(update={"job": job.id, "fence": fence}))
 
-        assigned = self.store.update_job(job.id, change, also=send) is not None
+        assigned = self.store.update_job(job.id, change, also=send, leader=self.consumer) is not None
         if assigned and self.metrics and job.runs and job.runs[-1].end_reason in ("preempted", "lost", "moved"):
             self.metrics.migrations.inc()
         return assigned

@@ -12,6 +12,8 @@ Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis):
     {p}lease:{id}        STRING  present while the agent's heartbeat lease is alive (PX expiry);
                                  "leaving" once its instance is going away (no new work)
     {p}assign:{id}       STREAM  assignments to one agent: job, fence; consumer group "agent"
+    {p}leader            STRING  the broker replica that plans now (PX expiry: the planning lease)
+    {p}leader-token      STRING  fencing token, incremented each time the lease changes hands
     {p}agent-events      STREAM  what agents report: agent, job, fence, type, data (JSON);
                                  consumer group "broker", stale pending entries reclaimed
     price:{offer}, priced, refreshed, evictions   price history: see broker/pricing/history.py
@@ -44,6 +46,21 @@ DEFAULT_PREFIX = "broker:"
 AGENT_GROUP = "agent"
 STREAM_MAXLEN = 1_000_000  # the event streams are capped (approximately) so Redis memory stays bounded
 BROKER_GROUP = "broker"
+
+
+# Keep the planning lease if we hold it, take it if nobody does; the fencing token, or nil for a standby.
+LEAD = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return tonumber(redis.call('GET', KEYS[2]))
+end
+if holder then
+  return nil
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return redis.call('INCR', KEYS[2])
+"""
 
 
 class Store:
@@ -107,6 +124,11 @@ class Store:
         """Jobs waiting for capacity, most urgent first (a page of them)."""
         return self._jobs(self.redis.zrange(self._key("pending"), start, start + count - 1))
 
+    def lead(self, holder: str, lease_ms: int) -> int | None:
+        """Take or keep the planning lease: its fencing token while `holder` has it, None while another does."""
+        token = self.redis.eval(LEAD, 2, self._key("leader"), self._key("leader-token"), holder, lease_ms)
+        return None if token is None else int(token)
+
     def pending_count(self) -> int:
         return self.redis.zcard(self._key("pending"))
 
@@ -143,16 +165,22 @@ class Store:
         also: Callable[[redis.client.Pipeline, Job], None] | None = None,
         reason: str | None = None,
         emit: bool = True,
+        leader: str | None = None,
     ) -> Job | None:
         """Apply `change` to the job atomically (None means no change); `also` adds commands to the same transaction.
 
         With `emit`, a change of state writes its event; callers that fold several changes write their own.
+        With `leader`, the change applies only while that replica holds the planning lease (the lease key is
+        watched too: a replica that lost it mid-change writes nothing).
         """
         key = self._key("job", job_id)
         with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    pipe.watch(key)
+                    pipe.watch(key, *([self._key("leader")] if leader else []))
+                    if leader is not None and pipe.get(self._key("leader")) != leader:
+                        pipe.unwatch()
+                        return None
                     raw = pipe.get(key)
                     if raw is None:
                         raise NotFoundError(f"job: no job {job_id!r}; `broker list` shows the ids")

@@ -1,0 +1,82 @@
+"""Several `broker server` replicas on one Redis: one plans at a time (a lease with a fencing token), a
+standby takes over within two lease periods when the leader dies, and a deposed leader writes nothing."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from broker import policies
+from broker.agents.checkpoints import CheckpointStore
+from broker.clock import SystemClock
+from broker.model import AgentInfo, JobState
+from broker.server import BrokerServer
+from broker.service import Broker
+from conftest import make_spec
+
+LEASE_S = 0.5
+
+
+def replica(store, tmp_path, name):
+    return BrokerServer(store, policies.get(), SystemClock(), CheckpointStore(str(tmp_path / "ckpt")), consumer=name, leader_lease_s=LEASE_S)
+
+
+def idle_agent(store, catalog, agent_id="od-1"):
+    offer = min((o for o in catalog.offers if o.tier.value == "on_demand" and o.accelerator == "L4" and o.accelerator_count == 1),
+                key=lambda o: o.price_usd_per_h)  # fmt: skip
+    store.register_agent(AgentInfo(id=agent_id, offer=offer, host="test", pid=1, registered_at=SystemClock().now()), 60_000)
+
+
+def submit(store, catalog, name="j"):
+    return Broker(store, catalog, policies.get(), SystemClock()).submit(make_spec(name=name, resources={"accelerators": ["L4:1"]}))
+
+
+def test_only_the_lease_holder_plans_and_a_standby_takes_over_with_a_higher_token(store, catalog, tmp_path):
+    a, b = replica(store, tmp_path, "a"), replica(store, tmp_path, "b")
+    assert a.lead() and a.token == 1
+    assert not b.lead() and b.token is None
+    idle_agent(store, catalog)
+    job = submit(store, catalog)
+    assert a.lead()  # renewed (submitting took a while)
+    assert b.dispatch() == [] and store.get_job(job.id).fence == 0  # the standby dispatches nothing
+    assert a.dispatch() == [(job.id, "od-1")]
+    time.sleep(LEASE_S * 1.2)  # a stops renewing (it died)
+    assert b.lead() and b.token == a.token + 1
+    assert not a.lead()
+
+
+def test_a_deposed_leader_cannot_dispatch_even_mid_round(store, catalog, tmp_path):
+    a, b = replica(store, tmp_path, "a"), replica(store, tmp_path, "b")
+    assert a.lead()
+    idle_agent(store, catalog)
+    job = submit(store, catalog)
+    time.sleep(LEASE_S * 1.2)
+    assert b.lead()  # a's lease lapsed (a long pause) and b took over
+    agent = store.agents()[0]
+    assert a._assign(store.get_job(job.id), agent) is False  # a still thinks it plans: the fence refuses the write
+    assert store.get_job(job.id).fence == 0 and store.get_job(job.id).state == JobState.queued
+
+
+def test_kill_9_of_the_leading_server_process_hands_planning_to_the_standby(redis_url, store, tmp_path):
+    env = {**os.environ, "BROKER_REDIS_URL": redis_url, "BROKER_HOME": str(tmp_path / "home")}
+    leader = subprocess.Popen([sys.executable, "-m", "broker", "server", "--consumer", "proc", "--leader-lease-s", "1", "--metrics-port", "0"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while store.redis.get("broker:leader") != "proc":
+            assert time.monotonic() < deadline and leader.poll() is None, "the server process never took the lease"
+            time.sleep(0.05)
+        standby = BrokerServer(store, policies.get(), SystemClock(), CheckpointStore(str(tmp_path / "ckpt")), consumer="standby",
+                               leader_lease_s=1.0)  # fmt: skip
+        assert not standby.lead()
+        os.kill(leader.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while not standby.lead():
+            time.sleep(0.02)
+        took_over_s = time.monotonic() - killed
+        assert took_over_s < 2 * 1.0, took_over_s
+        assert standby.token == 2
+    finally:
+        leader.kill()
+        leader.wait()
