@@ -1,0 +1,155 @@
+"""Chaos: real jobs on real local agents and a real `broker server`, while instances and the server die.
+
+Submits `--jobs` checkpointing torch jobs (examples/jobs/train_mlp.py) to `--agents` local agents
+(processes standing for on-demand L4 instances) and a `broker server` process. Meanwhile it kills
+(SIGKILL) one random instance every `--kill-every-s` seconds, agent and job process together as a
+lost machine would, and starts a fresh one in its place; and it kills the server once and starts
+it again. At the end: how many jobs finished, how many were lost, whether any job ever had two
+runs at once, and the most work a run lost, in steps since its last checkpoint (goal: at most one
+checkpoint interval) and as the server measures it in seconds (that includes a run's start-up).
+
+    python bench/chaos.py --json [--jobs 50 --agents 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFIX = "chaos:"
+STEPS, CKPT_EVERY, STEP_SLEEP_S = 60, 10, 0.05
+
+
+def _kill_instance(store, provisioner, agent_id: str) -> None:
+    """SIGKILL an agent and its job's process group: the instance is gone."""
+    agent = store.get_agent(agent_id)
+    if agent and agent.job:
+        pid = _job_pid(store, agent.job, agent.fence)
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    process = provisioner.agents.pop(agent_id)
+    process.kill()
+    process.wait()
+
+
+def _job_pid(store, job_id: str, fence: int | None) -> int | None:
+    """The pid the agent reported when it started the job's current run."""
+    for _, fields in store.redis.xrevrange(store.key("agent-events"), count=2000):
+        if fields.get("job") == job_id and fields.get("type") == "started" and int(fields.get("fence", -1)) == fence:
+            return int(json.loads(fields["data"]).get("pid") or 0) or None
+    return None
+
+
+def _server(redis_url: str, checkpoints: str, home: Path) -> subprocess.Popen:
+    env = {**os.environ, "BROKER_REDIS_URL": redis_url, "BROKER_PREFIX": PREFIX, "BROKER_CHECKPOINTS": checkpoints, "BROKER_HOME": str(home)}
+    return subprocess.Popen([sys.executable, "-m", "broker", "server", "--consumer", "chaos-server", "--leader-lease-s", "2",
+                             "--metrics-port", "0"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def _resumed_step(run) -> int:
+    """The step a run resumed from (its checkpoint URL ends in step-NNNNNNNNNNNN), 0 for a fresh start."""
+    return int(run.resume_from.rstrip("/").rsplit("step-", 1)[1]) if run.resume_from else 0
+
+
+def overlapping(job) -> bool:
+    """Whether two runs of the job were ever started and not yet ended at the same moment."""
+    spans = sorted((r.started_at, r.ended_at) for r in job.runs if r.started_at is not None)
+    return any(end is None or end > later for (_, end), (later, _) in zip(spans, spans[1:]))
+
+
+def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 4.0, server_kill_at_s: float = 8.0,
+        timeout_s: float = 600.0, seed: int = 0) -> dict:  # fmt: skip
+    from broker import policies
+    from broker.agents.provision import LocalProvisioner
+    from broker.clock import SystemClock
+    from broker.model import Tier
+    from broker.pricing.catalog import PriceCatalog
+    from broker.service import Broker
+    from broker.specfile import validate_spec
+    from broker.store import Store
+
+    rng = random.Random(seed)
+    store = Store(redis_url, prefix=PREFIX)
+    for key in store.redis.scan_iter(f"{PREFIX}*"):
+        store.redis.delete(key)
+    work = Path(tempfile.mkdtemp(prefix="broker-chaos-"))
+    checkpoints = str(work / "checkpoints")
+    catalog = PriceCatalog.from_snapshot()
+    offer = min((o for o in catalog.offers if o.tier == Tier.on_demand and o.accelerator == "L4" and o.accelerator_count == 1),
+                key=lambda o: o.price_usd_per_h)  # fmt: skip
+    provisioner = LocalProvisioner(redis_url, checkpoints, work / "runs", lease_s=2.0, prefix=PREFIX)
+    clock = SystemClock()
+    broker = Broker(store, catalog, policies.get(), clock)
+    spec = {"run": [sys.executable, str(ROOT / "examples" / "jobs" / "train_mlp.py")], "resources": {"accelerators": ["L4:1"]},
+            "work": {"gpu_hours": 0.01}, "checkpoint": {"size_gb": 0.001, "restore_minutes": 0.1}, "max_restarts": 20,
+            "env": {"STEPS": str(STEPS), "CKPT_EVERY": str(CKPT_EVERY), "STEP_SLEEP_S": str(STEP_SLEEP_S), "OUTPUT": "/dev/null"}}  # fmt: skip
+    server = _server(redis_url, checkpoints, work / "home")
+    count, kills, server_kills = 0, 0, 0
+    try:
+        for _ in range(agents):
+            count += 1
+            provisioner.start(f"agent-{count:03d}", offer)
+        ids = [broker.submit(validate_spec({**spec, "name": f"chaos-{i:03d}"}, clock.now())).id for i in range(jobs)]
+        began = last_kill = time.monotonic()
+        while time.monotonic() - began < timeout_s:
+            current = [store.get_job(i) for i in ids]
+            if all(j.state.terminal for j in current):
+                break
+            now = time.monotonic()
+            if server_kills == 0 and now - began >= server_kill_at_s:
+                server.kill()
+                server.wait()
+                server, server_kills = _server(redis_url, checkpoints, work / "home"), 1
+            if now - last_kill >= kill_every_s:
+                victim = rng.choice(sorted(provisioner.agents))
+                _kill_instance(store, provisioner, victim)
+                count, kills, last_kill = count + 1, kills + 1, now
+                provisioner.start(f"agent-{count:03d}", offer)
+            time.sleep(0.2)
+        elapsed = time.monotonic() - began
+        final = [store.get_job(i) for i in ids]
+    finally:
+        server.kill()
+        provisioner.stop_all()
+    interval_s = CKPT_EVERY * STEP_SLEEP_S
+    lost_s = [r.work_lost_s for j in final for r in j.runs]
+    lost_steps = [r.progress_done - (r.checkpoint_step or _resumed_step(r)) for j in final for r in j.runs if r.end_reason not in (None, "finished")]
+    return {
+        "submitted": jobs, "finished": sum(j.state.value == "done" for j in final),
+        "lost": sum(not j.state.terminal or j.state.value != "done" for j in final),
+        "duplicated": sum(overlapping(j) for j in final), "max_work_lost_s": round(max(lost_s, default=0.0), 2),
+        "max_work_lost_steps": max(lost_steps, default=0.0), "checkpoint_interval_steps": CKPT_EVERY,
+        "checkpoint_interval_s": interval_s, "instances_killed": kills, "server_kills": server_kills,
+        "migrations": sum(j.migrations for j in final), "seconds": round(elapsed, 1),
+        "notice_to_checkpoint_p50_s": None, "notice_to_checkpoint_p99_s": None,  # notices: not exercised here yet
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--agents", type=int, default=10)
+    parser.add_argument("--kill-every-s", type=float, default=4.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    from broker import embedded
+
+    with embedded.scratch() as url:
+        result = run(url, args.jobs, args.agents, args.kill_every_s)
+    print(json.dumps(result, indent=None if args.json else 1))
+
+
+if __name__ == "__main__":
+    main()

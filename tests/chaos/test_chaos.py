@@ -1,0 +1,18 @@
+"""Chaos with real processes: instances (agent and job together) and the server are SIGKILLed while jobs run;
+every job still finishes, never runs twice at once, and loses at most one checkpoint interval per loss."""
+
+import sys
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import chaos  # noqa: E402  (bench/chaos.py is the harness; the benchmark runs it larger)
+
+
+def test_jobs_survive_kill_9_of_instances_and_of_the_server(redis_url):
+    result = chaos.run(redis_url, jobs=8, agents=3, kill_every_s=3.0, server_kill_at_s=5.0, timeout_s=400)
+    assert result["instances_killed"] >= 3 and result["server_kills"] == 1
+    assert result["finished"] == result["submitted"] == 8 and result["lost"] == 0
+    assert result["duplicated"] == 0
+    assert result["migrations"] >= 1
+    assert result["max_work_lost_steps"] <= result["checkpoint_interval_steps"]
