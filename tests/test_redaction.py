@@ -1,0 +1,95 @@
+"""Secrets stay out of what broker writes: a Redis password, the agents' secret and a registration token are
+grepped for in every log, output and run file a real server, agent and job produce (debug logging on)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+
+from conftest import free_port
+
+PASSWORD, SECRET = "s3cret-redis-pass", "agent-secret-0xdeadbeef"
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([shutil.which("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--requirepass", PASSWORD,
+                             "--dir", str(tmp_path), "--save", ""], stdout=subprocess.DEVNULL)  # fmt: skip
+    client = redis.Redis(port=port, password=PASSWORD)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+    yield port
+    proc.kill()
+    proc.wait()
+
+
+def broker(env, *args, **popen):
+    return [sys.executable, "-m", "broker", "--debug", *args], {"env": env, "text": True, **popen}
+
+
+def test_no_secret_reaches_a_log_an_output_or_a_run_file(private_redis, tmp_path):
+    home = tmp_path / "home"
+    env = {**os.environ, "BROKER_REDIS_URL": f"redis://:{PASSWORD}@127.0.0.1:{private_redis}/0", "BROKER_HOME": str(home),
+           "BROKER_AGENT_SECRET": SECRET, "BROKER_CHECKPOINTS": str(tmp_path / "ckpt")}  # fmt: skip
+    outputs = []
+
+    def cli(*args):
+        argv, kw = broker(env, *args)
+        done = subprocess.run(argv, capture_output=True, timeout=120, **kw)
+        outputs.append(done.stdout + done.stderr)
+        return done
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"name": "tiny", "run": [sys.executable, "-c", "print('hello from the job')"],
+                                   "resources": {"accelerators": ["L4:1"]}, "work": {"gpu_hours": 0.01}, "tiers": ["on_demand"]}))  # fmt: skip
+    submitted = cli("submit", str(job), "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout)["job"]
+    issued = cli("agents", "token", "--id", "a1")
+    token = issued.stdout.strip()
+    assert issued.returncode == 0 and token
+    outputs.pop()  # printing the token is that command's job; everything else must not
+    offer = json.loads(submitted.stdout)["quote"]["chosen"]["offer"]
+    offer_id = f"{offer['cloud']}/{offer['zone'] or offer['region']}/{offer['instance_type']}/on_demand"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    processes = []
+    for name, args in (("agent", ("agent", "--id", "a1", "--offer", offer_id, "--token", token, "--runs", str(tmp_path / "runs"))),
+                       ("server", ("server", "--consumer", "s1", "--metrics-port", "0"))):  # fmt: skip
+        argv, kw = broker(env, *args, stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT)
+        processes.append(subprocess.Popen(argv, **kw))
+    try:
+        deadline = time.monotonic() + 120
+        while json.loads(cli("status", job_id, "--json").stdout)["state"] != "done":
+            assert time.monotonic() < deadline, (logs / "agent.log").read_text()[-2000:] + (logs / "server.log").read_text()[-2000:]
+            time.sleep(0.5)
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(timeout=30)
+    cli("list", "--json")
+    wrong = dict(env, BROKER_REDIS_URL=f"redis://:wrong-{PASSWORD}@127.0.0.1:{private_redis}/0")
+    refused = subprocess.run(broker(wrong, "list")[0], capture_output=True, text=True, env=wrong, timeout=60)
+    assert refused.returncode != 0
+    outputs.append(refused.stdout + refused.stderr)
+
+    written = [p for p in [*logs.iterdir(), *(tmp_path / "runs").rglob("*"), *home.rglob("*")] if p.is_file()]
+    assert any("hello from the job" in p.read_text(errors="replace") for p in written)  # the job's own output is there
+    texts = [(str(p), p.read_text(errors="replace")) for p in written] + [("cli output", o) for o in outputs]
+    for where, text in texts:
+        for secret in (PASSWORD, SECRET, token):
+            assert secret not in text, f"{secret[:6]}... leaked into {where}"
