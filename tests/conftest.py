@@ -48,29 +48,34 @@ def stop_redis(proc: subprocess.Popen, port: int) -> None:
         proc.wait(timeout=5)
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory):
-    """A real redis-server on a free loopback port, AOF on, for the whole session."""
+def start_redis(data_dir, *options: str, password: str | None = None) -> tuple[subprocess.Popen, int]:
+    """A real redis-server on a free loopback port, answering pings; (process, port)."""
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.fail("redis-server is not installed: run `make test` (it installs it) or apt-get install redis-server")
     port = free_port()
-    data = tmp_path_factory.mktemp("redis")
+    auth = ["--requirepass", password] if password else []
     proc = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data), "--appendonly", "yes", "--save", ""],
+        [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data_dir), "--save", "", *auth, *options],
         stdout=subprocess.DEVNULL,
     )
-    client = redis.Redis(port=port)
+    client = redis.Redis(port=port, password=password)
     deadline = time.monotonic() + 10
     while True:
         try:
             client.ping()
-            break
+            return proc, port
         except redis.ConnectionError:
             if time.monotonic() > deadline or proc.poll() is not None:
                 proc.kill()
                 pytest.fail(f"redis-server did not start on port {port}")
             time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real redis-server on a free loopback port, AOF on, for the whole session."""
+    proc, port = start_redis(tmp_path_factory.mktemp("redis"), "--appendonly", "yes")
     yield f"redis://127.0.0.1:{port}/0"
     stop_redis(proc, port)
 

@@ -3,35 +3,21 @@ grepped for in every log, output and run file a real server, agent and job produ
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-import redis
 import yaml
 
-from conftest import free_port
+from conftest import start_redis
 
 PASSWORD, SECRET = "s3cret-redis-pass", "agent-secret-0xdeadbeef"
 
 
 @pytest.fixture
 def private_redis(tmp_path):
-    port = free_port()
-    proc = subprocess.Popen([shutil.which("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--requirepass", PASSWORD,
-                             "--dir", str(tmp_path), "--save", ""], stdout=subprocess.DEVNULL)  # fmt: skip
-    client = redis.Redis(port=port, password=PASSWORD)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
+    proc, port = start_redis(tmp_path, password=PASSWORD)
     yield port
     proc.kill()
     proc.wait()
