@@ -103,8 +103,7 @@ def restore(weights_only: bool = True) -> Any | None:
         return None
     store, job = _store()
     began = time.monotonic()
-    manifest = next((m for m in store.manifests(job) if m.url.rstrip("/") == resume.rstrip("/")), None)
-    problem = "has no manifest" if manifest is None else store.verify(manifest)
+    manifest, problem = store.verified_at(job, resume)
     if problem:  # it broke after the agent chose it: fall back to the newest one that verifies
         manifest, _ = store.latest_verified(job)
         _emit({"type": "checkpoint_skipped", "url": resume, "reason": problem})

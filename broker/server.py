@@ -47,10 +47,15 @@ class BrokerServer:
         self.agent_secret = agent_secret  # when set, only agents with a valid registration token get work
         self.leader_lease_ms = int(leader_lease_s * 1000)
         self.token: int | None = None  # our fencing token while we hold the planning lease
+        self._led_at = 0.0
 
     def lead(self) -> bool:
-        """Hold the planning lease (one replica plans at a time); False while another replica holds it."""
+        """Hold the planning lease (one replica plans at a time); False while another replica holds it.
+        Renewed at most every quarter lease: writes are fenced by the lease key in their transaction anyway."""
+        if self.token is not None and time.monotonic() - self._led_at < self.leader_lease_ms / 4000:
+            return True
         token = self.store.lead(self.consumer, self.leader_lease_ms)
+        self._led_at = time.monotonic()
         if token != self.token:
             log.info("server=%s %s", self.consumer, f"leads with token={token}" if token else "is standby")
             self.token = token

@@ -160,6 +160,12 @@ class CheckpointStore:
                 return f"{entry.name} does not match its manifest (size {size} vs {entry.size})"
         return None
 
+    def verified_at(self, job_id: str, url: str) -> tuple[Manifest | None, str | None]:
+        """The job's published checkpoint at `url` if it verifies: (manifest, None), else (None, what is wrong)."""
+        manifest = next((m for m in self.manifests(job_id) if m.url.rstrip("/") == url.rstrip("/")), None)
+        problem = "has no manifest" if manifest is None else self.verify(manifest)
+        return (None, problem) if problem else (manifest, None)
+
     def latest_verified(self, job_id: str) -> tuple[Manifest | None, list[str]]:
         """The newest checkpoint that verifies, and a line for each newer one skipped."""
         skipped = []

@@ -34,6 +34,7 @@ CHECKPOINT_EVERY_S = 5.0
 OWNERSHIP_EVERY_S = 1.0
 PROGRESS_EVERY_S = 1.0  # as the other agents: windows come many times a second
 STATS_EVERY_S = 2.0
+ASSIGNMENT_EVERY_S = 0.2  # bubble signals come tens of times a second; the stream needs no such rate
 
 
 class FillAgent:
@@ -53,7 +54,7 @@ class FillAgent:
         self.total_steps = 0
         self.served: list[str] = []  # job ids it ran, in order
         self._thread = threading.Thread(target=self._serve, name=f"fill-agent-{self.id}", daemon=True)
-        self._beat = self._owned = self._saved = self._reported = self._published = 0.0
+        self._beat = self._owned = self._saved = self._reported = self._published = self._polled = 0.0
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -104,7 +105,8 @@ class FillAgent:
             self.store.renew_lease(self.id, self.lease_ms)
         if now - self._published >= STATS_EVERY_S:
             self._publish()
-        if self.executor is None:
+        if self.executor is None and now - self._polled >= ASSIGNMENT_EVERY_S:
+            self._polled = now
             self._take_assignment()
         elif now - self._owned >= OWNERSHIP_EVERY_S:
             self._owned = now
@@ -150,8 +152,8 @@ class FillAgent:
             return None
         import torch
 
-        manifest, _ = self.checkpoints.latest_verified(job_id)
-        if manifest is None or manifest.url != url:
+        manifest, _ = self.checkpoints.verified_at(job_id, url)
+        if manifest is None:
             return None
         with self.checkpoints.open_file(manifest, STATE_FILE) as f:
             return torch.load(f, weights_only=False)

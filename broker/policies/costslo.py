@@ -139,7 +139,8 @@ def _penalty(items: list[PlanItem], offers: list[Offer], table: OptionTable, row
     weight = np.array([2.0 ** max(-5, min(5, i.spec.priority)) for i in items])
     must_run = PENDING_FACTOR * np.maximum(dearest, 1.0) * urgency * weight
     on_demand = np.full(len(items), math.inf)
-    od_rows = rows[np.array([offers[k].tier == Tier.on_demand for k in table.offer[rows]], dtype=bool)] if len(rows) else rows
+    on_demand_offer = np.array([o.tier == Tier.on_demand for o in offers], dtype=bool)
+    od_rows = rows[on_demand_offer[table.offer[rows]]]
     np.minimum.at(on_demand, table.job[od_rows], table.cost[od_rows])
     patient = np.array([may_wait(i, now) for i in items], dtype=bool)
     return np.where(patient & np.isfinite(on_demand), WAIT_SHARE * on_demand, must_run)

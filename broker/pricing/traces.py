@@ -78,9 +78,8 @@ class Trace:
         return float((self.data > 0).mean()) if len(self.data) else 0.0
 
 
-def load_trace(path: Path) -> Trace:
-    """Read one trace file; BrokerError naming the file when it is not in the trace format."""
-    path = Path(path)
+def read_ticks(path: Path) -> tuple[float, np.ndarray]:
+    """(gap seconds, counts) of a trace file; BrokerError naming the file when it is not in the trace format."""
     try:
         body = json.loads(path.read_text())
         gap_s, data = float(body["metadata"]["gap_seconds"]), np.asarray(body["data"], dtype=float)
@@ -88,6 +87,13 @@ def load_trace(path: Path) -> Trace:
         raise BrokerError(f"trace {path}: not a spot trace ({err}); expected {{metadata: {{gap_seconds}}, data: [...]}}") from None
     if gap_s <= 0 or data.ndim != 1 or (data < 0).any():
         raise BrokerError(f"trace {path}: gap_seconds must be > 0 and data a list of counts >= 0")
+    return gap_s, data
+
+
+def load_trace(path: Path) -> Trace:
+    """Read one trace file, placed by its name (<zone>_<gpu>_<count>.json in a <cloud>-<date> directory)."""
+    path = Path(path)
+    gap_s, data = read_ticks(path)
     cloud = path.parent.name.split("-")[0]
     kind = "availability" if "availability" in path.parts else "preemption"
     match = _NAME.match(path.stem)

@@ -111,8 +111,8 @@ class SimFleet:
         """Progress saved in the checkpoint at `url` (0 without one), read from the store after verifying it."""
         if url is None:
             return 0.0
-        manifest, _ = self.checkpoints.latest_verified(job_id)
-        if manifest is None or manifest.url != url:
+        manifest, _ = self.checkpoints.verified_at(job_id, url)
+        if manifest is None:
             return 0.0
         with self.checkpoints.open_file(manifest, "state.json") as f:
             return float(json.load(f)["done"])

@@ -57,11 +57,16 @@ class Outcome:
         return {j.spec.name: j.cost_usd for j in self.jobs if j.state == JobState.done and not missed_deadline(j, self.end)}
 
     def tier_hours(self) -> dict[str, float]:
-        hours = {"bubble": 0.0, "spot": 0.0, "on_demand": 0.0}
-        for job in self.jobs:
-            for run in job.runs:
-                hours[run.offer.tier.value] += run.hours(self.end)
-        return hours
+        return tier_hours(self.jobs, self.end)
+
+
+def tier_hours(jobs: list[Job], end: datetime) -> dict[str, float]:
+    """Instance hours of the jobs' runs by tier."""
+    hours = {"bubble": 0.0, "spot": 0.0, "on_demand": 0.0}
+    for job in jobs:
+        for run in job.runs:
+            hours[run.offer.tier.value] += run.hours(end)
+    return hours
 
 
 def check_policies(names: list[str]) -> list[str]:

@@ -12,7 +12,6 @@ least `spot_instances` instances (a 1-node trace says whether spot could be had,
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,7 +23,7 @@ import yaml
 from broker.errors import BrokerError
 from broker.model import Offer, Tier
 from broker.pricing.catalog import PriceCatalog
-from broker.pricing.traces import Trace, load_trace
+from broker.pricing.traces import Trace, load_trace, read_ticks
 
 UNLIMITED = 10**6
 
@@ -91,11 +90,7 @@ def _placement(path: Path, mapping: dict) -> dict:
     missing = [k for k in ("cloud", "region", "instance_type") if k not in entry]
     if missing:
         raise BrokerError(f"offers.yaml: {path.name} needs {', '.join(missing)}; give cloud, region, zone and instance_type")
-    try:
-        body = json.loads(path.read_text())
-        gap_s, data = float(body["metadata"]["gap_seconds"]), np.asarray(body["data"], dtype=float)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise BrokerError(f"trace {path}: not a spot trace ({err}); expected {{metadata: {{gap_seconds}}, data: [...]}}") from None
+    gap_s, data = read_ticks(path)
     zone = entry.get("zone") or entry["region"]
     trace = Trace(path.stem, "availability", entry["cloud"], entry["region"], zone, entry["instance_type"], gap_s, data)
     return {"trace": trace, **{k: entry.get(k) for k in ("cloud", "region", "instance_type", "spot_usd_per_h")}, "zone": zone}

@@ -14,7 +14,7 @@ import pandas as pd  # noqa: E402
 
 from broker.errors import BrokerError  # noqa: E402
 from broker.reporting import missed_deadline, spend_over_time  # noqa: E402
-from broker.sim.backtest import OMNISCIENT, Result  # noqa: E402
+from broker.sim.backtest import OMNISCIENT, Result, tier_hours  # noqa: E402
 
 POLICIES_CSV, JOBS_CSV, SPEND_CSV, SUMMARY_JSON = "policies.csv", "jobs.csv", "spend.csv", "summary.json"
 TIERS = ("bubble", "spot", "on_demand")
@@ -38,9 +38,7 @@ def jobs_frame(result: Result) -> pd.DataFrame:
     rows = []
     for out in result.outcomes:
         for job in out.jobs:
-            hours = {t: 0.0 for t in TIERS}
-            for run in job.runs:
-                hours[run.offer.tier.value] += run.hours(out.end)
+            hours = tier_hours([job], out.end)
             bound = result.bound.get(job.spec.name)
             rows.append({
                 "policy": out.policy, "job": job.id, "state": job.state.value, "cost_usd": round(job.cost_usd, 4),
