@@ -105,9 +105,10 @@ class FillAgent:
             self.store.renew_lease(self.id, self.lease_ms)
         if now - self._published >= STATS_EVERY_S:
             self._publish()
-        if self.executor is None and now - self._polled >= ASSIGNMENT_EVERY_S:
-            self._polled = now
-            self._take_assignment()
+        if self.executor is None:
+            if now - self._polled >= ASSIGNMENT_EVERY_S:
+                self._polled = now
+                self._take_assignment()
         elif now - self._owned >= OWNERSHIP_EVERY_S:
             self._owned = now
             job = self.store.get_job(self.job.id)
