@@ -4,7 +4,7 @@ Submits `--jobs` checkpointing torch jobs (examples/jobs/train_mlp.py) to `--age
 (processes standing for on-demand L4 instances) and a `broker server` process. Meanwhile it kills
 (SIGKILL) one random instance every `--kill-every-s` seconds, agent and job process together as a
 lost machine would, and starts a fresh one in its place; and it kills the server once and starts
-it again. At the end: how many jobs finished, how many were lost, whether any job ever had two
+it again; with `--redis-restart-at-s` it also restarts redis-server (AOF on, same port) under load. At the end: how many jobs finished, how many were lost, whether any job ever had two
 runs at once, and the most work a run lost, in steps since its last checkpoint (goal: at most one
 checkpoint interval) and as the server measures it in seconds (that includes a run's start-up).
 
@@ -69,8 +69,14 @@ def overlapping(job) -> bool:
     return any(end is None or end > later for (_, end), (later, _) in zip(spans, spans[1:]))
 
 
+def terminal_events(store, job_id: str) -> int:
+    """How many terminal state changes the job's event log holds (1 for a job that ended once)."""
+    return sum(e["state"] in ("done", "failed", "cancelled") for e in store.events(job_id, count=1_000_000))
+
+
 def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 4.0, server_kill_at_s: float = 8.0,
-        timeout_s: float = 600.0, seed: int = 0) -> dict:  # fmt: skip
+        timeout_s: float = 600.0, seed: int = 0, restart_redis=None, redis_restart_at_s: float = 12.0) -> dict:  # fmt: skip
+    """`restart_redis`: a callable that stops redis-server and starts it again on the same port and data."""
     from broker import policies
     from broker.agents.provision import LocalProvisioner
     from broker.clock import SystemClock
@@ -81,7 +87,7 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
     from broker.store import Store
 
     rng = random.Random(seed)
-    store = Store(redis_url, prefix=PREFIX)
+    store = Store(redis_url, prefix=PREFIX, outage_s=60)
     for key in store.redis.scan_iter(f"{PREFIX}*"):
         store.redis.delete(key)
     work = Path(tempfile.mkdtemp(prefix="broker-chaos-"))
@@ -96,7 +102,7 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
             "work": {"gpu_hours": 0.01}, "checkpoint": {"size_gb": 0.001, "restore_minutes": 0.1}, "max_restarts": 20,
             "env": {"STEPS": str(STEPS), "CKPT_EVERY": str(CKPT_EVERY), "STEP_SLEEP_S": str(STEP_SLEEP_S), "OUTPUT": "/dev/null"}}  # fmt: skip
     server = _server(redis_url, checkpoints, work / "home")
-    count, kills, server_kills = 0, 0, 0
+    count, kills, server_kills, redis_restarts = 0, 0, 0, 0
     try:
         for _ in range(agents):
             count += 1
@@ -112,6 +118,9 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
                 server.kill()
                 server.wait()
                 server, server_kills = _server(redis_url, checkpoints, work / "home"), 1
+            if restart_redis and redis_restarts == 0 and now - began >= redis_restart_at_s:
+                restart_redis()
+                redis_restarts = 1
             if now - last_kill >= kill_every_s:
                 victim = rng.choice(sorted(provisioner.agents))
                 _kill_instance(store, provisioner, victim)
@@ -132,7 +141,8 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
         "duplicated": sum(overlapping(j) for j in final), "max_work_lost_s": round(max(lost_s, default=0.0), 2),
         "max_work_lost_steps": max(lost_steps, default=0.0), "checkpoint_interval_steps": CKPT_EVERY,
         "checkpoint_interval_s": interval_s, "instances_killed": kills, "server_kills": server_kills,
-        "migrations": sum(j.migrations for j in final), "seconds": round(elapsed, 1),
+        "migrations": sum(j.migrations for j in final), "seconds": round(elapsed, 1), "redis_restarts": redis_restarts,
+        "duplicate_terminal": sum(terminal_events(store, j.id) > 1 for j in final),
         "notice_to_checkpoint_p50_s": None, "notice_to_checkpoint_p99_s": None,  # notices: not exercised here yet
     }  # fmt: skip
 
@@ -142,12 +152,23 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument("--agents", type=int, default=10)
     parser.add_argument("--kill-every-s", type=float, default=4.0)
+    parser.add_argument("--redis-restart-at-s", type=float, default=12.0, help="Restart redis-server this far in (0: never).")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     from broker import embedded
 
-    with embedded.scratch() as url:
-        result = run(url, args.jobs, args.agents, args.kill_every_s)
+    home = Path(tempfile.mkdtemp(prefix="broker-chaos-redis-"))
+    url = embedded.ensure(home).url  # AOF with fsync always, as the product runs it
+
+    def restart_redis() -> None:
+        embedded.stop(home)
+        embedded.ensure(home)  # the same port and data
+
+    try:
+        result = run(url, args.jobs, args.agents, args.kill_every_s, restart_redis=restart_redis if args.redis_restart_at_s else None,
+                     redis_restart_at_s=args.redis_restart_at_s)  # fmt: skip
+    finally:
+        embedded.stop(home)
     print(json.dumps(result, indent=None if args.json else 1))
 
 

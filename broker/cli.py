@@ -223,7 +223,7 @@ def agent(
     if metrics_port:
         serve(metrics.registry, metrics_port)
     worker = Agent(
-        store_for(settings), agent_id, catalog.offer(offer_id), checkpoints or settings.checkpoints,
+        store_for(settings, daemon=True), agent_id, catalog.offer(offer_id), checkpoints or settings.checkpoints,
         runs or settings.home / "runs", notices=source, lease_s=lease_s, metrics=metrics, token=token,
     )  # fmt: skip
     err.print(f"agent {agent_id} ended: {worker.run()}")
@@ -248,7 +248,7 @@ def server(
     from broker.server import BrokerServer
 
     settings = Settings.from_env()
-    broker = make_broker()
+    broker = make_broker(daemon=True)
     from broker.metrics import ServerMetrics, serve
 
     metrics = ServerMetrics(broker.store)

@@ -59,15 +59,16 @@ def redis_url(settings: Settings) -> str:
     return server.url
 
 
-def store_for(settings: Settings) -> Store:
-    return Store(redis_url(settings), prefix=settings.prefix)
+def store_for(settings: Settings, daemon: bool = False) -> Store:
+    """The store; a daemon's (server, agent) rides out Redis restarts, a command's fails at once."""
+    return Store(redis_url(settings), prefix=settings.prefix, outage_s=settings.redis_outage_s if daemon else 0.0)
 
 
-def make_broker(with_store: bool = True, live: bool = False) -> Broker:
+def make_broker(with_store: bool = True, live: bool = False, daemon: bool = False) -> Broker:
     """The core on the configured store. `live` prices with what the store knows (recorded prices, eviction
     bands, our agents' preemptions), which reads every job and price: only the commands that price ask for it."""
     settings = Settings.from_env()
-    store = store_for(settings) if with_store else None
+    store = store_for(settings, daemon) if with_store else None
     catalog = PriceCatalog.from_snapshot(settings.prices_dir)
     if store and live:
         history = PriceHistory(store)

@@ -73,6 +73,18 @@ def _running(home: Path) -> dict | None:
     return state if _alive(state["port"]) else None
 
 
+def _previous_port(home: Path) -> int | None:
+    """The port the stopped server had, if it is free now."""
+    try:
+        port = int(json.loads(_state_file(home).read_text())["port"])
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as redis-server binds: closed connections
+            s.bind(("127.0.0.1", port))  # in TIME_WAIT do not hold the port
+        return port
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _binary() -> str:
     binary = shutil.which("redis-server")
     if binary is None:
@@ -112,7 +124,7 @@ def ensure(home: Path) -> EmbeddedRedis:
         if state:
             return EmbeddedRedis(f"redis://127.0.0.1:{state['port']}/0", state["port"], state["pid"], data_dir, False)
         binary = _binary()
-        port = _free_port()
+        port = _previous_port(home) or _free_port()  # the same port again: agents and servers reconnect to it
         pidfile = data_dir / "redis.pid"
         pidfile.unlink(missing_ok=True)
         subprocess.run(
@@ -146,6 +158,5 @@ def stop(home: Path) -> bool:
         # redis removes its pid file after the final AOF fsync, just before it exits
         while ((data_dir / "redis.pid").exists() or _alive(state["port"])) and time.monotonic() < deadline:
             time.sleep(0.02)
-        _state_file(home).unlink(missing_ok=True)
-        return True
+        return True  # the state file stays: the next start takes the same port
 

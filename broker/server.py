@@ -15,6 +15,8 @@ import logging
 import time
 from datetime import datetime
 
+import redis
+
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.tokens import refusal
 from broker.errors import InfeasibleError, NotFoundError
@@ -101,7 +103,12 @@ class BrokerServer:
 
     def serve(self, until=lambda: False, interval_s: float = 0.05) -> None:
         while not until():
-            self.round()
+            try:
+                self.round()
+            except redis.ConnectionError as err:  # Redis gone for longer than the store rides out: retry
+                log.warning("server=%s redis unreachable (%s); retrying in 1 s", self.consumer, err)
+                time.sleep(1.0)
+                continue
             time.sleep(interval_s)
 
     # -- reports --------------------------------------------------------------------------

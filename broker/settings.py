@@ -21,6 +21,7 @@ class Settings:
     prefix: str = "broker:"  # BROKER_PREFIX: key prefix in Redis
     round_budget_usd: float | None = None  # BROKER_ROUND_BUDGET_USD: expected spend one planning round may commit
     agent_secret: str | None = field(default=None, repr=False)  # BROKER_AGENT_SECRET: agents need a token signed with it
+    redis_outage_s: float = 120.0  # BROKER_REDIS_OUTAGE_S: how long the server and agents ride out a Redis restart
 
     def policy_options(self) -> dict:
         """Keyword arguments for the active policy."""
@@ -40,10 +41,11 @@ class Settings:
             prefix=env.get("BROKER_PREFIX", "broker:"),
             round_budget_usd=_positive(env, "BROKER_ROUND_BUDGET_USD"),
             agent_secret=env.get("BROKER_AGENT_SECRET") or None,
+            redis_outage_s=_positive(env, "BROKER_REDIS_OUTAGE_S", "seconds", 120) or 120.0,
         )
 
 
-def _positive(env: Mapping[str, str], name: str) -> float | None:
+def _positive(env: Mapping[str, str], name: str, unit: str = "USD", example: float = 500) -> float | None:
     text = env.get(name)
     if not text:
         return None
@@ -52,5 +54,5 @@ def _positive(env: Mapping[str, str], name: str) -> float | None:
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise BrokerError(f"{name}: {text!r} is not a positive number of USD; set it like {name}=500 or unset it")
+        raise BrokerError(f"{name}: {text!r} is not a positive number of {unit}; set it like {name}={example} or unset it")
     return value

@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from urllib.parse import urlsplit, urlunsplit
 from collections.abc import Callable
 from datetime import datetime
 
 import redis
+from redis.backoff import EqualJitterBackoff
+from redis.retry import Retry
 
 from broker.errors import BrokerError, NotFoundError, StoreUnavailableError
 from broker.model import AgentInfo, Job, JobState
@@ -66,10 +69,13 @@ return redis.call('INCR', KEYS[2])
 class Store:
     """Jobs and their event log in Redis."""
 
-    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX):
+    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, outage_s: float = 0.0):
+        """`outage_s` > 0 (the server and agents): every command rides out a Redis restart or fail-over of
+        about that long, reconnecting with backoff, instead of failing at once (what a CLI command wants)."""
         self.url = redact_url(url)  # for messages and logs; the client keeps the real one
         self.prefix = prefix
-        self.redis = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=3)
+        patience = {"retry": patient_retry(outage_s), "socket_keepalive": True} if outage_s > 0 else {}
+        self.redis = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=3, **patience)
         self._ensure_durable()
 
     def _key(self, *parts: str) -> str:
@@ -345,6 +351,23 @@ def _parse_report(fields: dict) -> dict | None:
     except (KeyError, TypeError, ValueError):
         return None
     return report if isinstance(data, dict) else None
+
+
+class PatientRetry(Retry):
+    """Reconnect and resend on connection errors (LOADING while Redis replays its AOF is one); a refused
+    password or ACL is no outage and fails at once."""
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        def retryable(error: Exception) -> bool:
+            refused = isinstance(error, (redis.AuthenticationError, redis.exceptions.AuthorizationError))
+            return not refused and (is_retryable is None or is_retryable(error))
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+def patient_retry(outage_s: float) -> Retry:
+    """Retries for about `outage_s`: backoff from 50 ms doubling to 1 s, jittered so agents do not reconnect in step."""
+    return PatientRetry(EqualJitterBackoff(cap=1.0, base=0.05), retries=math.ceil(outage_s / 0.75) + 6)
 
 
 def redact_url(url: str) -> str:

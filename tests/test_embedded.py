@@ -38,3 +38,47 @@ def test_missing_redis_server_binary_says_how_to_install_it(tmp_path, monkeypatc
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(StoreUnavailableError, match="apt-get install redis-server"):
         embedded.ensure(tmp_path)
+
+
+def test_a_patient_store_rides_out_a_restart_and_an_impatient_one_fails_at_once(tmp_path):
+    """The server's and agents' store reconnects with backoff while redis-server restarts (same port, AOF);
+    a command's store reports the outage at once."""
+    import threading
+    import time
+
+    from broker.store import Store
+
+    server = embedded.ensure(tmp_path)
+    patient, impatient = Store(server.url, outage_s=30), Store(server.url)
+    patient.redis.set("before", "1")
+    embedded.stop(tmp_path)
+    with pytest.raises(redis.ConnectionError):
+        impatient.redis.get("before")
+    restarter = threading.Timer(1.5, embedded.ensure, args=(tmp_path,))
+    restarter.start()
+    try:
+        began = time.monotonic()
+        assert patient.redis.get("before") == "1"  # waited for the restart, then read the replayed AOF
+        assert time.monotonic() - began >= 1.0
+        restarter.join()
+        assert embedded.ensure(tmp_path).port == server.port
+    finally:
+        restarter.join()
+        embedded.stop(tmp_path)
+
+
+def test_a_patient_store_does_not_wait_on_a_wrong_password(tmp_path):
+    import time
+
+    from broker.store import Store
+
+    from conftest import start_redis, stop_redis
+
+    proc, port = start_redis(tmp_path, password="right")
+    try:
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailableError, match="invalid username-password"):
+            Store(f"redis://:wrong@127.0.0.1:{port}/0", outage_s=30)
+        assert time.monotonic() - began < 3
+    finally:
+        stop_redis(proc, port)

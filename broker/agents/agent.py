@@ -15,6 +15,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import redis
+
 from broker.agents.runner import JobProcess
 from broker.model import AgentInfo, Offer
 from broker.store import Store
@@ -69,7 +71,12 @@ class Agent:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stopping", True))
         self.register()
         while True:
-            outcome = self.step()
+            try:
+                outcome = self.step()
+            except redis.ConnectionError as err:  # Redis gone for longer than the store rides out: keep the job, retry
+                log.warning("agent=%s redis unreachable (%s); retrying in 1 s", self.id, err)
+                time.sleep(1.0)
+                continue
             if outcome:
                 return outcome
 

@@ -2,6 +2,7 @@
 every job still finishes, never runs twice at once, and loses at most one checkpoint interval per loss."""
 
 import sys
+import time
 
 from conftest import ROOT
 
@@ -16,3 +17,25 @@ def test_jobs_survive_kill_9_of_instances_and_of_the_server(redis_url):
     assert result["duplicated"] == 0
     assert result["migrations"] >= 1
     assert result["max_work_lost_steps"] <= result["checkpoint_interval_steps"]
+
+
+def test_jobs_survive_a_redis_restart_under_load(tmp_path):
+    """redis-server (AOF, fsync always) restarts mid-run: the server and agents reconnect with backoff, pending
+    stream entries are read again, and every job finishes exactly once."""
+    from broker import embedded
+
+    url = embedded.ensure(tmp_path).url
+
+    def restart_redis():
+        embedded.stop(tmp_path)
+        time.sleep(6)  # down for longer than redis-py's default retries last (about 2-4 s)
+        embedded.ensure(tmp_path)
+
+    try:
+        result = chaos.run(url, jobs=8, agents=3, kill_every_s=1000, server_kill_at_s=1000, timeout_s=400,
+                           restart_redis=restart_redis, redis_restart_at_s=4.0)  # fmt: skip
+    finally:
+        embedded.stop(tmp_path)
+    assert result["redis_restarts"] == 1
+    assert result["finished"] == result["submitted"] == 8 and result["lost"] == 0
+    assert result["duplicated"] == 0 and result["duplicate_terminal"] == 0
