@@ -4,7 +4,10 @@ Submits `--jobs` checkpointing torch jobs (examples/jobs/train_mlp.py) to `--age
 (processes standing for on-demand L4 instances) and a `broker server` process. Meanwhile it kills
 (SIGKILL) one random instance every `--kill-every-s` seconds, agent and job process together as a
 lost machine would, and starts a fresh one in its place; and it kills the server once and starts
-it again; with `--redis-restart-at-s` it also restarts redis-server (AOF on, same port) under load. At the end: how many jobs finished, how many were lost, whether any job ever had two
+it again; with `--redis-restart-at-s` it also restarts redis-server (AOF on, same port) under load; with
+`--notice-every-s` a local metadata service (one per instance, each cloud's own format) announces a
+preemption to a busy instance, 120 s ahead for AWS and 30 s for GCP and Azure, and the instance is
+reclaimed once its agent has left. At the end: how many jobs finished, how many were lost, whether any job ever had two
 runs at once, and the most work a run lost, in steps since its last checkpoint (goal: at most one
 checkpoint interval) and as the server measures it in seconds (that includes a run's start-up).
 
@@ -21,12 +24,77 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from datetime import datetime, timedelta, timezone
+from email.utils import format_datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "chaos:"
 STEPS, CKPT_EVERY, STEP_SLEEP_S = 60, 10, 0.05
+
+
+CLOUDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}  # each cloud's notice lead, seconds
+
+
+class Metadata:
+    """The instance metadata services of every local instance, at /{agent}/...: AWS IMDSv2 spot
+    instance-action, GCE's preempted flag, Azure Scheduled Events; `announce` schedules a preemption."""
+
+    def __init__(self):
+        self.notices: dict[str, datetime] = {}  # agent -> when its instance goes away
+        metadata = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _reply(self, status: int, body: str = "", kind: str = "text/plain") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def do_PUT(self):
+                self._reply(200, "token") if self.path.endswith("/latest/api/token") else self._reply(404)
+
+            def do_POST(self):
+                self._reply(200)  # Azure StartRequests: acknowledged
+
+            def do_GET(self):
+                agent, _, path = self.path.lstrip("/").partition("/")
+                deadline = metadata.notices.get(agent)
+                if path.startswith("latest/meta-data/spot/instance-action"):
+                    if deadline is None:
+                        return self._reply(404)
+                    return self._reply(200, json.dumps({"action": "terminate", "time": deadline.strftime("%Y-%m-%dT%H:%M:%SZ")}), "application/json")
+                if path.startswith("computeMetadata/v1/instance/preempted"):
+                    return self._reply(200, "TRUE" if deadline else "FALSE")
+                if path.startswith("metadata/scheduledevents"):
+                    events = [] if deadline is None else [{"EventId": f"{agent}-preempt", "EventType": "Preempt", "ResourceType": "VirtualMachine",
+                                                           "Resources": [agent], "EventStatus": "Scheduled", "NotBefore": format_datetime(deadline, usegmt=True),
+                                                           "Description": "", "EventSource": "Platform", "DurationInSeconds": -1}]  # fmt: skip
+                    return self._reply(200, json.dumps({"DocumentIncarnation": len(events), "Events": events}), "application/json")
+                self._reply(404)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def url(self, agent_id: str) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/{agent_id}"
+
+    def announce(self, agent_id: str, lead_s: float) -> datetime:
+        """Schedule the instance's preemption `lead_s` from now (whole seconds: AWS's format has no fraction)."""
+        deadline = (datetime.now(timezone.utc) + timedelta(seconds=lead_s)).replace(microsecond=0)
+        self.notices[agent_id] = deadline
+        return deadline
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 def _kill_instance(store, provisioner, agent_id: str) -> None:
@@ -42,6 +110,14 @@ def _kill_instance(store, provisioner, agent_id: str) -> None:
     process = provisioner.agents.pop(agent_id)
     process.kill()
     process.wait()
+
+
+def _has_work_to_save(store, agent) -> bool:
+    """Whether the agent runs a job that has reported progress in its current run (something to checkpoint)."""
+    if agent is None or agent.job is None:
+        return False
+    run = store.get_job(agent.job).current_run
+    return run is not None and run.fence == agent.fence and run.progress_done > 0
 
 
 def _job_pid(store, job_id: str, fence: int | None) -> int | None:
@@ -75,8 +151,11 @@ def terminal_events(store, job_id: str) -> int:
 
 
 def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 4.0, server_kill_at_s: float = 8.0,
-        timeout_s: float = 600.0, seed: int = 0, restart_redis=None, redis_restart_at_s: float = 12.0) -> dict:  # fmt: skip
-    """`restart_redis`: a callable that stops redis-server and starts it again on the same port and data."""
+        timeout_s: float = 600.0, seed: int = 0, restart_redis=None, redis_restart_at_s: float = 12.0,
+        notice_every_s: float | None = None) -> dict:  # fmt: skip
+    """`restart_redis`: a callable that stops redis-server and starts it again on the same port and data;
+    `notice_every_s`: announce a preemption to a busy instance this often (clouds in turn)."""
+    from broker.agents.checkpoints import CheckpointStore
     from broker import policies
     from broker.agents.provision import LocalProvisioner
     from broker.clock import SystemClock
@@ -103,12 +182,22 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
             "env": {"STEPS": str(STEPS), "CKPT_EVERY": str(CKPT_EVERY), "STEP_SLEEP_S": str(STEP_SLEEP_S), "OUTPUT": "/dev/null"}}  # fmt: skip
     server = _server(redis_url, checkpoints, work / "home")
     count, kills, server_kills, redis_restarts = 0, 0, 0, 0
+    metadata = Metadata() if notice_every_s else None
+    clouds: dict[str, str] = {}
+    notices: list[dict] = []  # one per announced preemption: agent, cloud, job, fence, posted, deadline
+
+    def start_instance() -> None:
+        nonlocal count
+        count += 1
+        agent_id = f"agent-{count:03d}"
+        clouds[agent_id] = list(CLOUDS)[count % len(CLOUDS)]
+        provisioner.start(agent_id, offer, notices=f"{clouds[agent_id]}={metadata.url(agent_id)}" if metadata else "none")
+
     try:
         for _ in range(agents):
-            count += 1
-            provisioner.start(f"agent-{count:03d}", offer)
+            start_instance()
         ids = [broker.submit(validate_spec({**spec, "name": f"chaos-{i:03d}"}, clock.now())).id for i in range(jobs)]
-        began = last_kill = time.monotonic()
+        began = last_kill = last_notice = time.monotonic()
         while time.monotonic() - began < timeout_s:
             current = [store.get_job(i) for i in ids]
             if all(j.state.terminal for j in current):
@@ -121,17 +210,34 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
             if restart_redis and redis_restarts == 0 and now - began >= redis_restart_at_s:
                 restart_redis()
                 redis_restarts = 1
+            noticed = {n["agent"] for n in notices}
             if now - last_kill >= kill_every_s:
-                victim = rng.choice(sorted(provisioner.agents))
+                victim = rng.choice(sorted(set(provisioner.agents) - noticed))
                 _kill_instance(store, provisioner, victim)
-                count, kills, last_kill = count + 1, kills + 1, now
-                provisioner.start(f"agent-{count:03d}", offer)
+                kills, last_kill = kills + 1, now
+                start_instance()
+            if metadata and now - last_notice >= notice_every_s:
+                busy = [a for a in sorted(set(provisioner.agents) - noticed) if _has_work_to_save(store, store.get_agent(a))]
+                if busy:
+                    agent_id = rng.choice(busy)
+                    info, posted = store.get_agent(agent_id), datetime.now(timezone.utc)
+                    deadline = metadata.announce(agent_id, CLOUDS[clouds[agent_id]])
+                    notices.append({"agent": agent_id, "cloud": clouds[agent_id], "job": info.job, "fence": info.fence, "posted": posted, "deadline": deadline})
+                    last_notice = now
+            for notice in notices:  # the cloud reclaims an instance once its agent has left (or at the deadline)
+                process = provisioner.agents.get(notice["agent"])
+                if process and (process.poll() is not None or datetime.now(timezone.utc) >= notice["deadline"]):
+                    _kill_instance(store, provisioner, notice["agent"])
+                    start_instance()
             time.sleep(0.2)
         elapsed = time.monotonic() - began
         final = [store.get_job(i) for i in ids]
     finally:
         server.kill()
         provisioner.stop_all()
+        if metadata:
+            metadata.close()
+    timing = _notice_timing(notices, {j.id: j for j in final}, CheckpointStore(checkpoints))
     interval_s = CKPT_EVERY * STEP_SLEEP_S
     lost_s = [r.work_lost_s for j in final for r in j.runs]
     lost_steps = [r.progress_done - (r.checkpoint_step or _resumed_step(r)) for j in final for r in j.runs if r.end_reason not in (None, "finished")]
@@ -143,8 +249,35 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
         "checkpoint_interval_s": interval_s, "instances_killed": kills, "server_kills": server_kills,
         "migrations": sum(j.migrations for j in final), "seconds": round(elapsed, 1), "redis_restarts": redis_restarts,
         "duplicate_terminal": sum(terminal_events(store, j.id) > 1 for j in final),
-        "notice_to_checkpoint_p50_s": None, "notice_to_checkpoint_p99_s": None,  # notices: not exercised here yet
+        **timing,
     }  # fmt: skip
+
+
+def _notice_timing(notices: list[dict], jobs: dict, checkpoints) -> dict:
+    """Seconds from each announced preemption to its run's checkpoint, counted only when the checkpoint holds
+    all the run's progress (0 s when it was saved just before the notice), was written before the deadline,
+    and is verified: the job's next run resumed from it (the
+    server resumes only from a checkpoint whose checksums verify; older ones are pruned later), or it
+    verifies now; p50/p99 over them."""
+    import numpy as np
+
+    seconds, missed, finished_first = [], 0, 0
+    for notice in notices:
+        run = next((r for r in jobs[notice["job"]].runs if r.fence == notice["fence"]), None)
+        if run is not None and run.end_reason == "finished":
+            finished_first += 1  # the job ended on its own before it had to checkpoint
+            continue
+        saved = run and run.checkpoint_at and run.checkpoint_step >= run.progress_done and run.checkpoint_at <= notice["deadline"]
+        resumed = saved and any(r.fence > run.fence and r.resume_from == run.checkpoint_url for r in jobs[notice["job"]].runs)
+        if saved and (resumed or checkpoints.verified_at(notice["job"], run.checkpoint_url)[0] is not None):
+            seconds.append(max(0.0, (run.checkpoint_at - notice["posted"]).total_seconds()))
+        else:
+            missed += 1
+    by_cloud = {c: sum(n["cloud"] == c for n in notices) for c in CLOUDS}
+    percentile = (lambda q: round(float(np.percentile(seconds, q)), 3)) if seconds else (lambda q: None)
+    return {"notices": len(notices), "notices_by_cloud": by_cloud, "notices_checkpointed_in_time": len(seconds),
+            "notices_missed": missed, "notices_job_finished_first": finished_first,
+            "notice_to_checkpoint_p50_s": percentile(50), "notice_to_checkpoint_p99_s": percentile(99)}  # fmt: skip
 
 
 def main() -> None:
@@ -152,6 +285,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument("--agents", type=int, default=10)
     parser.add_argument("--kill-every-s", type=float, default=4.0)
+    parser.add_argument("--notice-every-s", type=float, default=3.0, help="Announce a timed preemption this often (0: never).")
     parser.add_argument("--redis-restart-at-s", type=float, default=12.0, help="Restart redis-server this far in (0: never).")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -166,7 +300,7 @@ def main() -> None:
 
     try:
         result = run(url, args.jobs, args.agents, args.kill_every_s, restart_redis=restart_redis if args.redis_restart_at_s else None,
-                     redis_restart_at_s=args.redis_restart_at_s)  # fmt: skip
+                     redis_restart_at_s=args.redis_restart_at_s, notice_every_s=args.notice_every_s or None)  # fmt: skip
     finally:
         embedded.stop(home)
     print(json.dumps(result, indent=None if args.json else 1))

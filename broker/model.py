@@ -152,6 +152,7 @@ class Run(BaseModel):
     checkpoint_url: str | None = None
     checkpoint_step: int | None = None
     checkpoint_at: datetime | None = None
+    checkpoint_error: str | None = None  # why the newest save failed (a full disk...); cleared by the next good one
     cost_usd: float = 0.0
     work_lost_s: float = 0.0
 

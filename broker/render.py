@@ -107,7 +107,7 @@ def runs_table(job: Job) -> Table:
         table.add_row(
             run.id, run.agent, run.offer.tier.value, f"{run.offer.cloud} {run.offer.instance_type}",
             _when(run.started_at), _when(run.ended_at), run.end_reason or "running", f"{run.progress_done:g}{total}",
-            "-" if run.checkpoint_step is None else f"step {run.checkpoint_step}", _money(run.cost_usd), f"{run.work_lost_s:.0f} s",
+            ("-" if run.checkpoint_step is None else f"step {run.checkpoint_step}") + ("; last save failed" if run.checkpoint_error else ""), _money(run.cost_usd), f"{run.work_lost_s:.0f} s",
         )  # fmt: skip
     return table
 

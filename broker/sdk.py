@@ -84,13 +84,22 @@ def progress(done: float, total: float) -> None:
     _emit({"type": "progress", "done": done, "total": total})
 
 
-def save(state: Any, step: int) -> Manifest:
-    """torch.save the state as checkpoint `step`, publish it with its manifest, and report it."""
+def save(state: Any, step: int) -> Manifest | None:
+    """torch.save the state as checkpoint `step`, publish it with its manifest, and report it.
+
+    None when the save failed (a full disk, an unreachable store): the failure is reported with its
+    reason, the previous checkpoint stays the one to resume from, and the job may go on."""
     store, job = _store()
     began = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="broker-ckpt-") as tmp:
-        torch.save(state, Path(tmp) / STATE_FILE)
-        manifest = store.publish(job, step, Path(tmp))
+    try:
+        with tempfile.TemporaryDirectory(prefix="broker-ckpt-") as tmp:
+            torch.save(state, Path(tmp) / STATE_FILE)
+            manifest = store.publish(job, step, Path(tmp))
+    except (CheckpointError, OSError, RuntimeError) as err:  # torch.save reports a full disk as RuntimeError
+        reason = str(err).splitlines()[0][:300]
+        print(f"broker: checkpoint step {step} not saved: {reason}", file=sys.stderr, flush=True)
+        _emit({"type": "checkpoint_failed", "step": step, "reason": reason})
+        return None
     seconds = time.monotonic() - began
     _emit({"type": "checkpoint", "step": step, "url": manifest.url, "bytes": manifest.size_bytes, "seconds": seconds})
     return manifest

@@ -182,6 +182,9 @@ class BrokerServer:
             if not self.checkpoints.owns(str(data["url"]), job.id):
                 raise ValueError(f"checkpoint url {str(data['url'])[:200]!r} is outside the job's directory in the store")
             run.checkpoint_url, run.checkpoint_step, run.checkpoint_at = str(data["url"]), int(data["step"]), now
+            run.checkpoint_error = None
+        elif kind == "checkpoint_failed":
+            run.checkpoint_error = f"step {int(data['step'])}: {str(data['reason'])[:300]}"
         elif kind == "notice":
             update.update(state=JobState.migrating, reason=f"preemption notice on {run.agent}")
         elif kind == "exited":

@@ -78,3 +78,45 @@ def test_the_manifest_is_the_last_file_written(store, tmp_path, monkeypatch):
 
 def test_no_checkpoints_means_none(store):
     assert store.latest_verified("never-saved") == (None, [])
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs: a checkpoint store whose disk fills up (needs root, as CI runs; skipped elsewhere)."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_mid_save_fails_that_save_cleanly_and_the_job_goes_on(small_disk, tmp_path):
+    """A real job process saves a small checkpoint, then one larger than the disk, then finishes: the big save
+    is reported with its reason, leaves no partial files, and the small one stays the one to resume from."""
+    import sys
+
+    from broker.agents.runner import JobProcess
+    from conftest import make_spec
+
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch\nfrom broker import sdk\n"
+        "sdk.save({'w': torch.zeros(1000)}, step=1)\n"  # 4 KB
+        "assert sdk.save({'w': torch.zeros(2_000_000)}, step=2) is None\n"  # 8 MB: more than the disk
+        "sdk.progress(3, 3)\n"
+    )
+    spec = make_spec(name="full-disk", run=[sys.executable, str(script)])
+    job = JobProcess(spec, "full-disk", f"{small_disk}/full-disk", tmp_path / "run")
+    job.start()
+    assert job.wait(timeout=120) == 0, job.log_tail()  # the job went on past the failed save
+    events = job.events()
+    failed = [e for e in events if e["type"] == "checkpoint_failed"]
+    assert [e["step"] for e in failed] == [2] and "No space left on device" in failed[0]["reason"]
+    assert [e["step"] for e in events if e["type"] == "checkpoint"] == [1]
+    store = CheckpointStore(str(small_disk))
+    newest, skipped = store.latest_verified("full-disk")
+    assert newest.step == 1 and skipped == []
+    assert sorted(p.name for p in (small_disk / "full-disk").iterdir()) == ["step-000000000001"]  # no partial step 2

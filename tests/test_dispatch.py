@@ -250,3 +250,16 @@ def test_a_job_cancelled_before_its_agent_started_it_frees_the_agent(system):
     cancelled = system.job(job.id)
     assert cancelled.current_run is None and cancelled.runs[0].end_reason == "cancelled"
     assert system.reports("started") == [] and system.store.get_agent("spot-a").job is None
+
+
+def test_a_failed_save_is_kept_on_the_run_until_a_good_one(system):
+    system.agent("spot-a")
+    job = system.broker.submit(quick_spec())
+    system.server.dispatch()
+    report = {"agent": "spot-a", "job": job.id, "fence": 1}
+    system.server.apply([{**report, "type": "checkpoint_failed", "data": {"step": 7, "reason": "[Errno 28] No space left on device"}}])
+    assert system.job(job.id).current_run.checkpoint_error == "step 7: [Errno 28] No space left on device"
+    url = f"{system.root}/{job.id}/step-000000000008"
+    system.server.apply([{**report, "type": "checkpoint", "data": {"step": 8, "url": url}}])
+    run = system.job(job.id).current_run
+    assert run.checkpoint_error is None and run.checkpoint_step == 8

@@ -23,8 +23,9 @@ from broker.store import Store
 
 log = logging.getLogger(__name__)
 
-FORWARDED = ("progress", "checkpoint", "restored", "checkpoint_skipped")
+FORWARDED = ("progress", "checkpoint", "restored", "checkpoint_skipped", "checkpoint_failed")
 PROGRESS_EVERY_S = 1.0
+NOTICE_POLL_S = 1.0  # how often the metadata service is asked (AWS suggests every 5 s; leads are 30-120 s)
 NOTICE_MARGIN_S = 2.0  # stop the job this long before the instance goes away (less on a short notice)
 
 
@@ -58,6 +59,7 @@ class Agent:
         self._stopping = False
         self._progress: dict | None = None  # the newest progress event not yet reported
         self._progress_sent = 0.0
+        self._notice_polled = 0.0
 
     def register(self) -> None:
         now = datetime.now(timezone.utc)
@@ -90,7 +92,10 @@ class Agent:
                 self.register()
             if self.job:
                 self._check_ownership()
-        notice = self.notices.check() if self.notices else None
+        notice = None
+        if self.notices and time.monotonic() - self._notice_polled >= NOTICE_POLL_S:
+            self._notice_polled = time.monotonic()
+            notice = self.notices.check()
         if notice or self._stopping:
             return self._leave(notice)
         if self.job:

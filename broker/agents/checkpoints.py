@@ -116,6 +116,10 @@ class CheckpointStore:
             manifest = Manifest(job_id, step, datetime.now(timezone.utc).isoformat(), entries)
             self._write_manifest(target, manifest)
         except OSError as err:
+            try:  # a partial step never counts (no manifest); remove it so a full disk gets its space back
+                self.fs.rm(target, recursive=True)
+            except OSError:
+                pass
             raise CheckpointError(f"checkpoint: saving step {step} of {job_id} failed ({err}); the previous checkpoint stays valid") from err
         self._prune(job_id)
         return replace(manifest, url=self.url(target))
