@@ -249,8 +249,18 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
         "checkpoint_interval_s": interval_s, "instances_killed": kills, "server_kills": server_kills,
         "migrations": sum(j.migrations for j in final), "seconds": round(elapsed, 1), "redis_restarts": redis_restarts,
         "duplicate_terminal": sum(terminal_events(store, j.id) > 1 for j in final),
-        **timing,
+        **timing, "not_done": [_why_not_done(j) for j in final if j.state.value != "done"],
     }  # fmt: skip
+
+
+def _why_not_done(job) -> dict:
+    """What a job that did not finish was doing: its state, runs, and how its runs ended."""
+    ends: dict[str, int] = {}
+    for r in job.runs:
+        ends[r.end_reason or "open"] = ends.get(r.end_reason or "open", 0) + 1
+    last = job.current_run or (job.runs[-1] if job.runs else None)
+    return {"job": job.id, "state": job.state.value, "runs": len(job.runs), "ends": ends,
+            "last_agent": last.agent if last else None, "last_started": last.started_at is not None if last else None}  # fmt: skip
 
 
 def _notice_timing(notices: list[dict], jobs: dict, checkpoints) -> dict:

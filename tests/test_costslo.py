@@ -1,6 +1,7 @@
 """The cost/SLO program: optimal on small cases (brute force), capacity and budgets respected, reasons given."""
 
 import itertools
+from datetime import timedelta
 import math
 import random
 
@@ -154,6 +155,17 @@ def test_jobs_left_without_capacity_are_unplaced_with_reason_capacity_most_urgen
     o = offer("a", Tier.on_demand)
     plan = CostSLO().plan([relaxed, urgent], [o], {o.id: 1}, NOW)
     assert plan.assignments == {"urgent": o.id} and plan.unplaced == {"relaxed": "capacity"}
+
+
+def test_without_deadlines_jobs_are_placed_first_come_first_served():
+    """Equal jobs in dispatch order (as the server passes them): the solver alone broke the tie for the last ones,
+    so under steady churn the first submitted waited forever (seen in bench/chaos.py)."""
+    spec = make_spec(work={"gpu_hours": 1.0})
+    items = [PlanItem(f"j{k}", spec, submitted_at=NOW + timedelta(seconds=k)) for k in range(10)]
+    o = offer("a", Tier.on_demand)
+    for order in (items, items[::-1]):
+        plan = CostSLO().plan(order, [o], {o.id: 3}, NOW)
+        assert sorted(plan.assignments) == ["j0", "j1", "j2"]
 
 
 def test_fill_eligible_jobs_go_to_free_bubbles_when_the_deadline_allows():

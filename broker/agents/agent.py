@@ -18,6 +18,7 @@ from pathlib import Path
 import redis
 
 from broker.agents.runner import JobProcess
+from broker.errors import NotFoundError
 from broker.model import AgentInfo, Offer
 from broker.store import Store
 
@@ -123,8 +124,13 @@ class Agent:
         if entry is None:
             return
         entry_id, fields = entry
-        job_id, fence = fields["job"], int(fields["fence"])
-        job = self.store.get_job(job_id)
+        try:
+            job_id, fence = fields["job"], int(fields["fence"])
+            job = self.store.get_job(job_id)
+        except (KeyError, ValueError, NotFoundError):  # not an assignment the broker wrote: drop it, loudly
+            log.warning("agent=%s dropped malformed assignment %s", self.id, entry_id)
+            self.store.ack_assignment(self.id, entry_id)
+            return
         run = job.current_run
         stale = job.fence != fence or run is None or run.agent != self.id
         if stale or (job_id, fence) in self.started_fences or run.started_at is not None:

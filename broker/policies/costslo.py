@@ -34,6 +34,7 @@ from broker.policies.uniform_progress import Move, decide, progress_of
 
 COLUMNS_PER_JOB = 4  # the most options added per job in one pricing pass
 PENDING_FACTOR = 10.0  # a job that cannot wait: pending costs 10x its dearest option, so it is placed if anything fits
+FIRST_COME_SHARE = 0.5  # the first job in dispatch order values running 1.5x the last: ties go first come, first served
 WAIT_SHARE = 0.9  # a job that may wait values waiting at this share of its on-demand cost: any cheaper option beats it
 MAX_PRICING_PASSES = 20
 AUCTION_EPSILON = 1e-2  # bid increment, as a share of the mean option cost
@@ -137,13 +138,25 @@ def _penalty(items: list[PlanItem], offers: list[Offer], table: OptionTable, row
         slack_h = np.array([window_hours(i.spec, now) for i in items]) - fastest
     urgency = 1 + 24 / (24 + np.where(np.isnan(slack_h), math.inf, np.maximum(slack_h, 0)))
     weight = np.array([2.0 ** max(-5, min(5, i.spec.priority)) for i in items])
-    must_run = PENDING_FACTOR * np.maximum(dearest, 1.0) * urgency * weight
+    must_run = PENDING_FACTOR * np.maximum(dearest, 1.0) * urgency * weight * _first_come(items, now)
     on_demand = np.full(len(items), math.inf)
     on_demand_offer = np.array([o.tier == Tier.on_demand for o in offers], dtype=bool)
     od_rows = rows[on_demand_offer[table.offer[rows]]]
     np.minimum.at(on_demand, table.job[od_rows], table.cost[od_rows])
     patient = np.array([may_wait(i, now) for i in items], dtype=bool)
     return np.where(patient & np.isfinite(on_demand), WAIT_SHARE * on_demand, must_run)
+
+
+def _first_come(items: list[PlanItem], now: datetime) -> np.ndarray:
+    """Up to FIRST_COME_SHARE more for waiting, by dispatch order (priority, then deadline or submission):
+    among jobs of about the same cost the earlier one is placed first. Without it ties went to whichever the
+    solver picked, and under steady churn (migrations refilling the queue) the first jobs waited forever."""
+    if len(items) < 2:
+        return np.ones(len(items))
+    keys = [(-i.spec.priority, (i.spec.deadline or i.submitted_at or now).timestamp()) for i in items]
+    rank = np.empty(len(items))
+    rank[sorted(range(len(items)), key=keys.__getitem__)] = np.arange(len(items))
+    return 1 + FIRST_COME_SHARE * (len(items) - 1 - rank) / (len(items) - 1)
 
 
 def may_wait(item: PlanItem, now: datetime) -> bool:
