@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -255,9 +256,7 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
 
 def _why_not_done(job) -> dict:
     """What a job that did not finish was doing: its state, runs, and how its runs ended."""
-    ends: dict[str, int] = {}
-    for r in job.runs:
-        ends[r.end_reason or "open"] = ends.get(r.end_reason or "open", 0) + 1
+    ends = Counter(r.end_reason or "open" for r in job.runs)
     last = job.current_run or (job.runs[-1] if job.runs else None)
     return {"job": job.id, "state": job.state.value, "runs": len(job.runs), "ends": ends,
             "last_agent": last.agent if last else None, "last_started": last.started_at is not None if last else None}  # fmt: skip

@@ -201,6 +201,10 @@ class JobSpec(_Spec):
         now = (info.context or {}).get("now") or datetime.now(timezone.utc)
         return parse_deadline(value, now)
 
+    def urgency(self, submitted_at: datetime) -> float:
+        """Dispatch order, smallest first: higher priority, then earlier deadline (or submission)."""
+        return -self.priority * 1e11 + (self.deadline or submitted_at).timestamp()
+
     @model_validator(mode="after")
     def _fill_task_counts_steps(self) -> "JobSpec":
         if self.fill_task and not (self.fill and self.work.steps):

@@ -195,9 +195,8 @@ class Job(BaseModel):
 
     @property
     def urgency(self) -> float:
-        """Dispatch order, smallest first: higher priority, then earlier deadline (or submission)."""
-        by = self.spec.deadline or self.submitted_at
-        return -self.spec.priority * 1e11 + by.timestamp()
+        """Dispatch order, smallest first (JobSpec.urgency)."""
+        return self.spec.urgency(self.submitted_at)
 
     @property
     def cost_usd(self) -> float:

@@ -153,9 +153,7 @@ def _first_come(items: list[PlanItem], now: datetime) -> np.ndarray:
     solver picked, and under steady churn (migrations refilling the queue) the first jobs waited forever."""
     if len(items) < 2:
         return np.ones(len(items))
-    keys = [(-i.spec.priority, (i.spec.deadline or i.submitted_at or now).timestamp()) for i in items]
-    rank = np.empty(len(items))
-    rank[sorted(range(len(items)), key=keys.__getitem__)] = np.arange(len(items))
+    rank = np.argsort(np.argsort([i.spec.urgency(i.submitted_at or now) for i in items], kind="stable"))
     return 1 + FIRST_COME_SHARE * (len(items) - 1 - rank) / (len(items) - 1)
 
 
