@@ -12,7 +12,7 @@ from broker.errors import SpecError
 from broker.model import Offer, Tier, TransformerSpec
 from broker.policies import parallel
 from broker.policies.risk import evaluate, exclusive_hours, fits
-from broker.policies.transformer import Hardware, Layout, iteration_seconds, memory_bytes, stage_memory_bytes
+from broker.policies.transformer import MARGIN, Hardware, Layout, iteration_seconds, memory_bytes, stage_memory_bytes, state_bytes_per_param
 from conftest import NOW, make_spec
 
 GPT = TransformerSpec(layers=24, hidden=2048, heads=16, seq_len=2048, vocab=50257, global_batch=64)
@@ -28,6 +28,14 @@ def test_memory_grows_with_layers_micro_batch_and_without_recompute():
     assert memory_bytes(GPT.model_copy(update={"schedule": "gpipe"}), layout) > base  # all m microbatches in flight
     assert memory_bytes(GPT.model_copy(update={"zero_stage": 1}), layout) < base  # optimizer state split d ways
     assert memory_bytes(GPT, Layout(p=2, t=4, d=1, micro_batch=2)) < memory_bytes(GPT, Layout(p=2, t=1, d=4, micro_batch=2))
+
+
+def test_the_last_stage_holds_the_output_layers_logits():
+    layout = Layout(p=2, t=1, d=1, micro_batch=4)
+    small, large = (stage_memory_bytes(GPT.model_copy(update={"vocab": v}), layout)[-1] for v in (1000, 51000))
+    states = 50000 * GPT.hidden * sum(state_bytes_per_param(GPT))  # the extra rows of the output layer
+    logits = layout.micro_batch * GPT.seq_len * 50000 * 4  # their fp32 log-softmax, one microbatch in flight
+    assert (large - small) / MARGIN >= states + logits
 
 
 def test_under_1f1b_the_first_stage_holds_the_most_activations():

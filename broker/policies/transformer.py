@@ -7,7 +7,11 @@ under GPipe all m. Activations per layer and microbatch follow Korthikanti et al
 Activation Recomputation in Large Transformer Models"): s b h (10 + 24/t + 5 a s / (h t)) bytes
 in 16-bit precision (twice that in fp32), of which 2 s b h + a s^2 b are dropout masks (gone without
 dropout; the a s^2 part is gone with flash attention; a ReLU MLP keeps 8 s b h less than GeLU);
-with full recomputation only each layer's input, 2 s b h bytes, stays. A safety margin is added on top.
+with full recomputation only each layer's input, 2 s b h bytes, stays. The last stage also holds the
+output layer's b s V logits: their fp32 log-softmax per microbatch in flight, and two more b s V
+tensors (the gradients) while the loss runs backward; a 50k vocabulary makes this hundreds of MB
+(measured on an H100: without it the estimate was 19-23% under `max_memory_allocated`).
+A safety margin is added on top.
 
 Time (Pipette's form, see ../shared/papers.md): C = t_f + t_b of one microbatch on the slowest stage
 from a FLOPs model (forward 24 b s h^2 + 4 b s^2 h per layer, plus 2 b s h V for the head; backward
@@ -98,6 +102,12 @@ def activation_bytes(model: ModelSpec, layout: Layout) -> float:
     return s * b * h * (8 + 2 * masks + split / t + scores) * (_bytes(model) / 2)
 
 
+def head_bytes(model: ModelSpec, layout: Layout) -> tuple[float, float]:
+    """(kept per microbatch in flight, transient at the loss's backward) bytes of the output layer and loss."""
+    logits = layout.micro_batch * model.seq_len * model.vocab / layout.t
+    return 4.0 * logits, 2.0 * _bytes(model) * logits
+
+
 def in_flight(model: ModelSpec, layout: Layout, stage: int) -> int:
     m = layout.microbatches(model)
     return m if model.schedule == "gpipe" else min(layout.p - stage, m)
@@ -112,6 +122,9 @@ def stage_memory_bytes(model: ModelSpec, layout: Layout) -> list[float]:
     for stage, (params, layers) in enumerate(zip(stage_params(model, layout.p), stage_layers(model, layout.p))):
         states = params / layout.t * per_param
         activations = activation_bytes(model, layout) * layers * in_flight(model, layout, stage)
+        if stage == layout.p - 1:
+            kept, transient = head_bytes(model, layout)
+            activations += kept * in_flight(model, layout, stage) + transient
         out.append(MARGIN * (states + activations))
     return out
 

@@ -2,7 +2,8 @@
 
     torchrun --nproc_per_node 4 examples/bubbles/train_gpt.py --steps 3 --out run.json [--instrument]
 
-Runs on CPU with gloo (or CUDA with NCCL when there is a GPU per rank). With --instrument the
+Runs on CPU with gloo, on CUDA with NCCL when there is a GPU per rank, and with gloo when ranks
+share a GPU (a one-GPU machine running a multi-stage layout; see `backend`). With --instrument the
 engine marks its bubbles (broker.bubbles.instrument) and each rank writes the windows it saw;
 rank 0 writes the losses. Seeds are fixed, so two runs give the same losses bit for bit.
 """
@@ -183,6 +184,31 @@ def register(main_job: str, accelerator: str, stage: int, recorder, iterations):
     return agent
 
 
+def backend(world_size: int) -> str:
+    """NCCL with a GPU per rank, gloo on CPU. With more ranks than GPUs NCCL refuses the duplicate device,
+    so ranks share GPUs over gloo, and the pipeline's sends go through host memory (gloo sends CPU tensors only)."""
+    if not torch.cuda.is_available():
+        return "gloo"
+    if world_size <= torch.cuda.device_count():
+        return "nccl"
+    os.environ["LOCAL_RANK"] = str(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    from deepspeed.runtime.pipe import p2p
+
+    send, recv = p2p.send, p2p.recv
+
+    def send_via_host(tensor, dest_stage, async_op=False):
+        return send(tensor.cpu(), dest_stage, async_op)
+
+    def recv_via_host(tensor, src_stage, async_op=False):
+        host = torch.empty_like(tensor, device="cpu")
+        recv(host, src_stage, async_op)
+        with torch.no_grad():
+            tensor.copy_(host)
+
+    p2p.send, p2p.recv = send_via_host, recv_via_host
+    return "gloo"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3)
@@ -199,7 +225,10 @@ def main() -> None:
     parser.add_argument("--measure-memory", action="store_true", help="record weights+grads+optimizer and peak saved activations")
     args = parser.parse_args()
 
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    name = backend(int(os.environ.get("WORLD_SIZE", "1")))
+    if name == "gloo" and torch.cuda.is_available():  # DeepSpeed would bind a device, and new_group then splits: NCCL only
+        dist.init_process_group("gloo")
+    deepspeed.init_distributed(dist_backend=name)
     torch.manual_seed(0)
     layers = [LayerSpec(Embed)] + [LayerSpec(Block) for _ in range(LAYERS)] + [LayerSpec(Head)]
     model = PipelineModule(layers=layers, num_stages=args.stages, loss_fn=loss_fn, partition_method="uniform")
@@ -237,7 +266,8 @@ def main() -> None:
     rank = dist.get_rank()
     result = {"rank": rank, "stage": engine.stage_id, "losses": losses, "iterations": iterations,
               "windows": recorder.windows if recorder else [], "fill": filler.finish() if filler else None,
-              "state_bytes": states.get("state_bytes", 0), "activation_peak_bytes": saved.peak}  # fmt: skip
+              "state_bytes": states.get("state_bytes", 0), "activation_peak_bytes": saved.peak,
+              "cuda_peak_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0}  # fmt: skip
     if fill_agent:
         fill_agent.stop()
         result["served"] = fill_agent.served
