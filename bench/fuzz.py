@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def fuzz_cli(cases: int, workdir: Path, redis_url: str) -> dict:
 
 
 FIELD_TEXT = st.one_of(st.text(max_size=20), st.sampled_from(["started", "progress", "checkpoint", "checkpoint_failed", "exited", "notice",
-                                                              "victim", "own", "mallory", "1", "-1", "", "null", "{}"]))  # fmt: skip
+                                                              "victim", "own", "mallory", "honest", "1", "-1", "", "null", "{}"]))  # fmt: skip
 DATA = st.one_of(
     st.dictionaries(st.sampled_from(["at", "done", "total", "url", "step", "reason", "code", "deadline", "log_tail", "pid"]), VALUE, max_size=5),
     VALUE,
@@ -174,16 +174,21 @@ def fuzz_messages(cases: int, workdir: Path, redis_url: str) -> dict:
             server.round(block_ms=10)
             agent.step(block_ms=10)
     before = store.get_job(jobs["victim"])
+    mallory_key = store.get_agent("mallory").report_key
     seen = {"cases": 0, "own_job_changes": 0}  # cases after which mallory's own job differs: the entries reached the fold
 
     @settings(SETTINGS, max_examples=cases)
     @given(entries=st.lists(st.tuples(st.sampled_from(["agent-events", "assign:mallory"]), MESSAGE), min_size=1, max_size=3))
+    @example(entries=[("agent-events", {"agent": "mallory", "job": "own", "fence": "own-fence", "type": "notice", "data": "{}"})])  # reaches the fold whatever is drawn
+    @example(entries=[("agent-events", {"agent": "honest", "job": "victim", "fence": "1", "type": "exited", "data": '{"reason": "failed"}'})])  # speaks for another agent
     def check(entries):
         own = store.get_job(jobs["own"])
         for stream, fields in entries:
             fields = {k: jobs.get(v, v) for k, v in fields.items()}  # aim at the real jobs, with whatever else was generated
             if fields.get("fence") == "own-fence":
                 fields["fence"] = str(own.fence)
+            if fields.get("agent") == "mallory":  # a compromised agent knows its own report key, not another's
+                fields.setdefault("key", mallory_key)
             store.redis.xadd(prefix + stream, fields or {"junk": "1"})
         seen["cases"] += 1
         server.round(block_ms=1)

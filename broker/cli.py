@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import Optional
 
+import redis
 import typer
 from rich.progress import Progress
 
@@ -15,6 +16,7 @@ from broker.model import JobState, Quote
 from broker.settings import Settings
 from broker.specfile import load_spec
 from broker.cli_common import JsonOpt, debug_flag, err, make_broker, out, print_json, redis_url, store_for, user_errors
+from broker.cli_acl import acl_app
 from broker.cli_backtest import backtest_command
 from broker.cli_layout import layout_command
 from broker.cli_prices import prices_app
@@ -25,6 +27,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(prices_app, name="prices")
+app.add_typer(acl_app, name="acl")
 app.command("backtest")(backtest_command)
 app.command("layout")(layout_command)
 
@@ -212,7 +215,10 @@ def agent(
     from broker.agents.notices import watcher
 
     settings = Settings.from_env()
-    catalog = make_broker(live=True).catalog  # the newest prices and the hazard with every piece of evidence the store has
+    try:
+        catalog = make_broker(live=True).catalog  # the newest prices and the hazard with every piece of evidence the store has
+    except redis.exceptions.NoPermissionError:  # an agent's ACL user reads no prices or jobs: the snapshot's offer
+        catalog = make_broker(with_store=False).catalog
     try:
         source = watcher(notices, speedup)
     except ValueError as error:

@@ -216,5 +216,6 @@ class AgentInfo(BaseModel):
     pid: int
     registered_at: datetime
     token: str | None = None  # registration token (agents/tokens.py), when the broker asks for one
+    report_key: str | None = None  # a secret of this agent process: its reports carry it (Store.report)
     job: str | None = None
     fence: int | None = None

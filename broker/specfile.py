@@ -74,6 +74,8 @@ def load_spec(path: Path, now: datetime, deadline: str | None = None, budget_usd
         size = path.stat().st_size
     except OSError:
         raise SpecError(f"{path}: no such file; give the path of a job YAML") from None
+    if not path.is_file():
+        raise SpecError(f"{path}: not a file (a directory?); give the path of a job YAML")
     if size > MAX_SPEC_BYTES:
         raise SpecError(f"{path}: {size:,} bytes is over the 1 MB limit for a job spec; move data out of it")
     try:

@@ -7,14 +7,17 @@ Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis):
     {p}events            STREAM  one entry per job state change: job, state, at (ISO), reason
     {p}pending           ZSET    jobs waiting for capacity -> urgency (priority, then deadline)
     {p}active            SET     jobs with a run under way
-    {p}agent:{id}        STRING  the AgentInfo as JSON: the offer it stands for, its current job
+    {p}agent:{id}        STRING  the AgentInfo as JSON: the offer it stands for, its current job, its report key
     {p}agents            SET     registered agent ids
     {p}lease:{id}        STRING  present while the agent's heartbeat lease is alive (PX expiry);
                                  "leaving" once its instance is going away (no new work)
-    {p}assign:{id}       STREAM  assignments to one agent: job, fence; consumer group "agent"
+    {p}assign:{id}       STREAM  assignments to one agent: job, fence, run, resume_from, spec (JSON); group "agent"
+    {p}own:{agent}:{job} STRING  what an agent may know of a job it was given (JSON: fence, mine, started,
+                                 move, terminal), rewritten with every change of the job; agents read nothing
+                                 else of jobs, so their ACL users need no access to job keys (broker/acl.py)
     {p}leader            STRING  the broker replica that plans now (PX expiry: the planning lease)
     {p}leader-token      STRING  fencing token, incremented each time the lease changes hands
-    {p}agent-events      STREAM  what agents report: agent, job, fence, type, data (JSON);
+    {p}agent-events      STREAM  what agents report: agent, job, fence, type, data (JSON), key (the agent's);
                                  consumer group "broker", stale pending entries reclaimed
     price:{offer}, priced, refreshed, evictions   price history: see broker/pricing/history.py
     bubbles:{main job}:{stage}         bubble profiles: see broker/bubbles/profiler.py
@@ -28,18 +31,17 @@ always for the embedded server), so a change is on disk before the call returns.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
-import math
+import secrets
 import time
-from urllib.parse import urlsplit, urlunsplit
 from collections.abc import Callable
 from datetime import datetime
 
 import redis
-from redis.backoff import EqualJitterBackoff
-from redis.retry import Retry
 
+from broker.connection import patient_retry, redact_url
 from broker.errors import BrokerError, NotFoundError, StoreUnavailableError
 from broker.model import AgentInfo, Job, JobState
 
@@ -49,6 +51,7 @@ DEFAULT_PREFIX = "broker:"
 AGENT_GROUP = "agent"
 STREAM_MAXLEN = 1_000_000  # the event streams are capped (approximately) so Redis memory stays bounded
 BROKER_GROUP = "broker"
+OWN_TTL_S = 7 * 24 * 3600  # an agent's view of a job outlives any run of it
 
 
 # Keep the planning lease if we hold it, take it if nobody does; the fencing token, or nil for a standby.
@@ -76,6 +79,7 @@ class Store:
         self.prefix = prefix
         patience = {"retry": patient_retry(outage_s), "socket_keepalive": True} if outage_s > 0 else {}
         self.redis = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=3, **patience)
+        self._report_keys: dict[str, str] = {}  # agent id -> the key its reports carry (agents registered here)
         self._ensure_durable()
 
     def _key(self, *parts: str) -> str:
@@ -198,6 +202,7 @@ class Store:
                     pipe.multi()
                     pipe.set(key, job.model_dump_json())
                     self._index(pipe, job)
+                    self._tell_agents(pipe, before, job)
                     if emit and job.state != before.state:
                         self._event(pipe, job, reason or job.reason)
                     if also:
@@ -206,6 +211,24 @@ class Store:
                     return job
                 except redis.WatchError:
                     continue
+
+    def _tell_agents(self, pipe, before: Job, job: Job) -> None:
+        """Rewrite the view of the job held by each agent it runs or ran on (in the job's transaction)."""
+        run = job.current_run
+        for agent in {r.agent for r in (before.current_run, run) if r is not None}:
+            mine = run is not None and run.agent == agent
+            view = {"fence": job.fence, "mine": mine, "started": mine and run.started_at is not None,
+                    "move": job.move_requested, "terminal": job.state.terminal}  # fmt: skip
+            pipe.set(self._key("own", agent, job.id), json.dumps(view), ex=OWN_TTL_S)
+
+    def ownership(self, agent_id: str, job_id: str) -> dict | None:
+        """The agent's view of a job (see _tell_agents), or None when it was never given the job."""
+        raw = self.redis.get(self._key("own", agent_id, job_id))
+        try:
+            view = json.loads(raw) if raw else None
+            return view if isinstance(view, dict) and isinstance(view.get("fence"), int) else None
+        except ValueError:
+            return None
 
     def set_state(self, job_id: str, state: JobState, now: datetime, reason: str | None = None) -> Job:
         """Move a job to `state` with its event, atomically; a terminal job cannot move."""
@@ -220,7 +243,10 @@ class Store:
     # -- agents -------------------------------------------------------------------------
 
     def register_agent(self, agent: AgentInfo, lease_ms: int) -> None:
-        """Record the agent, its lease and its assignment stream's consumer group."""
+        """Record the agent, its lease and its assignment stream's consumer group. The record gets the key
+        this process's reports will carry: agent-events names no writer, so the broker checks the key."""
+        key = self._report_keys.setdefault(agent.id, secrets.token_hex(16))
+        agent = agent.model_copy(update={"report_key": key})
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(self._key("agent", agent.id), agent.model_dump_json())
             pipe.sadd(self._key("agents"), agent.id)
@@ -252,11 +278,11 @@ class Store:
         """Every registered agent (alive or not: check lease_alive)."""
         ids = sorted(self.redis.smembers(self._key("agents")))
         raws = self.redis.mget([self._key("agent", i) for i in ids]) if ids else []
-        return [AgentInfo.model_validate_json(r) for r in raws if r]
+        return [agent for agent in map(_agent_info, raws) if agent is not None]
 
     def get_agent(self, agent_id: str) -> AgentInfo | None:
-        raw = self.redis.get(self._key("agent", agent_id))
-        return AgentInfo.model_validate_json(raw) if raw else None
+        """The agent's record; None when there is none or it does not parse (an agent writes its own)."""
+        return _agent_info(self.redis.get(self._key("agent", agent_id)))
 
     def put_agent(self, pipe, agent: AgentInfo) -> None:
         """Queue an agent record update on a transaction pipeline (with its job's change)."""
@@ -270,9 +296,11 @@ class Store:
 
     # -- streams ------------------------------------------------------------------------
 
-    def assign(self, pipe, agent_id: str, job_id: str, fence: int) -> None:
-        """Queue an assignment on a transaction pipeline (with the job's new run)."""
-        pipe.xadd(self._key("assign", agent_id), {"job": job_id, "fence": fence})
+    def assign(self, pipe, agent_id: str, job: Job) -> None:
+        """Queue an assignment on a transaction pipeline (with the job's new run): all the agent needs to run it."""
+        run = job.current_run
+        fields = {"job": job.id, "fence": job.fence, "run": run.id, "resume_from": run.resume_from or "", "spec": job.spec.model_dump_json()}
+        pipe.xadd(self._key("assign", agent_id), fields)
 
     def read_assignment(self, agent_id: str, block_ms: int) -> tuple[str, dict] | None:
         """The next assignment for the agent: redelivered pending ones first, then new ones."""
@@ -291,6 +319,8 @@ class Store:
         """An agent's event for the broker (started, progress, checkpoint, notice, exited); `at` is when it happened."""
         data.setdefault("at", time.time())
         fields = {"agent": agent_id, "job": job_id, "fence": fence, "type": kind, "data": json.dumps(data, default=str)}
+        if agent_id in self._report_keys:
+            fields["key"] = self._report_keys[agent_id]
         return self.redis.xadd(self._key("agent-events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
 
     def _ensure_broker_group(self) -> None:
@@ -343,38 +373,25 @@ class Store:
 
 
 
+def _agent_info(raw: str | None) -> AgentInfo | None:
+    try:
+        return AgentInfo.model_validate_json(raw) if raw else None
+    except ValueError:
+        log.warning("agent record malformed: %.80r", raw)
+        return None
+
+
+def authentic(report: dict, agent: AgentInfo | None) -> bool:
+    """Whether the report carries the key of the agent it names (records without a key predate keys)."""
+    return agent is None or agent.report_key is None or hmac.compare_digest(report.get("key", ""), agent.report_key)
+
+
 def _parse_report(fields: dict) -> dict | None:
     """An agent report with its fence as int and data as a dict, or None when malformed."""
     try:
         data = json.loads(fields["data"])
-        report = {"agent": fields["agent"], "job": fields["job"], "type": fields["type"], "fence": int(fields["fence"]), "data": data}
+        report = {"agent": fields["agent"], "job": fields["job"], "type": fields["type"], "fence": int(fields["fence"]), "data": data,
+                  "key": str(fields.get("key", ""))}  # fmt: skip
     except (KeyError, TypeError, ValueError):
         return None
     return report if isinstance(data, dict) else None
-
-
-class PatientRetry(Retry):
-    """Reconnect and resend on connection errors (LOADING while Redis replays its AOF is one); a refused
-    password or ACL is no outage and fails at once."""
-
-    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
-        def retryable(error: Exception) -> bool:
-            refused = isinstance(error, (redis.AuthenticationError, redis.exceptions.AuthorizationError))
-            return not refused and (is_retryable is None or is_retryable(error))
-
-        return super().call_with_retry(do, fail, retryable, with_failure_count)
-
-
-def patient_retry(outage_s: float) -> Retry:
-    """Retries for about `outage_s`: backoff from 50 ms doubling to 1 s, jittered so agents do not reconnect in step."""
-    return PatientRetry(EqualJitterBackoff(cap=1.0, base=0.05), retries=math.ceil(outage_s / 0.75) + 6)
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password replaced by ***, fit for logs and error messages."""
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))

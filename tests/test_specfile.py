@@ -117,6 +117,8 @@ def test_yaml_that_is_not_a_mapping_is_refused(tmp_path):
 def test_missing_file_is_refused(tmp_path):
     with pytest.raises(SpecError, match="no such file"):
         load_spec(tmp_path / "nope.yaml", NOW)
+    with pytest.raises(SpecError, match="not a file"):  # found by bench/fuzz.py: `broker layout /` crashed
+        load_spec(tmp_path, NOW)
 
 
 def test_cli_overrides_replace_the_files_deadline_and_budget(tmp_path):

@@ -2,7 +2,9 @@
 a heartbeat lease, takes assignments from its stream, runs each job through the job
 contract, forwards the job's events, and on a preemption notice has the job checkpoint
 and leaves. It acknowledges an assignment only once the job process has started, and
-runs an assignment only while its fence token is the job's newest.
+runs an assignment only while its fence token is the job's newest. It reads nothing of jobs but its
+assignments and its view of them (Store.ownership), so its Redis user can be limited to those
+(broker/acl.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from pathlib import Path
 import redis
 
 from broker.agents.runner import JobProcess
-from broker.errors import NotFoundError
+from pydantic import ValidationError
+
+from broker.jobspec import JobSpec
 from broker.model import AgentInfo, Offer
 from broker.store import Store
 
@@ -113,10 +117,10 @@ class Agent:
 
     def _check_ownership(self) -> None:
         """Stop the job when it moved on (fence, cancel), or checkpoint and hand it back when the broker asks."""
-        job = self.store.get_job(self.job.job_id)
-        if job.fence != self.fence or job.state.terminal:
+        view = self.store.ownership(self.id, self.job.job_id)
+        if view is None or view["fence"] != self.fence or not view["mine"] or view["terminal"]:
             self._end_job("fenced")
-        elif job.move_requested:
+        elif view["move"]:
             self._end_job("moved")
 
     def _take_assignment(self, block_ms: int) -> None:
@@ -125,25 +129,26 @@ class Agent:
             return
         entry_id, fields = entry
         try:
-            job_id, fence = fields["job"], int(fields["fence"])
-            job = self.store.get_job(job_id)
-        except (KeyError, ValueError, NotFoundError):  # not an assignment the broker wrote: drop it, loudly
+            job_id, fence, run_id = fields["job"], int(fields["fence"]), fields["run"]
+            spec = JobSpec.model_validate_json(fields["spec"])
+            if not job_id or "/" in job_id or "/" in run_id or job_id.startswith(".") or run_id.startswith("."):
+                raise ValueError(f"job or run id {job_id!r}/{run_id!r} is not a plain name")
+        except (KeyError, ValueError, ValidationError):  # not an assignment the broker wrote: drop it, loudly
             log.warning("agent=%s dropped malformed assignment %s", self.id, entry_id)
             self.store.ack_assignment(self.id, entry_id)
             return
-        run = job.current_run
-        stale = job.fence != fence or run is None or run.agent != self.id
-        if stale or (job_id, fence) in self.started_fences or run.started_at is not None:
+        view = self.store.ownership(self.id, job_id)
+        stale = view is None or view["fence"] != fence or not view["mine"]
+        if stale or (job_id, fence) in self.started_fences or view["started"]:
             log.info("agent=%s skip job=%s fence=%d (stale or already started)", self.id, job_id, fence)
             self.store.ack_assignment(self.id, entry_id)
             return
-        if job.state.terminal:  # cancelled between dispatch and now: close the run so the broker frees us
+        if view["terminal"]:  # cancelled between dispatch and now: close the run so the broker frees us
             self.store.report(self.id, job_id, fence, "exited", reason="cancelled", code=None, log_tail=[])
             self.store.ack_assignment(self.id, entry_id)
             return
-        process = JobProcess(
-            job.spec, job_id, f"{self.checkpoint_root}/{job_id}", self.run_root / job_id / run.id, run.resume_from
-        )
+        resume_from = fields.get("resume_from") or None
+        process = JobProcess(spec, job_id, f"{self.checkpoint_root}/{job_id}", self.run_root / job_id / run_id, resume_from)
         self.started_fences.add((job_id, fence))
         try:
             process.start()
@@ -152,7 +157,7 @@ class Agent:
             self.store.ack_assignment(self.id, entry_id)
             return
         self.job, self.fence = process, fence
-        self.store.report(self.id, job_id, fence, "started", pid=process.pid, resume_from=run.resume_from)
+        self.store.report(self.id, job_id, fence, "started", pid=process.pid, resume_from=resume_from)
         self.store.ack_assignment(self.id, entry_id)  # only now: a crash before this redelivers it
 
     def _forward(self, flush: bool = False) -> None:

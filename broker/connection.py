@@ -1,0 +1,37 @@
+"""How the broker's processes connect to Redis: patient retries through a restart, URLs fit for logs."""
+
+from __future__ import annotations
+
+import math
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import EqualJitterBackoff
+from redis.retry import Retry
+
+
+class PatientRetry(Retry):
+    """Reconnect and resend on connection errors (LOADING while Redis replays its AOF is one); a refused
+    password or ACL is no outage and fails at once."""
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        def retryable(error: Exception) -> bool:
+            refused = isinstance(error, (redis.AuthenticationError, redis.exceptions.AuthorizationError))
+            return not refused and (is_retryable is None or is_retryable(error))
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+def patient_retry(outage_s: float) -> Retry:
+    """Retries for about `outage_s`: backoff from 50 ms doubling to 1 s, jittered so agents do not reconnect in step."""
+    return PatientRetry(EqualJitterBackoff(cap=1.0, base=0.05), retries=math.ceil(outage_s / 0.75) + 6)
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ***, fit for logs and error messages."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -1,0 +1,108 @@
+"""Redis ACL users (broker/acl.py) on a real redis-server with auth: the broker and two agents each on their
+own user run jobs end to end, and an agent's credentials reach nothing but its own keys."""
+
+import sys
+import time
+
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from broker import acl, policies
+from broker.agents.agent import Agent
+from broker.agents.checkpoints import CheckpointStore
+from broker.cli import app
+from broker.clock import SystemClock
+from broker.demo import pick_agents
+from broker.errors import BrokerError
+from broker.model import JobState
+from broker.server import BrokerServer
+from broker.service import Broker
+from broker.store import Store
+from conftest import make_spec, start_redis, stop_redis
+
+P = "broker:"
+
+
+@pytest.fixture
+def admin_url(tmp_path):
+    proc, port = start_redis(tmp_path, password="admin-pw")
+    yield f"redis://:admin-pw@127.0.0.1:{port}/0"
+    stop_redis(proc, port)
+
+
+def test_broker_and_agents_run_jobs_on_their_own_users_and_an_agent_reaches_only_its_own_keys(admin_url, tmp_path, catalog, monkeypatch):
+    monkeypatch.setenv("BROKER_REDIS_URL", admin_url)
+    made = CliRunner().invoke(app, ["acl", "broker", "--name", "planner"])
+    assert made.exit_code == 0, made.output
+    broker_url = made.output.strip()
+    assert broker_url.startswith("redis://planner:") and broker_url.endswith(f"@127.0.0.1:{admin_url.rsplit(':', 1)[1]}")
+    urls = {name: acl.agent_user(admin_url, P, name) for name in ("alpha", "beta")}
+
+    store = Store(broker_url)
+    policy = policies.get()
+    broker = Broker(store, catalog, policy, SystemClock())
+    server = BrokerServer(store, policy, SystemClock(), CheckpointStore(str(tmp_path / "ckpt")), lease_s=1.0)
+    offer = dict((name, o) for name, o, _ in pick_agents(catalog))["ondemand-a"]
+    agents = {name: Agent(Store(url, prefix=P), name, offer, str(tmp_path / "ckpt"), tmp_path / "runs", heartbeat_s=0.2, lease_s=5.0)
+              for name, url in urls.items()}  # fmt: skip
+    jobs = {}
+    for name, agent in agents.items():  # one job per agent: each registers, then its job is submitted and starts
+        agent.register()
+        spec = make_spec(name=f"job-{name}", run=[sys.executable, "-c", "import time; time.sleep(1); print('ok')"], env={"API_TOKEN": name},
+                         resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 0.1})  # fmt: skip
+        jobs[name] = broker.submit(spec).id
+        deadline = time.monotonic() + 30
+        while store.get_job(jobs[name]).state != JobState.running and time.monotonic() < deadline:
+            server.round(block_ms=10)
+            for registered in list(agents.values())[: len(jobs)]:
+                registered.step(block_ms=10)
+    deadline = time.monotonic() + 60
+    while any(store.get_job(j).state != JobState.done for j in jobs.values()) and time.monotonic() < deadline:
+        for agent in agents.values():
+            agent.step(block_ms=10)
+        server.round(block_ms=10)
+    for name, job_id in jobs.items():
+        job = store.get_job(job_id)
+        assert job.state == JobState.done and [r.agent for r in job.runs] == [name]
+
+    alpha = redis.Redis.from_url(urls["alpha"], decode_responses=True)
+    assert alpha.xreadgroup("agent", "alpha", {f"{P}assign:alpha": "0"})  # its own assignments (with its job's spec) it reads
+    assert alpha.get(f"{P}own:alpha:{jobs['alpha']}") is not None
+    denied = [
+        lambda: alpha.xrange(f"{P}assign:beta"),  # another agent's assignments
+        lambda: alpha.xreadgroup("agent", "alpha", {f"{P}assign:beta": "0"}),
+        lambda: alpha.get(f"{P}job:{jobs['beta']}"),  # any job spec, its own job's too
+        lambda: alpha.get(f"{P}job:{jobs['alpha']}"),
+        lambda: alpha.get(f"{P}own:beta:{jobs['beta']}"),
+        lambda: alpha.get(f"{P}agent:beta"),  # another agent's registration (its token)
+        lambda: alpha.xrange(f"{P}agent-events"),  # the events stream: write only
+        lambda: alpha.set(f"{P}agent-events", "x"),  # ... by XADD only
+        lambda: alpha.srem(f"{P}agents", "beta"),
+        lambda: alpha.set(f"{P}lease:beta", "1"),
+        lambda: alpha.xadd(f"{P}events", {"job": jobs["beta"]}),
+        lambda: alpha.keys("*"),
+        lambda: alpha.config_set("appendonly", "no"),
+        lambda: alpha.flushall(),
+        lambda: alpha.acl_setuser("alpha", enabled=True, commands=["+@all"], keys=["*"]),
+    ]
+    for attempt in denied:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attempt()
+    alpha.set(f"{P}agent:alpha", "{not json")  # its own record it may write: the server skips what does not parse
+    server.round(block_ms=10)
+    assert [a.id for a in store.agents()] == ["beta"] and store.get_agent("alpha") is None
+    planner = redis.Redis.from_url(broker_url)
+    for attempt in (planner.flushall, lambda: planner.acl_setuser("alpha", enabled=True), lambda: planner.get("other-app:key")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attempt()
+
+
+def test_bad_names_and_users_without_acl_rights_are_refused_in_one_line(admin_url, monkeypatch):
+    monkeypatch.setenv("BROKER_REDIS_URL", admin_url)
+    refused = CliRunner().invoke(app, ["acl", "agent", "--id", "a*"])
+    assert refused.exit_code == 2 and "--id" in refused.output and len(refused.output.strip().splitlines()) == 1
+    agent_url = acl.agent_user(admin_url, P, "gamma")
+    with pytest.raises(BrokerError, match="admin user"):
+        acl.agent_user(agent_url, P, "delta")
+    assert redis.Redis.from_url(admin_url).acl_getuser("agent-delta") is None  # nothing created by the refused call
