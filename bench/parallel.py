@@ -7,17 +7,21 @@ sequence 32, vocabulary 256) and memory is weights + gradients + optimizer state
 optimizer step plus the peak of the tensors autograd keeps for backward. On CUDA the model is larger
 (8 blocks, hidden 1024, 16 heads, sequence 512, vocabulary 8192) and memory is
 `torch.cuda.max_memory_allocated`; ranks that outnumber the GPUs share them over gloo. Both fp32, SGD.
-The estimate is the model's, without its safety margin; the time uses per-stage compute profiled on
-the device (t_f + t_b of one microbatch, as Pipette profiles it), scaled by ranks per core (CPU) or
-per GPU when ranks share them, and Pipette's pipeline form.
+Memory is compared with the estimate with its safety margin on CUDA (whose peak includes workspace)
+and without it on CPU. The time uses per-stage compute profiled on the device (t_f + t_b of one
+microbatch, as Pipette profiles it) plus the engine's own cost per microbatch (DeepSpeed on one rank
+with only the embedding and head; on CUDA it overlaps the compute), scaled by ranks per core (CPU)
+or per GPU when ranks share them, in Pipette's pipeline form. Iterations are timed after the first
+three, which run with the memory hooks.
 
-    python bench/parallel.py --json [--steps 8]
+    python bench/parallel.py --json [--steps 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -76,17 +80,27 @@ def profile_compute(micro_batch: int, repeats: int = 30) -> dict[str, float]:
     }
 
 
-def run(p: int, d: int, b: int, steps: int, out: Path) -> list[dict]:
+def run(p: int, d: int, b: int, steps: int, out: Path, layers: int | None = None) -> list[dict]:
     m = MODEL.global_batch // (b * d)
     torchrun = Path(sys.executable).with_name("torchrun")
     command = [str(torchrun), "--nproc_per_node", str(p * d), str(SCRIPT), "--stages", str(p), "--micro-batches", str(m),
                "--micro-batch", str(b), "--steps", str(steps), "--out", str(out), "--measure-memory"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **SHAPE}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **SHAPE, **({} if layers is None else {"GPT_LAYERS": str(layers)})}
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
     if done.returncode != 0:
         output = done.stdout + done.stderr  # the first rank's traceback, not torchrun's summary after it
         raise RuntimeError(output[output.find("Traceback"):][:4000])
     return [json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(p * d)]
+
+
+@functools.cache
+def engine_overhead(b: int, steps: int, work: Path) -> float:
+    """Seconds per microbatch the pipeline engine spends besides the layers' compute (its instructions, buffers,
+    loss and optimizer step), profiled like the compute: DeepSpeed on one rank with only the embedding and head."""
+    ranks = run(1, 1, b, steps, work / f"overhead-b{b}", layers=0)
+    per_microbatch = statistics.median(end - start for start, end in ranks[0]["iterations"][4:]) / (MODEL.global_batch // b)
+    times = profile_compute(b)
+    return max(0.0, per_microbatch - times["embed"] - times["head"])
 
 
 def row(p: int, d: int, b: int, steps: int, work: Path) -> dict:
@@ -105,11 +119,13 @@ def row(p: int, d: int, b: int, steps: int, work: Path) -> dict:
     compute = [n * times["block"] for n in layers]
     compute[0] += times["embed"]
     compute[-1] += times["head"]
+    overhead = engine_overhead(b, steps, work)  # on CPU it adds to the compute; a GPU computes while the host issues
+    compute = [max(c, overhead) if CUDA else c + overhead for c in compute]
     units = torch.cuda.device_count() if CUDA else os.cpu_count() or 1
     contention = max(1.0, p * d / units)  # ranks time-share the cores, or the GPU they share
     hw = Hardware(flops=1.0, intra_bytes_s=1e9, inter_bytes_s=1e9, devices_per_node=p * d)
     est_iter = iteration_seconds(MODEL, layout, hw, [c * contention for c in compute])
-    iterations = [end - start for start, end in ranks[0]["iterations"]][2:]
+    iterations = [end - start for start, end in ranks[0]["iterations"]][4:]  # after the memory-measured steps and one more
     meas_iter = statistics.median(iterations)
     return {
         "layout": str(layout), "micro_batch": b, "stage": worst,
@@ -118,13 +134,14 @@ def row(p: int, d: int, b: int, steps: int, work: Path) -> dict:
         "mem_err_pct": round(100 * (estimated[worst] - measured[worst]) / measured[worst], 1),
         "est_iter_s": round(est_iter, 4), "meas_iter_s": round(meas_iter, 4),
         "time_err_pct": round(100 * (est_iter - meas_iter) / meas_iter, 1), "ranks_per_unit": round(contention, 2),
+        "overhead_ms": round(overhead * 1000, 2),
         "meas_saved_mb": round(max(r["state_bytes"] + r["activation_peak_bytes"] for r in ranks if r["stage"] == worst) / 2**20, 3),
     }  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     device = f"cuda ({torch.cuda.get_device_name(0)}, {torch.cuda.device_count()} GPU)" if CUDA else f"cpu ({os.cpu_count()} cores, gloo)"
