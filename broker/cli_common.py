@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
@@ -50,8 +51,15 @@ def user_errors(command):
     return wrapper
 
 
+LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+
+
 def redis_url(settings: Settings) -> str:
     if settings.redis_url:
+        parts = urlsplit(settings.redis_url)
+        if parts.scheme in ("redis", "rediss") and parts.hostname not in LOOPBACK and not parts.password:
+            raise BrokerError(f"BROKER_REDIS_URL: no password for the Redis on {parts.hostname}; outside this machine Redis must "
+                              "require auth: give your user's URL (redis://USER:PASSWORD@HOST:PORT/0, see `broker acl`)")  # fmt: skip
         return settings.redis_url
     server = embedded.ensure(settings.home)
     verb = "started" if server.started else "using"

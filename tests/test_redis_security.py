@@ -70,3 +70,11 @@ def test_an_untrusted_certificate_or_a_plain_client_is_refused_in_one_line(tls_r
     assert "\n" not in str(refused.value) and "s3cret" not in str(refused.value)
     with pytest.raises(StoreUnavailableError):
         Store(f"redis://:s3cret@127.0.0.1:{port}/0")  # plain text to a TLS port
+
+
+def test_a_redis_off_this_machine_without_a_password_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("BROKER_REDIS_URL", "redis://10.1.2.3:6379/0")  # never contacted: refused before connecting
+    refused = CliRunner().invoke(app, ["list"])
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1
+    assert "BROKER_REDIS_URL: no password for the Redis on 10.1.2.3" in refused.output
