@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 import secrets
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
+from broker.connection import with_credentials
 from broker.errors import BrokerError
 
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # no glob or ':' characters: they would widen the key patterns
@@ -33,10 +33,14 @@ def broker_rules(prefix: str) -> list[str]:
     return ["resetkeys", "resetchannels", "&*", "+@all", "-@dangerous", "+config|get", "+config|set", "+info", f"~{prefix}*"]
 
 
+def _plain(name: str, field: str) -> str:
+    if not NAME.match(name):
+        raise BrokerError(f"{field}: {name!r} is not a plain name; use letters, digits, '.', '_' or '-' (at most 64)")
+    return name
+
+
 def create_user(admin_url: str, user: str, rules: list[str], password: str | None = None) -> str:
     """Create or replace the ACL user; returns the Redis URL it connects with (the admin URL's host, db, TLS)."""
-    if not NAME.match(user):
-        raise BrokerError(f"user: {user!r} is not a plain name; use letters, digits, '.', '_' or '-' (at most 64)")
     password = password or secrets.token_urlsafe(24)
     client = redis.Redis.from_url(admin_url, socket_connect_timeout=3)
     try:
@@ -45,16 +49,13 @@ def create_user(admin_url: str, user: str, rules: list[str], password: str | Non
         raise BrokerError("BROKER_REDIS_URL: its user may not run ACL SETUSER; use an admin user's URL for this command") from None
     except redis.ResponseError as err:
         raise BrokerError(f"redis: ACL SETUSER refused ({err}); Redis 7 or newer is needed for agent users") from None
-    parts = urlsplit(admin_url)
-    netloc = f"{user}:{password}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return with_credentials(admin_url, user, password)
 
 
 def agent_user(admin_url: str, prefix: str, agent_id: str, password: str | None = None) -> str:
-    if not NAME.match(agent_id):
-        raise BrokerError(f"--id: {agent_id!r} is not a plain name; use letters, digits, '.', '_' or '-' (at most 64)")
+    _plain(agent_id, "--id")
     return create_user(admin_url, f"agent-{agent_id}", agent_rules(prefix, agent_id), password)
 
 
 def broker_user(admin_url: str, prefix: str, name: str = "broker", password: str | None = None) -> str:
-    return create_user(admin_url, name, broker_rules(prefix), password)
+    return create_user(admin_url, _plain(name, "--name"), broker_rules(prefix), password)

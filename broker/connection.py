@@ -27,11 +27,14 @@ def patient_retry(outage_s: float) -> Retry:
     return PatientRetry(EqualJitterBackoff(cap=1.0, base=0.05), retries=math.ceil(outage_s / 0.75) + 6)
 
 
+def with_credentials(url: str, user: str, password: str) -> str:
+    """The URL (host, port, db, TLS options kept) with this user and password."""
+    parts = urlsplit(url)
+    netloc = f"{user}:{password}@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def redact_url(url: str) -> str:
     """The URL with its password replaced by ***, fit for logs and error messages."""
     parts = urlsplit(url)
-    if not parts.password:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return with_credentials(url, parts.username or "", "***") if parts.password else url

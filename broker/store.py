@@ -341,16 +341,18 @@ class Store:
         if not entries:
             new = self.redis.xreadgroup(BROKER_GROUP, consumer, {stream: ">"}, count=count, block=block_ms)
             entries = new[0][1] if new else []
-        reports, malformed = [], []
-        for entry_id, fields in entries:
-            report = _parse_report(fields)
-            if report is None:
-                malformed.append(entry_id)
-            else:
+        parsed = [(entry_id, _parse_report(fields)) for entry_id, fields in entries]
+        named = sorted({report["agent"] for _, report in parsed if report is not None})
+        records = dict(zip(named, map(_agent_info, self.redis.mget([self._key("agent", i) for i in named])))) if named else {}
+        reports, dropped = [], []
+        for entry_id, report in parsed:
+            if report is not None and _authentic(report, records[report["agent"]]):
                 reports.append((entry_id, report))
-        if malformed:  # a broken or hostile message must not stop the broker: drop it, loudly
-            log.warning("reports=malformed count=%d ids=%s", len(malformed), malformed[:5])
-            self.ack_reports(malformed)
+            else:
+                dropped.append(entry_id)
+        if dropped:  # broken, hostile or forged (another agent's name without its key): drop it, loudly
+            log.warning("reports=dropped (malformed or forged) count=%d ids=%s", len(dropped), dropped[:5])
+            self.ack_reports(dropped)
         return reports
 
     def ack_reports(self, entry_ids: list[str]) -> None:
@@ -381,7 +383,7 @@ def _agent_info(raw: str | None) -> AgentInfo | None:
         return None
 
 
-def authentic(report: dict, agent: AgentInfo | None) -> bool:
+def _authentic(report: dict, agent: AgentInfo | None) -> bool:
     """Whether the report carries the key of the agent it names (records without a key predate keys)."""
     return agent is None or agent.report_key is None or hmac.compare_digest(report.get("key", ""), agent.report_key)
 

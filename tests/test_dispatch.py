@@ -256,7 +256,7 @@ def test_a_failed_save_is_kept_on_the_run_until_a_good_one(system):
     system.agent("spot-a")
     job = system.broker.submit(quick_spec())
     system.server.dispatch()
-    report = {"agent": "spot-a", "job": job.id, "fence": 1, "key": system.store.get_agent("spot-a").report_key}
+    report = {"agent": "spot-a", "job": job.id, "fence": 1}
     system.server.apply([{**report, "type": "checkpoint_failed", "data": {"step": 7, "reason": "[Errno 28] No space left on device"}}])
     assert system.job(job.id).current_run.checkpoint_error == "step 7: [Errno 28] No space left on device"
     url = f"{system.root}/{job.id}/step-000000000008"

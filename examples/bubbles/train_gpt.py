@@ -3,7 +3,7 @@
     torchrun --nproc_per_node 4 examples/bubbles/train_gpt.py --steps 3 --out run.json [--instrument]
 
 Runs on CPU with gloo, on CUDA with NCCL when there is a GPU per rank, and with gloo when ranks
-share a GPU (a one-GPU machine running a multi-stage layout; see `backend`). With --instrument the
+share a GPU (a one-GPU machine running a multi-stage layout; see `init_distributed`). With --instrument the
 engine marks its bubbles (broker.bubbles.instrument) and each rank writes the windows it saw;
 rank 0 writes the losses. Seeds are fixed, so two runs give the same losses bit for bit.
 """
@@ -187,13 +187,12 @@ def register(main_job: str, accelerator: str, stage: int, recorder, iterations):
     return agent
 
 
-def backend(world_size: int) -> str:
+def init_distributed(world_size: int) -> None:
     """NCCL with a GPU per rank, gloo on CPU. With more ranks than GPUs NCCL refuses the duplicate device,
     so ranks share GPUs over gloo, and the pipeline's sends go through host memory (gloo sends CPU tensors only)."""
-    if not torch.cuda.is_available():
-        return "gloo"
-    if world_size <= torch.cuda.device_count():
-        return "nccl"
+    if not torch.cuda.is_available() or world_size <= torch.cuda.device_count():
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        return
     os.environ["LOCAL_RANK"] = str(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     from deepspeed.runtime.pipe import p2p
 
@@ -209,7 +208,8 @@ def backend(world_size: int) -> str:
             tensor.copy_(host)
 
     p2p.send, p2p.recv = send_via_host, recv_via_host
-    return "gloo"
+    dist.init_process_group("gloo")  # not DeepSpeed's: it binds a device, and new_group then splits, which only NCCL can
+    deepspeed.init_distributed(dist_backend="gloo")
 
 
 def main() -> None:
@@ -229,10 +229,7 @@ def main() -> None:
                         help=f"record weights+grads+optimizer and peak saved activations (the hooks slow the first {MEMORY_STEPS} steps)")
     args = parser.parse_args()
 
-    name = backend(int(os.environ.get("WORLD_SIZE", "1")))
-    if name == "gloo" and torch.cuda.is_available():  # DeepSpeed would bind a device, and new_group then splits: NCCL only
-        dist.init_process_group("gloo")
-    deepspeed.init_distributed(dist_backend=name)
+    init_distributed(int(os.environ.get("WORLD_SIZE", "1")))
     torch.manual_seed(0)
     layers = [LayerSpec(Embed)] + [LayerSpec(Block) for _ in range(LAYERS)] + [LayerSpec(Head)]
     model = PipelineModule(layers=layers, num_stages=args.stages, loss_fn=loss_fn, partition_method="uniform")
