@@ -120,7 +120,7 @@ class TransformerSpec(_Spec):
     dropout: bool = True
     flash_attention: bool = True  # attention scores are recomputed, not kept (no a s^2 b activations)
     mlp_activation: Literal["gelu", "relu"] = "gelu"  # ReLU's backward needs only its output: 8 s b h fewer bytes
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    schedule: Literal["1f1b", "gpipe", "deepspeed"] = "1f1b"  # deepspeed: 1F1B in DeepSpeed's lock-step (same memory)
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> "TransformerSpec":

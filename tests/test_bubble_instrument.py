@@ -23,7 +23,8 @@ def train(out: Path, *flags: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pipeline")
-    return train(tmp / "plain"), train(tmp / "marked", "--instrument")
+    timed = ("--time-instructions", "--profile-compute", "--probe-allreduce", "65536")  # measuring must not change training
+    return train(tmp / "plain", *timed), train(tmp / "marked", "--instrument")
 
 
 def test_losses_are_identical_bit_for_bit_with_the_bubble_marks(runs):
@@ -31,6 +32,19 @@ def test_losses_are_identical_bit_for_bit_with_the_bubble_marks(runs):
     for a, b in zip(plain, marked):
         assert a["losses"] == b["losses"] and len(a["losses"]) == STEPS
     assert plain[0]["losses"][-1] != plain[0]["losses"][0]  # it trained
+
+
+def test_the_timed_run_records_where_each_stage_spends_its_iteration(runs):
+    plain, _ = runs
+    for stage in plain:
+        ms = stage["instruction_ms"]
+        iteration_ms = 1000 * min(end - start for start, end in stage["iterations"])
+        assert 0 < 4 * (ms["ForwardPass"] + ms["BackwardPass"]) < iteration_ms  # 4 microbatches a step
+        assert ("RecvActivation" in ms) == (stage["stage"] > 0) and ("RecvGrad" in ms) == (stage["stage"] < 3)
+        assert stage["allreduce_s"] > 0
+    profiles = [stage["compute_profiles"] for stage in plain]
+    assert sum(len(p) for p in profiles) == 1 and len(profiles[0]) == 1  # rank 0 alone, after the last step
+    assert all(t_f > 0 and t_b > 0 for t_f, t_b in profiles[0][0].values())
 
 
 def test_each_stage_records_the_windows_the_schedule_has(runs):

@@ -1,11 +1,12 @@
-"""The bubble model against the schedules themselves: DeepSpeed's TrainSchedule instruction streams, and an
-event-driven simulation (message passing between stages) written independently of `timeline`."""
+"""The bubble model against the schedules themselves: DeepSpeed's TrainSchedule instruction streams, an
+event-driven simulation (message passing between stages) written independently of `timeline`, and a
+rendezvous run of those streams (blocking sends and receives, as DeepSpeed's engine does them)."""
 
 import heapq
 import random
 
 import pytest
-from deepspeed.runtime.pipe.schedule import BackwardPass, ForwardPass, TrainSchedule
+from deepspeed.runtime.pipe.schedule import BackwardPass, ForwardPass, RecvActivation, RecvGrad, SendActivation, SendGrad, TrainSchedule
 
 from broker.bubbles.schedule import Op, bubble_fraction, bubble_windows, closed_form, op_order, timeline
 
@@ -82,6 +83,57 @@ def test_timeline_equals_the_event_simulation_of_deepspeeds_streams_with_unequal
     t_b = [rng.uniform(1.0, 4.0) for _ in range(p)]
     expected = simulate([deepspeed_order(p, m, s) for s in range(p)], t_f, t_b)
     assert _rounded(timeline("1f1b", p, m, t_f, t_b)) == _rounded(expected)
+
+
+def run_blocking(p: int, m: int, t_f, t_b, exchange_s: float) -> list[list[tuple[float, float, Op]]]:
+    """Each stage runs its TrainSchedule instructions in order; a send and the neighbour's matching receive
+    finish together, exchange_s after the later of the two reaches it (gloo/NCCL send and recv block)."""
+    streams = [[i for step in TrainSchedule(micro_batches=m, stages=p, stage_id=s).steps() for i in step] for s in range(p)]
+    partner = {SendActivation: (1, RecvActivation), RecvActivation: (-1, SendActivation), SendGrad: (-1, RecvGrad), RecvGrad: (1, SendGrad)}
+    clock, cursor, counts = [0.0] * p, [0] * p, [{"F": 0, "B": 0} for _ in range(p)]
+    placed = [[] for _ in range(p)]
+    while any(cursor[s] < len(streams[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            if cursor[s] >= len(streams[s]):
+                continue
+            instruction = streams[s][cursor[s]]
+            if type(instruction) in partner:
+                offset, counterpart = partner[type(instruction)]
+                other = s + offset
+                if cursor[other] >= len(streams[other]) or type(streams[other][cursor[other]]) is not counterpart:
+                    continue  # blocked until the neighbour reaches its half
+                clock[s] = clock[other] = max(clock[s], clock[other]) + exchange_s
+                cursor[other] += 1
+            elif isinstance(instruction, (ForwardPass, BackwardPass)):
+                kind = "F" if isinstance(instruction, ForwardPass) else "B"
+                start, clock[s] = clock[s], clock[s] + (t_f[s] if kind == "F" else t_b[s])
+                placed[s].append((start, clock[s], Op(kind, counts[s][kind])))
+                counts[s][kind] += 1
+            cursor[s] += 1
+            moved = True
+        assert moved, "the instruction streams deadlocked"
+    return placed
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_deepspeed_lockstep_timeline_equals_a_blocking_run_of_its_instruction_streams(seed):
+    rng = random.Random(seed)
+    p, m = rng.randint(1, 6), rng.randint(1, 10)
+    t_f = [rng.uniform(0.5, 2.0) for _ in range(p)]
+    t_b = [rng.uniform(1.0, 4.0) for _ in range(p)]
+    exchange = rng.choice([0.0, 0.05, 0.3])
+    expected = run_blocking(p, m, t_f, t_b, exchange)
+    assert _rounded(timeline("deepspeed", p, m, t_f, t_b, exchange_s=exchange)) == _rounded(expected)
+
+
+def test_blocking_exchanges_cost_both_neighbours_so_deepspeed_is_slower_than_dataflow_1f1b():
+    t_f, t_b = [1.0, 1.0], [2.0, 2.0]
+    free = [timeline(schedule, 2, 8, t_f, t_b) for schedule in ("1f1b", "deepspeed")]
+    assert _rounded(free[0]) == _rounded(free[1])  # free messages: the lock-step loses nothing
+    period = max(ops[-1][1] for ops in free[0])
+    dataflow, lockstep = (max(ops[-1][1] for ops in timeline(s, 2, 8, t_f, t_b, exchange_s=0.25)) for s in ("1f1b", "deepspeed"))
+    assert lockstep - period == pytest.approx(2 * (dataflow - period))  # an exchange's two messages hold both stages
 
 
 @pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("interleaved", 2), ("interleaved", 3)])

@@ -52,6 +52,21 @@ def test_the_search_never_picks_a_layout_over_memory_and_falls_back_to_one_that_
     assert found[0].iteration_s > unlimited[0].iteration_s
 
 
+def test_deepspeeds_lock_step_matches_pipettes_form_with_free_links_and_pays_each_exchange_twice_with_latency():
+    deepspeed = GPT.model_copy(update={"schedule": "deepspeed"})
+    layout = Layout(p=4, t=1, d=1, micro_batch=1)
+    free = replace(HW, intra_bytes_s=1e30)
+    assert iteration_seconds(deepspeed, layout, free) < iteration_seconds(GPT, layout, free)  # the head's stage is slower, not all
+    equal = {"vocab": 8}  # (almost) no head: equal stages
+    assert iteration_seconds(deepspeed.model_copy(update=equal), layout, free) == pytest.approx(
+        iteration_seconds(GPT.model_copy(update=equal), layout, free), rel=1e-4)
+    slow = replace(free, latency_s=0.01)
+    pipette_extra = iteration_seconds(GPT, layout, slow) - iteration_seconds(GPT, layout, free)
+    lockstep_extra = iteration_seconds(deepspeed, layout, slow) - iteration_seconds(deepspeed, layout, free)
+    assert pipette_extra == pytest.approx(math.ceil(64 / 4) * 3 * 2 * 0.01)  # ceil(m/p) rounds of 2 messages per hop
+    assert lockstep_extra > pipette_extra  # blocking exchanges hold both neighbours, every step
+
+
 @pytest.mark.parametrize("gpus", [1, 2, 4, 8])
 def test_the_chosen_layout_equals_exhaustive_search(gpus):
     small = TransformerSpec(layers=6, hidden=512, heads=8, seq_len=256, vocab=1000, global_batch=16)

@@ -74,10 +74,10 @@ def profile(main_job: str, stage: int, device: str, windows: list, iterations: l
 
 
 def forecast(main_job: str, schedule: str, p: int, m: int, t_f: list[float], t_b: list[float], free_bytes: list[int],
-             device: str, at: datetime, v: int = 1) -> list[BubbleProfile]:  # fmt: skip
+             device: str, at: datetime, v: int = 1, exchange_s: float = 0.0) -> list[BubbleProfile]:  # fmt: skip
     """Each stage's profile from the analytic schedule model, before anything is measured: every window
     as long as the model says (median = p10); a measured profile replaces it when it is saved."""
-    period, stages = bubble_windows(schedule, p, m, t_f, t_b, v)
+    period, stages = bubble_windows(schedule, p, m, t_f, t_b, v, exchange_s=exchange_s)
     return [
         BubbleProfile(main_job=main_job, stage=stage, device=device, iteration_s=period, measured_at=at, windows=[
             WindowStats(kind=w.kind, offset_s=w.offset_s, median_s=w.duration_s, p10_s=w.duration_s, free_bytes=free_bytes[stage], count=0)
@@ -90,13 +90,12 @@ def forecast(main_job: str, schedule: str, p: int, m: int, t_f: list[float], t_b
 def forecast_layout(main_job: str, model, layout, hw, memory_gb: float, at: datetime) -> list[BubbleProfile]:
     """Forecast profiles of a main job registered with its layout (TransformerSpec, Layout, Hardware): per-stage
     forward and backward times from the FLOPs model, free memory = the GPU's less the stage's estimate."""
-    from broker.policies.transformer import microbatch_flops, stage_memory_bytes
+    from broker.policies.transformer import exchange_seconds, stage_memory_bytes, stage_seconds
 
-    passes = 4 if model.recompute else 3
-    flops = [f / (layout.t * hw.flops) for f in microbatch_flops(model, layout)]
-    t_f, t_b = [f / passes for f in flops], [f * (passes - 1) / passes for f in flops]
+    t_f, t_b = stage_seconds(model, layout, hw)
     free = [max(0, int(memory_gb * 1e9 - used)) for used in stage_memory_bytes(model, layout)]
-    return forecast(main_job, model.schedule, layout.p, layout.microbatches(model), t_f, t_b, free, FORECAST, at)
+    return forecast(main_job, model.schedule, layout.p, layout.microbatches(model), t_f, t_b, free, FORECAST, at,
+                    exchange_s=exchange_seconds(model, layout, hw))  # fmt: skip
 
 
 def save_profile(store: Store, bubble: BubbleProfile) -> bool:

@@ -1,24 +1,26 @@
 """Pipeline bubbles: when each stage of a pipeline-parallel training iteration sits idle.
 
 p stages, m microbatches, v model chunks per stage (interleaved 1F1B), forward and backward
-times per stage (lists: stages may differ; a chunk takes 1/v of its stage's time). Three
+times per stage (lists: stages may differ; a chunk takes 1/v of its stage's time). Four
 schedules, each as the order of operations on a stage:
 - gpipe: all forwards, then all backwards;
 - 1f1b: min(p - s - 1, m) warm-up forwards, then one forward and one backward in turn, then the
-  remaining backwards (PipeDream-flush; what DeepSpeed's TrainSchedule runs);
-- interleaved: Megatron's interleaved 1F1B over v chunks (m a multiple of p).
+  remaining backwards (PipeDream-flush; the order DeepSpeed's TrainSchedule runs);
+- interleaved: Megatron's interleaved 1F1B over v chunks (m a multiple of p);
+- deepspeed: the 1f1b order timed as DeepSpeed's engine runs it, in lock-step (`lockstep_timeline`).
 `timeline` places every operation as early as its dependencies allow (a forward needs the same
 microbatch's forward on the previous stage, a backward the next stage's backward and its own
-forward); the gaps are the bubbles. With equal stages the windows have closed forms
-(`closed_form`, from the PipeFill and FreeRide papers): fill-drain s (t_f + t_b), and fwd-bwd
-(p - s - 1)(t_f + t_b) for GPipe, (p - s - 1) t_b + max(0, p - s - m) t_f for 1F1B.
+forward; a message between stages takes `exchange_s`); the gaps are the bubbles. With equal
+stages the windows have closed forms (`closed_form`, from the PipeFill and FreeRide papers):
+fill-drain s (t_f + t_b), and fwd-bwd (p - s - 1)(t_f + t_b) for GPipe, (p - s - 1) t_b +
+max(0, p - s - m) t_f for 1F1B.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "deepspeed")
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ def op_order(schedule: str, p: int, m: int, stage: int, v: int = 1) -> list[Op]:
     """The order in which `stage` runs its forwards and backwards in one iteration."""
     if schedule == "gpipe":
         return [Op("F", i) for i in range(m)] + [Op("B", i) for i in range(m)]
-    if schedule == "1f1b":
+    if schedule in ("1f1b", "deepspeed"):
         warmup = min(p - stage - 1, m)
         ops = [Op("F", i) for i in range(warmup)]
         for i in range(m - warmup):
@@ -82,10 +84,17 @@ def _dependency(op: Op, stage: int, p: int, v: int) -> tuple[int, Op] | None:
     return (0, Op("B", op.microbatch, op.chunk + 1)) if op.chunk < v - 1 else (stage, Op("F", op.microbatch, op.chunk))
 
 
-def timeline(schedule: str, p: int, m: int, t_f: list[float], t_b: list[float], v: int = 1) -> list[list[tuple[float, float, Op]]]:
-    """(start, end, op) of every operation on every stage, each as early as its dependencies allow."""
+def _check_times(p: int, t_f: list[float], t_b: list[float]) -> None:
     if len(t_f) != p or len(t_b) != p:
         raise ValueError(f"t_f and t_b: give one time per stage ({p}), got {len(t_f)} and {len(t_b)}")
+
+
+def timeline(schedule: str, p: int, m: int, t_f: list[float], t_b: list[float], v: int = 1,
+             exchange_s: float = 0.0) -> list[list[tuple[float, float, Op]]]:  # fmt: skip
+    """(start, end, op) of every operation on every stage, each as early as its dependencies allow."""
+    if schedule == "deepspeed":
+        return lockstep_timeline(p, m, t_f, t_b, exchange_s)
+    _check_times(p, t_f, t_b)
     orders = [op_order(schedule, p, m, s, v) for s in range(p)]
     done: dict[tuple[int, Op], float] = {}
     placed: list[list[tuple[float, float, Op]]] = [[] for _ in range(p)]
@@ -99,7 +108,7 @@ def timeline(schedule: str, p: int, m: int, t_f: list[float], t_b: list[float], 
                 dep = _dependency(op, s, p, v)
                 if dep is not None and dep not in done:
                     break
-                start = max(free[s], done[dep] if dep is not None else 0.0)
+                start = max(free[s], 0.0 if dep is None else done[dep] + (exchange_s if dep[0] != s else 0.0))
                 end = start + (t_f[s] if op.kind == "F" else t_b[s]) / v
                 done[(s, op)], free[s] = end, end
                 placed[s].append((start, end, op))
@@ -111,10 +120,42 @@ def timeline(schedule: str, p: int, m: int, t_f: list[float], t_b: list[float], 
     return placed
 
 
+def deepspeed_step(p: int, m: int, stage: int, step: int) -> Op | None:
+    """What DeepSpeed's TrainSchedule runs on `stage` in `step`: a forward when step and stage have the same
+    parity, else a backward; None in the fill and drain steps where the microbatch does not exist."""
+    if (step - stage) % 2 == 0:
+        op = Op("F", (step - stage) // 2)
+    else:
+        op = Op("B", (step + stage + 1) // 2 - p)
+    return op if 0 <= op.microbatch < m else None
+
+
+def lockstep_timeline(p: int, m: int, t_f: list[float], t_b: list[float], exchange_s: float = 0.0) -> list[list[tuple[float, float, Op]]]:
+    """DeepSpeed's TrainSchedule as it runs: 2 (m + p - 1) steps, one forward or backward per stage and step.
+    At the start of a step, a stage running a backward swaps with the next stage (running a forward) the
+    gradient and activation of their previous step, with blocking sends and receives: both wait for the
+    slower, so a steady step lasts max(t_f, t_b) on both (dataflow 1F1B would let them drift apart)."""
+    _check_times(p, t_f, t_b)
+    end, placed = [0.0] * p, [[] for _ in range(p)]
+    for step in range(2 * (m + p - 1)):
+        ops = [deepspeed_step(p, m, s, step) for s in range(p)]
+        start = list(end)
+        for s in range(step % 2 == 0, p - 1, 2):  # stage s backward, s + 1 forward: (step - s) odd
+            messages = (ops[s] is not None) + (ops[s + 1] is not None)
+            if messages:
+                start[s] = start[s + 1] = max(end[s], end[s + 1]) + messages * exchange_s
+        for s, op in enumerate(ops):
+            end[s] = start[s]
+            if op is not None:
+                end[s] += t_f[s] if op.kind == "F" else t_b[s]
+                placed[s].append((start[s], end[s], op))
+    return placed
+
+
 def bubble_windows(schedule: str, p: int, m: int, t_f: list[float], t_b: list[float], v: int = 1,
-                   min_s: float = 0.0) -> tuple[float, list[list[BubbleWindow]]]:  # fmt: skip
+                   min_s: float = 0.0, exchange_s: float = 0.0) -> tuple[float, list[list[BubbleWindow]]]:  # fmt: skip
     """(iteration period, each stage's idle windows of at least min_s) for back-to-back iterations."""
-    placed = timeline(schedule, p, m, t_f, t_b, v)
+    placed = timeline(schedule, p, m, t_f, t_b, v, exchange_s)
     period = max(ops[-1][1] for ops in placed)
     stages = []
     for ops in placed:

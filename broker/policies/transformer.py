@@ -13,12 +13,15 @@ tensors (the gradients) while the loss runs backward; a 50k vocabulary makes thi
 (measured on an H100: without it the estimate was 19-23% under `max_memory_allocated`).
 A safety margin is added on top.
 
-Time (Pipette's form, see ../shared/papers.md): C = t_f + t_b of one microbatch on the slowest stage
-from a FLOPs model (forward 24 b s h^2 + 4 b s^2 h per layer, plus 2 b s h V for the head; backward
-twice the forward; recomputation one more forward) at the accelerator's sustained throughput, plus
-tensor-parallel all-reduces inside C; iteration = (m + p - 1) C + ceil(m / p) T_pp + T_dp, which is
-Pipette's floor(m/p)(p C + T_pp) + (p - 1) C + T_dp when p divides m; T_pp sends 2 b s h bytes per
-hop, T_dp is a ring all-reduce of the stage's gradients over the slowest data-parallel link.
+Time (Pipette's form, see ../shared/papers.md): t_f and t_b of one microbatch on each stage from a
+FLOPs model (forward 24 b s h^2 + 4 b s^2 h per layer, plus 2 b s h V for the head; backward twice
+the forward; recomputation one more forward) at the accelerator's sustained throughput, plus the
+tensor-parallel all-reduces; with C = t_f + t_b of the slowest stage, iteration = (m + p - 1) C +
+ceil(m / p) T_pp + T_dp, which is Pipette's floor(m/p)(p C + T_pp) + (p - 1) C + T_dp when p divides
+m; T_pp sends 2 b s h bytes per hop (each message also pays the link's latency), T_dp is a ring
+all-reduce of the stage's gradients over the slowest data-parallel link. DeepSpeed's engine
+(schedule "deepspeed") runs the same order in lock-step, both neighbours blocked for each exchange:
+its iteration is the length of that timeline (broker/bubbles/schedule.py) plus T_dp.
 Pure: numbers in, numbers out.
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from broker.bubbles.schedule import lockstep_timeline
 from broker.model import TransformerSpec as ModelSpec
 
 MFU = 0.45  # sustained share of peak tensor FLOPS for large-model training (Megatron/PaLM report 40-55%)
@@ -57,6 +61,7 @@ class Hardware:
     intra_bytes_s: float  # between devices in one node (NVLink or PCIe)
     inter_bytes_s: float  # between nodes (the instance's network)
     devices_per_node: int
+    latency_s: float = 0.0  # per message between stages, besides its bytes over the bandwidth
 
 
 def layer_params(model: ModelSpec) -> int:
@@ -144,19 +149,35 @@ def microbatch_flops(model: ModelSpec, layout: Layout) -> list[float]:
     return out
 
 
-def iteration_seconds(model: ModelSpec, layout: Layout, hw: Hardware, compute_s: list[float] | None = None) -> float:
-    """One training iteration (global batch) in Pipette's form, on the slowest stage. `compute_s` gives
-    profiled t_f + t_b per stage instead of the FLOPs model (Pipette profiles them)."""
-    m = layout.microbatches(model)
-    msg = layout.micro_batch * model.seq_len * model.hidden * _bytes(model)  # activations crossing a boundary
-    tp = 0.0
+def stage_seconds(model: ModelSpec, layout: Layout, hw: Hardware) -> tuple[list[float], list[float]]:
+    """(t_f, t_b) of one microbatch on each stage from the FLOPs model, tensor-parallel all-reduces included."""
+    passes = 4 if model.recompute else 3
+    tp = [0.0] * layout.p
     if layout.t > 1:  # two all-reduces forward, two backward per layer, inside the node
-        tp = max(stage_layers(model, layout.p)) * 4 * 2 * (layout.t - 1) / layout.t * msg / hw.intra_bytes_s
-    compute = (max(compute_s) if compute_s else max(microbatch_flops(model, layout)) / (layout.t * hw.flops)) + tp
+        msg = layout.micro_batch * model.seq_len * model.hidden * _bytes(model)
+        tp = [n * 2 * 2 * (layout.t - 1) / layout.t * msg / hw.intra_bytes_s for n in stage_layers(model, layout.p)]
+    compute = [f / (layout.t * hw.flops) for f in microbatch_flops(model, layout)]
+    return [c / passes + x for c, x in zip(compute, tp)], [c * (passes - 1) / passes + x for c, x in zip(compute, tp)]
+
+
+def exchange_seconds(model: ModelSpec, layout: Layout, hw: Hardware) -> float:
+    """One message between neighbouring stages: a microbatch's activations (or their gradient)."""
+    msg = layout.micro_batch * model.seq_len * model.hidden * _bytes(model)
     across_nodes = layout.p * layout.t * layout.d > hw.devices_per_node
-    hop_bw = hw.inter_bytes_s if across_nodes and layout.p > 1 else hw.intra_bytes_s
-    t_pp = (layout.p - 1) * 2 * msg / hop_bw
+    return hw.latency_s + msg / (hw.inter_bytes_s if across_nodes else hw.intra_bytes_s)
+
+
+def iteration_seconds(model: ModelSpec, layout: Layout, hw: Hardware, profiled: tuple[list[float], list[float]] | None = None) -> float:
+    """One training iteration (global batch) on the slowest stage. `profiled` gives measured (t_f, t_b)
+    per stage instead of the FLOPs model (Pipette profiles them)."""
+    m = layout.microbatches(model)
+    t_f, t_b = profiled or stage_seconds(model, layout, hw)
+    across_nodes = layout.p * layout.t * layout.d > hw.devices_per_node
     grads = max(stage_params(model, layout.p)) / layout.t * _bytes(model)
     dp_bw = hw.inter_bytes_s if across_nodes and layout.d > 1 else hw.intra_bytes_s
     t_dp = 2 * (layout.d - 1) / layout.d * grads / dp_bw if layout.d > 1 else 0.0
-    return (m + layout.p - 1) * compute + math.ceil(m / layout.p) * t_pp + t_dp
+    exchange = exchange_seconds(model, layout, hw)
+    if model.schedule == "deepspeed":
+        return max(ops[-1][1] for ops in lockstep_timeline(layout.p, m, t_f, t_b, exchange)) + t_dp
+    compute = max(f + b for f, b in zip(t_f, t_b))
+    return (m + layout.p - 1) * compute + math.ceil(m / layout.p) * (layout.p - 1) * 2 * exchange + t_dp

@@ -118,6 +118,74 @@ def measure_states(engine, optimizer, into: dict) -> None:
     type(engine)._INSTRUCTION_MAP = {**type(engine)._INSTRUCTION_MAP, schedule.OptimizerStep: measured}
 
 
+def time_instructions(engine, into: dict) -> None:
+    """Record how long each of the engine's instructions takes (ms), by type: where a stage's time goes.
+    On a GPU each is synchronized, so the time is the device's, not the host's launch."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+    def timed(kind, handler):
+        def run(self, *args, **kwargs):
+            sync()
+            began = time.perf_counter()
+            try:
+                return handler(self, *args, **kwargs)
+            finally:
+                sync()
+                into.setdefault(kind.__name__, []).append(1000 * (time.perf_counter() - began))
+        return run
+
+    type(engine)._INSTRUCTION_MAP = {kind: timed(kind, handler) for kind, handler in type(engine)._INSTRUCTION_MAP.items()}
+
+
+def profile_parts(micro_batch: int, repeats: int = 100) -> dict[str, list[float]]:
+    """Seconds [forward, backward] of one microbatch through a fresh embedding, block, and head + loss on this
+    rank's device (median of single runs after warm-up: the first CUDA runs autotune, clocks ramp up)."""
+    import statistics
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ids = torch.randint(0, VOCAB, (micro_batch, SEQ), device=device)
+    x = torch.randn(micro_batch, SEQ, HIDDEN, requires_grad=True, device=device)
+    embed, block, head = Embed().to(device), Block().to(device), Head().to(device)
+
+    def timed(fn) -> float:
+        seconds = []
+        for attempt in range(repeats + 5):
+            began = time.perf_counter()
+            fn()
+            torch.cuda.synchronize() if device == "cuda" else None
+            seconds.append(time.perf_counter() - began) if attempt >= 5 else None
+        return statistics.median(seconds)
+
+    out = {}
+    for name, forward in {"embed": lambda: embed(ids).sum(), "block": lambda: block(x).sum(), "head": lambda: loss_fn(head(x), ids)}.items():
+        t_f = timed(forward)
+        out[name] = [t_f, max(0.0, timed(lambda: forward().backward()) - t_f)]
+    return out
+
+
+def profile_between(profiles: list, micro_batch: int) -> None:
+    """Rank 0 profiles the parts while the others wait (alone on its core or GPU, as in the bench's model)."""
+    dist.barrier()
+    if dist.get_rank() == 0:
+        profiles.append(profile_parts(micro_batch))
+    dist.barrier()
+
+
+def allreduce_seconds(nbytes: int, repeats: int = 10) -> float:
+    """Median time of one all-reduce of `nbytes` over all ranks: the data-parallel link, measured."""
+    import statistics
+
+    tensor = torch.ones(max(1, nbytes // 4), device="cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu")
+    seconds = []
+    for attempt in range(repeats + 3):
+        dist.barrier()
+        began = time.perf_counter()
+        dist.all_reduce(tensor)
+        torch.cuda.synchronize() if tensor.is_cuda else None
+        seconds.append(time.perf_counter() - began) if attempt >= 3 else None
+    return statistics.median(seconds)
+
+
 class Filler:
     """Runs a fill task in this rank's bubbles: each bubble signal becomes an executor window as long as
     that kind of window nearly always is (its p10 so far), on a thread so the engine never waits."""
@@ -227,6 +295,10 @@ def main() -> None:
     parser.add_argument("--accelerator", default="T4", help="the GPU a stage's bubble offer stands for (on CPU: pretend)")
     parser.add_argument("--measure-memory", action="store_true",
                         help=f"record weights+grads+optimizer and peak saved activations (the hooks slow the first {MEMORY_STEPS} steps)")
+    parser.add_argument("--time-instructions", action="store_true", help="record each engine instruction's duration")
+    parser.add_argument("--profile-compute", action="store_true",
+                        help="time the parts alone on rank 0 before the timed steps and after the last (the machine's speed drifts)")
+    parser.add_argument("--probe-allreduce", type=int, default=0, metavar="BYTES", help="after training, time an all-reduce of BYTES")
     args = parser.parse_args()
 
     init_distributed(int(os.environ.get("WORLD_SIZE", "1")))
@@ -247,9 +319,14 @@ def main() -> None:
     saved, states = SavedActivations(), {}
     if args.measure_memory:
         measure_states(engine, optimizer, states)
-    losses, iterations = [], []
+    instructions = {}
+    if args.time_instructions:
+        time_instructions(engine, instructions)
+    losses, iterations, profiles = [], [], []
     fill_agent = None
     for step in range(args.steps):
+        if args.profile_compute and step == MEMORY_STEPS:
+            profile_between(profiles, args.micro_batch)
         if args.fill and step == args.profile_steps:
             filler = Filler(args.fill, recorder, engine.stage_id)
         if args.broker and step == args.profile_steps:
@@ -264,11 +341,16 @@ def main() -> None:
         if fill_agent:
             fill_agent.iteration(iterations[-1][1] - started)
         losses.append(float(loss))
+    if args.profile_compute:
+        profile_between(profiles, args.micro_batch)
     rank = dist.get_rank()
     result = {"rank": rank, "stage": engine.stage_id, "losses": losses, "iterations": iterations,
               "windows": recorder.windows if recorder else [], "fill": filler.finish() if filler else None,
               "state_bytes": states.get("state_bytes", 0), "activation_peak_bytes": saved.peak,
-              "cuda_peak_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0}  # fmt: skip
+              "cuda_peak_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0,
+              "instruction_ms": {kind: sorted(ms)[len(ms) // 2] for kind, ms in instructions.items()},
+              "compute_profiles": profiles, "memory_steps": MEMORY_STEPS,
+              "allreduce_s": allreduce_seconds(args.probe_allreduce) if args.probe_allreduce else None}  # fmt: skip
     if fill_agent:
         fill_agent.stop()
         result["served"] = fill_agent.served
