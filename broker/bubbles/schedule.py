@@ -134,7 +134,8 @@ def lockstep_timeline(p: int, m: int, t_f: list[float], t_b: list[float], exchan
     """DeepSpeed's TrainSchedule as it runs: 2 (m + p - 1) steps, one forward or backward per stage and step.
     At the start of a step, a stage running a backward swaps with the next stage (running a forward) the
     gradient and activation of their previous step, with blocking sends and receives: both wait for the
-    slower, so a steady step lasts max(t_f, t_b) on both (dataflow 1F1B would let them drift apart)."""
+    slower and both pay both messages. With free messages this is dataflow 1F1B's timeline; each message
+    costs it twice what dataflow 1F1B pays on its critical path."""
     _check_times(p, t_f, t_b)
     end, placed = [0.0] * p, [[] for _ in range(p)]
     for step in range(2 * (m + p - 1)):

@@ -137,33 +137,36 @@ def time_instructions(engine, into: dict) -> None:
     type(engine)._INSTRUCTION_MAP = {kind: timed(kind, handler) for kind, handler in type(engine)._INSTRUCTION_MAP.items()}
 
 
-def profile_parts(micro_batch: int, repeats: int = 100) -> dict[str, list[float]]:
-    """Seconds [forward, backward] of one microbatch through a fresh embedding, block, and head + loss on this
-    rank's device (median of single runs after warm-up: the first CUDA runs autotune, clocks ramp up). A block
-    is timed as a share of a chain of LAYERS, whose activations all stay until the backward as on a stage
-    (one block run alone again and again reuses the same warm memory: 10-20% faster on CPU)."""
+def median_seconds(fn, repeats: int, warmup: int = 5, setup=lambda: None) -> float:
+    """Median of single timed runs after warm-up (the first CUDA runs autotune, clocks ramp up); a GPU is
+    synchronized, so the time is the device's."""
     import statistics
 
+    seconds = []
+    for attempt in range(repeats + warmup):
+        setup()
+        began = time.perf_counter()
+        fn()
+        torch.cuda.synchronize() if torch.cuda.is_available() else None
+        seconds.append(time.perf_counter() - began) if attempt >= warmup else None
+    return statistics.median(seconds)
+
+
+def profile_parts(micro_batch: int, repeats: int = 100) -> dict[str, list[float]]:
+    """Seconds [forward, backward] of one microbatch through a fresh embedding, block, and head + loss on this
+    rank's device. A block
+    is timed as a share of a chain of LAYERS, whose activations all stay until the backward as on a stage
+    (one block run alone again and again reuses the same warm memory: 10-20% faster on CPU)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ids = torch.randint(0, VOCAB, (micro_batch, SEQ), device=device)
     x = torch.randn(micro_batch, SEQ, HIDDEN, requires_grad=True, device=device)
     embed, head = Embed().to(device), Head().to(device)
     blocks = nn.Sequential(*(Block() for _ in range(max(1, LAYERS)))).to(device)
-
-    def timed(fn) -> float:
-        seconds = []
-        for attempt in range(repeats + 5):
-            began = time.perf_counter()
-            fn()
-            torch.cuda.synchronize() if device == "cuda" else None
-            seconds.append(time.perf_counter() - began) if attempt >= 5 else None
-        return statistics.median(seconds)
-
     out = {}
     parts = {"embed": (lambda: embed(ids).sum(), 1), "block": (lambda: blocks(x).sum(), len(blocks)), "head": (lambda: loss_fn(head(x), ids), 1)}
     for name, (forward, share) in parts.items():
-        t_f = timed(forward)
-        out[name] = [t_f / share, max(0.0, timed(lambda: forward().backward()) - t_f) / share]
+        t_f = median_seconds(forward, repeats)
+        out[name] = [t_f / share, max(0.0, median_seconds(lambda: forward().backward(), repeats) - t_f) / share]
     return out
 
 
@@ -177,17 +180,8 @@ def profile_between(profiles: list, micro_batch: int) -> None:
 
 def allreduce_seconds(nbytes: int, repeats: int = 10) -> float:
     """Median time of one all-reduce of `nbytes` over all ranks: the data-parallel link, measured."""
-    import statistics
-
     tensor = torch.ones(max(1, nbytes // 4), device="cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu")
-    seconds = []
-    for attempt in range(repeats + 3):
-        dist.barrier()
-        began = time.perf_counter()
-        dist.all_reduce(tensor)
-        torch.cuda.synchronize() if tensor.is_cuda else None
-        seconds.append(time.perf_counter() - began) if attempt >= 3 else None
-    return statistics.median(seconds)
+    return median_seconds(lambda: dist.all_reduce(tensor), repeats, warmup=3, setup=dist.barrier)
 
 
 class Filler:
