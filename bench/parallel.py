@@ -31,12 +31,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from broker.model import TransformerSpec
-from broker.policies.transformer import MARGIN, Hardware, Layout, iteration_seconds, stage_layers, stage_memory_bytes, stage_params
+from broker.policies.transformer import (MARGIN, Hardware, Layout, exchange_seconds, iteration_seconds, stage_layers,
+                                        stage_memory_bytes, stage_params)  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "bubbles" / "train_gpt.py"
@@ -133,8 +135,8 @@ def row(p: int, d: int, b: int, steps: int, work: Path) -> dict:
     stages = [[contention * (max(c, overhead / 2) if CUDA else c + overhead / 2) for c in stage] for stage in stages]
     bandwidth = allreduce_bytes_s(d, max(stage_params(MODEL, p)) * 4, work) if d > 1 else 1e9
     message = message_seconds(b, steps, work) if p > 1 else 0.0
-    latency = max(0.0, message - b * MODEL.seq_len * MODEL.hidden * 4 / bandwidth)  # the bytes are priced by the bandwidth
-    hw = Hardware(flops=1.0, intra_bytes_s=bandwidth, inter_bytes_s=bandwidth, devices_per_node=p * d, latency_s=latency)
+    hw = Hardware(flops=1.0, intra_bytes_s=bandwidth, inter_bytes_s=bandwidth, devices_per_node=p * d)
+    hw = replace(hw, latency_s=max(0.0, message - exchange_seconds(MODEL, layout, hw)))  # the bytes are priced by the bandwidth
     t_f, t_b = zip(*stages)
     est_iter = iteration_seconds(MODEL, layout, hw, (list(t_f), list(t_b)))
     meas_iter = timed_iterations(ranks[0])

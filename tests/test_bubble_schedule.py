@@ -68,6 +68,12 @@ def _messages(op: Op, s: int, p: int, v: int):
         yield p - 1, Op("B", op.microbatch, op.chunk - 1)
 
 
+def random_stages(rng: random.Random, min_p: int):
+    """p stages, m microbatches and unequal forward and backward times."""
+    p, m = rng.randint(min_p, 6), rng.randint(1, 10)
+    return p, m, [rng.uniform(0.5, 2.0) for _ in range(p)], [rng.uniform(1.0, 4.0) for _ in range(p)]
+
+
 @pytest.mark.parametrize("p", [2, 3, 4, 5])
 @pytest.mark.parametrize("m", [1, 2, 4, 7, 8])
 def test_1f1b_order_is_what_deepspeeds_train_schedule_runs(p, m):
@@ -78,9 +84,7 @@ def test_1f1b_order_is_what_deepspeeds_train_schedule_runs(p, m):
 @pytest.mark.parametrize("seed", range(6))
 def test_timeline_equals_the_event_simulation_of_deepspeeds_streams_with_unequal_stages(seed):
     rng = random.Random(seed)
-    p, m = rng.randint(2, 6), rng.randint(1, 10)
-    t_f = [rng.uniform(0.5, 2.0) for _ in range(p)]
-    t_b = [rng.uniform(1.0, 4.0) for _ in range(p)]
+    p, m, t_f, t_b = random_stages(rng, min_p=2)
     expected = simulate([deepspeed_order(p, m, s) for s in range(p)], t_f, t_b)
     assert _rounded(timeline("1f1b", p, m, t_f, t_b)) == _rounded(expected)
 
@@ -119,9 +123,7 @@ def run_blocking(p: int, m: int, t_f, t_b, exchange_s: float) -> list[list[tuple
 @pytest.mark.parametrize("seed", range(8))
 def test_deepspeed_lockstep_timeline_equals_a_blocking_run_of_its_instruction_streams(seed):
     rng = random.Random(seed)
-    p, m = rng.randint(1, 6), rng.randint(1, 10)
-    t_f = [rng.uniform(0.5, 2.0) for _ in range(p)]
-    t_b = [rng.uniform(1.0, 4.0) for _ in range(p)]
+    p, m, t_f, t_b = random_stages(rng, min_p=1)
     exchange = rng.choice([0.0, 0.05, 0.3])
     expected = run_blocking(p, m, t_f, t_b, exchange)
     assert _rounded(timeline("deepspeed", p, m, t_f, t_b, exchange_s=exchange)) == _rounded(expected)

@@ -323,8 +323,10 @@ def main() -> None:
     losses, iterations, profiles = [], [], []
     fill_agent = None
     for step in range(args.steps):
-        if args.profile_compute and step == MEMORY_STEPS:
-            profile_between(profiles, args.micro_batch)
+        if step == MEMORY_STEPS:  # instruction times and profiles from the clean steps only (the hooks are slow)
+            instructions.clear()
+            if args.profile_compute:
+                profile_between(profiles, args.micro_batch)
         if args.fill and step == args.profile_steps:
             filler = Filler(args.fill, recorder, engine.stage_id)
         if args.broker and step == args.profile_steps:
