@@ -55,6 +55,8 @@ class FillAgent:
         self.served: list[str] = []  # job ids it ran, in order
         self._thread = threading.Thread(target=self._serve, name=f"fill-agent-{self.id}", daemon=True)
         self._beat = self._owned = self._saved = self._reported = self._published = self._polled = 0.0
+        self._leaving = threading.Event()  # asked: take no new job
+        self._left = threading.Event()  # done: the lease says "leaving" and no heartbeat will undo it
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -72,6 +74,12 @@ class FillAgent:
         self.store.register_agent(info, self.lease_ms)
         log.info("agent=%s registered offer=%s", self.id, self.offer.id)
         self._thread.start()
+
+    def leaving(self) -> None:
+        """Training is ending: take no new job. Every stage says so before any hands its job back, or the
+        broker could move the job to a stage of the same pipeline that is about to end too."""
+        self._leaving.set()
+        self._left.wait(timeout=5.0)
 
     def stop(self) -> None:
         """Training ends: hand the running job back with its checkpoint, leave the broker."""
@@ -100,13 +108,17 @@ class FillAgent:
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
-        if now - self._beat >= self.lease_ms / 4000:
+        if self._leaving.is_set():  # here, on the serving thread, so no heartbeat runs after the mark
+            if not self._left.is_set():
+                self.store.mark_leaving(self.id)
+                self._left.set()
+        elif now - self._beat >= self.lease_ms / 4000:
             self._beat = now
             self.store.renew_lease(self.id, self.lease_ms)
         if now - self._published >= STATS_EVERY_S:
             self._publish()
         if self.executor is None:
-            if now - self._polled >= ASSIGNMENT_EVERY_S:
+            if now - self._polled >= ASSIGNMENT_EVERY_S and not self._leaving.is_set():
                 self._polled = now
                 self._take_assignment()
         elif now - self._owned >= OWNERSHIP_EVERY_S:

@@ -351,6 +351,10 @@ def main() -> None:
               "instruction_ms": {kind: sorted(ms)[len(ms) // 2] for kind, ms in instructions.items()},
               "compute_profiles": profiles, "memory_steps": MEMORY_STEPS,
               "allreduce_s": allreduce_seconds(args.probe_allreduce) if args.probe_allreduce else None}  # fmt: skip
+    if args.broker:  # every stage stops taking work before any hands its job back
+        if fill_agent:
+            fill_agent.leaving()
+        dist.barrier()
     if fill_agent:
         fill_agent.stop()
         result["served"] = fill_agent.served
