@@ -157,14 +157,14 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
     """`restart_redis`: a callable that stops redis-server and starts it again on the same port and data;
     `notice_every_s`: announce a preemption to a busy instance this often (clouds in turn)."""
     from broker.agents.checkpoints import CheckpointStore
-    from broker import policies
+    from broker import planning
     from broker.agents.provision import LocalProvisioner
-    from broker.clock import SystemClock
-    from broker.model import Tier
+    from broker.core.clock import SystemClock
+    from broker.domain.model import Tier
     from broker.pricing.catalog import PriceCatalog
-    from broker.service import Broker
-    from broker.specfile import validate_spec
-    from broker.store import Store
+    from broker.core.broker import Broker
+    from broker.domain.specfile import validate_spec
+    from broker.store.jobs import Store
 
     rng = random.Random(seed)
     store = Store(redis_url, prefix=PREFIX, outage_s=60)
@@ -177,7 +177,7 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
                 key=lambda o: o.price_usd_per_h)  # fmt: skip
     provisioner = LocalProvisioner(redis_url, checkpoints, work / "runs", lease_s=2.0, prefix=PREFIX)
     clock = SystemClock()
-    broker = Broker(store, catalog, policies.get(), clock)
+    broker = Broker(store, catalog, planning.get(), clock)
     spec = {"run": [sys.executable, str(ROOT / "examples" / "jobs" / "train_mlp.py")], "resources": {"accelerators": ["L4:1"]},
             "work": {"gpu_hours": 0.01}, "checkpoint": {"size_gb": 0.001, "restore_minutes": 0.1}, "max_restarts": 20,
             "env": {"STEPS": str(STEPS), "CKPT_EVERY": str(CKPT_EVERY), "STEP_SLEEP_S": str(STEP_SLEEP_S), "OUTPUT": "/dev/null"}}  # fmt: skip
@@ -298,7 +298,7 @@ def main() -> None:
     parser.add_argument("--redis-restart-at-s", type=float, default=12.0, help="Restart redis-server this far in (0: never).")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    from broker import embedded
+    from broker.store import embedded
 
     home = Path(tempfile.mkdtemp(prefix="broker-chaos-redis-"))
     url = embedded.ensure(home).url  # AOF with fsync always, as the product runs it

@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from broker import embedded
-from broker.cli_backtest import trace_start
-from broker.errors import BrokerError
+from broker.store import embedded
+from broker.app.cli.backtest import trace_start
+from broker.domain.errors import BrokerError
 from broker.pricing.catalog import PriceCatalog
 from broker.sim import backtest
 from broker.sim.market import from_traces

@@ -25,15 +25,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
-from broker import embedded, policies
+from broker.store import embedded
+from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
-from broker.clock import SystemClock
-from broker.model import Job, Offer, Tier
+from broker.core.clock import SystemClock
+from broker.domain.model import Job, Offer, Tier
 from broker.pricing.catalog import PriceCatalog
-from broker.server import BrokerServer
-from broker.specfile import validate_spec
-from broker.store import Store
+from broker.core.server import BrokerServer
+from broker.domain.specfile import validate_spec
+from broker.store.jobs import Store
 
 
 def main() -> None:
@@ -61,7 +62,7 @@ def run(url: str, home: Path, args) -> dict:
                 key=lambda o: o.price_usd_per_h)  # fmt: skip
     clock = SystemClock()
     spec = validate_spec({"name": "bench", "run": ["true"], "resources": {"accelerators": ["L4:1"]}, "work": {"gpu_hours": 0.01}}, clock.now())
-    quote = policies.get().quote(spec, [offer], clock.now())
+    quote = planning.get().quote(spec, [offer], clock.now())
 
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
@@ -139,7 +140,7 @@ def agent_host(url: str, home: str, offer_json: str, ids: list[str], stop) -> No
 
 def server_host(url: str, home: str, stop) -> None:
     """The broker server's control loop."""
-    server = BrokerServer(Store(url), policies.get(), SystemClock(), CheckpointStore(f"{home}/ckpt"), lease_s=30.0)
+    server = BrokerServer(Store(url), planning.get(), SystemClock(), CheckpointStore(f"{home}/ckpt"), lease_s=30.0)
     while not stop.is_set():
         server.round(block_ms=5)
 

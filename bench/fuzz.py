@@ -64,8 +64,8 @@ def one_line_per_problem(message: str, source: str) -> bool:
 
 def fuzz_specs(cases: int, workdir: Path) -> dict:
     """load_spec on generated files: a JobSpec or a SpecError, one line per problem, each naming the file."""
-    from broker.errors import BrokerError
-    from broker.specfile import load_spec
+    from broker.domain.errors import BrokerError
+    from broker.domain.specfile import load_spec
 
     seen = {"cases": 0, "accepted": 0, "refused": 0}
     path = workdir / "job.yaml"
@@ -101,8 +101,8 @@ def fuzz_cli(cases: int, workdir: Path, redis_url: str) -> dict:
 
     from typer.testing import CliRunner
 
-    from broker.cli import app
-    from broker.store import Store
+    from broker.app.cli.main import app
+    from broker.store.jobs import Store
 
     os.environ.update({"BROKER_REDIS_URL": redis_url, "BROKER_HOME": str(workdir / "home"), "BROKER_PREFIX": "fuzz-cli:"})
     store, runner = Store(redis_url, prefix="fuzz-cli:"), CliRunner()
@@ -147,23 +147,23 @@ MESSAGE = st.one_of(
 def fuzz_messages(cases: int, workdir: Path, redis_url: str) -> dict:
     """Hostile stream entries: the server folds agent-events, the agent reads its assignment stream; both survive
     every entry, every entry is acknowledged or dropped, and the job of another agent does not change."""
-    from broker import policies
+    from broker import planning
     from broker.agents.agent import Agent
     from broker.agents.checkpoints import CheckpointStore
-    from broker.clock import SystemClock
-    from broker.model import Tier
+    from broker.core.clock import SystemClock
+    from broker.domain.model import Tier
     from broker.pricing.catalog import PriceCatalog
-    from broker.server import BrokerServer
-    from broker.service import Broker
-    from broker.specfile import validate_spec
-    from broker.store import Store
+    from broker.core.server import BrokerServer
+    from broker.core.broker import Broker
+    from broker.domain.specfile import validate_spec
+    from broker.store.jobs import Store
 
     prefix = "fuzz-msg:"
     store = Store(redis_url, prefix=prefix)
     catalog = PriceCatalog.from_snapshot()
     offer = next(o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1 and o.tier == Tier.on_demand)
-    broker = Broker(store, catalog, policies.get(), SystemClock())
-    server = BrokerServer(store, policies.get(), SystemClock(), CheckpointStore(str(workdir / "ckpt")), consumer="fuzz")
+    broker = Broker(store, catalog, planning.get(), SystemClock())
+    server = BrokerServer(store, planning.get(), SystemClock(), CheckpointStore(str(workdir / "ckpt")), consumer="fuzz")
     honest = Agent(store, "honest", offer, str(workdir / "ckpt"), workdir / "runs", lease_s=3600)  # no lapse mid-fuzz
     mallory = Agent(store, "mallory", offer, str(workdir / "ckpt"), workdir / "runs", lease_s=3600)
     jobs = {}
@@ -225,7 +225,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from broker import embedded
+    from broker.store import embedded
 
     with embedded.scratch() as url:
         result = run(url, args.cases)

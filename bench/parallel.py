@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from broker.model import TransformerSpec
-from broker.policies.transformer import (MARGIN, Hardware, Layout, exchange_seconds, iteration_seconds, stage_layers,
+from broker.domain.model import TransformerSpec
+from broker.models.transformer import (MARGIN, Hardware, Layout, exchange_seconds, iteration_seconds, stage_layers,
                                         stage_memory_bytes, stage_params)  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,11 +22,11 @@ from datetime import datetime, timezone
 from rich.console import Console
 from rich.table import Table
 
-from broker.model import Offer, Tier
-from broker.policies.costslo import CostSLO
-from broker.policies.options import PlanItem
+from broker.domain.model import Offer, Tier
+from broker.planning.costslo import CostSLO
+from broker.planning.options import PlanItem
 from broker.pricing.catalog import PriceCatalog
-from broker.specfile import validate_spec
+from broker.domain.specfile import validate_spec
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 SHAPES = ["L4:1", "A10G:1", "T4:1", "L40S:1", "A100:1", "H100:1", "V100:1", "L4:4", "A10G:4", "A100:8", "H100:8", "A100-80GB:1"]

@@ -1,5 +1,5 @@
 """`python -m broker` is the `broker` command."""
 
-from broker.cli import app
+from broker.app.cli.main import app
 
 app(prog_name="broker")

@@ -14,13 +14,13 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from broker import reporting
+from broker.models import spend
 from broker.bubbles.profiler import load_fill_stats, load_profiles
-from broker.errors import BrokerError
+from broker.domain.errors import BrokerError
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.history import PriceHistory
-from broker.sim import report
-from broker.store import Store
+from broker.sim import results
+from broker.store.jobs import Store
 
 REFRESH_S = 5
 PAGES = ["Overview", "Jobs", "Prices and risk", "Bubbles", "Backtest"]
@@ -51,7 +51,7 @@ def overview() -> None:
     if not jobs:
         st.info("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
         return
-    kpi = reporting.overview(jobs, now())
+    kpi = spend.overview(jobs, now())
     cols = st.columns(4)
     cols[0].metric("Spend to date", money(kpi["spend_usd"]))
     cols[1].metric("Savings vs on-demand", money(kpi["savings_usd"]),
@@ -61,7 +61,7 @@ def overview() -> None:
     cols = st.columns(5)
     for col, state in zip(cols, ("running", "queued", "done", "failed", "cancelled")):
         col.metric(f"Jobs {state}", kpi[state])
-    spend = reporting.spend_over_time(jobs, now())
+    spend = spend.spend_over_time(jobs, now())
     if not spend.empty:
         long = spend.reset_index(names="time").melt("time", var_name="tier", value_name="spend $")
         chart = alt.Chart(long).mark_area().encode(x="time:T", y=alt.Y("spend $:Q", stack=True), color="tier:N")
@@ -75,12 +75,12 @@ def jobs_page() -> None:
     if not jobs:
         st.info("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
         return
-    st.dataframe(reporting.jobs_frame(jobs, now()), hide_index=True, use_container_width=True)
+    st.dataframe(spend.jobs_frame(jobs, now()), hide_index=True, use_container_width=True)
     chosen = st.selectbox("Job", [j.id for j in jobs], index=len(jobs) - 1)
     job = next(j for j in jobs if j.id == chosen)
     cols = st.columns(3)
     cols[0].metric("Quoted", money(job.quote.chosen.expected_cost_usd))
-    cols[1].metric("Realised so far", money(reporting.spend_usd(job, now())))
+    cols[1].metric("Realised so far", money(spend.spend_usd(job, now())))
     cols[2].metric("Migrations", job.migrations)
     if job.runs:
         st.subheader("Runs across offers")
@@ -177,7 +177,7 @@ def backtest_page() -> None:
         st.info("no backtest loaded: run `broker backtest --out DIR` and enter DIR here (or `broker dashboard --backtest DIR`)")
         return
     try:
-        table, spend, summary = report.load(Path(directory))
+        table, spend, summary = results.load(Path(directory))
     except BrokerError as error:
         st.info(f"no backtest loaded: {error}")
         return

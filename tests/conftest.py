@@ -18,10 +18,10 @@ from redis.retry import Retry
 
 from broker.agents.notices import Notice
 from broker.agents.runner import JobProcess
-from broker.clock import ManualClock
+from broker.core.clock import ManualClock
 from broker.pricing.catalog import PriceCatalog
-from broker.specfile import validate_spec
-from broker.store import Store
+from broker.domain.specfile import validate_spec
+from broker.store.jobs import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

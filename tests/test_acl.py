@@ -8,17 +8,18 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from broker import acl, policies
+from broker.store import acl
+from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
-from broker.cli import app
-from broker.clock import SystemClock
-from broker.demo import pick_agents
-from broker.errors import BrokerError
-from broker.model import JobState
-from broker.server import BrokerServer
-from broker.service import Broker
-from broker.store import Store
+from broker.app.cli.main import app
+from broker.core.clock import SystemClock
+from broker.app.demo import pick_agents
+from broker.domain.errors import BrokerError
+from broker.domain.model import JobState
+from broker.core.server import BrokerServer
+from broker.core.broker import Broker
+from broker.store.jobs import Store
 from conftest import make_spec, start_redis, stop_redis
 
 P = "broker:"
@@ -40,7 +41,7 @@ def test_broker_and_agents_run_jobs_on_their_own_users_and_an_agent_reaches_only
     urls = {name: acl.agent_user(admin_url, P, name) for name in ("alpha", "beta")}
 
     store = Store(broker_url)
-    policy = policies.get()
+    policy = planning.get()
     broker = Broker(store, catalog, policy, SystemClock())
     server = BrokerServer(store, policy, SystemClock(), CheckpointStore(str(tmp_path / "ckpt")), lease_s=1.0)
     offer = dict((name, o) for name, o, _ in pick_agents(catalog))["ondemand-a"]

@@ -4,14 +4,14 @@ from datetime import datetime, timedelta, timezone
 
 from typer.testing import CliRunner
 
-from broker import policies
+from broker import planning
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.tokens import issue, refusal
-from broker.cli import app
-from broker.clock import SystemClock
-from broker.model import AgentInfo
-from broker.server import BrokerServer
-from broker.service import Broker
+from broker.app.cli.main import app
+from broker.core.clock import SystemClock
+from broker.domain.model import AgentInfo
+from broker.core.server import BrokerServer
+from broker.core.broker import Broker
 from conftest import make_spec
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=timezone.utc)
@@ -32,11 +32,11 @@ def test_a_token_admits_its_agent_until_it_expires_and_nobody_else():
 def test_the_server_dispatches_only_to_agents_with_a_valid_token_and_logs_the_rest(store, catalog, tmp_path, caplog):
     offer = next(o for o in catalog.offers if o.accelerator == "A100" and o.accelerator_count == 1)
     now = datetime.now(timezone.utc)
-    server = BrokerServer(store, policies.get(), SystemClock(), CheckpointStore(str(tmp_path)), agent_secret="s3cret")
+    server = BrokerServer(store, planning.get(), SystemClock(), CheckpointStore(str(tmp_path)), agent_secret="s3cret")
     for agent_id, token in (("intruder", None), ("stale", issue("s3cret", "stale", now - timedelta(minutes=1))),
                             ("good", issue("s3cret", "good", now + timedelta(hours=1)))):  # fmt: skip
         store.register_agent(AgentInfo(id=agent_id, offer=offer, host="h", pid=1, registered_at=now, token=token), 60_000)
-    job = Broker(store, catalog, policies.get(), SystemClock()).submit(make_spec())
+    job = Broker(store, catalog, planning.get(), SystemClock()).submit(make_spec())
     assert server.dispatch() == [(job.id, "good")]
     assert sorted(a.id for a in store.agents()) == ["good"]
     assert "agent=intruder refused: no registration token" in caplog.text and "agent=stale refused: registration token expired" in caplog.text

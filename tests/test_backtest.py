@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from broker import service
-from broker.cli import app
-from broker.cli_backtest import PACKAGED_TRACES, trace_start
-from broker.errors import BrokerError, InfeasibleError
-from broker.model import JobState
-from broker.policies.risk import exclusive_hours, restart_hours
+from broker.core import broker as core_broker
+from broker.app.cli.main import app
+from broker.app.cli.backtest import PACKAGED_TRACES, trace_start
+from broker.domain.errors import BrokerError, InfeasibleError
+from broker.domain.model import JobState
+from broker.models.risk import exclusive_hours, restart_hours
 from broker.pricing.traces import Trace
 from broker.sim import backtest
-from broker.sim.agents import PROGRESS_UNITS
+from broker.sim.fleet import PROGRESS_UNITS
 from broker.sim.market import from_traces, resample
 from broker.sim.workloads import FREERIDE_MAIN_JOBS, ml_mix
 
@@ -112,7 +112,7 @@ def test_the_backtest_drives_the_live_core_not_a_copy(market, redis_server, monk
     def refuse(self, spec):
         raise InfeasibleError("deadline/budget: refused by a patched core")
 
-    monkeypatch.setattr(service.Broker, "quote", refuse)
+    monkeypatch.setattr(core_broker.Broker, "quote", refuse)
     result = backtest.run(market, workload(0, jobs=3), ["costslo"], 0, redis_server)
     assert all(len(o.refused) == 3 and o.jobs == [] for o in result.outcomes)
 
@@ -151,7 +151,7 @@ def test_workloads_are_seeded_and_deadlines_feasible_on_demand():
 
 
 def _v100_on_demand():
-    from broker.model import Offer, Tier
+    from broker.domain.model import Offer, Tier
 
     return Offer(cloud="aws", region="us-east-1", zone=None, instance_type="p3.2xlarge", tier=Tier.on_demand, accelerator="V100",
                  accelerator_count=1, gpu_memory_gb=16, vcpus=8, memory_gb=61, price_usd_per_h=3.06)  # fmt: skip

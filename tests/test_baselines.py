@@ -5,12 +5,12 @@ from datetime import timedelta
 
 import pytest
 
-from broker.model import Offer, Tier
-from broker.policies import get
-from broker.policies.costslo import CostSLO, may_wait
-from broker.policies.options import PlanItem
-from broker.policies.risk import STARTUP_H, Expectation, fallback_expectation
-from broker.policies.uniform_progress import UniformProgress
+from broker.domain.model import Offer, Tier
+from broker.planning import get
+from broker.planning.costslo import CostSLO, may_wait
+from broker.planning.options import PlanItem
+from broker.models.risk import STARTUP_H, Expectation, fallback_expectation
+from broker.planning.uniform_progress import UniformProgress
 from conftest import NOW, make_spec
 
 

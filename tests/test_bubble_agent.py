@@ -11,16 +11,16 @@ from pathlib import Path
 
 import torch
 
-from broker import policies
+from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
 from broker.bubbles.profiler import load_fill_stats, load_profiles
-from broker.clock import SystemClock
-from broker.model import JobState, Tier
-from broker.server import BrokerServer
-from broker.service import Broker
-from broker.specfile import load_spec
-from broker.store import Store
+from broker.core.clock import SystemClock
+from broker.domain.model import JobState, Tier
+from broker.core.server import BrokerServer
+from broker.core.broker import Broker
+from broker.domain.specfile import load_spec
+from broker.store.jobs import Store
 from conftest import EXAMPLES, NOW, assert_same_weights, make_spec, run_to_end
 
 SCRIPT = EXAMPLES / "bubbles" / "train_gpt.py"
@@ -47,7 +47,7 @@ def test_bubble_agents_serve_a_fill_job_that_then_finishes_on_an_ordinary_agent(
         assert sorted(p.stage for p in load_profiles(store) if p.main_job == "llm") == [0, 1, 2, 3]
         assert {a.offer.tier for a in store.agents()} == {Tier.bubble}
 
-        policy, clock = policies.get(), SystemClock()
+        policy, clock = planning.get(), SystemClock()
         spec = load_spec(EXAMPLES / "bubbles" / "fill-mlp.yaml", clock.now())
         spec = spec.model_copy(update={"run": [sys.executable, str(FILL)], "env": {"STEPS": "4000", "OUTPUT": str(tmp_path / "moved.pt")}})
         job = Broker(store, catalog, policy, clock).submit(spec)

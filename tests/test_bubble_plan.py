@@ -7,9 +7,9 @@ import pytest
 from broker.bubbles.capacity import bubble_offer
 from broker.bubbles.plan import Node, best_configuration, fill_plan, fill_throughput
 from broker.bubbles.profiler import BubbleProfile, DoublingProbe, WindowStats, load_profiles, profile, save_profile
-from broker.model import Tier
-from broker.policies.costslo import CostSLO
-from broker.policies.options import PlanItem
+from broker.domain.model import Tier
+from broker.planning.costslo import CostSLO
+from broker.planning.options import PlanItem
 from conftest import NOW, make_spec
 
 T = datetime(2026, 11, 22, tzinfo=timezone.utc)

@@ -8,7 +8,7 @@ import random
 import pytest
 from deepspeed.runtime.pipe.schedule import BackwardPass, ForwardPass, RecvActivation, RecvGrad, SendActivation, SendGrad, TrainSchedule
 
-from broker.bubbles.schedule import Op, bubble_fraction, bubble_windows, closed_form, op_order, timeline
+from broker.models.schedule import Op, bubble_fraction, bubble_windows, closed_form, op_order, timeline
 
 
 def deepspeed_order(p: int, m: int, stage: int) -> list[Op]:

@@ -5,7 +5,7 @@ import filecmp
 
 import pytest
 
-from broker.model import Tier
+from broker.domain.model import Tier
 from broker.pricing.snapshot import FILES, packaged_dir
 from conftest import SHARED_DATA
 

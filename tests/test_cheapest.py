@@ -2,13 +2,13 @@
 
 import pytest
 
-from broker import policies
-from broker.errors import BrokerError, InfeasibleError
-from broker.model import Tier
-from broker.policies.risk import evaluate
+from broker import planning
+from broker.domain.errors import BrokerError, InfeasibleError
+from broker.domain.model import Tier
+from broker.models.risk import evaluate
 from conftest import NOW, make_spec
 
-POLICY = policies.get("cheapest")
+POLICY = planning.get("cheapest")
 
 
 def brute_force_cheapest(spec, offers):
@@ -108,4 +108,4 @@ def test_no_matching_hardware_is_reported_as_such(catalog):
 
 def test_unknown_policy_names_the_known_ones():
     with pytest.raises(BrokerError, match="choose one of cbl-greedy, cheapest, costslo"):
-        policies.get("nope")
+        planning.get("nope")

@@ -11,8 +11,8 @@ import redis
 import yaml
 from typer.testing import CliRunner
 
-from broker.cli import app
-from broker.specfile import load_spec
+from broker.app.cli.main import app
+from broker.domain.specfile import load_spec
 from conftest import EXAMPLES, NOW
 
 runner = CliRunner()
@@ -205,7 +205,7 @@ def test_submit_quotes_with_the_active_policy_and_refuses_an_unknown_one(env, tm
 
 
 def test_a_round_budget_reaches_the_planner_and_a_bad_one_is_one_line(env, tmp_path, monkeypatch):
-    from broker.cli_common import make_broker
+    from broker.app.cli.common import make_broker
 
     monkeypatch.setenv("BROKER_ROUND_BUDGET_USD", "250")
     assert make_broker(with_store=False).policy.budget_usd == 250
@@ -223,14 +223,14 @@ def test_prices_risk_shows_lambda_its_band_and_the_evidence(env):
 
 
 def test_preemptions_our_agents_saw_move_the_hazard(env, tmp_path):
-    from datetime import timedelta
+    from datetime import datetime, timedelta, timezone
 
-    from broker.cli_common import make_broker
-    from broker.model import Job, Run
+    from broker.app.cli.common import make_broker
+    from broker.domain.model import Job, Run
 
     broker = make_broker(live=True)
     before = broker.catalog.hazard.spot("aws", "ap-south-1", "g6.xlarge")
-    spec = load_spec(job_file(tmp_path), NOW)
+    spec = load_spec(job_file(tmp_path), datetime.now(timezone.utc))  # quote() prices against the wall clock
     offer = next(o for o in broker.catalog.offers if o.instance_type == "g6.xlarge" and o.region == "ap-south-1" and o.tier.value == "spot")
     runs = [Run(fence=k, agent="a", offer=offer, dispatched_at=NOW, started_at=NOW, ended_at=NOW + timedelta(hours=1),
                 end_reason="preempted") for k in range(1, 21)]  # fmt: skip

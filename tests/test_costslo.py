@@ -8,11 +8,11 @@ import random
 import numpy as np
 import pytest
 
-from broker.model import Offer, Tier
-from broker.policies import get, names
-from broker.policies.costslo import CostSLO
-from broker.policies.options import PlanItem, option_table
-from broker.policies.risk import evaluate, fits
+from broker.domain.model import Offer, Tier
+from broker.planning import get, names
+from broker.planning.costslo import CostSLO
+from broker.planning.options import PlanItem, option_table
+from broker.models.risk import evaluate, fits
 from conftest import NOW, make_spec
 
 
@@ -104,7 +104,7 @@ def test_round_budget_is_respected_and_close_to_brute_force(seed):
 
 def _penalties(items, offers, capacity, budget=None):
     """The program's own pending penalties, read from a solve (brute force must price waiting the same)."""
-    from broker.policies.costslo import _penalty
+    from broker.planning.costslo import _penalty
 
     table = option_table(items, offers, NOW)
     return _penalty(items, offers, table, np.flatnonzero(table.feasible), NOW)

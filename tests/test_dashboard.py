@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from broker import policies
-from broker.model import Job, JobState, Run, Tier
+from broker import planning
+from broker.domain.model import Job, JobState, Run, Tier
 from conftest import ROOT, free_port, make_spec
 
 APP = ROOT / "dashboards" / "app.py"
@@ -39,7 +39,7 @@ def seeded(store, catalog):
 
     def job(name, state, runs, deadline_h=24.0):
         spec = make_spec(name=name, deadline=f"+{deadline_h}h", now=now - timedelta(hours=6), **base)
-        quote = policies.get().quote(spec, [spot, on_demand], now - timedelta(hours=6))
+        quote = planning.get().quote(spec, [spot, on_demand], now - timedelta(hours=6))
         j = Job(id=name, spec=spec, state=state, submitted_at=now - timedelta(hours=6), updated_at=now, quote=quote,
                 runs=runs, fence=len(runs))  # fmt: skip
         assert store.add_job(j)
@@ -153,7 +153,7 @@ def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis
 def test_backtest_page_shows_a_backtest_directory_as_written(app, redis_url, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from broker.cli import app as cli
+    from broker.app.cli.main import app as cli
 
     out = tmp_path / "bt"
     run = CliRunner().invoke(cli, ["backtest", "--jobs", "3", "--tick-minutes", "30", "--policies", "on-demand,costslo+bubbles,omniscient",

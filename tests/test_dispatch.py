@@ -8,15 +8,15 @@ from datetime import timedelta
 import pytest
 import torch
 
-from broker import policies
+from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
-from broker.clock import ManualClock, SystemClock
-from broker.demo import pick_agents
-from broker.model import JobState, Tier
-from broker.server import BrokerServer
-from broker.service import Broker
-from broker.store import Store
+from broker.core.clock import ManualClock, SystemClock
+from broker.app.demo import pick_agents
+from broker.domain.model import JobState, Tier
+from broker.core.server import BrokerServer
+from broker.core.broker import Broker
+from broker.store.jobs import Store
 from conftest import Switch, assert_same_weights, make_spec, train_spec
 
 
@@ -25,7 +25,7 @@ class System:
         self.store = Store(redis_url)
         self.root = str(tmp_path / "ckpt")
         self.runs = tmp_path / "runs"
-        policy = policies.get()
+        policy = planning.get()
         self.broker = Broker(self.store, catalog, policy, SystemClock())
         self.server = BrokerServer(self.store, policy, SystemClock(), CheckpointStore(self.root), lease_s=1.0)
         self.offers = {name: offer for name, offer, _ in pick_agents(catalog)}  # spot-a is the cheapest
@@ -191,7 +191,7 @@ def test_reports_left_pending_by_a_dead_replica_are_applied_by_another(system):
         agent.step(block_ms=10)
     dead = system.store.read_reports("server-dead", block_ms=10)  # read, never acked: the replica died
     assert [r["type"] for _, r in dead] == ["started"]
-    survivor = BrokerServer(system.store, policies.get(), SystemClock(), system.server.checkpoints, consumer="server-2")
+    survivor = BrokerServer(system.store, planning.get(), SystemClock(), system.server.checkpoints, consumer="server-2")
     reclaimed = system.store.read_reports("server-2", reclaim_idle_ms=0)
     assert [entry_id for entry_id, _ in reclaimed] == [entry_id for entry_id, _ in dead]
     survivor.apply([r for _, r in reclaimed])

@@ -2,8 +2,8 @@
 
 import redis
 
-from broker import embedded
-from broker.errors import StoreUnavailableError
+from broker.store import embedded
+from broker.domain.errors import StoreUnavailableError
 
 import pytest
 
@@ -46,7 +46,7 @@ def test_a_patient_store_rides_out_a_restart_and_an_impatient_one_fails_at_once(
     import threading
     import time
 
-    from broker.store import Store
+    from broker.store.jobs import Store
 
     server = embedded.ensure(tmp_path)
     patient, impatient = Store(server.url, outage_s=30), Store(server.url)
@@ -70,7 +70,7 @@ def test_a_patient_store_rides_out_a_restart_and_an_impatient_one_fails_at_once(
 def test_a_patient_store_does_not_wait_on_a_wrong_password(tmp_path):
     import time
 
-    from broker.store import Store
+    from broker.store.jobs import Store
 
     from conftest import start_redis, stop_redis
 

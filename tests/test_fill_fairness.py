@@ -1,9 +1,9 @@
 """Fill-queue ordering (PipeFill's scores) and Gavel's alternative objectives."""
 
-from broker.model import Offer, Tier
-from broker.policies.fairness import MaxMinFairness, MinMakespan
-from broker.policies.fill import FillJob, next_fill_job
-from broker.policies.options import PlanItem
+from broker.domain.model import Offer, Tier
+from broker.planning.fairness import MaxMinFairness, MinMakespan
+from broker.planning.fill import FillJob, next_fill_job
+from broker.planning.options import PlanItem
 from conftest import NOW, make_spec
 
 INF = float("inf")

@@ -10,7 +10,7 @@ import responses
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import billing_v1, compute_v1
 
-from broker.errors import SourceUnavailable
+from broker.domain.errors import SourceUnavailable
 from broker.pricing.gcp import GcpPrices
 from broker.pricing.history import PriceHistory
 from broker.pricing.refresh import refresh

@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from broker.errors import BrokerError
+from broker.domain.errors import BrokerError
 from broker.pricing.hazard import PRIOR_HOURS, Evidence, HazardModel, gamma_band
 from broker.pricing.snapshot import packaged_dir
 from broker.pricing.traces import evidence, load_trace, load_traces

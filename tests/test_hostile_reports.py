@@ -4,21 +4,21 @@
 from datetime import datetime, timezone
 
 
-from broker import policies
+from broker import planning
 from broker.agents.checkpoints import CheckpointStore
-from broker.clock import SystemClock
-from broker.server import BrokerServer
-from broker.service import Broker
-from broker.model import AgentInfo
-from broker.store import Store
+from broker.core.clock import SystemClock
+from broker.core.server import BrokerServer
+from broker.core.broker import Broker
+from broker.domain.model import AgentInfo
+from broker.store.jobs import Store
 from conftest import make_spec
 
 def test_checkpoint_urls_outside_the_jobs_own_directory_are_refused(redis_url, catalog, tmp_path):
     store = Store(redis_url)
     offer = next(o for o in catalog.offers if o.accelerator == "A100" and o.accelerator_count == 1)
-    broker = Broker(store, catalog, policies.get(), SystemClock())
+    broker = Broker(store, catalog, planning.get(), SystemClock())
     checkpoints = CheckpointStore(str(tmp_path / "ckpt"))
-    server = BrokerServer(store, policies.get(), SystemClock(), checkpoints, consumer="urls")
+    server = BrokerServer(store, planning.get(), SystemClock(), checkpoints, consumer="urls")
     store.register_agent(AgentInfo(id="a", offer=offer, host="h", pid=1, registered_at=datetime.now(timezone.utc)), 60_000)
     job = broker.submit(make_spec(name="own"))
     assert server.dispatch() == [(job.id, "a")]

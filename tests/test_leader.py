@@ -7,19 +7,19 @@ import subprocess
 import sys
 import time
 
-from broker import policies
+from broker import planning
 from broker.agents.checkpoints import CheckpointStore
-from broker.clock import SystemClock
-from broker.model import AgentInfo, JobState
-from broker.server import BrokerServer
-from broker.service import Broker
+from broker.core.clock import SystemClock
+from broker.domain.model import AgentInfo, JobState
+from broker.core.server import BrokerServer
+from broker.core.broker import Broker
 from conftest import make_spec
 
 LEASE_S = 0.5
 
 
 def replica(store, tmp_path, name):
-    return BrokerServer(store, policies.get(), SystemClock(), CheckpointStore(str(tmp_path / "ckpt")), consumer=name, leader_lease_s=LEASE_S)
+    return BrokerServer(store, planning.get(), SystemClock(), CheckpointStore(str(tmp_path / "ckpt")), consumer=name, leader_lease_s=LEASE_S)
 
 
 def idle_agent(store, catalog, agent_id="od-1"):
@@ -29,7 +29,7 @@ def idle_agent(store, catalog, agent_id="od-1"):
 
 
 def submit(store, catalog, name="j"):
-    return Broker(store, catalog, policies.get(), SystemClock()).submit(make_spec(name=name, resources={"accelerators": ["L4:1"]}))
+    return Broker(store, catalog, planning.get(), SystemClock()).submit(make_spec(name=name, resources={"accelerators": ["L4:1"]}))
 
 
 def test_only_the_lease_holder_plans_and_a_standby_takes_over_with_a_higher_token(store, catalog, tmp_path):
@@ -67,7 +67,7 @@ def test_kill_9_of_the_leading_server_process_hands_planning_to_the_standby(redi
         while store.redis.get("broker:leader") != "proc":
             assert time.monotonic() < deadline and leader.poll() is None, "the server process never took the lease"
             time.sleep(0.05)
-        standby = BrokerServer(store, policies.get(), SystemClock(), CheckpointStore(str(tmp_path / "ckpt")), consumer="standby",
+        standby = BrokerServer(store, planning.get(), SystemClock(), CheckpointStore(str(tmp_path / "ckpt")), consumer="standby",
                                leader_lease_s=1.0)  # fmt: skip
         assert not standby.lead()
         os.kill(leader.pid, signal.SIGKILL)

@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 
 from broker.bubbles.profiler import forecast_layout
-from broker.errors import SpecError
-from broker.model import Offer, Tier, TransformerSpec
-from broker.policies import parallel
-from broker.policies.risk import evaluate, exclusive_hours, fits
-from broker.policies.transformer import MARGIN, Hardware, Layout, iteration_seconds, memory_bytes, stage_memory_bytes, state_bytes_per_param
+from broker.domain.errors import SpecError
+from broker.domain.model import Offer, Tier, TransformerSpec
+from broker.models import parallel
+from broker.models.risk import evaluate, exclusive_hours, fits
+from broker.models.transformer import MARGIN, Hardware, Layout, iteration_seconds, memory_bytes, stage_memory_bytes, state_bytes_per_param
 from conftest import NOW, make_spec
 
 GPT = TransformerSpec(layers=24, hidden=2048, heads=16, seq_len=2048, vocab=50257, global_batch=64)
@@ -158,7 +158,7 @@ def test_broker_layout_shows_the_layout_per_shape_and_refuses_a_job_without_a_mo
     import yaml
     from typer.testing import CliRunner
 
-    from broker.cli import app
+    from broker.app.cli.main import app
     from conftest import EXAMPLES
 
     spec = yaml.safe_load((EXAMPLES / "pretrain-gpt-1b3.yaml").read_text())

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from broker.cli import app
+from broker.app.cli.main import app
 from broker.pricing.history import PriceHistory, points_from_rows, points_from_spot_tsv
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "prices"

@@ -11,9 +11,9 @@ from cryptography.x509.oid import NameOID
 
 from typer.testing import CliRunner
 
-from broker.cli import app
-from broker.errors import StoreUnavailableError
-from broker.store import Store
+from broker.app.cli.main import app
+from broker.domain.errors import StoreUnavailableError
+from broker.store.jobs import Store
 from conftest import free_port, start_redis
 
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.model import Offer, Tier
-from broker.policies.risk import (
+from broker.domain.model import Offer, Tier
+from broker.models.risk import (
     RESTART_OVERHEAD_H,
     STARTUP_H,
     checkpoint_hours,

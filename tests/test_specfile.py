@@ -5,9 +5,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import yaml
 
-from broker.errors import SpecError
-from broker.model import Tier
-from broker.specfile import MAX_SPEC_BYTES, load_spec, validate_spec
+from broker.domain.errors import SpecError
+from broker.domain.model import Tier
+from broker.domain.specfile import MAX_SPEC_BYTES, load_spec, validate_spec
 from conftest import EXAMPLES, NOW, make_spec
 
 

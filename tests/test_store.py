@@ -7,11 +7,11 @@ import time
 import pytest
 import redis
 
-from broker import embedded
-from broker.errors import BrokerError, NotFoundError, StoreUnavailableError
-from broker.model import Job, JobState
-from broker.policies import get
-from broker.store import Store
+from broker.store import embedded
+from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableError
+from broker.domain.model import Job, JobState
+from broker.planning import get
+from broker.store.jobs import Store
 from conftest import NOW, free_port, make_spec
 
 

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from broker.agents import terraform
 from broker.agents.terraform import MODULES, Pool, module_variables, parse_tf, pool_name, pool_values, write_pool
-from broker.cli import app
-from broker.errors import BrokerError
-from broker.model import Job, Tier
-from broker.policies import get
+from broker.app.cli.main import app
+from broker.domain.errors import BrokerError
+from broker.domain.model import Job, Tier
+from broker.planning import get
 from conftest import NOW, ROOT, make_spec
 
 TF = ROOT / "infra" / "terraform"

@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from broker.model import Offer, Tier
-from broker.policies.options import PlanItem
-from broker.policies.uniform_progress import Move, Progress, UniformProgress, decide
+from broker.domain.model import Offer, Tier
+from broker.planning.options import PlanItem
+from broker.planning.uniform_progress import Move, Progress, UniformProgress, decide
 from conftest import NOW, make_spec
 
 D = 0.2  # changeover delay (hours), as in the paper's evaluation

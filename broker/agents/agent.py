@@ -22,9 +22,9 @@ import redis
 from broker.agents.runner import JobProcess
 from pydantic import ValidationError
 
-from broker.jobspec import JobSpec
-from broker.model import AgentInfo, Offer
-from broker.store import Store
+from broker.domain.jobspec import JobSpec
+from broker.domain.model import AgentInfo, Offer
+from broker.store.jobs import Store
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Agent:
         self.checkpoint_root = checkpoint_root.rstrip("/")
         self.run_root = Path(run_root)
         self.notices = notices
-        self.metrics = metrics  # a broker.metrics.AgentMetrics, or None
+        self.metrics = metrics  # a broker.app.metrics.AgentMetrics, or None
         self.heartbeat_s, self.lease_ms, self.grace_s = heartbeat_s, int(lease_s * 1000), grace_s
         self.job: JobProcess | None = None
         self.fence: int | None = None

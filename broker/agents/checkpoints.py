@@ -23,7 +23,7 @@ from pathlib import Path
 
 import fsspec
 
-from broker.errors import BrokerError
+from broker.domain.errors import BrokerError
 
 log = logging.getLogger(__name__)
 

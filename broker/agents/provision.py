@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from broker.model import Offer
+from broker.domain.model import Offer
 
 
 class LocalProvisioner:

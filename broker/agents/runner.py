@@ -16,7 +16,7 @@ import sys
 from collections import deque
 from pathlib import Path
 
-from broker.model import JobSpec
+from broker.domain.model import JobSpec
 
 DEFAULT_GRACE_S = 30.0
 

@@ -21,8 +21,8 @@ from typing import Any
 import hcl2
 
 import broker
-from broker.errors import BrokerError
-from broker.model import Job, Offer, Tier
+from broker.domain.errors import BrokerError
+from broker.domain.model import Job, Offer, Tier
 from broker.pricing.catalog import PriceCatalog
 
 MODULES = {"aws": "agent-aws", "gcp": "agent-gcp", "azure": "agent-azure"}

@@ -23,9 +23,9 @@ from datetime import datetime, timezone
 from broker.agents.checkpoints import CheckpointStore
 from broker.bubbles.executor import FillExecutor
 from broker.bubbles.profiler import BubbleProfile, FillStats, save_fill_stats
-from broker.model import AgentInfo, Job, Offer
+from broker.domain.model import AgentInfo, Job, Offer
 from broker.sdk import STATE_FILE
-from broker.store import Store
+from broker.store.jobs import Store
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from datetime import datetime
 import numpy as np
 from pydantic import BaseModel
 
-from broker.bubbles.schedule import bubble_windows
-from broker.store import Store
+from broker.models.schedule import bubble_windows
+from broker.store.jobs import Store
 
 DRIFT = 0.10
 FORECAST = "forecast"  # the device of a profile from the model, before any measurement
@@ -90,7 +90,7 @@ def forecast(main_job: str, schedule: str, p: int, m: int, t_f: list[float], t_b
 def forecast_layout(main_job: str, model, layout, hw, memory_gb: float, at: datetime) -> list[BubbleProfile]:
     """Forecast profiles of a main job registered with its layout (TransformerSpec, Layout, Hardware): per-stage
     forward and backward times from the FLOPs model, free memory = the GPU's less the stage's estimate."""
-    from broker.policies.transformer import exchange_seconds, stage_memory_bytes, stage_seconds
+    from broker.models.transformer import exchange_seconds, stage_memory_bytes, stage_seconds
 
     t_f, t_b = stage_seconds(model, layout, hw)
     free = [max(0, int(memory_gb * 1e9 - used)) for used in stage_memory_bytes(model, layout)]

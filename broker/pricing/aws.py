@@ -20,8 +20,8 @@ import boto3
 import pandas as pd
 from botocore.config import Config
 
-from broker.errors import SourceUnavailable, SpecError
-from broker.pricing.accelerators import lookup
+from broker.domain.errors import SourceUnavailable, SpecError
+from broker.domain.accelerators import lookup
 from broker.pricing.snapshot import COLUMNS, normalized
 
 RETRIES = Config(retries={"mode": "adaptive", "max_attempts": 8})

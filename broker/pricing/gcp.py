@@ -19,7 +19,7 @@ from datetime import datetime
 import pandas as pd
 from google.api_core import exceptions, retry
 
-from broker.errors import SourceUnavailable
+from broker.domain.errors import SourceUnavailable
 from broker.pricing.snapshot import COLUMNS, normalized
 
 COMPUTE_SERVICE = "services/6F81-5844-456A"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from broker.model import Tier, offer_id
-from broker.store import Store
+from broker.domain.model import Tier, offer_id
+from broker.store.jobs import Store
 
 _APPEND_IF_CHANGED = """
 local last = redis.call('ZREVRANGEBYSCORE', KEYS[1], ARGV[1], '-inf', 'LIMIT', 0, 1)

@@ -12,7 +12,7 @@ from datetime import datetime
 
 import pandas as pd
 
-from broker.errors import SourceUnavailable
+from broker.domain.errors import SourceUnavailable
 from broker.pricing.history import PriceHistory, points_from_rows
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from broker.pricing.accelerators import ACCELERATORS
+from broker.domain.accelerators import ACCELERATORS
 
 COLUMNS = [
     "cloud",

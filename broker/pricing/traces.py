@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from broker.errors import BrokerError
+from broker.domain.errors import BrokerError
 
 # Trace names -> the instance type they were measured on (the upstream README says which).
 INSTANCE_TYPES = {

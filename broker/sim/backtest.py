@@ -1,4 +1,4 @@
-"""The backtest: the live core (service.Broker, server.BrokerServer, the registered policies, the store)
+"""The backtest: the live core (core.broker.Broker, core.server.BrokerServer, the registered policies, the store)
 on a simulated clock, cloud and fleet, driven by real spot traces.
 
 Each policy runs the same workload on its own key prefix in one Redis: jobs are submitted through
@@ -17,19 +17,19 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from broker import policies
+from broker import planning
 from broker.agents.checkpoints import CheckpointStore
-from broker.clock import SimulatedClock
-from broker.errors import BrokerError, InfeasibleError
-from broker.model import Job, JobState
-from broker.reporting import missed_deadline, spend_usd
-from broker.server import BrokerServer
-from broker.service import Broker
-from broker.sim.agents import SimFleet
+from broker.core.clock import SimulatedClock
+from broker.domain.errors import BrokerError, InfeasibleError
+from broker.domain.model import Job, JobState
+from broker.models.spend import missed_deadline, spend_usd
+from broker.core.server import BrokerServer
+from broker.core.broker import Broker
+from broker.sim.fleet import SimFleet
 from broker.sim.market import Market, OfferBook
 from broker.sim.omniscient import Bound, omniscient
 from broker.sim.workloads import Arrival
-from broker.store import Store
+from broker.store.jobs import Store
 
 DEFAULT_POLICIES = ("on-demand", "skypilot-eager", "cbl-greedy", "uniform-progress", "costslo", "costslo+bubbles")
 OMNISCIENT = "omniscient"
@@ -71,7 +71,7 @@ def tier_hours(jobs: list[Job], end: datetime) -> dict[str, float]:
 
 def check_policies(names: list[str]) -> list[str]:
     """The requested policies, each a registered name (optionally +bubbles) or `omniscient`."""
-    known = policies.names()
+    known = planning.names()
     for name in names:
         base = name.removesuffix(BUBBLES)
         if name != OMNISCIENT and base not in known:
@@ -87,7 +87,7 @@ def run_policy(name: str, redis_url: str, market: Market, arrivals: list[Arrival
     store = Store(redis_url, prefix=prefix)
     _clear(store)
     clock = SimulatedClock(market.start)
-    policy = policies.get(base)
+    policy = planning.get(base)
     broker = Broker(store, OfferBook(market.offers(bubbles)), policy, clock)
     checkpoints = CheckpointStore(f"memory://backtest/{seed}/{name}")
     server = BrokerServer(store, policy, clock, checkpoints, consumer="backtest")

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from broker.errors import BrokerError
-from broker.model import Offer, Tier
+from broker.domain.errors import BrokerError
+from broker.domain.model import Offer, Tier
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.traces import Trace, load_trace, read_ticks
 

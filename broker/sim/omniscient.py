@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import pulp
 
-from broker.model import JobSpec, Offer, Tier
-from broker.policies.risk import exclusive_hours, fits, restart_hours
+from broker.domain.model import JobSpec, Offer, Tier
+from broker.models.risk import exclusive_hours, fits, restart_hours
 from broker.sim.market import Market
 
 MIP_GAP = 1e-6

@@ -18,9 +18,9 @@ import numpy as np
 
 from broker.bubbles.capacity import bubble_offer
 from broker.bubbles.profiler import forecast
-from broker.model import JobSpec, Offer
-from broker.pricing.accelerators import ACCELERATORS
-from broker.policies.risk import STARTUP_H, RESTART_OVERHEAD_H
+from broker.domain.model import JobSpec, Offer
+from broker.domain.accelerators import ACCELERATORS
+from broker.models.risk import STARTUP_H, RESTART_OVERHEAD_H
 
 
 @dataclass(frozen=True)

@@ -234,8 +234,8 @@ def register(main_job: str, accelerator: str, stage: int, recorder, iterations):
     from broker.bubbles.agent import FillAgent
     from broker.bubbles.capacity import bubble_offer
     from broker.bubbles.profiler import profile, save_profile
-    from broker.settings import Settings
-    from broker.store import Store
+    from broker.app.settings import Settings
+    from broker.store.jobs import Store
 
     settings = Settings.from_env()
     if not settings.redis_url:

@@ -27,7 +27,7 @@ def test_jobs_survive_kill_9_of_instances_and_of_the_server(redis_url):
 def test_jobs_survive_a_redis_restart_under_load(tmp_path):
     """redis-server (AOF, fsync always) restarts mid-run: the server and agents reconnect with backoff, pending
     stream entries are read again, and every job finishes exactly once."""
-    from broker import embedded
+    from broker.store import embedded
 
     url = embedded.ensure(tmp_path).url
 

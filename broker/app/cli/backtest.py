@@ -1,0 +1,108 @@
+"""`broker backtest`: how much broker would have saved on real spot traces, and whether it would have
+missed deadlines, against every baseline and the omniscient bound."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from broker.store import embedded
+from broker.app.cli.common import JsonOpt, err, out, print_json, user_errors
+from broker.bubbles.capacity import bubble_offer
+from broker.bubbles.profiler import BubbleProfile
+from broker.domain.errors import BrokerError
+from broker.pricing.catalog import PriceCatalog
+from broker.app.settings import Settings
+from broker import sim
+from broker.sim import backtest, results
+from broker.sim.market import from_traces
+from broker.sim.workloads import FREERIDE_MAIN_JOBS, ml_mix
+
+PACKAGED_TRACES = Path(sim.__file__).parent / "data" / "traces"
+
+
+def trace_start(directory: Path) -> datetime:
+    """When the traces begin: the date in a `<cloud>-MM-DD-YYYY` directory name, else 2023-01-01."""
+    for part in [directory.name, *(p.name for p in directory.iterdir() if p.is_dir())]:
+        found = re.search(r"(\d{2})-(\d{2})-(\d{4})$", part)
+        if found:
+            month, day, year = (int(g) for g in found.groups())
+            return datetime(year, month, day, tzinfo=timezone.utc)
+    return datetime(2023, 1, 1, tzinfo=timezone.utc)
+
+
+def measured_bubbles(path: Path, market) -> list:
+    """Bubble offers from a file of measured profiles, on the traces' accelerator in the first on-demand region."""
+    try:
+        found = [BubbleProfile.model_validate(p) for p in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError) as err:
+        raise BrokerError(f"profiles: {path} is not a JSON list of bubble profiles ({str(err).splitlines()[0]}); "
+                          "write one from `broker.bubbles.profiler.load_profiles`") from None  # fmt: skip
+    home = market.on_demand[0]
+    offers = (bubble_offer(p, home.cloud, home.region, home.accelerator) for p in found)
+    return [o for o in offers if o is not None]
+
+
+def command(
+    traces: Path = typer.Option(PACKAGED_TRACES, help="Directory of spot traces (JSON, Can't Be Late format), optionally with offers.yaml."),
+    jobs: int = typer.Option(40, min=1, max=2000, help="Jobs in the seeded ML mix."),
+    seed: int = typer.Option(0, help="Workload seed: the same seed gives the same result."),
+    policies: str = typer.Option(",".join([*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT]), help="Comma-separated: registered policies, NAME+bubbles, omniscient."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Write policies.csv, jobs.csv, spend.csv, summary.json and PNG plots here."),
+    tick_minutes: float = typer.Option(10.0, min=1.0, max=120.0, help="Simulated tick."),
+    spot_instances: int = typer.Option(4, min=1, help="Instances a trace's peak stands for (a 1-node trace says spot could be had)."),
+    arrival_hours: float = typer.Option(48.0, min=0.0, help="Jobs arrive over this many hours."),
+    profiles: Optional[Path] = typer.Option(None, help="Measured bubble profiles (a JSON list of BubbleProfile) instead of the FreeRide-like forecasts."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Run the live core on a simulated clock and cloud over real spot traces, for every policy."""
+    names = [n.strip() for n in policies.split(",") if n.strip()]
+    if not names:
+        raise BrokerError("policies: give at least one, e.g. --policies costslo,uniform-progress,omniscient")
+    backtest.check_policies(names)
+    if not traces.is_dir():
+        raise BrokerError(f"traces: {traces} is not a directory; point --traces at a directory of trace JSON files")
+    catalog = PriceCatalog.from_snapshot(Settings.from_env().prices_dir)
+    market = from_traces(traces, catalog, trace_start(traces), tick_minutes * 60, spot_instances)
+    market = market.with_bubbles(measured_bubbles(profiles, market) if profiles else
+                                 [o for main in FREERIDE_MAIN_JOBS for o in main.offers(market.start)])  # fmt: skip
+    od_price = min(o.price_usd_per_h for o in market.on_demand)
+    arrivals = ml_mix(seed, jobs, od_price, market.spot[0].offer.accelerator, arrival_hours)
+    setting = {"traces": str(traces), "jobs": jobs, "seed": seed, "tick_minutes": tick_minutes, "spot_instances": spot_instances,
+               "spot_offers": [s.offer.id for s in market.spot], "start": market.start.isoformat()}  # fmt: skip
+    for line in market.skipped:
+        err.print(f"[yellow]skipped[/] {line}", highlight=False)
+    with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                  transient=as_json) as bar, embedded.scratch() as url:  # fmt: skip
+        tasks: dict[str, int] = {}
+
+        def progress(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(name, total=total)
+            bar.update(tasks[name], completed=done)
+
+        result = backtest.run(market, arrivals, names, seed, url, progress, setting)
+    if out_dir:
+        results.write(result, out_dir)
+    if as_json:
+        print_json({**setting, "policies": result.rows, "skipped": result.skipped})
+        return
+    table = Table(title=f"Backtest: {jobs} jobs, seed {seed}, {len(market.spot)} spot offers from {traces}")
+    columns = ["policy", "cost_usd", "savings_pct", "deadline_misses", "cost_vs_omniscient", "migrations", "work_lost_h", "quote_error_pct"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for row in result.rows:
+        table.add_row(*("-" if row[c] is None else str(row[c]) for c in columns))
+    out.print(table)
+    if out_dir:
+        out.print(f"wrote {out_dir}/: policies.csv, jobs.csv, spend.csv, summary.json, cost_by_policy.png, spend_over_time.png, tier_mix.png")
+
+
+backtest_command = user_errors(command)

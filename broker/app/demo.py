@@ -1,0 +1,105 @@
+"""`broker demo`: the product end to end on one machine, on a compressed clock.
+
+Local agents stand for three instances: the cheapest L4 spot offer (its trace loses the
+instance a few seconds in), a second L4 spot offer and an L4 on-demand one. Two real jobs
+(a torch training job and a batch-inference job, both through broker.sdk) are submitted,
+dispatched, one is preempted, checkpoints, migrates and finishes; the summary prices every
+run against running the same work on on-demand.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from broker.agents.checkpoints import CheckpointStore
+from broker.agents.provision import LocalProvisioner
+from broker.core.clock import ScaledClock
+from broker.domain.model import Job, Tier
+from broker.pricing.catalog import PriceCatalog
+from broker.models.spend import on_demand_equivalent_usd
+from broker.core.server import BrokerServer
+from broker.core.broker import Broker
+from broker.domain.specfile import load_spec
+from broker.store.jobs import Store
+
+PREFIX = "broker-demo:"
+TRACE = "traces/aws-04-22-2023_us-east-1f_v100_1.json"
+LOSES_SOON_TICK = 430  # 18 ticks (9.6 trace minutes) before this trace's first lost tick (448)
+STAYS_TICK = 1000  # the next loss is 1,941 ticks (17 trace hours) away
+
+
+def pick_agents(catalog: PriceCatalog) -> list[tuple[str, object, str]]:
+    """(agent id, offer, notices) for the demo pool: two L4 spot offers in different clouds and one on-demand."""
+    l4 = [o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1]
+    spot = sorted((o for o in l4 if o.tier == Tier.spot), key=lambda o: o.price_usd_per_h)
+    on_demand = min((o for o in l4 if o.tier == Tier.on_demand), key=lambda o: o.price_usd_per_h)
+    second = next(o for o in spot if o.cloud != spot[0].cloud)
+    return [("spot-a", spot[0], f"{TRACE}@{LOSES_SOON_TICK}"), ("spot-b", second, f"{TRACE}@{STAYS_TICK}"), ("ondemand-a", on_demand, "none")]
+
+
+def job_summary(job: Job) -> dict:
+    """Tiers, cost, what the same work costs on on-demand, migrations and work lost."""
+    on_demand = on_demand_equivalent_usd(job, job.updated_at)
+    return {
+        "name": job.spec.name,
+        "id": job.id,
+        "state": job.state.value,
+        "tiers": [r.offer.tier.value for r in job.runs],
+        "agents": [r.agent for r in job.runs],
+        "cost_usd": round(job.cost_usd, 4),
+        "on_demand_cost_usd": round(on_demand, 4),
+        "migrations": job.migrations,
+        "work_lost_s": round(sum(r.work_lost_s for r in job.runs), 1),
+    }
+
+
+def totals(rows: list[dict]) -> dict:
+    cost = sum(r["cost_usd"] for r in rows)
+    base = sum(r["on_demand_cost_usd"] for r in rows)
+    return {"cost_usd": round(cost, 4), "on_demand_cost_usd": round(base, 4), "savings_pct": round(100 * (1 - cost / base), 1) if base else None}
+
+
+def run_demo(redis_url: str, home: Path, examples: Path, catalog: PriceCatalog, policy, speedup: float, timeout_s: float, progress=None) -> dict:
+    """Run the demo jobs to the end (or the timeout) and return the summary."""
+    store = Store(redis_url, prefix=PREFIX)
+    for key in store.redis.scan_iter(f"{PREFIX}*"):  # the demo's own namespace: start clean
+        store.redis.delete(key)
+    work = home / "demo"
+    shutil.rmtree(work, ignore_errors=True)
+    checkpoints = f"{work}/checkpoints"
+    clock = ScaledClock(speedup)
+    broker = Broker(store, catalog, policy, clock)
+    server = BrokerServer(store, policy, clock, CheckpointStore(checkpoints), lease_s=3.0)
+    provisioner = LocalProvisioner(redis_url, checkpoints, work / "runs", speedup=speedup, lease_s=3.0, prefix=PREFIX)
+    pool = pick_agents(catalog)
+    try:
+        for agent_id, offer, notices in pool:
+            if notices != "none":
+                path, _, tick = notices.partition("@")
+                notices = f"trace={examples / path}@{tick}"
+            provisioner.start(agent_id, offer, notices)
+        wait_for_agents(store, [a for a, _, _ in pool], timeout_s=60)
+        jobs = [broker.submit(load_spec(p, clock.now())) for p in sorted((examples / "demo").glob("*.yaml"))]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            server.round(block_ms=50)
+            current = [store.get_job(j.id) for j in jobs]
+            if progress:
+                progress(current)
+            if all(j.state.terminal for j in current):
+                break
+        rows = [job_summary(store.get_job(j.id)) for j in jobs]
+    finally:
+        provisioner.stop_all()
+    return {"speedup": speedup, "agents": [{"id": a, "offer": o.id, "price_usd_per_h": o.price_usd_per_h} for a, o, _ in pool],
+            "jobs": rows, **totals(rows)}  # fmt: skip
+
+
+def wait_for_agents(store: Store, agent_ids: list[str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(store.lease_alive(a) for a in agent_ids):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"agents {agent_ids} did not register within {timeout_s:.0f}s")
+        time.sleep(0.1)

@@ -1,0 +1,69 @@
+"""Prometheus metrics of the broker server and of each agent (prometheus-client).
+
+Each process keeps its own CollectorRegistry (no module-level state): the server's holds
+round and dispatch timings, preemption and migration counts, and a collector that reads
+jobs by state, spend and savings from the store when scraped; an agent's holds checkpoint
+save and restore times and the notices it received.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+from broker.models import spend
+from broker.domain.model import JobState
+from broker.store.jobs import Store
+
+SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class StoreCollector:
+    """Jobs by state, spend and savings, read from the store at scrape time."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        jobs = self.store.list_jobs()
+        now = datetime.now(timezone.utc)
+        by_state = GaugeMetricFamily("broker_jobs", "Jobs by state.", labels=["state"])
+        for state in JobState:
+            by_state.add_metric([state.value], sum(1 for j in jobs if j.state == state))
+        yield by_state
+        kpi = spend.overview(jobs, now)
+        yield GaugeMetricFamily("broker_spend_usd", "Spend to date over all jobs (USD).", value=kpi["spend_usd"])
+        yield GaugeMetricFamily("broker_savings_usd", "Savings against on-demand (USD).", value=kpi["savings_usd"])
+        yield GaugeMetricFamily("broker_bubble_fill_share", "Share of bubble time filled (0 until bubbles are offered).", value=0.0)
+
+
+class ServerMetrics:
+    def __init__(self, store: Store, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.round_seconds = Histogram("broker_round_seconds", "Time of one planning round.", buckets=SECONDS, registry=self.registry)
+        self.dispatch_latency = Histogram(
+            "broker_dispatch_latency_seconds", "Dispatch to job start.", buckets=SECONDS, registry=self.registry
+        )
+        self.preemptions = Counter("broker_preemptions", "Runs ended by preemption or a lost agent.", registry=self.registry)
+        self.migrations = Counter("broker_migrations", "Jobs dispatched again after a preemption.", registry=self.registry)
+        self.registry.register(StoreCollector(store))
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.checkpoint_save = Histogram("broker_checkpoint_save_seconds", "Checkpoint save time.", buckets=SECONDS, registry=self.registry)
+        self.checkpoint_restore = Histogram(
+            "broker_checkpoint_restore_seconds", "Checkpoint restore time.", buckets=SECONDS, registry=self.registry
+        )
+        self.notices = Counter("broker_preemption_notices", "Preemption notices received.", registry=self.registry)
+
+
+def serve(registry: CollectorRegistry, port: int, address: str = "127.0.0.1") -> None:
+    """Expose the registry at http://address:port/metrics (a daemon thread)."""
+    start_http_server(port, addr=address, registry=registry)

@@ -1,0 +1,239 @@
+"""How the CLI shows things: rich tables for people and plain dicts for `--json` (the same data)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pandas as pd
+from rich.table import Table
+
+from broker.domain.model import Job, Option, Quote
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+def _hours(value: float) -> str:
+    return f"{value:,.1f} h" if value >= 1 else f"{value * 60:,.0f} min"
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else f"{value:%Y-%m-%d %H:%M}"
+
+
+def where(option: Option) -> str:
+    """The offer in a few words: cloud, instance type and location."""
+    o = option.offer
+    return f"{o.cloud} {o.instance_type} {o.zone or o.region}"
+
+
+def gpus(option: Option) -> str:
+    return f"{option.offer.accelerator_count}x {option.offer.accelerator}"
+
+
+def quote_dict(quote: Quote, job_id: str | None, stored: bool) -> dict:
+    return {"job": job_id, "stored": stored, "quote": quote.model_dump(mode="json")}
+
+
+def quote_table(quote: Quote, title: str) -> Table:
+    """The chosen option first, then the alternatives, with the on-demand baseline last."""
+    table = Table(title=title, title_justify="left", caption_justify="left")
+    for col in ("", "tier", "offer", "gpus", "$/h", "time", "cost", "P(meet)", "finish UTC"):
+        table.add_column(col, justify="right" if col in ("$/h", "time", "cost", "P(meet)") else "left", no_wrap=True)
+    rows = [("chosen", quote.chosen)] + [(f"alt {i}", o) for i, o in enumerate(quote.alternatives, 1)]
+    if quote.on_demand_baseline is not None:
+        rows.append(("on-demand", quote.on_demand_baseline))
+    for label, option in rows:
+        table.add_row(
+            f"[bold green]{label}[/]" if label == "chosen" else label,
+            option.offer.tier.value + ("+od" if option.fallback else ""),
+            where(option),
+            gpus(option),
+            f"{option.offer.price_usd_per_h:,.4f}",
+            _hours(option.expected_wall_h),
+            _money(option.expected_cost_usd),
+            f"{option.p_meet_deadline:.3f}",
+            _when(option.expected_finish),
+        )
+    notes = []
+    if quote.savings_usd is not None:
+        notes.append(f"savings vs cheapest on-demand: {_money(quote.savings_usd)} ({quote.savings_pct:.1f}%)")
+    if quote.chosen.fallback is not None:
+        notes.append(f"+od: the deadline guard moves the job to {quote.chosen.fallback.instance_type} on-demand if it falls behind")
+    table.caption = "\n".join(notes) or None
+    return table
+
+
+def policies_table(rows: list[dict]) -> Table:
+    table = Table(title="policies", title_justify="left")
+    for col in ("name", "active", "what it does"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["name"], "yes" if row["active"] else "", row["summary"])
+    return table
+
+
+def jobs_table(jobs: list[Job]) -> Table:
+    """Jobs with where they run (or were quoted to run), the quote and the cost so far."""
+    table = Table(title=f"{len(jobs)} jobs", title_justify="left")
+    for col in ("id", "state", "tier", "offer", "gpus", "quote", "cost so far", "budget", "runs", "deadline UTC"):
+        table.add_column(col, no_wrap=True, justify="right" if col in ("quote", "cost so far", "budget", "runs") else "left")
+    for job in jobs:
+        chosen = job.quote.chosen
+        offer = job.runs[-1].offer if job.runs else chosen.offer
+        table.add_row(
+            job.id,
+            job.state.value,
+            offer.tier.value,
+            f"{offer.cloud} {offer.instance_type} {offer.zone or offer.region}",
+            f"{offer.accelerator_count}x {offer.accelerator}",
+            _money(chosen.expected_cost_usd),
+            _money(job.cost_usd),
+            _money(job.spec.budget_usd),
+            str(len(job.runs)),
+            _when(job.spec.deadline),
+        )
+    return table
+
+
+def runs_table(job: Job) -> Table:
+    """A job's runs across offers: where, when, why each ended, what it cost."""
+    table = Table(title=f"runs of {job.id}", title_justify="left")
+    for col in ("run", "agent", "tier", "offer", "started UTC", "ended UTC", "end", "progress", "checkpoint", "cost", "work lost"):
+        table.add_column(col, justify="right" if col in ("cost", "work lost", "progress") else "left", no_wrap=True)
+    for run in job.runs:
+        total = f"/{run.progress_total:g}" if run.progress_total else ""
+        table.add_row(
+            run.id, run.agent, run.offer.tier.value, f"{run.offer.cloud} {run.offer.instance_type}",
+            _when(run.started_at), _when(run.ended_at), run.end_reason or "running", f"{run.progress_done:g}{total}",
+            ("-" if run.checkpoint_step is None else f"step {run.checkpoint_step}") + ("; last save failed" if run.checkpoint_error else ""), _money(run.cost_usd), f"{run.work_lost_s:.0f} s",
+        )  # fmt: skip
+    return table
+
+
+def job_dict(job: Job, events: list[dict] | None = None) -> dict:
+    out = job.model_dump(mode="json")
+    if events is not None:
+        out["events"] = events
+    return out
+
+
+PRICE_COLUMNS = {
+    "cloud": "cloud",
+    "region": "region",
+    "zone": "zone",
+    "instance_type": "instance",
+    "accelerator": "gpu",
+    "accelerator_count": "n",
+    "gpu_memory_gb": "GB/gpu",
+    "vcpus": "vCPU",
+    "memory_gb": "mem GB",
+    "on_demand_usd_per_h": "on-demand $/h",
+    "spot_usd_per_h": "spot $/h",
+    "spot_savings_pct": "spot saves",
+    "spot_band": "interruptions/month",
+    "as_of": "as of",
+}
+
+
+def prices_table(rows: pd.DataFrame, total: int) -> Table:
+    table = Table(title=f"{len(rows)} of {total} instance prices (USD per hour)", title_justify="left")
+    for col, label in PRICE_COLUMNS.items():
+        table.add_column(label, justify="right" if rows[col].dtype.kind in "fi" else "left")
+    for row in rows.itertuples(index=False):
+        cells = []
+        for col in PRICE_COLUMNS:
+            value = getattr(row, col)
+            if value is None or (isinstance(value, float) and pd.isna(value)):
+                cells.append("-")
+            elif col == "as_of":
+                cells.append(age(datetime.fromisoformat(value[5:]), datetime.now(timezone.utc)) if value.startswith("live ") else "snapshot")
+            elif col == "spot_savings_pct":
+                cells.append(f"{value:.0f}%")
+            elif col.endswith("usd_per_h"):
+                cells.append(f"{value:,.4f}")
+            elif isinstance(value, float):
+                cells.append(f"{value:g}")
+            else:
+                cells.append(str(value))
+        table.add_row(*cells)
+    return table
+
+
+def risk_table(rows: list[dict], total: int) -> Table:
+    table = Table(title=f"spot preemption hazard ({len(rows)} of {total} instance types and regions)", title_justify="left")
+    for col in ("cloud", "region", "instance", "gpus", "λ /h", "90% band", "mean time to preempt", "avail", "band", "evidence"):
+        table.add_column(col, justify="right" if col in ("λ /h", "avail") else "left", no_wrap=col != "evidence")
+    for r in rows:
+        mttp = 1 / r["hazard_per_h"] if r["hazard_per_h"] > 0 else float("inf")
+        table.add_row(r["cloud"], r["region"], r["instance_type"], r["gpus"], f"{r['hazard_per_h']:.3f}",
+                      f"{r['low']:.3f}-{r['high']:.3f}", _hours(mttp) if mttp < 1e6 else "-", f"{r['availability']:.0%}",
+                      r["band"], r["evidence"])  # fmt: skip
+    return table
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values) -> str:
+    """Unicode bars scaled between the series' min and max."""
+    values = list(values)
+    low, high = min(values), max(values)
+    if high == low:
+        return SPARKS[3] * len(values)
+    return "".join(SPARKS[round((v - low) / (high - low) * (len(SPARKS) - 1))] for v in values)
+
+
+def age(at: datetime, now: datetime) -> str:
+    """How old a price is, in words."""
+    hours = (now - at).total_seconds() / 3600
+    return f"{hours * 60:.0f} min ago" if hours < 1 else f"{hours:.1f} h ago" if hours < 48 else f"{hours / 24:.0f} days ago"
+
+
+def history_table(series: dict[str, pd.DataFrame], now: datetime) -> Table:
+    table = Table(title="price history (USD per hour): every recorded change", title_justify="left")
+    for col in ("offer", "changes", "first", "last", "min", "max", "now", "as of", "trend"):
+        table.add_column(col, justify="right" if col in ("changes", "min", "max", "now") else "left", no_wrap=True)
+    for offer, s in series.items():
+        table.add_row(offer, str(len(s)), _when(s["at"].iloc[0]), _when(s["at"].iloc[-1]), f"{s['usd'].min():.4f}",
+                      f"{s['usd'].max():.4f}", f"{s['usd'].iloc[-1]:.4f}", age(s["at"].iloc[-1], now), sparkline(s["usd"].tail(40)))  # fmt: skip
+    return table
+
+
+def prices_records(rows: pd.DataFrame) -> list[dict]:
+    """Price rows as JSON-ready dicts (NaN becomes null)."""
+    clean = rows.astype(object).where(rows.notna(), None)
+    return clean.to_dict(orient="records")
+
+
+def run_summary(summary: dict) -> Table:
+    """The demo's end-to-end result: per job its tiers, cost, on-demand cost, migrations, work lost."""
+    table = Table(title=f"demo run (clock x{summary['speedup']:g})", title_justify="left", caption_justify="left")
+    for col in ("job", "state", "runs (tier@agent)", "cost", "on-demand cost", "migrations", "work lost"):
+        table.add_column(col, justify="right" if col in ("cost", "on-demand cost", "migrations", "work lost") else "left")
+    for row in summary["jobs"]:
+        table.add_row(
+            row["id"], row["state"], " -> ".join(f"{t}@{a}" for t, a in zip(row["tiers"], row["agents"])),
+            f"${row['cost_usd']:,.4f}", f"${row['on_demand_cost_usd']:,.4f}", str(row["migrations"]), f"{row['work_lost_s']:.0f} s",
+        )  # fmt: skip
+    if summary["savings_pct"] is not None:
+        table.caption = (
+            f"total ${summary['cost_usd']:,.4f} vs ${summary['on_demand_cost_usd']:,.4f} on on-demand: "
+            f"{summary['savings_pct']:.0f}% saved (times and costs on the compressed clock)"
+        )
+    return table
+
+
+def bubbles_summary(summary: dict) -> Table:
+    """`broker demo --bubbles`: the main job's stages, and the fill job's runs from bubbles to elsewhere."""
+    job = summary["fill_job"]
+    table = Table(title=f"fill job {job['id']} ({job['state']}): ${job['cost_usd']:,.4f} vs ${job['on_demand_cost_usd']:,.4f} on on-demand",
+                  title_justify="left")  # fmt: skip
+    for col in ("run on", "tier", "end", "checkpoint step", "resumed from", "seconds"):
+        table.add_column(col)
+    for run in job["runs"]:
+        table.add_row(run["agent"], run["tier"], str(run["end"]), str(run["checkpoint_step"]), (run["resume_from"] or "-")[-40:], str(run["seconds"]))
+    stages = ", ".join(f"stage {s['stage']}: {100 * s['bubble_fraction']:.0f}% idle" for s in summary["stages"])
+    table.caption = f"main job {summary['main_job']} ({stages}, measured on this machine)"
+    return table

@@ -1,0 +1,58 @@
+"""Settings, read once from `BROKER_*` environment variables at start-up and passed down."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker.domain.errors import BrokerError
+from broker.planning import DEFAULT_POLICY
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str | None  # BROKER_REDIS_URL; None means the embedded private redis-server
+    home: Path  # BROKER_HOME: the embedded server's data and state
+    prices_dir: Path | None  # BROKER_PRICES_DIR: snapshot CSVs; None means the packaged copy
+    policy: str  # BROKER_POLICY: the planner used for quotes
+    checkpoints: str  # BROKER_CHECKPOINTS: fsspec URL of the checkpoint store
+    prefix: str = "broker:"  # BROKER_PREFIX: key prefix in Redis
+    round_budget_usd: float | None = None  # BROKER_ROUND_BUDGET_USD: expected spend one planning round may commit
+    agent_secret: str | None = field(default=None, repr=False)  # BROKER_AGENT_SECRET: agents need a token signed with it
+    redis_outage_s: float = 120.0  # BROKER_REDIS_OUTAGE_S: how long the server and agents ride out a Redis restart
+
+    def policy_options(self) -> dict:
+        """Keyword arguments for the active policy."""
+        return {} if self.round_budget_usd is None else {"budget_usd": self.round_budget_usd}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
+        """Settings from the environment, with the documented defaults."""
+        home = env.get("BROKER_HOME") or Path(env.get("XDG_DATA_HOME") or Path.home() / ".local/share") / "broker"
+        prices = env.get("BROKER_PRICES_DIR")
+        return cls(
+            redis_url=env.get("BROKER_REDIS_URL") or None,
+            home=Path(home),
+            prices_dir=Path(prices) if prices else None,
+            policy=env.get("BROKER_POLICY", DEFAULT_POLICY),
+            checkpoints=env.get("BROKER_CHECKPOINTS") or str(Path(home) / "checkpoints"),
+            prefix=env.get("BROKER_PREFIX", "broker:"),
+            round_budget_usd=_positive(env, "BROKER_ROUND_BUDGET_USD"),
+            agent_secret=env.get("BROKER_AGENT_SECRET") or None,
+            redis_outage_s=_positive(env, "BROKER_REDIS_OUTAGE_S", "seconds", 120) or 120.0,
+        )
+
+
+def _positive(env: Mapping[str, str], name: str, unit: str = "USD", example: float = 500) -> float | None:
+    text = env.get(name)
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise BrokerError(f"{name}: {text!r} is not a positive number of {unit}; set it like {name}={example} or unset it")
+    return value

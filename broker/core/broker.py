@@ -1,0 +1,55 @@
+"""The broker core: quote, submit, cancel and look up jobs. The CLI and the backtest both drive it."""
+
+from __future__ import annotations
+
+import secrets
+
+from broker.domain.errors import BrokerError
+from broker.domain.model import Job, JobSpec, JobState, Offer, Quote, Tier
+from broker.pricing.catalog import PriceCatalog
+from broker.store.jobs import Store
+
+
+class Broker:
+    """Jobs in, quotes and stored jobs out; the clock, store, catalog and policy are passed in."""
+
+    def __init__(self, store: Store | None, catalog: PriceCatalog, policy, clock):
+        self.store = store
+        self.catalog = catalog
+        self.policy = policy
+        self.clock = clock
+
+    def offers(self) -> list[Offer]:
+        """The catalog's offers and the bubble offers of the fill executors registered now."""
+        offers = list(self.catalog.offers)
+        if self.store is not None:
+            known = {o.id for o in offers}
+            bubbles = {a.offer.id: a.offer for a in self.store.agents() if a.offer.tier == Tier.bubble and a.offer.id not in known}
+            offers += bubbles.values()
+        return offers
+
+    def quote(self, spec: JobSpec) -> Quote:
+        """Price the job on every offer and pick one; raises InfeasibleError when none fits."""
+        return self.policy.quote(spec, self.offers(), self.clock.now())
+
+    def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
+        """Quote the job and store it as queued; an infeasible job is refused and nothing is stored.
+        The id is the name plus a random suffix unless given (the backtest's are reproducible)."""
+        quote = self.quote(spec)
+        now = self.clock.now()
+        while True:
+            job = Job(id=job_id or f"{spec.name}-{secrets.token_hex(3)}", spec=spec, submitted_at=now, updated_at=now, quote=quote)
+            if self.store.add_job(job):
+                return job
+            if job_id:
+                raise BrokerError(f"job id {job_id!r} exists already; submit it under another name")
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel a job that has not ended."""
+        return self.store.set_state(job_id, JobState.cancelled, self.clock.now(), reason="cancelled by user")
+
+    def get(self, job_id: str) -> Job:
+        return self.store.get_job(job_id)
+
+    def jobs(self, states: set[JobState] | None = None) -> list[Job]:
+        return self.store.list_jobs(states)

@@ -1,0 +1,365 @@
+"""`broker server`: the control loop. Each round applies what agents reported, moves the jobs of
+agents whose lease expired, and dispatches pending jobs to idle agents chosen by the policy.
+
+Replicas share one Redis; the one holding the planning lease (a fencing token per holder) runs
+the rounds, the others stand by and take over when it lapses. Every dispatch and deadline move
+is written only while its replica still holds the lease (watched in the same transaction).
+
+Exactly one active run per job: every dispatch raises the job's fence token, and a report
+carrying an older token is ignored (the agent holding it is told to stop by its fence check).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+
+import redis
+
+from broker.agents.checkpoints import CheckpointStore
+from broker.agents.tokens import refusal
+from broker.domain.errors import InfeasibleError, NotFoundError
+from broker.domain.model import AgentInfo, Job, JobState, Run, Tier
+from broker.planning.options import PlanItem
+from broker.models.risk import fits
+from broker.planning.uniform_progress import Move, decide, progress_of
+from broker.store.jobs import Store
+
+log = logging.getLogger(__name__)
+
+END_REASONS = {"finished", "failed", "preempted", "lost", "fenced", "cancelled", "moved"}
+PLAN_PAGE = 1000  # pending jobs planned per round, most urgent first
+GUARD_EVERY_S = 1.0
+
+
+class BrokerServer:
+    """One broker replica's control loop over the shared store."""
+
+    def __init__(
+        self, store: Store, policy, clock, checkpoints: CheckpointStore, consumer: str = "server-1", lease_s: float = 5.0,
+        metrics=None, agent_secret: str | None = None, leader_lease_s: float = 5.0,
+    ):  # fmt: skip
+        self.store, self.policy, self.clock, self.checkpoints = store, policy, clock, checkpoints
+        self.metrics = metrics  # a broker.app.metrics.ServerMetrics, or None
+        self.consumer = consumer
+        self.lease_s = lease_s
+        self._last_reclaim = 0.0
+        self._last_guard = 0.0
+        self.agent_secret = agent_secret  # when set, only agents with a valid registration token get work
+        self.leader_lease_ms = int(leader_lease_s * 1000)
+        self.token: int | None = None  # our fencing token while we hold the planning lease
+        self._led_at = 0.0
+
+    def lead(self) -> bool:
+        """Hold the planning lease (one replica plans at a time); False while another replica holds it.
+        Renewed at most every quarter lease: writes are fenced by the lease key in their transaction anyway."""
+        if self.token is not None and time.monotonic() - self._led_at < self.leader_lease_ms / 4000:
+            return True
+        token = self.store.lead(self.consumer, self.leader_lease_ms)
+        self._led_at = time.monotonic()
+        if token != self.token:
+            log.info("server=%s %s", self.consumer, f"leads with token={token}" if token else "is standby")
+            self.token = token
+        return token is not None
+
+    def round(self, block_ms: int = 100) -> None:
+        """As the leader: apply reports (one transaction per job), reclaim lost agents' jobs, dispatch.
+        A standby replica only waits for the lease to lapse."""
+        started = time.monotonic()
+        if not self.lead():
+            time.sleep(block_ms / 1000)
+            return
+        self.fold_reports(block_ms)
+        if time.monotonic() - self._last_reclaim >= self.lease_s / 4:  # leases last seconds: no need every round
+            self._last_reclaim = time.monotonic()
+            self.reclaim_lost()
+        if time.monotonic() - self._last_guard >= GUARD_EVERY_S:
+            self._last_guard = time.monotonic()
+            self.guard()
+        self.dispatch()
+        if self.metrics:
+            self.metrics.round_seconds.observe(time.monotonic() - started)
+
+    def step(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """One round on a simulated clock (the backtest): every report folded, the guard, dispatch; nothing
+        throttled by wall time; returns (jobs the guard moved, (job, agent) dispatched). Lease expiry is not
+        simulated: simulated agents report every end themselves."""
+        if not self.lead():
+            return [], []
+        while self.fold_reports(block_ms=None):
+            pass
+        return self.guard(), self.dispatch()
+
+    def fold_reports(self, block_ms: int | None) -> int:
+        """Apply one batch of agent reports (one transaction per job), then ack them; returns how many."""
+        by_job: dict[str, list[tuple[str, dict]]] = {}
+        for entry_id, report in self.store.read_reports(self.consumer, block_ms=block_ms):
+            by_job.setdefault(report["job"], []).append((entry_id, report))
+        for entries in by_job.values():
+            self.apply([report for _, report in entries])
+            self.store.ack_reports([entry_id for entry_id, _ in entries])  # after the change: a crash re-applies
+        return sum(len(entries) for entries in by_job.values())
+
+    def serve(self, until=lambda: False, interval_s: float = 0.05) -> None:
+        while not until():
+            try:
+                self.round()
+            except redis.ConnectionError as err:  # Redis gone for longer than the store rides out: retry
+                log.warning("server=%s redis unreachable (%s); retrying in 1 s", self.consumer, err)
+                time.sleep(1.0)
+                continue
+            time.sleep(interval_s)
+
+    # -- reports --------------------------------------------------------------------------
+
+    def apply(self, reports: list[dict]) -> Job | None:
+        """Fold one job's reports into it, in order, in one transaction; stale fences and repeats change nothing."""
+        job_id = reports[0]["job"]
+        transitions: list[tuple[JobState, str | None]] = []
+
+        def change(job: Job) -> Job | None:
+            transitions.clear()
+            folded = job
+            for report in reports:
+                try:
+                    after = self._fold(folded, report)
+                except (KeyError, TypeError, ValueError, AttributeError, OverflowError, OSError) as err:  # malformed: no change
+                    log.warning("report=malformed job=%s type=%r error=%r", job.id, report.get("type"), err)
+                    continue
+                if after is not None:
+                    if after.state != folded.state:
+                        transitions.append((after.state, after.reason))
+                    folded = after
+            return None if folded is job else folded
+
+        exits = {r["agent"] for r in reports if r["type"] == "exited"}
+        agents = [a for a in (self.store.get_agent(agent_id) for agent_id in exits) if a is not None]
+
+        def also(pipe, job: Job) -> None:
+            for state, reason in transitions:
+                self.store.event(pipe, job.id, state, job.updated_at, reason)
+            for agent in agents:
+                if agent.job == job.id:
+                    self.store.put_agent(pipe, agent.model_copy(update={"job": None, "fence": None}))
+
+        try:
+            job = self.store.update_job(job_id, change, also=also, emit=False)
+        except NotFoundError:
+            log.warning("report for unknown job=%r dropped", job_id)
+            return None
+        if job is not None and self.metrics:
+            self._observe(job, reports)
+        return job
+
+    def _observe(self, job: Job, reports: list[dict]) -> None:
+        kinds = {r["type"] for r in reports}
+        run = job.runs[-1]
+        if "started" in kinds and run.started_at:
+            self.metrics.dispatch_latency.observe((run.started_at - run.dispatched_at).total_seconds())
+        if "exited" in kinds and run.end_reason == "preempted":
+            self.metrics.preemptions.inc()
+
+    def _fold(self, job: Job, report: dict) -> Job | None:
+        """The job after one report, or None when the report does not apply (stale, repeated, unknown)."""
+        kind, data = report["type"], report["data"]
+        now = self.clock.at(data["at"]) if "at" in data else self.clock.now()
+        run = job.current_run
+        if run is None or report["fence"] != job.fence or run.agent != report["agent"]:
+            return None
+        run = run.model_copy()
+        update: dict = {"updated_at": now}
+        if kind == "started":
+            if run.started_at is not None:
+                return None
+            run.started_at = now
+            update.update(state=JobState.running, reason=f"running on {run.agent}")
+        elif kind == "progress":  # coerce every field: model_copy does not validate, and a bad value stored would poison the job
+            total = data.get("total")
+            run.progress_done, run.progress_total = float(data["done"]), None if total is None else float(total)
+            run.last_progress_at = now
+        elif kind == "checkpoint":
+            if not self.checkpoints.owns(str(data["url"]), job.id):
+                raise ValueError(f"checkpoint url {str(data['url'])[:200]!r} is outside the job's directory in the store")
+            run.checkpoint_url, run.checkpoint_step, run.checkpoint_at = str(data["url"]), int(data["step"]), now
+            run.checkpoint_error = None
+        elif kind == "checkpoint_failed":
+            run.checkpoint_error = f"step {int(data['step'])}: {str(data['reason'])[:300]}"
+        elif kind == "notice":
+            update.update(state=JobState.migrating, reason=f"preemption notice on {run.agent}")
+        elif kind == "exited":
+            if data["reason"] not in END_REASONS:
+                raise ValueError(f"unknown end reason {data['reason']!r}")
+            code = data.get("code")
+            _end_run(run, now, data["reason"], None if code is None else int(code))
+            update.update(self._after_run(job, run, [str(line) for line in data.get("log_tail") or []][-50:]))
+        else:
+            return None
+        return job.model_copy(update={**update, "runs": job.runs[:-1] + [run]})
+
+    def _after_run(self, job: Job, run: Run, log_tail: list[str]) -> dict:
+        reason = run.end_reason
+        if reason == "finished":
+            return {"state": JobState.done, "reason": "finished"}
+        if reason == "failed":
+            restarts = job.restarts + 1
+            if restarts > job.spec.max_restarts:
+                why = f"failed {restarts} times (exit code {run.exit_code}); last output below"
+                return {"state": JobState.failed, "reason": why, "restarts": restarts, "log_tail": log_tail}
+            return {"state": JobState.queued, "reason": f"restart {restarts} after exit code {run.exit_code}", "restarts": restarts}
+        if reason in ("preempted", "lost"):
+            return {"state": JobState.migrating, "reason": f"{reason} on {run.agent}"}
+        if reason == "moved":
+            return {"state": JobState.migrating, "reason": f"moved off {run.agent} by the deadline guard", "move_requested": False}
+        return {}  # fenced or cancelled: the job already moved on
+
+    # -- lost agents ----------------------------------------------------------------------
+
+    def reclaim_lost(self) -> None:
+        """End the runs of agents whose lease expired; their jobs go back to be dispatched."""
+        now = self.clock.now()
+        active = self.store.active_jobs()
+        leases = self.store.leases(sorted({j.current_run.agent for j in active if j.current_run}))
+        for job in active:
+            run = job.current_run
+            if run is None or leases[run.agent] is not None:
+                continue
+
+            def lose(current: Job, fence=job.fence) -> Job | None:
+                live = current.current_run
+                if live is None or current.fence != fence:
+                    return None
+                live = live.model_copy()
+                _end_run(live, now, "lost", None)
+                return current.model_copy(
+                    update={"state": JobState.migrating, "reason": f"lost agent {live.agent}", "updated_at": now,
+                            "runs": current.runs[:-1] + [live]}
+                )  # fmt: skip
+
+            if self.store.update_job(job.id, lose) is not None and self.metrics:
+                self.metrics.preemptions.inc()
+        agents = self.store.agents()
+        leases = self.store.leases([a.id for a in agents])
+        for agent in agents:  # gone: its job (if any) was handled above
+            if leases[agent.id] is None:
+                self.store.remove_agent(agent.id)
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def dispatch(self) -> list[tuple[str, str]]:
+        """Plan the most urgent pending jobs onto idle agents with the policy; returns (job, agent) pairs.
+
+        A job the policy cannot place on time or within budget still runs where it finishes first
+        (it is late either way); one that only lacks capacity waits for the next round.
+        """
+        if not self.lead():
+            return []
+        agents = self.store.agents()
+        leases = self.store.leases([a.id for a in agents])
+        idle = [a for a in agents if a.job is None and leases[a.id] not in (None, "leaving") and self._admitted(a)]
+        if not idle:
+            return []
+        jobs = self.store.pending_jobs(0, PLAN_PAGE)  # most urgent first
+        if not jobs:
+            return []
+        by_offer: dict[str, list[AgentInfo]] = {}
+        for agent in idle:
+            by_offer.setdefault(agent.offer.id, []).append(agent)
+        offers = [agents_here[0].offer for agents_here in by_offer.values()]
+        plan = self.policy.plan([PlanItem.from_job(j) for j in jobs], offers, {k: len(v) for k, v in by_offer.items()}, self.clock.now())
+        done = []
+        for job in jobs:
+            offer_id = plan.assignments.get(job.id)
+            if offer_id is None and plan.unplaced.get(job.id) in ("deadline", "budget"):
+                agent = self._choose(job, [a for group in by_offer.values() for a in group])
+                offer_id = agent.offer.id if agent else None
+            if offer_id is None or not by_offer.get(offer_id):
+                continue
+            agent = by_offer[offer_id].pop()
+            if self._assign(job, agent):
+                done.append((job.id, agent.id))
+        return done
+
+    def _admitted(self, agent: AgentInfo) -> bool:
+        """Whether the agent may get work: its registration token verifies (when the broker asks for one)."""
+        if self.agent_secret is None:
+            return True
+        why = refusal(self.agent_secret, agent.id, agent.token, self.clock.now())
+        if why is None:
+            return True
+        log.warning("agent=%s refused: %s; removed", agent.id, why)
+        self.store.remove_agent(agent.id)
+        return False
+
+    def guard(self) -> list[str]:
+        """Uniform Progress between rounds: a spot or bubble job falling behind its deadline is asked to
+        checkpoint and move to on-demand now; returns the ids of the jobs it moved."""
+        now, moved = self.clock.now(), []
+        if not getattr(self.policy, "deadline_guard", True) or not self.lead():  # baselines without deadlines (SkyPilot's)
+            return moved
+        for job in self.store.active_jobs():
+            run, baseline = job.current_run, job.quote.on_demand_baseline
+            if run is None or run.started_at is None or job.spec.deadline is None or baseline is None or job.move_requested:
+                continue
+            if run.offer.tier == Tier.on_demand:
+                continue
+            progress = progress_of(PlanItem.from_job(job), baseline.exclusive_h, job.submitted_at, now)
+            if decide(progress, run.offer.tier, spot_available=True) != Move.on_demand:
+                continue
+            why = f"deadline guard: {progress.total_h - progress.done_h:.1f} h of work left, deadline in {progress.window_h - progress.elapsed_h:.1f} h"
+
+            def request(current: Job, fence=job.fence) -> Job | None:
+                if current.fence != fence or current.current_run is None or current.move_requested:
+                    return None
+                return current.model_copy(update={"move_requested": True, "pinned_tier": Tier.on_demand, "reason": why, "updated_at": now})
+
+            if self.store.update_job(job.id, request, leader=self.consumer) is not None:
+                log.info("job=%s guard=on_demand %s", job.id, why)
+                moved.append(job.id)
+        return moved
+
+    def _choose(self, job: Job, idle: list[AgentInfo]) -> AgentInfo | None:
+        """The idle agent the policy prices cheapest for the job (the earliest finish if none is feasible)."""
+        by_offer: dict[str, AgentInfo] = {}
+        for agent in idle:
+            if fits(job.spec, agent.offer):
+                by_offer.setdefault(agent.offer.id, agent)
+        if not by_offer:
+            return None
+        offers = [a.offer for a in by_offer.values()]
+        try:
+            option = self.policy.quote(job.spec, offers, self.clock.now()).chosen
+        except InfeasibleError:  # late or over budget already: run it where it finishes first
+            option = min(self.policy.options(job.spec, offers, self.clock.now()), key=lambda o: o.expected_finish)
+        return by_offer[option.offer.id]
+
+    def _assign(self, job: Job, agent: AgentInfo) -> bool:
+        latest, skipped = self.checkpoints.latest_verified(job.id)
+        for line in skipped:
+            log.warning("job=%s checkpoint skipped: %s", job.id, line)
+        now = self.clock.now()
+        fence = job.fence + 1
+        run = Run(fence=fence, agent=agent.id, offer=agent.offer, resume_from=latest.url if latest else None, dispatched_at=now)
+
+        def change(current: Job) -> Job | None:
+            if current.fence != job.fence or not current.pending:
+                return None  # someone else moved it meanwhile
+            return current.model_copy(update={"fence": fence, "runs": current.runs + [run], "updated_at": now})
+
+        def send(pipe, assigned: Job) -> None:
+            self.store.assign(pipe, agent.id, assigned)
+            self.store.put_agent(pipe, agent.model_copy(update={"job": job.id, "fence": fence}))
+
+        assigned = self.store.update_job(job.id, change, also=send, leader=self.consumer) is not None
+        if assigned and self.metrics and job.runs and job.runs[-1].end_reason in ("preempted", "lost", "moved"):
+            self.metrics.migrations.inc()
+        return assigned
+
+
+def _end_run(run: Run, now: datetime, reason: str, code: int | None) -> None:
+    """Close a run: its cost, and the work done since its last checkpoint when it did not finish."""
+    run.ended_at, run.end_reason, run.exit_code = now, reason, code
+    run.cost_usd = run.offer.price_usd_per_h * run.hours(now)
+    if reason != "finished" and run.last_progress_at is not None:
+        since = run.checkpoint_at or run.started_at or run.dispatched_at
+        run.work_lost_s = max(0.0, (run.last_progress_at - since).total_seconds())

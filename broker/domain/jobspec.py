@@ -1,0 +1,232 @@
+"""A job as users write it (close to a SkyPilot task): resources, work, checkpoint, deadline, budget, tiers,
+and optionally the transformer model it trains. Validation gives one message per field.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from broker.domain.errors import SpecError
+from broker.domain.accelerators import lookup
+
+
+def _accelerator_name(name: str) -> str:
+    """The canonical accelerator name, as a validation error pydantic can report."""
+    try:
+        return lookup(name).name
+    except SpecError as err:
+        raise ValueError(str(err)) from None
+
+
+class Tier(str, Enum):
+    bubble = "bubble"
+    spot = "spot"
+    on_demand = "on_demand"
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AcceleratorOption(_Spec):
+    """One acceptable accelerator shape, written `A100:1` (count defaults to 1)."""
+
+    name: str
+    count: int = Field(1, ge=1, le=64)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse_short_form(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            name, _, count = value.partition(":")
+            if count and not count.strip().isdigit():
+                raise ValueError(f"count in {value!r} must be a whole number, as in A100:1")
+            return {"name": name, "count": int(count) if count else 1}
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        return _accelerator_name(name)
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.count}"
+
+
+class Resources(_Spec):
+    accelerators: list[AcceleratorOption] = Field(min_length=1)
+    gpu_memory_gb: float | None = Field(None, gt=0, description="minimum memory per GPU")
+    cpus: float | None = Field(None, gt=0, description="minimum vCPUs per instance")
+    memory_gb: float | None = Field(None, gt=0, description="minimum host memory per instance")
+
+    @field_validator("accelerators", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, (str, dict)) else value
+
+
+class Work(_Spec):
+    """How much work the job is: reference GPU-hours, or steps at a measured rate."""
+
+    gpu_hours: float | None = Field(None, gt=0, description="GPU-hours on an A100-40GB")
+    steps: int | None = Field(None, gt=0)
+    steps_per_hour: dict[str, float] | None = None
+    kind: Literal["training", "inference"] = "training"
+
+    @field_validator("steps_per_hour")
+    @classmethod
+    def _rates(cls, rates: dict[str, float] | None) -> dict[str, float] | None:
+        if rates is None:
+            return None
+        out = {}
+        for name, rate in rates.items():
+            if rate <= 0:
+                raise ValueError(f"rate for {name} must be > 0 steps/hour")
+            out[_accelerator_name(name)] = rate
+        return out
+
+    @model_validator(mode="after")
+    def _one_measure(self) -> "Work":
+        if (self.gpu_hours is None) == (self.steps is None):
+            raise ValueError("give either gpu_hours, or steps with steps_per_hour")
+        return self
+
+
+class CheckpointSpec(_Spec):
+    size_gb: float = Field(1.0, ge=0)
+    restore_minutes: float = Field(2.0, ge=0)
+
+
+class TransformerSpec(_Spec):
+    """A transformer training job by its shape: the broker chooses its parallel layout on each offer
+    (policies/parallel.py) and prices `work.steps` iterations with it."""
+
+    layers: int = Field(ge=1, le=10_000)
+    hidden: int = Field(ge=8)
+    heads: int = Field(ge=1)
+    seq_len: int = Field(ge=1)
+    vocab: int = Field(ge=1)
+    global_batch: int = Field(ge=1, description="sequences per iteration")
+    precision: Literal["fp32", "bf16", "fp16"] = "bf16"
+    optimizer: Literal["adam", "sgd"] = "adam"
+    zero_stage: int = Field(0, ge=0, le=3)
+    recompute: bool = False
+    dropout: bool = True
+    flash_attention: bool = True  # attention scores are recomputed, not kept (no a s^2 b activations)
+    mlp_activation: Literal["gelu", "relu"] = "gelu"  # ReLU's backward needs only its output: 8 s b h fewer bytes
+    schedule: Literal["1f1b", "gpipe", "deepspeed"] = "1f1b"  # deepspeed: 1F1B in DeepSpeed's lock-step (same memory)
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> "TransformerSpec":
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden {self.hidden} must be a multiple of heads {self.heads}")
+        return self
+
+
+def parse_deadline(value: Any, now: datetime) -> datetime:
+    """An ISO-8601 time, or a time relative to `now` such as `+36h`, `+90m`, `+2d`."""
+    if isinstance(value, datetime):
+        when = value
+    else:
+        text = str(value).strip()
+        relative = re.fullmatch(r"\+(\d+(?:\.\d+)?)\s*([mhd])", text)
+        if relative:
+            unit = {"m": "minutes", "h": "hours", "d": "days"}[relative.group(2)]
+            return now + timedelta(**{unit: float(relative.group(1))})
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"{text!r} is not a time; use ISO 8601 (2026-12-01T18:00Z) or +36h") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+class JobSpec(_Spec):
+    """A job as the user describes it in YAML (close to a SkyPilot task)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    run: list[str] = Field(min_length=1)
+    shell: bool = False
+    setup: str | None = None
+    workdir: str | None = None
+    env: dict[str, str] = {}
+    resources: Resources
+    work: Work
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    deadline: datetime | None = None
+    deadline_probability: float = Field(0.95, gt=0, lt=1)
+    budget_usd: float | None = Field(None, gt=0)
+    tiers: list[Tier] = Field(default_factory=lambda: list(Tier), min_length=1)
+    fill: bool = False
+    fill_task: str | None = None  # module:Class of its FillTask: it can run inside pipeline bubbles
+    transformer: TransformerSpec | None = None  # a training job described by its model's shape
+
+    @field_validator("fill_task")
+    @classmethod
+    def _module_class(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
+            raise ValueError(f"{value!r} is not module:Class, e.g. fill_mlp:MlpFill")
+        return value
+    priority: int = 0
+    max_restarts: int = Field(3, ge=0, le=100)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _run_as_argv(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("run"), str):
+            text = data["run"]
+            data = {**data, "run": [text] if data.get("shell") else shlex.split(text)}
+        return data
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, env: Any) -> Any:
+        if not isinstance(env, dict):
+            return env
+        reserved = sorted(k for k in env if str(k).startswith("BROKER_"))
+        if reserved:
+            raise ValueError(f"{reserved[0]}: BROKER_* variables are set by the agent; rename it")
+        return {str(k): str(v) for k, v in env.items()}
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return None
+        now = (info.context or {}).get("now") or datetime.now(timezone.utc)
+        return parse_deadline(value, now)
+
+    def urgency(self, submitted_at: datetime) -> float:
+        """Dispatch order, smallest first: higher priority, then earlier deadline (or submission)."""
+        return -self.priority * 1e11 + (self.deadline or submitted_at).timestamp()
+
+    @model_validator(mode="after")
+    def _fill_task_counts_steps(self) -> "JobSpec":
+        if self.fill_task and not (self.fill and self.work.steps):
+            raise ValueError("fill_task needs fill: true and work.steps (the executor counts steps), e.g. steps: 600")
+        return self
+
+    @model_validator(mode="after")
+    def _steps_have_a_rate(self) -> "JobSpec":
+        if self.transformer is not None and self.work.steps is None:
+            raise ValueError("a transformer job gives work.steps (training iterations); the broker times them")
+        if self.work.steps is not None and not self.work.steps_per_hour and self.transformer is None:
+            raise ValueError("work.steps needs work.steps_per_hour, e.g. {A100: 1200} (or a transformer: description)")
+        return self
+
+    @model_validator(mode="after")
+    def _rates_cover_accelerators(self) -> "JobSpec":
+        rates = self.work.steps_per_hour
+        if rates:
+            missing = [a.name for a in self.resources.accelerators if a.name not in rates]
+            if missing:
+                raise ValueError(
+                    f"work.steps_per_hour has no rate for {', '.join(missing)}; "
+                    "add one or drop it from resources.accelerators"
+                )
+        return self

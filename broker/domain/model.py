@@ -1,0 +1,221 @@
+"""The domain types: the Offers a job can run on, quotes, plans, and jobs with their runs.
+
+Every place a job can run is an Offer (bubbles too); the planner prices them all alike. The job spec
+types live in jobspec.py and are imported from here too.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from broker.domain.jobspec import (  # noqa: F401  (re-exported: the domain's types in one place)
+    AcceleratorOption,
+    CheckpointSpec,
+    JobSpec,
+    Resources,
+    Tier,
+    TransformerSpec,
+    Work,
+    parse_deadline,
+)
+
+
+class JobState(str, Enum):
+    queued = "queued"
+    running = "running"
+    migrating = "migrating"
+    done = "done"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.done, JobState.failed, JobState.cancelled)
+
+
+def offer_id(cloud: str, zone_or_region: str, instance_type: str, tier: "Tier") -> str:
+    """An offer's id: cloud/zone (or region)/instance type/tier; price rows and history use it too."""
+    return f"{cloud}/{zone_or_region}/{instance_type}/{tier.value}"
+
+
+class Offer(BaseModel):
+    """A place a job can run: a tier at a location with a price, a hazard and a shape."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cloud: str
+    region: str
+    zone: str | None
+    instance_type: str
+    tier: Tier
+    accelerator: str
+    accelerator_count: int
+    gpu_memory_gb: float  # per GPU
+    vcpus: float | None
+    memory_gb: float | None
+    price_usd_per_h: float
+    hazard_per_h: float = 0.0  # preemptions per hour (0 for on-demand)
+    hazard_source: str = "none"
+    availability: float = Field(1.0, gt=0, le=1)  # share of launch attempts that get capacity
+    speed_factor: float = Field(1.0, gt=0, le=1)  # share of exclusive speed a job gets (a bubble's fill throughput)
+
+    @property
+    def id(self) -> str:
+        return offer_id(self.cloud, self.zone or self.region, self.instance_type, self.tier)
+
+
+class Option(BaseModel):
+    """One job priced on one offer: what it would take and cost, and its deadline odds."""
+
+    offer: Offer
+    fallback: Offer | None = None  # on-demand kept in reserve: the deadline guard moves the job there
+    exclusive_h: float
+    checkpoint_interval_h: float | None
+    expected_wall_h: float
+    expected_cost_usd: float
+    p_meet_deadline: float
+    expected_finish: datetime
+    meets_deadline: bool
+    within_budget: bool
+
+    @computed_field
+    @property
+    def feasible(self) -> bool:
+        return self.meets_deadline and self.within_budget
+
+
+class Quote(BaseModel):
+    """The broker's answer to a submit: the chosen option, alternatives, and the savings."""
+
+    policy: str
+    created_at: datetime
+    chosen: Option
+    alternatives: list[Option]
+    on_demand_baseline: Option | None
+
+    @computed_field
+    @property
+    def savings_usd(self) -> float | None:
+        base = self.on_demand_baseline
+        return None if base is None else base.expected_cost_usd - self.chosen.expected_cost_usd
+
+    @computed_field
+    @property
+    def savings_pct(self) -> float | None:
+        base = self.on_demand_baseline
+        if base is None or base.expected_cost_usd <= 0:
+            return None
+        return 100.0 * self.savings_usd / base.expected_cost_usd
+
+
+def relative_gap(objective: float, bound: float) -> float:
+    """How far a solution's objective is above a lower bound, as a share of the objective."""
+    return max(0.0, objective - bound) / max(abs(objective), 1e-9)
+
+
+class Plan(BaseModel):
+    """One planning round's decisions: where each job goes, and why the others wait."""
+
+    policy: str
+    assignments: dict[str, str] = {}  # job id -> offer id
+    fallbacks: dict[str, str] = {}  # job id -> on-demand offer id the deadline guard keeps in reserve
+    unplaced: dict[str, str] = {}  # job id -> why: resources, memory, deadline, budget, capacity
+    expected_cost_usd: float = 0.0
+    objective: float | None = None  # the program's objective (cost plus pending penalties)
+    bound: float | None = None  # a proven lower bound on it (the LP relaxation)
+    stats: dict[str, float] = {}  # how the solve went: seconds pricing, building, solving; passes; columns
+
+    @computed_field
+    @property
+    def gap(self) -> float | None:
+        return None if self.objective is None or self.bound is None else relative_gap(self.objective, self.bound)
+
+
+class Run(BaseModel):
+    """One attempt of a job on one agent; its fence token makes older attempts stale."""
+
+    fence: int
+    agent: str
+    offer: Offer
+    resume_from: str | None = None
+    dispatched_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    end_reason: str | None = None  # finished, failed, preempted, lost, cancelled
+    exit_code: int | None = None
+    progress_done: float = 0.0
+    progress_total: float | None = None
+    last_progress_at: datetime | None = None
+    checkpoint_url: str | None = None
+    checkpoint_step: int | None = None
+    checkpoint_at: datetime | None = None
+    checkpoint_error: str | None = None  # why the newest save failed (a full disk...); cleared by the next good one
+    cost_usd: float = 0.0
+    work_lost_s: float = 0.0
+
+    @property
+    def id(self) -> str:
+        return f"r{self.fence}"
+
+    def hours(self, until: datetime) -> float:
+        """Billed hours: from start (or dispatch, for a run that never started) to its end or `until`."""
+        begin = self.started_at or self.dispatched_at
+        return max(0.0, ((self.ended_at or until) - begin).total_seconds() / 3600)
+
+
+class Job(BaseModel):
+    """A submitted job as the store keeps it, with its history of runs."""
+
+    id: str
+    spec: JobSpec
+    state: JobState = JobState.queued
+    submitted_at: datetime
+    updated_at: datetime
+    quote: Quote
+    reason: str | None = None
+    fence: int = 0  # the token of the newest run; events carrying another are stale
+    restarts: int = 0
+    pinned_tier: Tier | None = None  # set by the deadline guard: dispatch only to this tier
+    move_requested: bool = False  # the guard asked the agent to checkpoint and give the job back
+    runs: list[Run] = []
+    log_tail: list[str] = []
+
+    @property
+    def current_run(self) -> Run | None:
+        """The newest run while it has not ended."""
+        return self.runs[-1] if self.runs and self.runs[-1].ended_at is None else None
+
+    @property
+    def pending(self) -> bool:
+        """Waiting for capacity: queued or migrating, with no run under way."""
+        return self.state in (JobState.queued, JobState.migrating) and self.current_run is None
+
+    @property
+    def urgency(self) -> float:
+        """Dispatch order, smallest first (JobSpec.urgency)."""
+        return self.spec.urgency(self.submitted_at)
+
+    @property
+    def cost_usd(self) -> float:
+        return sum(r.cost_usd for r in self.runs)
+
+    @property
+    def migrations(self) -> int:
+        return sum(1 for r in self.runs[:-1] if r.end_reason in ("preempted", "lost", "moved"))
+
+
+class AgentInfo(BaseModel):
+    """An agent as it registers: the instance (Offer) it stands for, and the job it runs."""
+
+    id: str
+    offer: Offer
+    host: str
+    pid: int
+    registered_at: datetime
+    token: str | None = None  # registration token (agents/tokens.py), when the broker asks for one
+    report_key: str | None = None  # a secret of this agent process: its reports carry it (Store.report)
+    job: str | None = None
+    fence: int | None = None

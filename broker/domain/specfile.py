@@ -1,0 +1,95 @@
+"""Reading a job spec file: size and YAML checks, CLI overrides, and one-line errors per field."""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from broker.domain.errors import SpecError
+from broker.domain.model import JobSpec
+
+MAX_SPEC_BYTES = 1_000_000
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "spec"
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The spec model that holds the field at `loc` (to list what is allowed there)."""
+    model: Any = JobSpec
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        model = model.model_fields[part].annotation
+        while typing.get_origin(model) in (list, typing.Union, types.UnionType):
+            model = next(a for a in typing.get_args(model) if a is not type(None))
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _message(error: dict) -> str:
+    loc = tuple(error["loc"])
+    if error["type"] == "extra_forbidden":
+        model = _model_at(loc)
+        allowed = list(model.model_fields) if model else []
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"{_path(loc)}: unknown field; {hint}allowed: {', '.join(allowed)}"
+    if error["type"] == "missing":
+        return f"{_path(loc)}: required; add it"
+    if error["type"] == "value_error":
+        return f"{_path(loc)}: {error['ctx']['error']}"
+    return f"{_path(loc)}: {error['msg']}"
+
+
+def validate_spec(data: Any, now: datetime, source: str = "spec") -> JobSpec:
+    """A JobSpec from parsed YAML, or a SpecError with one line per problem."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: a job spec is a YAML mapping (name:, run:, resources:, work:, ...)")
+    try:
+        spec = JobSpec.model_validate(data, context={"now": now})
+    except ValidationError as err:
+        raise SpecError("\n".join(f"{source}: {_message(e)}" for e in err.errors())) from None
+    if spec.deadline is not None and spec.deadline <= now:
+        raise SpecError(f"{source}: deadline: {spec.deadline:%Y-%m-%d %H:%M} UTC is in the past; give a future time or +36h")
+    return spec
+
+
+def load_spec(path: Path, now: datetime, deadline: str | None = None, budget_usd: float | None = None) -> JobSpec:
+    """Read and validate a job spec file; `deadline` and `budget_usd` override the file's values."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        raise SpecError(f"{path}: no such file; give the path of a job YAML") from None
+    if not path.is_file():
+        raise SpecError(f"{path}: not a file (a directory?); give the path of a job YAML")
+    if size > MAX_SPEC_BYTES:
+        raise SpecError(f"{path}: {size:,} bytes is over the 1 MB limit for a job spec; move data out of it")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not a text file; a job spec is YAML") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or "invalid syntax"
+        raise SpecError(f"{path}: not valid YAML{where}: {problem}; fix the syntax") from None
+    if isinstance(data, dict):
+        if deadline is not None:
+            data["deadline"] = deadline
+        if budget_usd is not None:
+            data["budget_usd"] = budget_usd
+    return validate_spec(data, now, source=str(path))

@@ -1,0 +1,196 @@
+"""Expected time and cost of a job on an offer under preemption, and its odds of meeting the deadline.
+
+The model (DESIGN.md, "The money model"): exclusive time t from the job's work and the
+offer's speed; checkpoint cost delta, restart cost R, hazard lambda; Young's interval
+tau = sqrt(2 delta / lambda). Expected wall time is t (1 + delta/tau)(1 + lambda (R + tau/2))
+plus the first start-up. The number of preemptions is Poisson with mean lambda t (1 + delta/tau),
+each costing R + tau/2, which gives P(finish by the deadline).
+
+`expectation` is the one implementation of those formulas: it takes numpy arrays (the planner
+prices millions of job x offer pairs at once) or plain numbers (a quote). Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+import numpy as np
+from scipy.special import gammaincc
+
+from broker.domain.model import JobSpec, Offer, Option, Tier
+from broker.domain.accelerators import ACCELERATORS
+
+# Sustained checkpoint upload to object storage (a single stream to S3/GCS/Blob typically
+# sustains 100-500 MB/s); 250 MB/s is the planning figure.
+CHECKPOINT_WRITE_GB_PER_S = 0.25
+# Launching an instance and starting the job on it (image boot, setup, process start).
+STARTUP_H = 5 / 60
+# After a preemption: a replacement instance, plus the job's own restore time from its spec.
+RESTART_OVERHEAD_H = 5 / 60
+
+
+class Expectation(NamedTuple):
+    """The money model's outputs; each field is a number or an array of the inputs' shape."""
+
+    interval_h: object  # Young's checkpoint interval (NaN without hazard)
+    running_h: object  # exclusive time plus checkpoint writes
+    wall_h: object  # expected wall time, start-up and preemptions included
+    cost_usd: object
+    p_meet: object  # P(finish within window_h)
+
+
+def fits(spec: JobSpec, offer: Offer) -> bool:
+    """Whether the offer's tier and hardware satisfy the job's resources."""
+    return offer.tier in allowed_tiers(spec) and shape_fits(spec, offer) and memory_fits(spec, offer)
+
+
+def allowed_tiers(spec: JobSpec) -> set[Tier]:
+    """The tiers the job accepts; bubbles only for jobs that implement the fill step interface."""
+    return {t for t in spec.tiers if t != Tier.bubble or spec.fill}
+
+
+def shape_fits(spec: JobSpec, offer: Offer) -> bool:
+    """Whether the offer has one of the accelerator shapes (name and count) the job accepts."""
+    return any(a.name == offer.accelerator and a.count == offer.accelerator_count for a in spec.resources.accelerators)
+
+
+def memory_fits(spec: JobSpec, offer: Offer) -> bool:
+    """Whether the offer has the GPU memory, host memory and CPUs the job asks for."""
+    res = spec.resources
+    if res.gpu_memory_gb and offer.gpu_memory_gb < res.gpu_memory_gb:
+        return False
+    if spec.transformer is not None and not math.isfinite(exclusive_hours_on(spec, offer.accelerator, offer.accelerator_count)):
+        return False  # no layout of the model fits in these GPUs' memory
+    if res.cpus and (offer.vcpus or 0) < res.cpus:
+        return False
+    return not (res.memory_gb and (offer.memory_gb or 0) < res.memory_gb)
+
+
+def exclusive_hours_on(spec: JobSpec, accelerator: str, count: int) -> float:
+    """Hours the job needs on `count` x `accelerator` when never interrupted."""
+    work = spec.work
+    if spec.transformer is not None:
+        from broker.models.parallel import exclusive_hours as laid_out  # the layout search prices model jobs
+
+        return laid_out(spec, accelerator, count)
+    if work.steps is not None:
+        return work.steps / work.steps_per_hour[accelerator]
+    return work.gpu_hours / (count * ACCELERATORS[accelerator].speed(work.kind))
+
+
+def exclusive_hours(spec: JobSpec, offer: Offer) -> float:
+    """Hours the job needs on the offer when never interrupted."""
+    return exclusive_hours_on(spec, offer.accelerator, offer.accelerator_count) / offer.speed_factor
+
+
+def checkpoint_hours(spec: JobSpec) -> float:
+    """Time to write one checkpoint of the job."""
+    return spec.checkpoint.size_gb / CHECKPOINT_WRITE_GB_PER_S / 3600
+
+
+def restart_hours(spec: JobSpec) -> float:
+    """Time lost to a restart besides the lost work: a new instance and the restore."""
+    return RESTART_OVERHEAD_H + spec.checkpoint.restore_minutes / 60
+
+
+def window_hours(spec: JobSpec, now: datetime) -> float:
+    """Hours from now to the job's deadline (infinite without one)."""
+    return math.inf if spec.deadline is None else (spec.deadline - now).total_seconds() / 3600
+
+
+def young_interval_h(checkpoint_h: float, hazard_per_h: float, exclusive_h: float) -> float | None:
+    """Young's checkpoint interval sqrt(2 delta / lambda), capped at the job's length; None without hazard."""
+    tau = expectation(exclusive_h, checkpoint_h, 0.0, hazard_per_h, 0.0, math.inf).interval_h
+    return None if math.isnan(tau) else float(tau)
+
+
+def poisson_cdf(k, mean):
+    """P(N <= k) for N ~ Poisson(mean); k and mean may be arrays (k < 0 gives 0)."""
+    k, mean = np.asarray(k, dtype=float), np.asarray(mean, dtype=float)
+    with np.errstate(invalid="ignore"):
+        p = np.where(k < 0, 0.0, np.where(mean <= 0, 1.0, gammaincc(np.maximum(k, 0) + 1, np.maximum(mean, 1e-300))))
+    return p.item() if p.ndim == 0 else p
+
+
+def expectation(t, delta, restart, hazard, price, window_h, availability=1.0) -> Expectation:
+    """The money model for exclusive hours t, checkpoint hours delta, restart hours R, hazard per hour,
+    price per hour and hours until the deadline (inf for none). Arrays broadcast; numbers give numbers.
+
+    With spot `availability` a < 1 each launch succeeds with probability a, so a start (and every
+    restart) takes 1/a launch attempts on average: (1/a - 1) extra start-ups."""
+    t, delta, restart, hazard, price, window_h, availability = np.broadcast_arrays(
+        *(np.asarray(x, dtype=float) for x in (t, delta, restart, hazard, price, window_h, availability))
+    )
+    waiting = STARTUP_H * (1 / availability - 1)
+    restart = restart + waiting
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau = np.where(hazard > 0, np.minimum(np.sqrt(2 * delta / hazard), t), np.nan)
+        writes = np.where(tau > 0, delta / tau, 0.0)  # share of time spent checkpointing
+        running = t * (1 + writes)
+        per_preemption = restart + np.where(hazard > 0, tau, 0.0) / 2
+        mean_preemptions = hazard * running
+        wall = STARTUP_H + waiting + running + mean_preemptions * per_preemption
+        slack = window_h - STARTUP_H - waiting - running
+        allowed = np.where(np.isfinite(slack), np.floor(slack / per_preemption), 0.0)
+        p_meet = np.where(np.isinf(window_h), 1.0, np.where(slack < 0, 0.0, poisson_cdf(allowed, mean_preemptions)))
+    out = Expectation(tau, running, wall, price * wall, p_meet)
+    return Expectation(*(float(x) for x in out)) if t.ndim == 0 else out
+
+
+def fallback_expectation(spot: Expectation, spot_price, spot_t, od_cost, od_t, restart, window_h) -> Expectation:
+    """Spot with an on-demand fallback: the deadline guard moves the job to on-demand when its safety
+    net fires (Can't Be Late's R < C + 2d, d = restart + start-up). With probability p_meet the job
+    finishes on spot. Otherwise it progressed at its expected pace on spot, od_t / wall_h on-demand
+    hours per hour, until the net fired: at s = slack / (1 - pace) with slack = window - od_t - 2d;
+    it paid spot until then and on-demand for the work left, which its checkpoint takes along. The
+    deadline then holds whenever on-demand alone fits with that margin."""
+    window = np.asarray(window_h, dtype=float)
+    margin = 2 * (np.asarray(restart, dtype=float) + STARTUP_H)
+    late = spot.p_meet < 1  # 0 x inf is NaN: only a job that can be late has a switch point
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pace = np.clip(np.asarray(od_t) / spot.wall_h, 0.0, 1.0)
+        slack = np.where(late, np.maximum(window - np.asarray(od_t) - margin, 0.0), 0.0)
+        switch_h = np.where(pace < 1, np.minimum(slack / (1 - pace), np.maximum(window - margin, 0.0)), slack)
+        left = np.where(late, np.clip((window - switch_h - margin) / np.asarray(od_t), 0.0, 1.0), 0.0)
+    late_cost = np.where(late, spot_price * switch_h + od_cost * left, 0.0)
+    cost = spot.p_meet * spot.cost_usd + (1 - spot.p_meet) * late_cost
+    wall = np.where(late, spot.p_meet * spot.wall_h + (1 - spot.p_meet) * (switch_h + restart + left * od_t + STARTUP_H), spot.wall_h)
+    on_time = np.where(np.asarray(od_t) + margin <= window, 1.0, spot.p_meet)
+    return Expectation(spot.interval_h, spot.running_h, wall, cost, on_time)
+
+
+def evaluate(spec: JobSpec, offer: Offer, now: datetime, remaining: float = 1.0) -> Option:
+    """Price the job on the offer: expected wall time and cost, and P(meet deadline).
+
+    `remaining` is the share of the job's work still to do (1 for a job that has not started).
+    """
+    t = exclusive_hours(spec, offer) * remaining
+    e = expectation(t, checkpoint_hours(spec), restart_hours(spec), offer.hazard_per_h, offer.price_usd_per_h,
+                    window_hours(spec, now), offer.availability)  # fmt: skip
+    return _option(spec, offer, now, t, e)
+
+
+def evaluate_with_fallback(spec: JobSpec, spot: Offer, on_demand: Option, now: datetime, remaining: float = 1.0) -> Option:
+    """Price the job on a spot (or bubble) offer with `on_demand` kept in reserve by the deadline guard."""
+    t = exclusive_hours(spec, spot) * remaining
+    restart, window = restart_hours(spec), window_hours(spec, now)
+    alone = expectation(t, checkpoint_hours(spec), restart, spot.hazard_per_h, spot.price_usd_per_h, window, spot.availability)
+    e = fallback_expectation(alone, spot.price_usd_per_h, t, on_demand.expected_cost_usd, on_demand.exclusive_h, restart, window)
+    return _option(spec, spot, now, t, Expectation(*(float(x) for x in e)), fallback=on_demand.offer)
+
+
+def _option(spec: JobSpec, offer: Offer, now: datetime, t: float, e: Expectation, fallback: Offer | None = None) -> Option:
+    return Option(
+        offer=offer,
+        fallback=fallback,
+        exclusive_h=t,
+        checkpoint_interval_h=None if math.isnan(e.interval_h) else e.interval_h,
+        expected_wall_h=e.wall_h,
+        expected_cost_usd=e.cost_usd,
+        p_meet_deadline=e.p_meet,
+        expected_finish=now + timedelta(hours=e.wall_h),
+        meets_deadline=spec.deadline is None or e.p_meet >= spec.deadline_probability,
+        within_budget=spec.budget_usd is None or e.cost_usd <= spec.budget_usd,
+    )

@@ -1,0 +1,102 @@
+"""The numbers users look at, computed from stored jobs: spend, savings, counts, misses, spend over time.
+
+Pure functions of jobs and a time, shared by the dashboard and the demo summary. A job's
+on-demand equivalent is what its productive hours (run hours less work lost) would have
+cost at the price of the on-demand option its quote was compared with.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pandas as pd
+
+from broker.domain.model import Job, JobState
+
+
+def spend_usd(job: Job, now: datetime) -> float:
+    """What the job has cost so far: ended runs at their cost, a running one up to `now`."""
+    return sum(r.cost_usd if r.ended_at else r.offer.price_usd_per_h * r.hours(now) for r in job.runs)
+
+
+def productive_hours(job: Job, now: datetime) -> float:
+    return max(0.0, sum(r.hours(now) for r in job.runs) - sum(r.work_lost_s for r in job.runs) / 3600)
+
+
+def on_demand_equivalent_usd(job: Job, now: datetime) -> float:
+    """The same productive hours at the on-demand baseline's price."""
+    baseline = job.quote.on_demand_baseline
+    return (baseline.offer.price_usd_per_h if baseline else 0.0) * productive_hours(job, now)
+
+
+def missed_deadline(job: Job, now: datetime) -> bool:
+    """Finished after its deadline, or still unfinished past it."""
+    deadline = job.spec.deadline
+    if deadline is None or job.state == JobState.cancelled:
+        return False
+    if job.state == JobState.done:
+        return job.runs[-1].ended_at > deadline
+    return now > deadline
+
+
+def overview(jobs: list[Job], now: datetime) -> dict:
+    """The overview page's KPIs."""
+    spend = sum(spend_usd(j, now) for j in jobs)
+    baseline = sum(on_demand_equivalent_usd(j, now) for j in jobs)
+    budgeted = [j for j in jobs if j.spec.budget_usd]
+    counts = {s: 0 for s in ("queued", "running", "done", "failed", "cancelled")}
+    for job in jobs:
+        counts["running" if job.state in (JobState.running, JobState.migrating) else job.state.value] += 1
+    return {
+        "spend_usd": spend,
+        "on_demand_usd": baseline,
+        "savings_usd": baseline - spend,
+        "savings_pct": 100 * (baseline - spend) / baseline if baseline > 0 else None,
+        **counts,
+        "deadline_misses": sum(missed_deadline(j, now) for j in jobs),
+        "budget_used_pct": 100 * sum(spend_usd(j, now) for j in budgeted) / sum(j.spec.budget_usd for j in budgeted)
+        if budgeted
+        else None,
+    }
+
+
+def spend_over_time(jobs: list[Job], now: datetime, buckets: int = 60, times: pd.DatetimeIndex | None = None) -> pd.DataFrame:
+    """Cumulative spend by tier (columns) over time (index, `buckets` steps to now unless `times` are given):
+    each run accrues evenly over its hours."""
+    utc = lambda t: pd.Timestamp(t).tz_convert("UTC")  # noqa: E731 (stored times carry pydantic's UTC tzinfo)
+    runs = [(r, utc(r.started_at or r.dispatched_at), utc(r.ended_at or now)) for j in jobs for r in j.runs]
+    if not runs:
+        return pd.DataFrame()
+    if times is None:
+        start = min(b for _, b, _ in runs)
+        times = pd.date_range(start, max(utc(now), start), periods=buckets)
+    frame = pd.DataFrame(0.0, index=times, columns=["bubble", "spot", "on_demand"])
+    for run, begin, end in runs:
+        cost = run.cost_usd if run.ended_at else run.offer.price_usd_per_h * run.hours(now)
+        span = max((end - begin).total_seconds(), 1e-9)
+        elapsed = ((times - begin).total_seconds()).to_numpy().clip(0, span)
+        frame[run.offer.tier.value] += cost * elapsed / span
+    return frame
+
+
+def jobs_frame(jobs: list[Job], now: datetime) -> pd.DataFrame:
+    """One row per job, as the jobs page shows it."""
+    rows = []
+    for job in jobs:
+        offer = job.runs[-1].offer if job.runs else job.quote.chosen.offer
+        spend = spend_usd(job, now)
+        slack_h = (job.spec.deadline - now).total_seconds() / 3600 if job.spec.deadline else None
+        rows.append(
+            {
+                "job": job.id,
+                "state": job.state.value,
+                "tier": offer.tier.value,
+                "offer": f"{offer.cloud} {offer.instance_type} {offer.zone or offer.region}",
+                "deadline slack h": None if job.state.terminal or slack_h is None else round(slack_h, 2),
+                "cost so far $": round(spend, 4),
+                "quote $": round(job.quote.chosen.expected_cost_usd, 4),
+                "budget used %": round(100 * spend / job.spec.budget_usd, 1) if job.spec.budget_usd else None,
+                "migrations": job.migrations,
+            }
+        )
+    return pd.DataFrame(rows)

@@ -1,0 +1,105 @@
+"""The first planner: each job alone on the cheapest offer that meets its deadline and budget."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from broker.domain.errors import InfeasibleError
+from broker.domain.model import JobSpec, Offer, Option, Plan, Quote, Tier
+from broker.planning import register
+from broker.planning.options import PlanItem
+from broker.models.risk import evaluate, fits
+
+ALTERNATIVES = 4
+
+
+def cost_order(option: Option) -> tuple:
+    return (option.expected_cost_usd, option.expected_finish, option.offer.id)
+
+
+def _shape(option: Option) -> tuple:
+    return (option.offer.cloud, option.offer.instance_type, option.offer.tier)
+
+
+def _where(option: Option) -> str:
+    o = option.offer
+    return f"{o.cloud} {o.instance_type} {o.tier.value} in {o.zone or o.region}"
+
+
+@register("cheapest")
+class CheapestFeasible:
+    """Minimum expected cost subject to P(meet deadline) >= target and expected cost <= budget."""
+
+    name = "cheapest"
+
+    def options(self, spec: JobSpec, offers: list[Offer], now: datetime) -> list[Option]:
+        """Every offer the job fits, priced, cheapest first."""
+        return sorted((evaluate(spec, o, now) for o in offers if fits(spec, o)), key=cost_order)
+
+    def plan(self, items: list[PlanItem], offers: list[Offer], capacity: dict[str, int], now: datetime) -> Plan:
+        """Greedy: each job in the given order (most urgent first) on its cheapest feasible offer with room left."""
+        left = {o.id: capacity.get(o.id, math.inf) for o in offers}
+        plan = Plan(policy=self.name)
+        for item in items:
+            options = self.options(item.spec, [o for o in offers if left[o.id] >= 1], now)
+            feasible = [o for o in options if o.feasible]
+            if not feasible:
+                on_time = any(o.meets_deadline for o in options)
+                plan.unplaced[item.id] = ("budget" if on_time else "deadline") if options else "capacity"
+                continue
+            chosen = feasible[0]
+            plan.assignments[item.id] = chosen.offer.id
+            if chosen.fallback is not None:
+                plan.fallbacks[item.id] = chosen.fallback.id
+            plan.expected_cost_usd += chosen.expected_cost_usd
+            left[chosen.offer.id] -= 1
+        return plan
+
+    def quote(self, spec: JobSpec, offers: list[Offer], now: datetime) -> Quote:
+        """The cheapest feasible option, the next distinct alternatives, and the on-demand baseline."""
+        options = self.options(spec, offers, now)
+        if not options:
+            wanted = ", ".join(str(a) for a in spec.resources.accelerators)
+            raise InfeasibleError(
+                f"resources: no offer in tiers {', '.join(t.value for t in spec.tiers)} has {wanted}"
+                " with the requested memory and CPUs; allow more accelerators or tiers"
+            )
+        feasible = [o for o in options if o.feasible]
+        if not feasible:
+            raise InfeasibleError(self._why_infeasible(spec, options))
+        chosen = feasible[0]
+        alternatives, seen = [], {_shape(chosen)}
+        for option in feasible[1:]:
+            if _shape(option) not in seen:
+                seen.add(_shape(option))
+                alternatives.append(option)
+            if len(alternatives) == ALTERNATIVES:
+                break
+        on_demand = [o for o in options if o.offer.tier == Tier.on_demand]
+        baseline = next((o for o in on_demand if o.meets_deadline), on_demand[0] if on_demand else None)
+        return Quote(policy=self.name, created_at=now, chosen=chosen, alternatives=alternatives, on_demand_baseline=baseline)
+
+    @staticmethod
+    def _why_infeasible(spec: JobSpec, options: list[Option]) -> str:
+        on_time = [o for o in options if o.meets_deadline]
+        affordable = sorted((o for o in options if o.within_budget), key=lambda o: o.expected_finish)
+        parts = []
+        if on_time:
+            best = on_time[0]
+            parts.append(f"cheapest option meeting the deadline is {_where(best)} at ${best.expected_cost_usd:,.2f}")
+        else:
+            fastest = min(options, key=lambda o: o.expected_finish)
+            parts.append(
+                f"no offer meets the deadline; the earliest finish is {fastest.expected_finish:%Y-%m-%d %H:%M} UTC"
+                f" on {_where(fastest)}"
+            )
+        if affordable:
+            best = affordable[0]
+            parts.append(
+                f"earliest finish within the budget is {best.expected_finish:%Y-%m-%d %H:%M} UTC on {_where(best)}"
+                f" at ${best.expected_cost_usd:,.2f}"
+            )
+        elif spec.budget_usd is not None:
+            parts.append(f"nothing fits the budget of ${spec.budget_usd:,.2f}")
+        return "deadline/budget: no offer meets both; " + "; ".join(parts) + "; raise --budget or move --deadline"

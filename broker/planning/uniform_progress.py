@@ -1,0 +1,110 @@
+"""Uniform Progress, the deadline guard of "Can't Be Late" (NSDI'24), and the policy built on it.
+
+C(t) is the work left (hours on on-demand), R(t) the time left, d the changeover delay.
+- Safety net: when R(t) < C(t) + 2d, go on-demand and stay.
+- Expected progress ep(t) = t C(0) / R(0); done cp(t) = C(0) - C(t).
+- Idle and behind (cp < ep): on-demand. Idle and ahead: wait for spot.
+- Spot available: take it, even when behind, and stay until preempted.
+- On on-demand: stay until cp(t) >= ep(t + 2d) (hysteresis), then back to spot when there is some.
+Bubbles count as spot here: cheap capacity that can vanish. Pure: state and time are passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+
+from broker.domain.model import Offer, Plan, Tier
+from broker.planning import register
+from broker.planning.cheapest import CheapestFeasible
+from broker.planning.options import PlanItem
+from broker.models.risk import STARTUP_H, evaluate, fits, restart_hours, window_hours
+
+
+class Move(str, Enum):
+    spot = "spot"
+    on_demand = "on_demand"
+    wait = "wait"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a job stands against its deadline, in hours (Can't Be Late's C(0), cp(t), t, R(0), d)."""
+
+    total_h: float
+    done_h: float
+    elapsed_h: float
+    window_h: float
+    changeover_h: float
+
+    def expected_done_h(self, at_h: float) -> float:
+        """ep(t): the work a job progressing uniformly to its deadline has done at time t."""
+        return min(self.total_h, at_h * self.total_h / self.window_h) if self.window_h > 0 else self.total_h
+
+
+def decide(p: Progress, on: Tier | None, spot_available: bool, uniform: bool = True) -> Move:
+    """The guard's rule for a job now on `on` (None: idle, e.g. just preempted). With uniform=False it is
+    Can't Be Late's Greedy: an idle job waits for spot however far behind, until the safety net."""
+    left_h, time_left_h = p.total_h - p.done_h, p.window_h - p.elapsed_h
+    if time_left_h < left_h + 2 * p.changeover_h:
+        return Move.on_demand  # safety net
+    if on == Tier.on_demand:
+        if p.done_h < p.expected_done_h(p.elapsed_h + 2 * p.changeover_h):
+            return Move.on_demand  # hysteresis: not far enough ahead to give it up yet
+        return Move.spot if spot_available else Move.wait
+    if on in (Tier.spot, Tier.bubble) or spot_available:
+        return Move.spot
+    return Move.on_demand if uniform and p.done_h < p.expected_done_h(p.elapsed_h) else Move.wait
+
+
+def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now: datetime) -> Progress:
+    """A job's Progress, with its work measured on the on-demand offer it would fall back to."""
+    window = window_hours(item.spec, submitted_at)
+    return Progress(
+        total_h=on_demand_h,
+        done_h=on_demand_h * (1 - item.remaining),
+        elapsed_h=(now - submitted_at).total_seconds() / 3600,
+        window_h=window,
+        changeover_h=restart_hours(item.spec) + STARTUP_H,
+    )
+
+
+@register("uniform-progress")
+class UniformProgress(CheapestFeasible):
+    """Can't Be Late's Uniform Progress as a placement policy: spot when there is some, on-demand when behind."""
+
+    name = "uniform-progress"
+    uniform = True
+
+    def plan(self, items: list[PlanItem], offers: list[Offer], capacity: dict[str, int], now: datetime) -> Plan:
+        """Place each job (in the given order) on the cheapest fitting spot offer, or on-demand when behind."""
+        left = {o.id: capacity.get(o.id, 10**9) for o in offers}
+        plan = Plan(policy=self.name)
+        for item in items:
+            fitting = [o for o in offers if fits(item.spec, o) and left[o.id] > 0]
+            spot = sorted((o for o in fitting if o.tier != Tier.on_demand), key=lambda o: o.price_usd_per_h)
+            od = [evaluate(item.spec, o, now) for o in fitting if o.tier == Tier.on_demand]
+            if item.spec.deadline is None:
+                move = Move.spot if spot else Move.on_demand
+            else:
+                od_h = min((o.exclusive_h for o in od), default=float("inf"))
+                move = decide(progress_of(item, od_h, item.submitted_at or now, now), None, bool(spot), self.uniform)
+            if move == Move.spot and spot:
+                chosen = spot[0]
+            elif move == Move.on_demand and od:
+                chosen = min(od, key=lambda o: o.expected_cost_usd).offer
+            else:
+                plan.unplaced[item.id] = "capacity" if move != Move.wait else "waiting for spot"
+                continue
+            plan.assignments[item.id] = chosen.id
+            left[chosen.id] -= 1
+        return plan
+
+
+@register("cbl-greedy")
+class GreedySafetyNet(UniformProgress):
+    """Can't Be Late's Greedy: spot whenever there is some, else wait; on-demand only at the safety net."""
+
+    name = "cbl-greedy"
+    uniform = False

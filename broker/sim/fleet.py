@@ -1,0 +1,168 @@
+"""The simulated fleet of a backtest: agents that keep the live contract with the real store.
+
+Each agent stands for one instance of a market offer. It registers in the store, takes its
+assignments from its own stream (acked after the start), resumes from the checkpoint the server
+chose, runs the job at the speed the money model gives for that offer, writes real checkpoints
+(to an in-memory fsspec store, verified by the server) at Young's interval, and reports started,
+progress, checkpoint and exited with the simulated time of each. A run pays the restart time
+(a new instance and the restore) before it progresses and the checkpoint write time each time it
+saves; a preempted run loses the work since its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from broker.agents.checkpoints import CheckpointStore
+from broker.domain.model import AgentInfo, JobSpec, Offer
+from broker.models.risk import checkpoint_hours, exclusive_hours, restart_hours, young_interval_h
+from broker.sim.market import Market
+from broker.store.jobs import Store
+
+PROGRESS_UNITS = 1_000_000  # a job's work in progress units (checkpoint steps)
+LEASE_MS = 10**10  # simulated agents end their runs themselves; a lease never lapses in a backtest
+EPS = 1e-9
+
+
+@dataclass
+class SimRun:
+    """A job running on a simulated agent."""
+
+    job: str
+    fence: int
+    offer: Offer
+    spec: JobSpec
+    rate: float  # progress units per productive hour
+    done: float
+    dead_h: float  # hours still to spend before progress resumes (restart, checkpoint writes)
+    since_checkpoint_h: float
+    interval_h: float | None
+
+
+class SimFleet:
+    """The agents of every offer in the market, provisioned to its capacity at each tick."""
+
+    def __init__(self, store: Store, checkpoints: CheckpointStore, market: Market, bubbles: bool):
+        self.store, self.checkpoints, self.market = store, checkpoints, market
+        self.bubble_offers = market.bubbles if bubbles else []
+        self.on_offer: dict[str, list[str]] = {}  # offer id -> its agents, oldest first
+        self.offer_of: dict[str, Offer] = {}  # agent id -> offer
+        self.runs: dict[str, SimRun] = {}  # agent id -> the run it holds
+        self._scratch = Path(tempfile.mkdtemp(prefix="broker-backtest-"))
+        self._count = 0
+
+    # -- capacity -------------------------------------------------------------------------
+
+    def provision(self, tick: int, now: datetime, pending: int) -> None:
+        """Spot agents to the traces' capacity (preempting runs where it shrank), on-demand agents for every
+        pending job, one agent per bubble executor."""
+        for series in self.market.spot:
+            self._resize(series.offer, series.at(tick), now)
+        for offer in self.market.on_demand:
+            busy = sum(1 for a in self.on_offer.get(offer.id, []) if a in self.runs)
+            self._resize(offer, max(len(self.on_offer.get(offer.id, [])), busy + pending), now)
+        for offer in self.bubble_offers:
+            self._resize(offer, 1, now)
+
+    def _resize(self, offer: Offer, target: int, now: datetime) -> None:
+        agents = self.on_offer.setdefault(offer.id, [])
+        while len(agents) > target:
+            idle = [a for a in agents if a not in self.runs]
+            agent = idle[-1] if idle else agents[-1]
+            if agent in self.runs:
+                self._end(agent, now, "preempted")
+            agents.remove(agent)
+            self.store.remove_agent(agent)
+        while len(agents) < target:
+            self._count += 1
+            agent = f"sim-{self._count:06d}"
+            self.store.register_agent(AgentInfo(id=agent, offer=offer, host="backtest", pid=0, registered_at=now), LEASE_MS)
+            agents.append(agent)
+            self.offer_of[agent] = offer
+
+    # -- the contract ---------------------------------------------------------------------
+
+    def take(self, dispatched: list[tuple[str, str]], now: datetime) -> None:
+        """Start the assignments the server just sent: read, resume from the checkpoint, report, ack."""
+        for job_id, agent in dispatched:
+            entry = self.store.read_assignment(agent, block_ms=None)
+            if entry is None:
+                continue
+            entry_id, fields = entry
+            job = self.store.get_job(fields["job"])
+            run = job.current_run
+            if run is None or run.agent != agent or job.fence != int(fields["fence"]):
+                self.store.ack_assignment(agent, entry_id)
+                continue
+            offer = self.offer_of[agent]
+            exclusive_h = exclusive_hours(job.spec, offer)
+            self.runs[agent] = SimRun(
+                job.id, job.fence, offer, job.spec, PROGRESS_UNITS / exclusive_h, self._resume(job.id, run.resume_from),
+                restart_hours(job.spec), 0.0, young_interval_h(checkpoint_hours(job.spec), offer.hazard_per_h, exclusive_h),
+            )  # fmt: skip
+            self.store.report(agent, job.id, job.fence, "started", at=now.timestamp(), resume_from=run.resume_from)
+            self.store.ack_assignment(agent, entry_id)
+
+    def _resume(self, job_id: str, url: str | None) -> float:
+        """Progress saved in the checkpoint at `url` (0 without one), read from the store after verifying it."""
+        if url is None:
+            return 0.0
+        manifest, _ = self.checkpoints.verified_at(job_id, url)
+        if manifest is None:
+            return 0.0
+        with self.checkpoints.open_file(manifest, "state.json") as f:
+            return float(json.load(f)["done"])
+
+    def hand_back(self, job_ids: list[str], now: datetime) -> None:
+        """The deadline guard asked for these jobs: checkpoint and give them back (end reason `moved`)."""
+        wanted = set(job_ids)
+        for agent, run in list(self.runs.items()):
+            if run.job in wanted:
+                self._checkpoint(agent, run, now)
+                self._end(agent, now, "moved")
+
+    def advance(self, start: datetime, hours: float) -> None:
+        """Run every job for `hours` from `start`: restart and checkpoint time first, then progress;
+        a checkpoint each interval; report progress at the end, or the finish when it comes."""
+        for agent, run in list(self.runs.items()):
+            t = 0.0
+            while t < hours - EPS:
+                if run.dead_h > EPS:
+                    used = min(run.dead_h, hours - t)
+                    run.dead_h, t = run.dead_h - used, t + used
+                    continue
+                to_finish = (PROGRESS_UNITS - run.done) / run.rate
+                to_checkpoint = run.interval_h - run.since_checkpoint_h if run.interval_h else float("inf")
+                step = max(0.0, min(hours - t, to_finish, to_checkpoint))
+                run.done, run.since_checkpoint_h, t = run.done + run.rate * step, run.since_checkpoint_h + step, t + step
+                at = start + timedelta(hours=t)
+                if run.done >= PROGRESS_UNITS - 1e-6:
+                    self._progress(agent, run, at)
+                    self._end(agent, at, "finished")
+                    break
+                if run.interval_h and run.since_checkpoint_h >= run.interval_h - EPS:
+                    self._checkpoint(agent, run, at)
+                    run.since_checkpoint_h, run.dead_h = 0.0, checkpoint_hours(run.spec)
+            else:
+                self._progress(agent, run, start + timedelta(hours=hours))
+
+    def _progress(self, agent: str, run: SimRun, at: datetime) -> None:
+        self.store.report(agent, run.job, run.fence, "progress", at=at.timestamp(), done=min(run.done, PROGRESS_UNITS), total=PROGRESS_UNITS)
+
+    def _checkpoint(self, agent: str, run: SimRun, at: datetime) -> None:
+        (self._scratch / "state.json").write_text(json.dumps({"done": run.done}))
+        manifest = self.checkpoints.publish(run.job, int(run.done), self._scratch)
+        self.store.report(agent, run.job, run.fence, "checkpoint", at=at.timestamp(), url=manifest.url, step=int(run.done))
+
+    def _end(self, agent: str, at: datetime, reason: str) -> None:
+        run = self.runs.pop(agent)
+        self.store.report(agent, run.job, run.fence, "exited", at=at.timestamp(), reason=reason, code=0 if reason == "finished" else None, log_tail=[])
+
+    def close(self) -> None:
+        for path in self._scratch.iterdir():
+            path.unlink()
+        self._scratch.rmdir()

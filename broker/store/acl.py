@@ -1,0 +1,61 @@
+"""Redis ACL users for a shared Redis: one for the broker, one per agent, each allowed what its process does.
+
+An agent's user reaches its own assignment stream, lease and registration record, reads its own views of
+the jobs it was given ({p}own:{agent}:*), adds itself to the agent set and appends to the agent-events
+stream; it cannot read the event stream, any job, or another agent's keys. The last two rights are Redis
+7 selectors, so `SADD` and `XADD` work on those keys and nothing else does (no SET over the stream).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+import redis
+
+from broker.store.connection import with_credentials
+from broker.domain.errors import BrokerError
+
+NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # no glob or ':' characters: they would widen the key patterns
+CONNECT = ["+ping", "+hello", "+auth", "+select", "+client|setname", "+multi", "+exec", "+discard"]
+AGENT_COMMANDS = ["+get", "+set", "+xreadgroup", "+xack", "+xgroup|create"]
+
+
+def agent_rules(prefix: str, agent_id: str) -> list[str]:
+    """ACL SETUSER rules (after the password) for one agent."""
+    keys = [f"~{prefix}assign:{agent_id}", f"~{prefix}lease:{agent_id}", f"~{prefix}agent:{agent_id}", f"%R~{prefix}own:{agent_id}:*"]
+    selectors = [f"(+xadd %W~{prefix}agent-events)", f"(+sadd %W~{prefix}agents)"]
+    return ["resetkeys", "resetchannels", "-@all", *CONNECT, *AGENT_COMMANDS, *keys, *selectors]
+
+
+def broker_rules(prefix: str) -> list[str]:
+    """The broker's user: every data command on its own keys; no ACL, no flush, no shutdown."""
+    return ["resetkeys", "resetchannels", "&*", "+@all", "-@dangerous", "+config|get", "+config|set", "+info", f"~{prefix}*"]
+
+
+def _plain(name: str, field: str) -> str:
+    if not NAME.match(name):
+        raise BrokerError(f"{field}: {name!r} is not a plain name; use letters, digits, '.', '_' or '-' (at most 64)")
+    return name
+
+
+def create_user(admin_url: str, user: str, rules: list[str], password: str | None = None) -> str:
+    """Create or replace the ACL user; returns the Redis URL it connects with (the admin URL's host, db, TLS)."""
+    password = password or secrets.token_urlsafe(24)
+    client = redis.Redis.from_url(admin_url, socket_connect_timeout=3)
+    try:
+        client.execute_command("ACL", "SETUSER", user, "reset", "on", f">{password}", *rules)
+    except redis.exceptions.NoPermissionError:
+        raise BrokerError("BROKER_REDIS_URL: its user may not run ACL SETUSER; use an admin user's URL for this command") from None
+    except redis.ResponseError as err:
+        raise BrokerError(f"redis: ACL SETUSER refused ({err}); Redis 7 or newer is needed for agent users") from None
+    return with_credentials(admin_url, user, password)
+
+
+def agent_user(admin_url: str, prefix: str, agent_id: str, password: str | None = None) -> str:
+    _plain(agent_id, "--id")
+    return create_user(admin_url, f"agent-{agent_id}", agent_rules(prefix, agent_id), password)
+
+
+def broker_user(admin_url: str, prefix: str, name: str = "broker", password: str | None = None) -> str:
+    return create_user(admin_url, _plain(name, "--name"), broker_rules(prefix), password)

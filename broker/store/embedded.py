@@ -1,0 +1,162 @@
+"""The embedded default: a private redis-server on loopback, started by broker when no URL is set.
+
+It keeps its data (AOF, fsync on every write) under `$BROKER_HOME/redis`, is reused by
+every later broker command while it runs, and is stopped by `broker stop`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from broker.domain.errors import StoreUnavailableError
+
+START_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class EmbeddedRedis:
+    url: str
+    port: int
+    pid: int
+    data_dir: Path
+    started: bool  # True when this call started it, False when it was already running
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _client(port: int) -> redis.Redis:
+    """A client for probing and stopping: no retries, so a dead server answers at once."""
+    return redis.Redis(port=port, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+
+
+def _alive(port: int) -> bool:
+    try:
+        return bool(_client(port).ping())
+    except redis.RedisError:
+        return False
+
+
+@contextmanager
+def _locked(data_dir: Path):
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two commands starting at once start one server
+        yield
+
+
+def _state_file(home: Path) -> Path:
+    return home / "redis" / "state.json"
+
+
+def _running(home: Path) -> dict | None:
+    try:
+        state = json.loads(_state_file(home).read_text())
+    except (OSError, ValueError):
+        return None
+    return state if _alive(state["port"]) else None
+
+
+def _previous_port(home: Path) -> int | None:
+    """The port the stopped server had, if it is free now."""
+    try:
+        port = int(json.loads(_state_file(home).read_text())["port"])
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as redis-server binds: closed connections
+            s.bind(("127.0.0.1", port))  # in TIME_WAIT do not hold the port
+        return port
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _binary() -> str:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise StoreUnavailableError(
+            "redis-server: not installed; run `apt-get install redis-server` (make setup does) or set BROKER_REDIS_URL"
+        )
+    return binary
+
+
+@contextmanager
+def scratch():
+    """A throwaway redis-server for work that is recomputed rather than kept (the backtest): a temporary
+    directory, no snapshots; stopped and removed on exit. Yields its URL."""
+    with tempfile.TemporaryDirectory(prefix="broker-redis-") as data_dir:
+        port = _free_port()
+        process = subprocess.Popen(
+            [_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", data_dir, "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not _alive(port):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise StoreUnavailableError(f"redis-server: a scratch server did not start on port {port}")
+                time.sleep(0.05)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            process.terminate()
+            process.wait(timeout=START_TIMEOUT_S)
+
+
+def ensure(home: Path) -> EmbeddedRedis:
+    """The private redis-server for `home`: the running one, or a new one."""
+    data_dir = home / "redis"
+    with _locked(data_dir):
+        state = _running(home)
+        if state:
+            return EmbeddedRedis(f"redis://127.0.0.1:{state['port']}/0", state["port"], state["pid"], data_dir, False)
+        binary = _binary()
+        port = _previous_port(home) or _free_port()  # the same port again: agents and servers reconnect to it
+        pidfile = data_dir / "redis.pid"
+        pidfile.unlink(missing_ok=True)
+        subprocess.run(
+            [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data_dir),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+             "--daemonize", "yes", "--pidfile", str(pidfile), "--logfile", str(data_dir / "redis.log")],
+            check=True, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (_alive(port) and pidfile.exists()):
+            if time.monotonic() > deadline:
+                raise StoreUnavailableError(f"redis-server: did not start on port {port}; see {data_dir / 'redis.log'}")
+            time.sleep(0.05)
+        pid = int(pidfile.read_text().strip())
+        _state_file(home).write_text(json.dumps({"port": port, "pid": pid}))
+        return EmbeddedRedis(f"redis://127.0.0.1:{port}/0", port, pid, data_dir, True)
+
+
+def stop(home: Path) -> bool:
+    """Stop the private redis-server (its AOF stays on disk); False if none was running."""
+    data_dir = home / "redis"
+    with _locked(data_dir):
+        state = _running(home)
+        if state is None:
+            return False
+        try:
+            _client(state["port"]).shutdown()
+        except redis.ConnectionError:
+            pass  # the server closes the connection as it exits
+        deadline = time.monotonic() + START_TIMEOUT_S
+        # redis removes its pid file after the final AOF fsync, just before it exits
+        while ((data_dir / "redis.pid").exists() or _alive(state["port"])) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return True  # the state file stays: the next start takes the same port
+

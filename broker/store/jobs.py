@@ -1,0 +1,399 @@
+"""Redis persistence for jobs and their state changes: one class, durable before acknowledged.
+
+Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis):
+
+    {p}job:{id}          STRING  the Job as JSON: spec, quote, state, runs (the source of truth for one job)
+    {p}jobs              ZSET    job id -> submitted_at (epoch seconds), for listing in order
+    {p}events            STREAM  one entry per job state change: job, state, at (ISO), reason
+    {p}pending           ZSET    jobs waiting for capacity -> urgency (priority, then deadline)
+    {p}active            SET     jobs with a run under way
+    {p}agent:{id}        STRING  the AgentInfo as JSON: the offer it stands for, its current job, its report key
+    {p}agents            SET     registered agent ids
+    {p}lease:{id}        STRING  present while the agent's heartbeat lease is alive (PX expiry);
+                                 "leaving" once its instance is going away (no new work)
+    {p}assign:{id}       STREAM  assignments to one agent: job, fence, run, resume_from, spec (JSON); group "agent"
+    {p}own:{agent}:{job} STRING  what an agent may know of a job it was given (JSON: fence, mine, started,
+                                 move, terminal), rewritten with every change of the job; agents read nothing
+                                 else of jobs, so their ACL users need no access to job keys (broker/acl.py)
+    {p}leader            STRING  the broker replica that plans now (PX expiry: the planning lease)
+    {p}leader-token      STRING  fencing token, incremented each time the lease changes hands
+    {p}agent-events      STREAM  what agents report: agent, job, fence, type, data (JSON), key (the agent's);
+                                 consumer group "broker", stale pending entries reclaimed
+    price:{offer}, priced, refreshed, evictions   price history: see broker/pricing/history.py
+    bubbles:{main job}:{stage}         bubble profiles: see broker/bubbles/profiler.py
+    (both event streams are capped at about STREAM_MAXLEN entries; agents send progress at most once a second)
+
+A change to a job writes the job, its event and whatever must go with it (an assignment,
+the agent's record) in one MULTI/EXEC transaction under WATCH, so two writers cannot both
+move a job and a dispatch is never half done. The server runs with AOF on (appendfsync
+always for the embedded server), so a change is on disk before the call returns.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+import redis
+
+from broker.store.connection import patient_retry, redact_url
+from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableError
+from broker.domain.model import AgentInfo, Job, JobState
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "broker:"
+AGENT_GROUP = "agent"
+STREAM_MAXLEN = 1_000_000  # the event streams are capped (approximately) so Redis memory stays bounded
+BROKER_GROUP = "broker"
+OWN_TTL_S = 7 * 24 * 3600  # an agent's view of a job outlives any run of it
+
+
+# Keep the planning lease if we hold it, take it if nobody does; the fencing token, or nil for a standby.
+LEAD = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return tonumber(redis.call('GET', KEYS[2]))
+end
+if holder then
+  return nil
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return redis.call('INCR', KEYS[2])
+"""
+
+
+class Store:
+    """Jobs and their event log in Redis."""
+
+    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, outage_s: float = 0.0):
+        """`outage_s` > 0 (the server and agents): every command rides out a Redis restart or fail-over of
+        about that long, reconnecting with backoff, instead of failing at once (what a CLI command wants)."""
+        self.url = redact_url(url)  # for messages and logs; the client keeps the real one
+        self.prefix = prefix
+        patience = {"retry": patient_retry(outage_s), "socket_keepalive": True} if outage_s > 0 else {}
+        self.redis = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=3, **patience)
+        self._report_keys: dict[str, str] = {}  # agent id -> the key its reports carry (agents registered here)
+        self._ensure_durable()
+
+    def _key(self, *parts: str) -> str:
+        return self.prefix + ":".join(parts)
+
+    key = _key  # for the modules that keep their own keys beside the store's (pricing/history.py)
+
+    def _ensure_durable(self) -> None:
+        try:
+            if self.redis.config_get("appendonly").get("appendonly") != "yes":
+                self.redis.config_set("appendonly", "yes")
+                log.info("store=%s appendonly=enabled", self.url)
+        except redis.ResponseError:  # managed Redis often forbids CONFIG; its durability is its own
+            log.warning("store=%s appendonly=unknown (CONFIG not allowed)", self.url)
+        except redis.ConnectionError as err:
+            raise StoreUnavailableError(f"redis: cannot reach {self.url} ({err}); check BROKER_REDIS_URL") from None
+
+    def add_job(self, job: Job) -> bool:
+        """Store a new job with its `submitted` event atomically; False if the id already exists."""
+        key = self._key("job", job.id)
+        with self.redis.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(key)
+                if pipe.exists(key):
+                    return False
+                pipe.multi()
+                pipe.set(key, job.model_dump_json())
+                pipe.zadd(self._key("jobs"), {job.id: job.submitted_at.timestamp()})
+                self._index(pipe, job)
+                self._event(pipe, job, "submitted")
+                pipe.execute()
+                return True
+            except redis.WatchError:  # another writer created it between WATCH and EXEC
+                return False
+
+    def _index(self, pipe, job: Job) -> None:
+        """Keep the pending and active indexes in step with the job, in the same transaction."""
+        if job.pending:
+            pipe.zadd(self._key("pending"), {job.id: job.urgency})
+        else:
+            pipe.zrem(self._key("pending"), job.id)
+        if job.current_run is not None:
+            pipe.sadd(self._key("active"), job.id)
+        else:
+            pipe.srem(self._key("active"), job.id)
+
+    def _jobs(self, ids: list[str]) -> list[Job]:
+        raws = self.redis.mget([self._key("job", i) for i in ids]) if ids else []
+        return [Job.model_validate_json(r) for r in raws if r is not None]
+
+    def pending_jobs(self, start: int = 0, count: int = 200) -> list[Job]:
+        """Jobs waiting for capacity, most urgent first (a page of them)."""
+        return self._jobs(self.redis.zrange(self._key("pending"), start, start + count - 1))
+
+    def lead(self, holder: str, lease_ms: int) -> int | None:
+        """Take or keep the planning lease: its fencing token while `holder` has it, None while another does."""
+        token = self.redis.eval(LEAD, 2, self._key("leader"), self._key("leader-token"), holder, lease_ms)
+        return None if token is None else int(token)
+
+    def pending_count(self) -> int:
+        return self.redis.zcard(self._key("pending"))
+
+    def active_jobs(self) -> list[Job]:
+        """Jobs with a run under way."""
+        return self._jobs(sorted(self.redis.smembers(self._key("active"))))
+
+    def _event(self, pipe, job: Job, reason: str | None) -> None:
+        self.event(pipe, job.id, job.state, job.updated_at, reason)
+
+    def event(self, pipe, job_id: str, state: JobState, at: datetime, reason: str | None) -> None:
+        """Queue a job state-change event on a transaction pipeline."""
+        fields = {"job": job_id, "state": state.value, "at": at.isoformat(), "reason": reason or ""}
+        pipe.xadd(self._key("events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
+
+    def get_job(self, job_id: str) -> Job:
+        """The job with this id, or NotFoundError."""
+        raw = self.redis.get(self._key("job", job_id))
+        if raw is None:
+            raise NotFoundError(f"job: no job {job_id!r}; `broker list` shows the ids")
+        return Job.model_validate_json(raw)
+
+    def list_jobs(self, states: set[JobState] | None = None, limit: int | None = None) -> list[Job]:
+        """Jobs in submission order (newest last), optionally only those in `states`."""
+        jobs = self._jobs(self.redis.zrange(self._key("jobs"), 0, -1))
+        if states:
+            jobs = [j for j in jobs if j.state in states]
+        return jobs[-limit:] if limit else jobs
+
+    def update_job(
+        self,
+        job_id: str,
+        change: Callable[[Job], Job | None],
+        also: Callable[[redis.client.Pipeline, Job], None] | None = None,
+        reason: str | None = None,
+        emit: bool = True,
+        leader: str | None = None,
+    ) -> Job | None:
+        """Apply `change` to the job atomically (None means no change); `also` adds commands to the same transaction.
+
+        With `emit`, a change of state writes its event; callers that fold several changes write their own.
+        With `leader`, the change applies only while that replica holds the planning lease (the lease key is
+        watched too: a replica that lost it mid-change writes nothing).
+        """
+        key = self._key("job", job_id)
+        with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key, *([self._key("leader")] if leader else []))
+                    if leader is not None and pipe.get(self._key("leader")) != leader:
+                        pipe.unwatch()
+                        return None
+                    raw = pipe.get(key)
+                    if raw is None:
+                        raise NotFoundError(f"job: no job {job_id!r}; `broker list` shows the ids")
+                    before = Job.model_validate_json(raw)
+                    job = change(before)
+                    if job is None:
+                        pipe.unwatch()
+                        return None
+                    pipe.multi()
+                    pipe.set(key, job.model_dump_json())
+                    self._index(pipe, job)
+                    self._tell_agents(pipe, before, job)
+                    if emit and job.state != before.state:
+                        self._event(pipe, job, reason or job.reason)
+                    if also:
+                        also(pipe, job)
+                    pipe.execute()
+                    return job
+                except redis.WatchError:
+                    continue
+
+    def _tell_agents(self, pipe, before: Job, job: Job) -> None:
+        """Rewrite the view of the job held by each agent it runs or ran on (in the job's transaction)."""
+        run = job.current_run
+        for agent in {r.agent for r in (before.current_run, run) if r is not None}:
+            mine = run is not None and run.agent == agent
+            view = {"fence": job.fence, "mine": mine, "started": mine and run.started_at is not None,
+                    "move": job.move_requested, "terminal": job.state.terminal}  # fmt: skip
+            pipe.set(self._key("own", agent, job.id), json.dumps(view), ex=OWN_TTL_S)
+
+    def ownership(self, agent_id: str, job_id: str) -> dict | None:
+        """The agent's view of a job (see _tell_agents), or None when it was never given the job."""
+        raw = self.redis.get(self._key("own", agent_id, job_id))
+        try:
+            view = json.loads(raw) if raw else None
+            return view if isinstance(view, dict) and isinstance(view.get("fence"), int) else None
+        except ValueError:
+            return None
+
+    def set_state(self, job_id: str, state: JobState, now: datetime, reason: str | None = None) -> Job:
+        """Move a job to `state` with its event, atomically; a terminal job cannot move."""
+
+        def move(job: Job) -> Job:
+            if job.state.terminal:
+                raise BrokerError(f"job: {job_id} is already {job.state.value}; nothing to change")
+            return job.model_copy(update={"state": state, "updated_at": now, "reason": reason})
+
+        return self.update_job(job_id, move, reason=reason)
+
+    # -- agents -------------------------------------------------------------------------
+
+    def register_agent(self, agent: AgentInfo, lease_ms: int) -> None:
+        """Record the agent, its lease and its assignment stream's consumer group. The record gets the key
+        this process's reports will carry: agent-events names no writer, so the broker checks the key."""
+        key = self._report_keys.setdefault(agent.id, secrets.token_hex(16))
+        agent = agent.model_copy(update={"report_key": key})
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._key("agent", agent.id), agent.model_dump_json())
+            pipe.sadd(self._key("agents"), agent.id)
+            pipe.set(self._key("lease", agent.id), agent.pid, px=lease_ms)
+            pipe.execute()
+        try:
+            self.redis.xgroup_create(self._key("assign", agent.id), AGENT_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as err:  # BUSYGROUP: it exists (a restarted agent)
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    def renew_lease(self, agent_id: str, lease_ms: int) -> bool:
+        """Extend the agent's lease; False if it had already expired (the broker may have moved its job)."""
+        return bool(self.redis.set(self._key("lease", agent_id), 1, px=lease_ms, xx=True))
+
+    def lease_alive(self, agent_id: str) -> bool:
+        return bool(self.redis.exists(self._key("lease", agent_id)))
+
+    def leases(self, agent_ids: list[str]) -> dict[str, str | None]:
+        """Each agent's lease value in one round trip: None when lapsed, "leaving" when going away."""
+        values = self.redis.mget([self._key("lease", i) for i in agent_ids]) if agent_ids else []
+        return dict(zip(agent_ids, values))
+
+    def mark_leaving(self, agent_id: str) -> None:
+        """The agent's instance is going away: keep its lease (its reports still count) but give it no work."""
+        self.redis.set(self._key("lease", agent_id), "leaving", xx=True, keepttl=True)
+
+    def agents(self) -> list[AgentInfo]:
+        """Every registered agent (alive or not: check lease_alive)."""
+        ids = sorted(self.redis.smembers(self._key("agents")))
+        raws = self.redis.mget([self._key("agent", i) for i in ids]) if ids else []
+        return [agent for agent in map(_agent_info, raws) if agent is not None]
+
+    def get_agent(self, agent_id: str) -> AgentInfo | None:
+        """The agent's record; None when there is none or it does not parse (an agent writes its own)."""
+        return _agent_info(self.redis.get(self._key("agent", agent_id)))
+
+    def put_agent(self, pipe, agent: AgentInfo) -> None:
+        """Queue an agent record update on a transaction pipeline (with its job's change)."""
+        pipe.set(self._key("agent", agent.id), agent.model_dump_json())
+
+    def remove_agent(self, agent_id: str) -> None:
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self._key("agent", agent_id), self._key("lease", agent_id), self._key("assign", agent_id))
+            pipe.srem(self._key("agents"), agent_id)
+            pipe.execute()
+
+    # -- streams ------------------------------------------------------------------------
+
+    def assign(self, pipe, agent_id: str, job: Job) -> None:
+        """Queue an assignment on a transaction pipeline (with the job's new run): all the agent needs to run it."""
+        run = job.current_run
+        fields = {"job": job.id, "fence": job.fence, "run": run.id, "resume_from": run.resume_from or "", "spec": job.spec.model_dump_json()}
+        pipe.xadd(self._key("assign", agent_id), fields)
+
+    def read_assignment(self, agent_id: str, block_ms: int) -> tuple[str, dict] | None:
+        """The next assignment for the agent: redelivered pending ones first, then new ones."""
+        stream = self._key("assign", agent_id)
+        for start in ("0", ">"):
+            reply = self.redis.xreadgroup(AGENT_GROUP, agent_id, {stream: start}, count=1, block=None if start == "0" else block_ms)
+            entries = reply[0][1] if reply else []
+            if entries and entries[0][1]:
+                return entries[0]
+        return None
+
+    def ack_assignment(self, agent_id: str, entry_id: str) -> None:
+        self.redis.xack(self._key("assign", agent_id), AGENT_GROUP, entry_id)
+
+    def report(self, agent_id: str, job_id: str, fence: int, kind: str, **data) -> str:
+        """An agent's event for the broker (started, progress, checkpoint, notice, exited); `at` is when it happened."""
+        data.setdefault("at", time.time())
+        fields = {"agent": agent_id, "job": job_id, "fence": fence, "type": kind, "data": json.dumps(data, default=str)}
+        if agent_id in self._report_keys:
+            fields["key"] = self._report_keys[agent_id]
+        return self.redis.xadd(self._key("agent-events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
+
+    def _ensure_broker_group(self) -> None:
+        try:
+            self.redis.xgroup_create(self._key("agent-events"), BROKER_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    def read_reports(self, consumer: str, count: int = 200, block_ms: int | None = None, reclaim_idle_ms: int = 30_000) -> list[tuple[str, dict]]:
+        """Agent events for this broker replica: its own unacked ones, stale ones of dead replicas, then new ones."""
+        self._ensure_broker_group()
+        stream = self._key("agent-events")
+        mine = self.redis.xreadgroup(BROKER_GROUP, consumer, {stream: "0"}, count=count)
+        entries = [e for e in (mine[0][1] if mine else []) if e[1]]
+        _, claimed, _ = self.redis.xautoclaim(stream, BROKER_GROUP, consumer, reclaim_idle_ms, "0-0", count=count)
+        entries += [e for e in claimed if e[1] and e[0] not in {x[0] for x in entries}]
+        if not entries:
+            new = self.redis.xreadgroup(BROKER_GROUP, consumer, {stream: ">"}, count=count, block=block_ms)
+            entries = new[0][1] if new else []
+        parsed = [(entry_id, _parse_report(fields)) for entry_id, fields in entries]
+        named = sorted({report["agent"] for _, report in parsed if report is not None})
+        records = dict(zip(named, map(_agent_info, self.redis.mget([self._key("agent", i) for i in named])))) if named else {}
+        reports, dropped = [], []
+        for entry_id, report in parsed:
+            if report is not None and _authentic(report, records[report["agent"]]):
+                reports.append((entry_id, report))
+            else:
+                dropped.append(entry_id)
+        if dropped:  # broken, hostile or forged (another agent's name without its key): drop it, loudly
+            log.warning("reports=dropped (malformed or forged) count=%d ids=%s", len(dropped), dropped[:5])
+            self.ack_reports(dropped)
+        return reports
+
+    def ack_reports(self, entry_ids: list[str]) -> None:
+        self.redis.xack(self._key("agent-events"), BROKER_GROUP, *entry_ids)
+
+    def events(self, job_id: str | None = None, count: int = 1000) -> list[dict]:
+        """State-change events, oldest first, optionally for one job."""
+        entries = self.redis.xrange(self._key("events"), count=count)
+        rows = [{"id": entry_id, **fields} for entry_id, fields in entries]
+        return [r for r in rows if job_id is None or r["job"] == job_id]
+
+    def progress(self, job_id: str, count: int = 100_000) -> list[tuple[float, float]]:
+        """(time, done) of the job's progress reports, oldest first (from the agent-events stream)."""
+        out = []
+        for _, fields in self.redis.xrange(self._key("agent-events"), count=count):
+            if fields["job"] == job_id and fields["type"] == "progress":
+                data = json.loads(fields["data"])
+                out.append((data["at"], data["done"]))
+        return out
+
+
+
+def _agent_info(raw: str | None) -> AgentInfo | None:
+    try:
+        return AgentInfo.model_validate_json(raw) if raw else None
+    except ValueError:
+        log.warning("agent record malformed: %.80r", raw)
+        return None
+
+
+def _authentic(report: dict, agent: AgentInfo | None) -> bool:
+    """Whether the report carries the key of the agent it names (records without a key predate keys)."""
+    return agent is None or agent.report_key is None or hmac.compare_digest(report.get("key", ""), agent.report_key)
+
+
+def _parse_report(fields: dict) -> dict | None:
+    """An agent report with its fence as int and data as a dict, or None when malformed."""
+    try:
+        data = json.loads(fields["data"])
+        report = {"agent": fields["agent"], "job": fields["job"], "type": fields["type"], "fence": int(fields["fence"]), "data": data,
+                  "key": str(fields.get("key", ""))}  # fmt: skip
+    except (KeyError, TypeError, ValueError):
+        return None
+    return report if isinstance(data, dict) else None
