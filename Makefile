@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test redis browser clean
+.PHONY: setup demo test lint format redis browser clean
 
 setup: $(STAMP) redis
 
@@ -29,7 +29,16 @@ browser:
 demo: setup
 	$(VENV)/bin/broker demo
 
-test: setup browser
+# ruff first: a formatting or lint finding fails the build before the slow suite starts.
+lint: setup
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: lint browser
 	$(VENV)/bin/python -m pytest -q
 
 clean:

@@ -32,8 +32,23 @@ STAGES, MICRO_BATCHES, PROFILE_STEPS = 4, 4, 2
 def train(out: Path, steps: int, *flags: str) -> list[dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SCRIPT.parent}:{os.environ.get('PYTHONPATH', '')}"}
     torchrun = Path(sys.executable).with_name("torchrun")
-    command = [str(torchrun), "--nproc_per_node", str(STAGES), str(SCRIPT), "--steps", str(steps), "--out", str(out),
-               "--stages", str(STAGES), "--micro-batches", str(MICRO_BATCHES), "--profile-steps", str(PROFILE_STEPS), *flags]  # fmt: skip
+    command = [
+        str(torchrun),
+        "--nproc_per_node",
+        str(STAGES),
+        str(SCRIPT),
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+        "--stages",
+        str(STAGES),
+        "--micro-batches",
+        str(MICRO_BATCHES),
+        "--profile-steps",
+        str(PROFILE_STEPS),
+        *flags,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     if done.returncode:
         sys.exit(f"torchrun failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
@@ -82,10 +97,20 @@ def main() -> None:
         plain = train(Path(tmp) / "plain", args.steps, "--instrument")
         filled = train(Path(tmp) / "filled", args.steps, "--fill", "fill_mlp:MlpFill")
     without, with_fill = median_iteration(plain), median_iteration(filled)
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({os.cpu_count()} cores, {STAGES} ranks, gloo)"
-    result = {"stages": [stage_figures(a, b) for a, b in zip(plain, filled)], "iteration_s_without_fill": round(without, 4),
-              "iteration_s_with_fill": round(with_fill, 4), "slowdown_pct": round(100 * (with_fill / without - 1), 2),
-              "device": device, "steps": args.steps, "losses_identical": plain[0]["losses"] == filled[0]["losses"]}  # fmt: skip
+    device = (
+        torch.cuda.get_device_name(0)
+        if torch.cuda.is_available()
+        else f"cpu ({os.cpu_count()} cores, {STAGES} ranks, gloo)"
+    )
+    result = {
+        "stages": [stage_figures(a, b) for a, b in zip(plain, filled)],
+        "iteration_s_without_fill": round(without, 4),
+        "iteration_s_with_fill": round(with_fill, 4),
+        "slowdown_pct": round(100 * (with_fill / without - 1), 2),
+        "device": device,
+        "steps": args.steps,
+        "losses_identical": plain[0]["losses"] == filled[0]["losses"],
+    }
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 

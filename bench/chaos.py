@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -71,14 +71,34 @@ class Metadata:
                 if path.startswith("latest/meta-data/spot/instance-action"):
                     if deadline is None:
                         return self._reply(404)
-                    return self._reply(200, json.dumps({"action": "terminate", "time": deadline.strftime("%Y-%m-%dT%H:%M:%SZ")}), "application/json")
+                    return self._reply(
+                        200,
+                        json.dumps({"action": "terminate", "time": deadline.strftime("%Y-%m-%dT%H:%M:%SZ")}),
+                        "application/json",
+                    )
                 if path.startswith("computeMetadata/v1/instance/preempted"):
                     return self._reply(200, "TRUE" if deadline else "FALSE")
                 if path.startswith("metadata/scheduledevents"):
-                    events = [] if deadline is None else [{"EventId": f"{agent}-preempt", "EventType": "Preempt", "ResourceType": "VirtualMachine",
-                                                           "Resources": [agent], "EventStatus": "Scheduled", "NotBefore": format_datetime(deadline, usegmt=True),
-                                                           "Description": "", "EventSource": "Platform", "DurationInSeconds": -1}]  # fmt: skip
-                    return self._reply(200, json.dumps({"DocumentIncarnation": len(events), "Events": events}), "application/json")
+                    events = (
+                        []
+                        if deadline is None
+                        else [
+                            {
+                                "EventId": f"{agent}-preempt",
+                                "EventType": "Preempt",
+                                "ResourceType": "VirtualMachine",
+                                "Resources": [agent],
+                                "EventStatus": "Scheduled",
+                                "NotBefore": format_datetime(deadline, usegmt=True),
+                                "Description": "",
+                                "EventSource": "Platform",
+                                "DurationInSeconds": -1,
+                            }
+                        ]
+                    )
+                    return self._reply(
+                        200, json.dumps({"DocumentIncarnation": len(events), "Events": events}), "application/json"
+                    )
                 self._reply(404)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -89,7 +109,7 @@ class Metadata:
 
     def announce(self, agent_id: str, lead_s: float) -> datetime:
         """Schedule the instance's preemption `lead_s` from now (whole seconds: AWS's format has no fraction)."""
-        deadline = (datetime.now(timezone.utc) + timedelta(seconds=lead_s)).replace(microsecond=0)
+        deadline = (datetime.now(UTC) + timedelta(seconds=lead_s)).replace(microsecond=0)
         self.notices[agent_id] = deadline
         return deadline
 
@@ -130,9 +150,30 @@ def _job_pid(store, job_id: str, fence: int | None) -> int | None:
 
 
 def _server(redis_url: str, checkpoints: str, home: Path) -> subprocess.Popen:
-    env = {**os.environ, "BROKER_REDIS_URL": redis_url, "BROKER_PREFIX": PREFIX, "BROKER_CHECKPOINTS": checkpoints, "BROKER_HOME": str(home)}
-    return subprocess.Popen([sys.executable, "-m", "broker", "server", "--consumer", "chaos-server", "--leader-lease-s", "2",
-                             "--metrics-port", "0"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    env = {
+        **os.environ,
+        "BROKER_REDIS_URL": redis_url,
+        "BROKER_PREFIX": PREFIX,
+        "BROKER_CHECKPOINTS": checkpoints,
+        "BROKER_HOME": str(home),
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "server",
+            "--consumer",
+            "chaos-server",
+            "--leader-lease-s",
+            "2",
+            "--metrics-port",
+            "0",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _resumed_step(run) -> int:
@@ -151,19 +192,28 @@ def terminal_events(store, job_id: str) -> int:
     return sum(e["state"] in ("done", "failed", "cancelled") for e in store.events(job_id, count=1_000_000))
 
 
-def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 4.0, server_kill_at_s: float = 8.0,
-        timeout_s: float = 600.0, seed: int = 0, restart_redis=None, redis_restart_at_s: float = 12.0,
-        notice_every_s: float | None = None) -> dict:  # fmt: skip
+def run(
+    redis_url: str,
+    jobs: int = 50,
+    agents: int = 10,
+    kill_every_s: float = 4.0,
+    server_kill_at_s: float = 8.0,
+    timeout_s: float = 600.0,
+    seed: int = 0,
+    restart_redis=None,
+    redis_restart_at_s: float = 12.0,
+    notice_every_s: float | None = None,
+) -> dict:
     """`restart_redis`: a callable that stops redis-server and starts it again on the same port and data;
     `notice_every_s`: announce a preemption to a busy instance this often (clouds in turn)."""
-    from broker.agents.checkpoints import CheckpointStore
     from broker import planning
+    from broker.agents.checkpoints import CheckpointStore
     from broker.agents.provision import LocalProvisioner
+    from broker.core.broker import Broker
     from broker.core.clock import SystemClock
     from broker.domain.model import Tier
-    from broker.pricing.catalog import PriceCatalog
-    from broker.core.broker import Broker
     from broker.domain.specfile import validate_spec
+    from broker.pricing.catalog import PriceCatalog
     from broker.store.jobs import Store
 
     rng = random.Random(seed)
@@ -173,14 +223,26 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
     work = Path(tempfile.mkdtemp(prefix="broker-chaos-"))
     checkpoints = str(work / "checkpoints")
     catalog = PriceCatalog.from_snapshot()
-    offer = min((o for o in catalog.offers if o.tier == Tier.on_demand and o.accelerator == "L4" and o.accelerator_count == 1),
-                key=lambda o: o.price_usd_per_h)  # fmt: skip
+    offer = min(
+        (o for o in catalog.offers if o.tier == Tier.on_demand and o.accelerator == "L4" and o.accelerator_count == 1),
+        key=lambda o: o.price_usd_per_h,
+    )
     provisioner = LocalProvisioner(redis_url, checkpoints, work / "runs", lease_s=2.0, prefix=PREFIX)
     clock = SystemClock()
     broker = Broker(store, catalog, planning.get(), clock)
-    spec = {"run": [sys.executable, str(ROOT / "examples" / "jobs" / "train_mlp.py")], "resources": {"accelerators": ["L4:1"]},
-            "work": {"gpu_hours": 0.01}, "checkpoint": {"size_gb": 0.001, "restore_minutes": 0.1}, "max_restarts": 20,
-            "env": {"STEPS": str(STEPS), "CKPT_EVERY": str(CKPT_EVERY), "STEP_SLEEP_S": str(STEP_SLEEP_S), "OUTPUT": "/dev/null"}}  # fmt: skip
+    spec = {
+        "run": [sys.executable, str(ROOT / "examples" / "jobs" / "train_mlp.py")],
+        "resources": {"accelerators": ["L4:1"]},
+        "work": {"gpu_hours": 0.01},
+        "checkpoint": {"size_gb": 0.001, "restore_minutes": 0.1},
+        "max_restarts": 20,
+        "env": {
+            "STEPS": str(STEPS),
+            "CKPT_EVERY": str(CKPT_EVERY),
+            "STEP_SLEEP_S": str(STEP_SLEEP_S),
+            "OUTPUT": "/dev/null",
+        },
+    }
     server = _server(redis_url, checkpoints, work / "home")
     count, kills, server_kills, redis_restarts = 0, 0, 0, 0
     metadata = Metadata() if notice_every_s else None
@@ -192,7 +254,9 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
         count += 1
         agent_id = f"agent-{count:03d}"
         clouds[agent_id] = list(CLOUDS)[count % len(CLOUDS)]
-        provisioner.start(agent_id, offer, notices=f"{clouds[agent_id]}={metadata.url(agent_id)}" if metadata else "none")
+        provisioner.start(
+            agent_id, offer, notices=f"{clouds[agent_id]}={metadata.url(agent_id)}" if metadata else "none"
+        )
 
     try:
         for _ in range(agents):
@@ -218,16 +282,27 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
                 kills, last_kill = kills + 1, now
                 start_instance()
             if metadata and now - last_notice >= notice_every_s:
-                busy = [a for a in sorted(set(provisioner.agents) - noticed) if _has_work_to_save(store, store.get_agent(a))]
+                busy = [
+                    a for a in sorted(set(provisioner.agents) - noticed) if _has_work_to_save(store, store.get_agent(a))
+                ]
                 if busy:
                     agent_id = rng.choice(busy)
-                    info, posted = store.get_agent(agent_id), datetime.now(timezone.utc)
+                    info, posted = store.get_agent(agent_id), datetime.now(UTC)
                     deadline = metadata.announce(agent_id, CLOUDS[clouds[agent_id]])
-                    notices.append({"agent": agent_id, "cloud": clouds[agent_id], "job": info.job, "fence": info.fence, "posted": posted, "deadline": deadline})
+                    notices.append(
+                        {
+                            "agent": agent_id,
+                            "cloud": clouds[agent_id],
+                            "job": info.job,
+                            "fence": info.fence,
+                            "posted": posted,
+                            "deadline": deadline,
+                        }
+                    )
                     last_notice = now
             for notice in notices:  # the cloud reclaims an instance once its agent has left (or at the deadline)
                 process = provisioner.agents.get(notice["agent"])
-                if process and (process.poll() is not None or datetime.now(timezone.utc) >= notice["deadline"]):
+                if process and (process.poll() is not None or datetime.now(UTC) >= notice["deadline"]):
                     _kill_instance(store, provisioner, notice["agent"])
                     start_instance()
             time.sleep(0.2)
@@ -241,25 +316,44 @@ def run(redis_url: str, jobs: int = 50, agents: int = 10, kill_every_s: float = 
     timing = _notice_timing(notices, {j.id: j for j in final}, CheckpointStore(checkpoints))
     interval_s = CKPT_EVERY * STEP_SLEEP_S
     lost_s = [r.work_lost_s for j in final for r in j.runs]
-    lost_steps = [r.progress_done - (r.checkpoint_step or _resumed_step(r)) for j in final for r in j.runs if r.end_reason not in (None, "finished")]
+    lost_steps = [
+        r.progress_done - (r.checkpoint_step or _resumed_step(r))
+        for j in final
+        for r in j.runs
+        if r.end_reason not in (None, "finished")
+    ]
     return {
-        "submitted": jobs, "finished": sum(j.state.value == "done" for j in final),
+        "submitted": jobs,
+        "finished": sum(j.state.value == "done" for j in final),
         "lost": sum(not j.state.terminal or j.state.value != "done" for j in final),
-        "duplicated": sum(overlapping(j) for j in final), "max_work_lost_s": round(max(lost_s, default=0.0), 2),
-        "max_work_lost_steps": max(lost_steps, default=0.0), "checkpoint_interval_steps": CKPT_EVERY,
-        "checkpoint_interval_s": interval_s, "instances_killed": kills, "server_kills": server_kills,
-        "migrations": sum(j.migrations for j in final), "seconds": round(elapsed, 1), "redis_restarts": redis_restarts,
+        "duplicated": sum(overlapping(j) for j in final),
+        "max_work_lost_s": round(max(lost_s, default=0.0), 2),
+        "max_work_lost_steps": max(lost_steps, default=0.0),
+        "checkpoint_interval_steps": CKPT_EVERY,
+        "checkpoint_interval_s": interval_s,
+        "instances_killed": kills,
+        "server_kills": server_kills,
+        "migrations": sum(j.migrations for j in final),
+        "seconds": round(elapsed, 1),
+        "redis_restarts": redis_restarts,
         "duplicate_terminal": sum(terminal_events(store, j.id) > 1 for j in final),
-        **timing, "not_done": [_why_not_done(j) for j in final if j.state.value != "done"],
-    }  # fmt: skip
+        **timing,
+        "not_done": [_why_not_done(j) for j in final if j.state.value != "done"],
+    }
 
 
 def _why_not_done(job) -> dict:
     """What a job that did not finish was doing: its state, runs, and how its runs ended."""
     ends = Counter(r.end_reason or "open" for r in job.runs)
     last = job.current_run or (job.runs[-1] if job.runs else None)
-    return {"job": job.id, "state": job.state.value, "runs": len(job.runs), "ends": ends,
-            "last_agent": last.agent if last else None, "last_started": last.started_at is not None if last else None}  # fmt: skip
+    return {
+        "job": job.id,
+        "state": job.state.value,
+        "runs": len(job.runs),
+        "ends": ends,
+        "last_agent": last.agent if last else None,
+        "last_started": last.started_at is not None if last else None,
+    }
 
 
 def _notice_timing(notices: list[dict], jobs: dict, checkpoints) -> dict:
@@ -276,17 +370,30 @@ def _notice_timing(notices: list[dict], jobs: dict, checkpoints) -> dict:
         if run is not None and run.end_reason == "finished":
             finished_first += 1  # the job ended on its own before it had to checkpoint
             continue
-        saved = run and run.checkpoint_at and run.checkpoint_step >= run.progress_done and run.checkpoint_at <= notice["deadline"]
-        resumed = saved and any(r.fence > run.fence and r.resume_from == run.checkpoint_url for r in jobs[notice["job"]].runs)
+        saved = (
+            run
+            and run.checkpoint_at
+            and run.checkpoint_step >= run.progress_done
+            and run.checkpoint_at <= notice["deadline"]
+        )
+        resumed = saved and any(
+            r.fence > run.fence and r.resume_from == run.checkpoint_url for r in jobs[notice["job"]].runs
+        )
         if saved and (resumed or checkpoints.verified_at(notice["job"], run.checkpoint_url)[0] is not None):
             seconds.append(max(0.0, (run.checkpoint_at - notice["posted"]).total_seconds()))
         else:
             missed += 1
     by_cloud = {c: sum(n["cloud"] == c for n in notices) for c in CLOUDS}
     percentile = (lambda q: round(float(np.percentile(seconds, q)), 3)) if seconds else (lambda q: None)
-    return {"notices": len(notices), "notices_by_cloud": by_cloud, "notices_checkpointed_in_time": len(seconds),
-            "notices_missed": missed, "notices_job_finished_first": finished_first,
-            "notice_to_checkpoint_p50_s": percentile(50), "notice_to_checkpoint_p99_s": percentile(99)}  # fmt: skip
+    return {
+        "notices": len(notices),
+        "notices_by_cloud": by_cloud,
+        "notices_checkpointed_in_time": len(seconds),
+        "notices_missed": missed,
+        "notices_job_finished_first": finished_first,
+        "notice_to_checkpoint_p50_s": percentile(50),
+        "notice_to_checkpoint_p99_s": percentile(99),
+    }
 
 
 def main() -> None:
@@ -294,8 +401,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument("--agents", type=int, default=10)
     parser.add_argument("--kill-every-s", type=float, default=4.0)
-    parser.add_argument("--notice-every-s", type=float, default=3.0, help="Announce a timed preemption this often (0: never).")
-    parser.add_argument("--redis-restart-at-s", type=float, default=12.0, help="Restart redis-server this far in (0: never).")
+    parser.add_argument(
+        "--notice-every-s", type=float, default=3.0, help="Announce a timed preemption this often (0: never)."
+    )
+    parser.add_argument(
+        "--redis-restart-at-s", type=float, default=12.0, help="Restart redis-server this far in (0: never)."
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     from broker.store import embedded
@@ -308,8 +419,15 @@ def main() -> None:
         embedded.ensure(home)  # the same port and data
 
     try:
-        result = run(url, args.jobs, args.agents, args.kill_every_s, restart_redis=restart_redis if args.redis_restart_at_s else None,
-                     redis_restart_at_s=args.redis_restart_at_s, notice_every_s=args.notice_every_s or None)  # fmt: skip
+        result = run(
+            url,
+            args.jobs,
+            args.agents,
+            args.kill_every_s,
+            restart_redis=restart_redis if args.redis_restart_at_s else None,
+            redis_restart_at_s=args.redis_restart_at_s,
+            notice_every_s=args.notice_every_s or None,
+        )
     finally:
         embedded.stop(home)
     print(json.dumps(result, indent=None if args.json else 1))

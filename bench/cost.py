@@ -19,13 +19,13 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from broker.store import embedded
 from broker.app.cli.backtest import trace_start
 from broker.domain.errors import BrokerError
 from broker.pricing.catalog import PriceCatalog
 from broker.sim import backtest
 from broker.sim.market import from_traces
 from broker.sim.workloads import FREERIDE_MAIN_JOBS, ml_mix
+from broker.store import embedded
 
 POLICIES = [*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT]
 
@@ -59,12 +59,18 @@ def aggregate(runs: list[dict]) -> list[dict]:
         best = sum(row["cost_usd"] for r in done for row in r["rows"] if row["policy"] == backtest.OMNISCIENT)
         cost = sum(row["cost_usd"] for row in rows)
         errors = [row["quote_error_pct"] for row in rows if row["quote_error_pct"] is not None]
-        out.append({
-            "policy": policy, "cost_usd": round(cost, 2), "savings_pct": round(100 * (1 - cost / od), 1),
-            "deadline_misses": sum(row["deadline_misses"] for row in rows), "cost_vs_omniscient": round(cost / best, 3),
-            "migrations": sum(row["migrations"] for row in rows), "work_lost_h": round(sum(row["work_lost_h"] for row in rows), 1),
-            "quote_error_pct": round(sum(errors) / len(errors), 1) if errors else None,
-        })  # fmt: skip
+        out.append(
+            {
+                "policy": policy,
+                "cost_usd": round(cost, 2),
+                "savings_pct": round(100 * (1 - cost / od), 1),
+                "deadline_misses": sum(row["deadline_misses"] for row in rows),
+                "cost_vs_omniscient": round(cost / best, 3),
+                "migrations": sum(row["migrations"] for row in rows),
+                "work_lost_h": round(sum(row["work_lost_h"] for row in rows), 1),
+                "quote_error_pct": round(sum(errors) / len(errors), 1) if errors else None,
+            }
+        )
     return out
 
 
@@ -82,7 +88,9 @@ def goals(table: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "traces")
+    parser.add_argument(
+        "--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+    )
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--workers", type=int, default=2)

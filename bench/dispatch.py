@@ -19,21 +19,21 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress
 
-from broker.store import embedded
 from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
 from broker.core.clock import SystemClock
-from broker.domain.model import Job, Offer, Tier
-from broker.pricing.catalog import PriceCatalog
 from broker.core.server import BrokerServer
+from broker.domain.model import Job, Offer, Tier
 from broker.domain.specfile import validate_spec
+from broker.pricing.catalog import PriceCatalog
+from broker.store import embedded
 from broker.store.jobs import Store
 
 
@@ -58,17 +58,24 @@ def main() -> None:
 def run(url: str, home: Path, args) -> dict:
     store = Store(url)
     catalog = PriceCatalog.from_snapshot()
-    offer = min((o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1 and o.tier == Tier.on_demand),
-                key=lambda o: o.price_usd_per_h)  # fmt: skip
+    offer = min(
+        (o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1 and o.tier == Tier.on_demand),
+        key=lambda o: o.price_usd_per_h,
+    )
     clock = SystemClock()
-    spec = validate_spec({"name": "bench", "run": ["true"], "resources": {"accelerators": ["L4:1"]}, "work": {"gpu_hours": 0.01}}, clock.now())
+    spec = validate_spec(
+        {"name": "bench", "run": ["true"], "resources": {"accelerators": ["L4:1"]}, "work": {"gpu_hours": 0.01}},
+        clock.now(),
+    )
     quote = planning.get().quote(spec, [offer], clock.now())
 
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     ids = [f"a{i:04d}" for i in range(args.agents)]
-    hosts = [ctx.Process(target=agent_host, args=(url, str(home), offer.model_dump_json(), ids[h :: args.hosts], stop))
-             for h in range(args.hosts)]  # fmt: skip
+    hosts = [
+        ctx.Process(target=agent_host, args=(url, str(home), offer.model_dump_json(), ids[h :: args.hosts], stop))
+        for h in range(args.hosts)
+    ]
     hosts.append(ctx.Process(target=server_host, args=(url, str(home), stop)))
     for proc in hosts:
         proc.start()
@@ -86,7 +93,7 @@ def run(url: str, home: Path, args) -> dict:
             due = t0 + i / args.rate
             if (wait := due - time.time()) > 0:
                 time.sleep(wait)
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
             job = Job(id=f"bench-{i:06d}", spec=spec, submitted_at=now, updated_at=now, quote=quote)
             submitted[job.id] = time.time()
             store.add_job(job)
@@ -96,7 +103,9 @@ def run(url: str, home: Path, args) -> dict:
         started: dict[str, float] = {}
         last_id, deadline = "0", time.time() + args.timeout
         while len(started) < args.jobs and time.time() < deadline:
-            for entry_id, fields in store.redis.xrange("broker:agent-events", min=f"({last_id}" if last_id != "0" else "-", count=5000):
+            for entry_id, fields in store.redis.xrange(
+                "broker:agent-events", min=f"({last_id}" if last_id != "0" else "-", count=5000
+            ):
                 last_id = entry_id
                 if fields["type"] == "started":
                     started.setdefault(fields["job"], json.loads(fields["data"])["at"])
@@ -131,7 +140,9 @@ def agent_host(url: str, home: str, offer_json: str, ids: list[str], stop) -> No
         while not stop.is_set():
             agent.step(block_ms=50)
 
-    agents = [Agent(Store(url), i, offer, f"{home}/ckpt", Path(home) / "runs", heartbeat_s=1.0, lease_s=30.0) for i in ids]
+    agents = [
+        Agent(Store(url), i, offer, f"{home}/ckpt", Path(home) / "runs", heartbeat_s=1.0, lease_s=30.0) for i in ids
+    ]
     threads = [threading.Thread(target=loop, args=(a,), daemon=True) for a in agents]
     for t in threads:
         t.start()

@@ -18,7 +18,7 @@ import json
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -26,14 +26,49 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
-VALID = {"name": "fuzz", "run": ["python", "train.py"], "resources": {"accelerators": ["L4:1"]}, "work": {"gpu_hours": 2},
-         "deadline": "+24h", "budget_usd": 20, "checkpoint": {"size_gb": 1}}  # fmt: skip
-FIELDS = ["name", "run", "resources", "work", "deadline", "budget_usd", "checkpoint", "env", "tier", "priority", "shell",
-          "max_restarts", "transformer", "fill_task", "accelerators", "gpu_hours", "size_gb", "unknown"]  # fmt: skip
-SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True, allow_infinity=True),
-                   st.text(max_size=30), st.sampled_from(["+36h", "-1h", "2026-13-01", "L4:1", "H100:0", "A100:99", "1e308", "nan"]))  # fmt: skip
-VALUE = st.recursive(SCALAR, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(FIELDS), inner, max_size=4)), max_leaves=8)
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+VALID = {
+    "name": "fuzz",
+    "run": ["python", "train.py"],
+    "resources": {"accelerators": ["L4:1"]},
+    "work": {"gpu_hours": 2},
+    "deadline": "+24h",
+    "budget_usd": 20,
+    "checkpoint": {"size_gb": 1},
+}
+FIELDS = [
+    "name",
+    "run",
+    "resources",
+    "work",
+    "deadline",
+    "budget_usd",
+    "checkpoint",
+    "env",
+    "tier",
+    "priority",
+    "shell",
+    "max_restarts",
+    "transformer",
+    "fill_task",
+    "accelerators",
+    "gpu_hours",
+    "size_gb",
+    "unknown",
+]
+SCALAR = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=30),
+    st.sampled_from(["+36h", "-1h", "2026-13-01", "L4:1", "H100:0", "A100:99", "1e308", "nan"]),
+)
+VALUE = st.recursive(
+    SCALAR,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(FIELDS), inner, max_size=4)),
+    max_leaves=8,
+)
 SETTINGS = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck), derandomize=False)
 
 
@@ -51,9 +86,12 @@ def _mutated(changes: list) -> dict:
 
 
 SPEC = st.one_of(
-    st.lists(st.tuples(st.sampled_from(FIELDS), st.one_of(st.none(), st.sampled_from(FIELDS)), VALUE, st.booleans()), max_size=4).map(_mutated),
+    st.lists(
+        st.tuples(st.sampled_from(FIELDS), st.one_of(st.none(), st.sampled_from(FIELDS)), VALUE, st.booleans()),
+        max_size=4,
+    ).map(_mutated),
     VALUE,
-)  # fmt: skip
+)
 RAW_YAML = st.one_of(st.text(max_size=200), st.binary(max_size=100).map(lambda b: b.decode("latin-1")))
 
 
@@ -87,12 +125,16 @@ def fuzz_specs(cases: int, workdir: Path) -> dict:
 
 
 CLI = st.one_of(
-    st.tuples(st.just("submit"), st.sampled_from(["--deadline", "--budget", "--quote", "--json"]), st.text(max_size=20)),
+    st.tuples(
+        st.just("submit"), st.sampled_from(["--deadline", "--budget", "--quote", "--json"]), st.text(max_size=20)
+    ),
     st.tuples(st.sampled_from(["status", "cancel"]), st.text(max_size=30), st.sampled_from(["", "--json"])),
     st.tuples(st.just("list"), st.sampled_from(["--state", "--limit"]), st.text(max_size=15)),
-    st.tuples(st.just("prices"), st.sampled_from(["--accelerator", "--cloud", "--tier", "--region"]), st.text(max_size=15)),
+    st.tuples(
+        st.just("prices"), st.sampled_from(["--accelerator", "--cloud", "--tier", "--region"]), st.text(max_size=15)
+    ),
     st.tuples(st.sampled_from(["layout", "submit"]), st.text(max_size=40), st.sampled_from(["", "--json"])),
-)  # fmt: skip
+)
 
 
 def fuzz_cli(cases: int, workdir: Path, redis_url: str) -> dict:
@@ -104,7 +146,9 @@ def fuzz_cli(cases: int, workdir: Path, redis_url: str) -> dict:
     from broker.app.cli.main import app
     from broker.store.jobs import Store
 
-    os.environ.update({"BROKER_REDIS_URL": redis_url, "BROKER_HOME": str(workdir / "home"), "BROKER_PREFIX": "fuzz-cli:"})
+    os.environ.update(
+        {"BROKER_REDIS_URL": redis_url, "BROKER_HOME": str(workdir / "home"), "BROKER_PREFIX": "fuzz-cli:"}
+    )
     store, runner = Store(redis_url, prefix="fuzz-cli:"), CliRunner()
     (workdir / "job.yaml").write_text(yaml.safe_dump(VALID))
     seen = {"cases": 0, "ok": 0, "refused": 0}
@@ -129,19 +173,59 @@ def fuzz_cli(cases: int, workdir: Path, redis_url: str) -> dict:
     return seen
 
 
-FIELD_TEXT = st.one_of(st.text(max_size=20), st.sampled_from(["started", "progress", "checkpoint", "checkpoint_failed", "exited", "notice",
-                                                              "victim", "own", "mallory", "honest", "1", "-1", "", "null", "{}"]))  # fmt: skip
+FIELD_TEXT = st.one_of(
+    st.text(max_size=20),
+    st.sampled_from(
+        [
+            "started",
+            "progress",
+            "checkpoint",
+            "checkpoint_failed",
+            "exited",
+            "notice",
+            "victim",
+            "own",
+            "mallory",
+            "honest",
+            "1",
+            "-1",
+            "",
+            "null",
+            "{}",
+        ]
+    ),
+)
 DATA = st.one_of(
-    st.dictionaries(st.sampled_from(["at", "done", "total", "url", "step", "reason", "code", "deadline", "log_tail", "pid"]), VALUE, max_size=5),
+    st.dictionaries(
+        st.sampled_from(["at", "done", "total", "url", "step", "reason", "code", "deadline", "log_tail", "pid"]),
+        VALUE,
+        max_size=5,
+    ),
     VALUE,
-).map(lambda d: json.dumps(d, allow_nan=True))  # fmt: skip
+).map(lambda d: json.dumps(d, allow_nan=True))
 MESSAGE = st.one_of(
-    st.dictionaries(st.sampled_from(["agent", "job", "fence", "type", "data", "junk"]), st.one_of(FIELD_TEXT, DATA), max_size=6),
-    st.fixed_dictionaries({"agent": st.just("mallory"), "job": st.just("own"), "fence": st.just("own-fence"),  # passes the fence check
-                           "type": st.sampled_from(["started", "progress", "checkpoint", "checkpoint_failed", "exited", "notice"]),
-                           "data": st.one_of(DATA, st.fixed_dictionaries({"reason": st.sampled_from(["failed", "preempted", "lost"]), "code": st.integers(-9, 9),
-                                                                          "log_tail": st.lists(st.text(max_size=9), max_size=2)}).map(json.dumps))}),
-)  # fmt: skip
+    st.dictionaries(
+        st.sampled_from(["agent", "job", "fence", "type", "data", "junk"]), st.one_of(FIELD_TEXT, DATA), max_size=6
+    ),
+    st.fixed_dictionaries(
+        {
+            "agent": st.just("mallory"),
+            "job": st.just("own"),
+            "fence": st.just("own-fence"),  # passes the fence check
+            "type": st.sampled_from(["started", "progress", "checkpoint", "checkpoint_failed", "exited", "notice"]),
+            "data": st.one_of(
+                DATA,
+                st.fixed_dictionaries(
+                    {
+                        "reason": st.sampled_from(["failed", "preempted", "lost"]),
+                        "code": st.integers(-9, 9),
+                        "log_tail": st.lists(st.text(max_size=9), max_size=2),
+                    }
+                ).map(json.dumps),
+            ),
+        }
+    ),
+)
 
 
 def fuzz_messages(cases: int, workdir: Path, redis_url: str) -> dict:
@@ -150,18 +234,20 @@ def fuzz_messages(cases: int, workdir: Path, redis_url: str) -> dict:
     from broker import planning
     from broker.agents.agent import Agent
     from broker.agents.checkpoints import CheckpointStore
-    from broker.core.clock import SystemClock
-    from broker.domain.model import Tier
-    from broker.pricing.catalog import PriceCatalog
-    from broker.core.server import BrokerServer
     from broker.core.broker import Broker
+    from broker.core.clock import SystemClock
+    from broker.core.server import BrokerServer
+    from broker.domain.model import Tier
     from broker.domain.specfile import validate_spec
+    from broker.pricing.catalog import PriceCatalog
     from broker.store.jobs import Store
 
     prefix = "fuzz-msg:"
     store = Store(redis_url, prefix=prefix)
     catalog = PriceCatalog.from_snapshot()
-    offer = next(o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1 and o.tier == Tier.on_demand)
+    offer = next(
+        o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1 and o.tier == Tier.on_demand
+    )
     broker = Broker(store, catalog, planning.get(), SystemClock())
     server = BrokerServer(store, planning.get(), SystemClock(), CheckpointStore(str(workdir / "ckpt")), consumer="fuzz")
     honest = Agent(store, "honest", offer, str(workdir / "ckpt"), workdir / "runs", lease_s=3600)  # no lapse mid-fuzz
@@ -169,22 +255,44 @@ def fuzz_messages(cases: int, workdir: Path, redis_url: str) -> dict:
     jobs = {}
     for name, agent in (("victim", honest), ("own", mallory)):  # the victim runs on the honest agent, "own" on mallory
         agent.register()
-        jobs[name] = broker.submit(validate_spec({**VALID, "name": name, "run": ["sleep", "600"]}, SystemClock().now())).id
+        jobs[name] = broker.submit(
+            validate_spec({**VALID, "name": name, "run": ["sleep", "600"]}, SystemClock().now())
+        ).id
         while store.get_job(jobs[name]).state.value != "running":
             server.round(block_ms=10)
             agent.step(block_ms=10)
     before = store.get_job(jobs["victim"])
     mallory_key = store.get_agent("mallory").report_key
-    seen = {"cases": 0, "own_job_changes": 0}  # cases after which mallory's own job differs: the entries reached the fold
+    seen = {
+        "cases": 0,
+        "own_job_changes": 0,
+    }  # cases after which mallory's own job differs: the entries reached the fold
 
     @settings(SETTINGS, max_examples=cases)
-    @given(entries=st.lists(st.tuples(st.sampled_from(["agent-events", "assign:mallory"]), MESSAGE), min_size=1, max_size=3))
-    @example(entries=[("agent-events", {"agent": "mallory", "job": "own", "fence": "own-fence", "type": "notice", "data": "{}"})])  # reaches the fold whatever is drawn
-    @example(entries=[("agent-events", {"agent": "honest", "job": "victim", "fence": "1", "type": "exited", "data": '{"reason": "failed"}'})])  # speaks for another agent
+    @given(
+        entries=st.lists(
+            st.tuples(st.sampled_from(["agent-events", "assign:mallory"]), MESSAGE), min_size=1, max_size=3
+        )
+    )
+    @example(
+        entries=[
+            ("agent-events", {"agent": "mallory", "job": "own", "fence": "own-fence", "type": "notice", "data": "{}"})
+        ]
+    )  # reaches the fold whatever is drawn
+    @example(
+        entries=[
+            (
+                "agent-events",
+                {"agent": "honest", "job": "victim", "fence": "1", "type": "exited", "data": '{"reason": "failed"}'},
+            )
+        ]
+    )  # speaks for another agent
     def check(entries):
         own = store.get_job(jobs["own"])
         for stream, fields in entries:
-            fields = {k: jobs.get(v, v) for k, v in fields.items()}  # aim at the real jobs, with whatever else was generated
+            fields = {
+                k: jobs.get(v, v) for k, v in fields.items()
+            }  # aim at the real jobs, with whatever else was generated
             if fields.get("fence") == "own-fence":
                 fields["fence"] = str(own.fence)
             if fields.get("agent") == "mallory":  # a compromised agent knows its own report key, not another's
@@ -198,8 +306,12 @@ def fuzz_messages(cases: int, workdir: Path, redis_url: str) -> dict:
     try:
         check()
         after = store.get_job(jobs["victim"])
-        assert after.state == before.state and after.runs == before.runs and after.fence == before.fence, "the victim changed"
-        assert store.redis.xpending(prefix + "agent-events", "broker")["pending"] == 0, "a report was left unacknowledged"
+        assert after.state == before.state and after.runs == before.runs and after.fence == before.fence, (
+            "the victim changed"
+        )
+        assert store.redis.xpending(prefix + "agent-events", "broker")["pending"] == 0, (
+            "a report was left unacknowledged"
+        )
     finally:
         for agent in (honest, mallory):
             agent._end_job("stopped", kill=True)

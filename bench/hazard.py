@@ -55,15 +55,30 @@ def run(directory: Path) -> dict:
         inside += low <= observed <= high
         inside_poisson += plain[0] <= observed <= plain[1]
         widths.append((high - low) / max(predicted, 1.0))
-        rows.append({"trace": f"{directory.name}/{t.cloud}/{t.zone}_{t.instance_type}", "exposure_h": round(exposure, 1),
-                     "predicted": round(predicted, 1), "low": low, "high": high, "observed": observed})  # fmt: skip
-    return {"traces": rows, "calibration": round(inside / len(rows), 3), "calibration_poisson": round(inside_poisson / len(rows), 3),
-            "mean_width_ratio": round(sum(widths) / len(widths), 2), "fit_share": FIT_SHARE}  # fmt: skip
+        rows.append(
+            {
+                "trace": f"{directory.name}/{t.cloud}/{t.zone}_{t.instance_type}",
+                "exposure_h": round(exposure, 1),
+                "predicted": round(predicted, 1),
+                "low": low,
+                "high": high,
+                "observed": observed,
+            }
+        )
+    return {
+        "traces": rows,
+        "calibration": round(inside / len(rows), 3),
+        "calibration_poisson": round(inside_poisson / len(rows), 3),
+        "mean_width_ratio": round(sum(widths) / len(widths), 2),
+        "fit_share": FIT_SHARE,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "preemption")
+    parser.add_argument(
+        "--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "preemption"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = run(args.traces)
@@ -76,8 +91,10 @@ def main() -> None:
     for r in result["traces"]:
         table.add_row(*(str(r[c]) for c in ("trace", "exposure_h", "predicted", "low", "high", "observed")))
     Console(width=120).print(table)
-    print(f"calibration {result['calibration']:.0%} (without dispersion {result['calibration_poisson']:.0%}); "
-          f"mean interval width {result['mean_width_ratio']}x the prediction")  # fmt: skip
+    print(
+        f"calibration {result['calibration']:.0%} (without dispersion {result['calibration_poisson']:.0%}); "
+        f"mean interval width {result['mean_width_ratio']}x the prediction"
+    )
 
 
 if __name__ == "__main__":

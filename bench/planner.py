@@ -17,19 +17,32 @@ import argparse
 import json
 import random
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from rich.console import Console
 from rich.table import Table
 
 from broker.domain.model import Offer, Tier
+from broker.domain.specfile import validate_spec
 from broker.planning.costslo import CostSLO
 from broker.planning.options import PlanItem
 from broker.pricing.catalog import PriceCatalog
-from broker.domain.specfile import validate_spec
 
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
-SHAPES = ["L4:1", "A10G:1", "T4:1", "L40S:1", "A100:1", "H100:1", "V100:1", "L4:4", "A10G:4", "A100:8", "H100:8", "A100-80GB:1"]
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+SHAPES = [
+    "L4:1",
+    "A10G:1",
+    "T4:1",
+    "L40S:1",
+    "A100:1",
+    "H100:1",
+    "V100:1",
+    "L4:4",
+    "A10G:4",
+    "A100:8",
+    "H100:8",
+    "A100-80GB:1",
+]
 
 
 def make_offers(catalog: PriceCatalog, count: int, rng: random.Random) -> tuple[list[Offer], dict[str, int]]:
@@ -39,7 +52,14 @@ def make_offers(catalog: PriceCatalog, count: int, rng: random.Random) -> tuple[
     while len(offers) < count:
         o = rng.choice(base)
         copy += 1
-        offers.append(o.model_copy(update={"zone": f"{o.zone or o.region}-x{copy}", "price_usd_per_h": o.price_usd_per_h * rng.uniform(0.9, 1.1)}))
+        offers.append(
+            o.model_copy(
+                update={
+                    "zone": f"{o.zone or o.region}-x{copy}",
+                    "price_usd_per_h": o.price_usd_per_h * rng.uniform(0.9, 1.1),
+                }
+            )
+        )
     return offers, {o.id: rng.randint(0, 8) for o in offers if o.tier != Tier.on_demand}
 
 
@@ -48,9 +68,14 @@ def make_jobs(count: int, rng: random.Random, prefix: str = "j") -> list[PlanIte
     for k in range(count):
         shapes = rng.sample(SHAPES, rng.randint(1, 3))
         hours = round(rng.lognormvariate(2.5, 1.2), 2)
-        data = {"name": f"{prefix}{k}", "run": ["true"], "resources": {"accelerators": shapes},
-                "work": {"gpu_hours": min(max(hours, 1), 200), "kind": rng.choice(["training", "inference"])},
-                "checkpoint": {"size_gb": rng.choice([1, 5, 20, 80])}, "fill": rng.random() < 0.3}  # fmt: skip
+        data = {
+            "name": f"{prefix}{k}",
+            "run": ["true"],
+            "resources": {"accelerators": shapes},
+            "work": {"gpu_hours": min(max(hours, 1), 200), "kind": rng.choice(["training", "inference"])},
+            "checkpoint": {"size_gb": rng.choice([1, 5, 20, 80])},
+            "fill": rng.random() < 0.3,
+        }
         if rng.random() < 0.7:
             data["deadline"] = f"+{min(max(hours, 1), 200) * rng.uniform(1.2, 4) + 1:.1f}h"
         if rng.random() < 0.33:
@@ -67,9 +92,18 @@ def run(jobs: int, offers: int, seed: int, incremental: int = 0) -> dict:
     started = time.perf_counter()
     plan = CostSLO().plan(items, offer_list, capacity, NOW)
     total = time.perf_counter() - started
-    out = {"jobs": jobs, "offers": offers, **{k: round(v, 3) for k, v in plan.stats.items()}, "total_s": round(total, 3),
-           "objective": round(plan.objective, 2), "bound": round(plan.bound, 2), "gap": plan.gap,
-           "placed": len(plan.assignments), "unplaced": len(plan.unplaced), "expected_cost_usd": round(plan.expected_cost_usd, 2)}  # fmt: skip
+    out = {
+        "jobs": jobs,
+        "offers": offers,
+        **{k: round(v, 3) for k, v in plan.stats.items()},
+        "total_s": round(total, 3),
+        "objective": round(plan.objective, 2),
+        "bound": round(plan.bound, 2),
+        "gap": plan.gap,
+        "placed": len(plan.assignments),
+        "unplaced": len(plan.unplaced),
+        "expected_cost_usd": round(plan.expected_cost_usd, 2),
+    }
     if incremental:
         left = dict(capacity)
         for offer_id in plan.assignments.values():
@@ -78,8 +112,12 @@ def run(jobs: int, offers: int, seed: int, incremental: int = 0) -> dict:
         arrivals = make_jobs(incremental, rng, prefix="new")
         started = time.perf_counter()
         again = CostSLO().plan(arrivals, offer_list, left, NOW)
-        out["incremental"] = {"jobs": incremental, "total_s": round(time.perf_counter() - started, 3), "gap": again.gap,
-                              "placed": len(again.assignments)}  # fmt: skip
+        out["incremental"] = {
+            "jobs": incremental,
+            "total_s": round(time.perf_counter() - started, 3),
+            "gap": again.gap,
+            "placed": len(again.assignments),
+        }
     return out
 
 

@@ -7,16 +7,16 @@ Read-only on the live store: BROKER_REDIS_URL (or the embedded server's URL, whi
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import altair as alt
 import pandas as pd
 import streamlit as st
 
-from broker.models import spend
 from broker.bubbles.profiler import load_fill_stats, load_profiles
 from broker.domain.errors import BrokerError
+from broker.models import accounting
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.history import PriceHistory
 from broker.sim import results
@@ -38,7 +38,7 @@ def catalog() -> PriceCatalog:
 
 
 def now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def money(value: float | None) -> str:
@@ -51,17 +51,20 @@ def overview() -> None:
     if not jobs:
         st.info("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
         return
-    kpi = spend.overview(jobs, now())
+    kpi = accounting.overview(jobs, now())
     cols = st.columns(4)
     cols[0].metric("Spend to date", money(kpi["spend_usd"]))
-    cols[1].metric("Savings vs on-demand", money(kpi["savings_usd"]),
-                   None if kpi["savings_pct"] is None else f"{kpi['savings_pct']:.1f}%")  # fmt: skip
+    cols[1].metric(
+        "Savings vs on-demand",
+        money(kpi["savings_usd"]),
+        None if kpi["savings_pct"] is None else f"{kpi['savings_pct']:.1f}%",
+    )
     cols[2].metric("Deadline misses", kpi["deadline_misses"])
     cols[3].metric("Budget used", "-" if kpi["budget_used_pct"] is None else f"{kpi['budget_used_pct']:.1f}%")
     cols = st.columns(5)
     for col, state in zip(cols, ("running", "queued", "done", "failed", "cancelled")):
         col.metric(f"Jobs {state}", kpi[state])
-    spend = spend.spend_over_time(jobs, now())
+    spend = accounting.spend_over_time(jobs, now())
     if not spend.empty:
         long = spend.reset_index(names="time").melt("time", var_name="tier", value_name="spend $")
         chart = alt.Chart(long).mark_area().encode(x="time:T", y=alt.Y("spend $:Q", stack=True), color="tier:N")
@@ -75,21 +78,31 @@ def jobs_page() -> None:
     if not jobs:
         st.info("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
         return
-    st.dataframe(spend.jobs_frame(jobs, now()), hide_index=True, use_container_width=True)
+    st.dataframe(accounting.jobs_frame(jobs, now()), hide_index=True, use_container_width=True)
     chosen = st.selectbox("Job", [j.id for j in jobs], index=len(jobs) - 1)
     job = next(j for j in jobs if j.id == chosen)
     cols = st.columns(3)
     cols[0].metric("Quoted", money(job.quote.chosen.expected_cost_usd))
-    cols[1].metric("Realised so far", money(spend.spend_usd(job, now())))
+    cols[1].metric("Realised so far", money(accounting.spend_usd(job, now())))
     cols[2].metric("Migrations", job.migrations)
     if job.runs:
         st.subheader("Runs across offers")
         runs = [
-            {"run": r.id, "agent": r.agent, "tier": r.offer.tier.value, "offer": r.offer.id, "started": r.started_at,
-             "ended": r.ended_at, "end": r.end_reason or "running", "progress": r.progress_done,
-             "checkpoint step": r.checkpoint_step, "cost $": round(r.cost_usd, 4), "work lost s": round(r.work_lost_s, 1)}
+            {
+                "run": r.id,
+                "agent": r.agent,
+                "tier": r.offer.tier.value,
+                "offer": r.offer.id,
+                "started": r.started_at,
+                "ended": r.ended_at,
+                "end": r.end_reason or "running",
+                "progress": r.progress_done,
+                "checkpoint step": r.checkpoint_step,
+                "cost $": round(r.cost_usd, 4),
+                "work lost s": round(r.work_lost_s, 1),
+            }
             for r in job.runs
-        ]  # fmt: skip
+        ]
         st.dataframe(pd.DataFrame(runs), hide_index=True, use_container_width=True)
         progress = pd.DataFrame(store().progress(job.id), columns=["time", "done"])
         if not progress.empty:
@@ -112,13 +125,32 @@ def prices_page() -> None:
     st.subheader(f"Cheapest {gpu} price per hour by cloud")
     st.dataframe(cheapest, use_container_width=True)
     by_region = rows.groupby(["cloud", "region", "tier"])["price_usd_per_h"].min().reset_index()
-    chart = alt.Chart(by_region).mark_bar().encode(
-        x=alt.X("region:N", sort="y"), y="price_usd_per_h:Q", color="tier:N", xOffset="tier:N", tooltip=["cloud", "region", "tier", "price_usd_per_h"]
-    )  # fmt: skip
+    chart = (
+        alt.Chart(by_region)
+        .mark_bar()
+        .encode(
+            x=alt.X("region:N", sort="y"),
+            y="price_usd_per_h:Q",
+            color="tier:N",
+            xOffset="tier:N",
+            tooltip=["cloud", "region", "tier", "price_usd_per_h"],
+        )
+    )
     st.subheader("Spot vs on-demand by region")
     st.altair_chart(chart, use_container_width=True)
     st.subheader("Preemption hazard per spot offer (per hour, with its 90% band)")
-    spot = rows[rows["tier"] == "spot"][["offer", "cloud", "region", "instance_type", "price_usd_per_h", "hazard_per_h", "availability", "hazard_source"]]
+    spot = rows[rows["tier"] == "spot"][
+        [
+            "offer",
+            "cloud",
+            "region",
+            "instance_type",
+            "price_usd_per_h",
+            "hazard_per_h",
+            "availability",
+            "hazard_source",
+        ]
+    ]
     bands = [catalog().hazard.spot(c, r, i) for c, r, i in zip(spot["cloud"], spot["region"], spot["instance_type"])]
     spot = spot.assign(hazard_low=[b.low for b in bands], hazard_high=[b.high for b in bands])
     columns = ["offer", "price_usd_per_h", "hazard_per_h", "hazard_low", "hazard_high", "availability", "hazard_source"]
@@ -130,12 +162,18 @@ def price_history(history: PriceHistory, gpu: str, offer_ids: set[str]) -> None:
     st.subheader(f"{gpu} price history")
     recorded = [o for o in history.offers() if o in offer_ids]
     if not recorded:
-        st.info(f"no recorded {gpu} prices yet: run `broker prices refresh` or `broker prices import FILE`; "
-                "prices above are the packaged snapshot")  # fmt: skip
+        st.info(
+            f"no recorded {gpu} prices yet: run `broker prices refresh` or `broker prices import FILE`; "
+            "prices above are the packaged snapshot"
+        )
         return
     chosen = st.selectbox("Offer", recorded)
     series = history.series(chosen)
-    chart = alt.Chart(series).mark_line(point=True, interpolate="step-after").encode(x="at:T", y=alt.Y("usd:Q", title="USD per hour"))
+    chart = (
+        alt.Chart(series)
+        .mark_line(point=True, interpolate="step-after")
+        .encode(x="at:T", y=alt.Y("usd:Q", title="USD per hour"))
+    )
     st.altair_chart(chart, use_container_width=True)
     st.dataframe(series, hide_index=True, use_container_width=True)
 
@@ -143,8 +181,10 @@ def price_history(history: PriceHistory, gpu: str, offer_ids: set[str]) -> None:
 def bubbles_page() -> None:
     profiles = load_profiles(store())
     if not profiles:
-        st.info("no main training jobs registered yet: pipeline bubbles become capacity once an instrumented "
-                "DeepSpeed job reports its bubble profile")  # fmt: skip
+        st.info(
+            "no main training jobs registered yet: pipeline bubbles become capacity once an instrumented "
+            "DeepSpeed job reports its bubble profile"
+        )
         return
     filled = load_fill_stats(store())
     served = {}
@@ -159,22 +199,49 @@ def bubbles_page() -> None:
         for p in stages:
             fill = filled.get((main_job, p.stage))
             share, slowdown = (fill.fill_share(), fill.slowdown(p)) if fill else (None, None)
-            rows.append({"stage": p.stage, "device": p.device, "iteration s": p.iteration_s, "bubble fraction": p.bubble_fraction(),
-                         "usable share": p.usable_s(0.05) / p.iteration_s, "free GB": min(w.free_bytes for w in p.windows) / 1e9,
-                         "bubble time filled": share, "main-job slowdown %": None if slowdown is None else 100 * slowdown,
-                         "fill jobs served": len(served.get(f"{main_job}-stage{p.stage}", ())), "measured": p.measured_at})  # fmt: skip
+            rows.append(
+                {
+                    "stage": p.stage,
+                    "device": p.device,
+                    "iteration s": p.iteration_s,
+                    "bubble fraction": p.bubble_fraction(),
+                    "usable share": p.usable_s(0.05) / p.iteration_s,
+                    "free GB": min(w.free_bytes for w in p.windows) / 1e9,
+                    "bubble time filled": share,
+                    "main-job slowdown %": None if slowdown is None else 100 * slowdown,
+                    "fill jobs served": len(served.get(f"{main_job}-stage{p.stage}", ())),
+                    "measured": p.measured_at,
+                }
+            )
         st.dataframe(pd.DataFrame(rows), hide_index=True, use_container_width=True)
-        windows = pd.DataFrame([{"stage": f"stage {p.stage}", "kind": w.kind, "start": w.offset_s, "end": w.offset_s + w.median_s}
-                                for p in stages for w in p.windows])  # fmt: skip
-        chart = alt.Chart(windows).mark_bar().encode(x=alt.X("start:Q", title="seconds into the iteration"), x2="end:Q",
-                                                     y="stage:N", color="kind:N", tooltip=["stage", "kind", "start", "end"])  # fmt: skip
+        windows = pd.DataFrame(
+            [
+                {"stage": f"stage {p.stage}", "kind": w.kind, "start": w.offset_s, "end": w.offset_s + w.median_s}
+                for p in stages
+                for w in p.windows
+            ]
+        )
+        chart = (
+            alt.Chart(windows)
+            .mark_bar()
+            .encode(
+                x=alt.X("start:Q", title="seconds into the iteration"),
+                x2="end:Q",
+                y="stage:N",
+                color="kind:N",
+                tooltip=["stage", "kind", "start", "end"],
+            )
+        )
         st.altair_chart(chart, use_container_width=True)
 
 
 def backtest_page() -> None:
     directory = st.text_input("Backtest output directory", os.environ.get("BROKER_BACKTEST_DIR", ""))
     if not directory:
-        st.info("no backtest loaded: run `broker backtest --out DIR` and enter DIR here (or `broker dashboard --backtest DIR`)")
+        st.info(
+            "no backtest loaded: run `broker backtest --out DIR` and enter DIR here (or `broker "
+            "dashboard --backtest DIR`)"
+        )
         return
     try:
         table, spend, summary = results.load(Path(directory))
@@ -182,8 +249,10 @@ def backtest_page() -> None:
         st.info(f"no backtest loaded: {error}")
         return
     if summary:
-        st.caption(f"{summary.get('jobs')} jobs, seed {summary.get('seed')}, traces {summary.get('traces')}, "
-                   f"{len(summary.get('spot_offers', []))} spot offers")  # fmt: skip
+        st.caption(
+            f"{summary.get('jobs')} jobs, seed {summary.get('seed')}, traces {summary.get('traces')}, "
+            f"{len(summary.get('spot_offers', []))} spot offers"
+        )
     rows = table.set_index("policy")
     best = next((p for p in ("costslo+bubbles", "costslo") if p in rows.index), rows.index[0])
     cols = st.columns(4)
@@ -195,16 +264,28 @@ def backtest_page() -> None:
     cols[3].metric("Cost / omniscient", "-" if pd.isna(ratio) else f"{ratio:.2f}x")
     st.dataframe(table, hide_index=True, use_container_width=True)
     st.subheader("Cost by policy")
-    bars = alt.Chart(table).mark_bar().encode(x="cost_usd:Q", y=alt.Y("policy:N", sort=list(table.policy)),
-                                              color=alt.Color("deadline_misses:Q", title="misses"),
-                                              tooltip=["policy", "cost_usd", "savings_pct", "deadline_misses", "cost_vs_omniscient"])  # fmt: skip
+    bars = (
+        alt.Chart(table)
+        .mark_bar()
+        .encode(
+            x="cost_usd:Q",
+            y=alt.Y("policy:N", sort=list(table.policy)),
+            color=alt.Color("deadline_misses:Q", title="misses"),
+            tooltip=["policy", "cost_usd", "savings_pct", "deadline_misses", "cost_vs_omniscient"],
+        )
+    )
     st.altair_chart(bars, use_container_width=True)
     st.subheader("Cumulative spend")
     long = spend.reset_index().melt("hours", var_name="policy", value_name="spend $")
-    st.altair_chart(alt.Chart(long).mark_line().encode(x="hours:Q", y="spend $:Q", color="policy:N"), use_container_width=True)
+    st.altair_chart(
+        alt.Chart(long).mark_line().encode(x="hours:Q", y="spend $:Q", color="policy:N"), use_container_width=True
+    )
     st.subheader("Tier mix (instance hours)")
     mix = table.melt("policy", value_vars=["bubble_h", "spot_h", "on_demand_h"], var_name="tier", value_name="hours")
-    st.altair_chart(alt.Chart(mix).mark_bar().encode(x=alt.X("hours:Q", stack=True), y="policy:N", color="tier:N"), use_container_width=True)
+    st.altair_chart(
+        alt.Chart(mix).mark_bar().encode(x=alt.X("hours:Q", stack=True), y="policy:N", color="tier:N"),
+        use_container_width=True,
+    )
 
 
 def main() -> None:
@@ -212,8 +293,13 @@ def main() -> None:
     st.title("broker")
     page = st.sidebar.radio("Page", PAGES)
     try:
-        {"Overview": overview, "Jobs": jobs_page, "Prices and risk": prices_page,
-         "Bubbles": bubbles_page, "Backtest": backtest_page}[page]()  # fmt: skip
+        {
+            "Overview": overview,
+            "Jobs": jobs_page,
+            "Prices and risk": prices_page,
+            "Bubbles": bubbles_page,
+            "Backtest": backtest_page,
+        }[page]()
     except (BrokerError, KeyError) as error:
         st.error(f"cannot read the store: {error}; start it with `broker dashboard` or set BROKER_REDIS_URL")
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import shutil
-import sys
 import socket
 import subprocess
+import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,14 +19,14 @@ from redis.retry import Retry
 from broker.agents.notices import Notice
 from broker.agents.runner import JobProcess
 from broker.core.clock import ManualClock
-from broker.pricing.catalog import PriceCatalog
 from broker.domain.specfile import validate_spec
+from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SHARED_DATA = ROOT.parent / "shared" / "data"
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
 
 def free_port() -> int:
@@ -120,9 +120,12 @@ TRAIN = EXAMPLES / "jobs" / "train_mlp.py"
 def train_spec(**env):
     """The deterministic torch training job of examples/jobs, 60 steps, a checkpoint every 10."""
     return make_spec(
-        name="train", run=[sys.executable, str(TRAIN)], env={"STEPS": "60", "CKPT_EVERY": "10", **env},
-        resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 0.1},
-    )  # fmt: skip
+        name="train",
+        run=[sys.executable, str(TRAIN)],
+        env={"STEPS": "60", "CKPT_EVERY": "10", **env},
+        resources={"accelerators": ["L4:1"]},
+        work={"gpu_hours": 0.1},
+    )
 
 
 def run_to_end(spec, job_id, store_root, run_dir, resume_from=None):
@@ -154,7 +157,7 @@ class Switch:
         self.fired = None
 
     def fire(self, lead_s=10.0):
-        self.fired = Notice("test", "terminate", datetime.now(timezone.utc) + timedelta(seconds=lead_s))
+        self.fired = Notice("test", "terminate", datetime.now(UTC) + timedelta(seconds=lead_s))
 
     def check(self):
         return self.fired

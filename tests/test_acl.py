@@ -8,17 +8,17 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from broker.store import acl
 from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
 from broker.app.cli.main import app
-from broker.core.clock import SystemClock
 from broker.app.demo import pick_agents
+from broker.core.broker import Broker
+from broker.core.clock import SystemClock
+from broker.core.server import BrokerServer
 from broker.domain.errors import BrokerError
 from broker.domain.model import JobState
-from broker.core.server import BrokerServer
-from broker.core.broker import Broker
+from broker.store import acl
 from broker.store.jobs import Store
 from conftest import make_spec, start_redis, stop_redis
 
@@ -32,12 +32,16 @@ def admin_url(tmp_path):
     stop_redis(proc, port)
 
 
-def test_broker_and_agents_run_jobs_on_their_own_users_and_an_agent_reaches_only_its_own_keys(admin_url, tmp_path, catalog, monkeypatch):
+def test_broker_and_agents_run_jobs_on_their_own_users_and_an_agent_reaches_only_its_own_keys(
+    admin_url, tmp_path, catalog, monkeypatch
+):
     monkeypatch.setenv("BROKER_REDIS_URL", admin_url)
     made = CliRunner().invoke(app, ["acl", "broker", "--name", "planner"])
     assert made.exit_code == 0, made.output
     broker_url = made.output.strip()
-    assert broker_url.startswith("redis://planner:") and broker_url.endswith(f"@127.0.0.1:{admin_url.rsplit(':', 1)[1]}")
+    assert broker_url.startswith("redis://planner:") and broker_url.endswith(
+        f"@127.0.0.1:{admin_url.rsplit(':', 1)[1]}"
+    )
     urls = {name: acl.agent_user(admin_url, P, name) for name in ("alpha", "beta")}
 
     store = Store(broker_url)
@@ -45,13 +49,22 @@ def test_broker_and_agents_run_jobs_on_their_own_users_and_an_agent_reaches_only
     broker = Broker(store, catalog, policy, SystemClock())
     server = BrokerServer(store, policy, SystemClock(), CheckpointStore(str(tmp_path / "ckpt")), lease_s=1.0)
     offer = dict((name, o) for name, o, _ in pick_agents(catalog))["ondemand-a"]
-    agents = {name: Agent(Store(url, prefix=P), name, offer, str(tmp_path / "ckpt"), tmp_path / "runs", heartbeat_s=0.2, lease_s=5.0)
-              for name, url in urls.items()}  # fmt: skip
+    agents = {
+        name: Agent(
+            Store(url, prefix=P), name, offer, str(tmp_path / "ckpt"), tmp_path / "runs", heartbeat_s=0.2, lease_s=5.0
+        )
+        for name, url in urls.items()
+    }
     jobs = {}
     for name, agent in agents.items():  # one job per agent: each registers, then its job is submitted and starts
         agent.register()
-        spec = make_spec(name=f"job-{name}", run=[sys.executable, "-c", "import time; time.sleep(1); print('ok')"], env={"API_TOKEN": name},
-                         resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 0.1})  # fmt: skip
+        spec = make_spec(
+            name=f"job-{name}",
+            run=[sys.executable, "-c", "import time; time.sleep(1); print('ok')"],
+            env={"API_TOKEN": name},
+            resources={"accelerators": ["L4:1"]},
+            work={"gpu_hours": 0.1},
+        )
         jobs[name] = broker.submit(spec).id
         deadline = time.monotonic() + 30
         while store.get_job(jobs[name]).state != JobState.running and time.monotonic() < deadline:
@@ -68,7 +81,9 @@ def test_broker_and_agents_run_jobs_on_their_own_users_and_an_agent_reaches_only
         assert job.state == JobState.done and [r.agent for r in job.runs] == [name]
 
     alpha = redis.Redis.from_url(urls["alpha"], decode_responses=True)
-    assert alpha.xreadgroup("agent", "alpha", {f"{P}assign:alpha": "0"})  # its own assignments (with its job's spec) it reads
+    assert alpha.xreadgroup(
+        "agent", "alpha", {f"{P}assign:alpha": "0"}
+    )  # its own assignments (with its job's spec) it reads
     assert alpha.get(f"{P}own:alpha:{jobs['alpha']}") is not None
     denied = [
         lambda: alpha.xrange(f"{P}assign:beta"),  # another agent's assignments
@@ -94,7 +109,11 @@ def test_broker_and_agents_run_jobs_on_their_own_users_and_an_agent_reaches_only
     server.round(block_ms=10)
     assert [a.id for a in store.agents()] == ["beta"] and store.get_agent("alpha") is None
     planner = redis.Redis.from_url(broker_url)
-    for attempt in (planner.flushall, lambda: planner.acl_setuser("alpha", enabled=True), lambda: planner.get("other-app:key")):
+    for attempt in (
+        planner.flushall,
+        lambda: planner.acl_setuser("alpha", enabled=True),
+        lambda: planner.get("other-app:key"),
+    ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             attempt()
 

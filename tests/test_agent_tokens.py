@@ -1,6 +1,6 @@
 """Agents join with an expiring HMAC registration token; the server gives work only to admitted agents."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from typer.testing import CliRunner
 
@@ -8,13 +8,13 @@ from broker import planning
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.tokens import issue, refusal
 from broker.app.cli.main import app
-from broker.core.clock import SystemClock
-from broker.domain.model import AgentInfo
-from broker.core.server import BrokerServer
 from broker.core.broker import Broker
+from broker.core.clock import SystemClock
+from broker.core.server import BrokerServer
+from broker.domain.model import AgentInfo
 from conftest import make_spec
 
-NOW = datetime(2026, 11, 22, 12, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
 
 
 def test_a_token_admits_its_agent_until_it_expires_and_nobody_else():
@@ -31,15 +31,23 @@ def test_a_token_admits_its_agent_until_it_expires_and_nobody_else():
 
 def test_the_server_dispatches_only_to_agents_with_a_valid_token_and_logs_the_rest(store, catalog, tmp_path, caplog):
     offer = next(o for o in catalog.offers if o.accelerator == "A100" and o.accelerator_count == 1)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     server = BrokerServer(store, planning.get(), SystemClock(), CheckpointStore(str(tmp_path)), agent_secret="s3cret")
-    for agent_id, token in (("intruder", None), ("stale", issue("s3cret", "stale", now - timedelta(minutes=1))),
-                            ("good", issue("s3cret", "good", now + timedelta(hours=1)))):  # fmt: skip
-        store.register_agent(AgentInfo(id=agent_id, offer=offer, host="h", pid=1, registered_at=now, token=token), 60_000)
+    for agent_id, token in (
+        ("intruder", None),
+        ("stale", issue("s3cret", "stale", now - timedelta(minutes=1))),
+        ("good", issue("s3cret", "good", now + timedelta(hours=1))),
+    ):
+        store.register_agent(
+            AgentInfo(id=agent_id, offer=offer, host="h", pid=1, registered_at=now, token=token), 60_000
+        )
     job = Broker(store, catalog, planning.get(), SystemClock()).submit(make_spec())
     assert server.dispatch() == [(job.id, "good")]
     assert sorted(a.id for a in store.agents()) == ["good"]
-    assert "agent=intruder refused: no registration token" in caplog.text and "agent=stale refused: registration token expired" in caplog.text
+    assert (
+        "agent=intruder refused: no registration token" in caplog.text
+        and "agent=stale refused: registration token expired" in caplog.text
+    )
 
 
 def test_cli_issues_tokens_only_with_the_brokers_secret(monkeypatch):
@@ -49,5 +57,5 @@ def test_cli_issues_tokens_only_with_the_brokers_secret(monkeypatch):
     assert refused.exit_code == 2 and "BROKER_AGENT_SECRET" in refused.output
     monkeypatch.setenv("BROKER_AGENT_SECRET", "s3cret")
     token = runner.invoke(app, ["agents", "token", "--id", "spot-a", "--ttl-hours", "2"]).stdout.strip()
-    assert refusal("s3cret", "spot-a", token, datetime.now(timezone.utc)) is None
-    assert refusal("s3cret", "spot-a", token, datetime.now(timezone.utc) + timedelta(hours=3)) is not None
+    assert refusal("s3cret", "spot-a", token, datetime.now(UTC)) is None
+    assert refusal("s3cret", "spot-a", token, datetime.now(UTC) + timedelta(hours=3)) is not None

@@ -4,7 +4,7 @@ the published formats (Retail Prices API, resource SKUs, Resource Graph) at the 
 import json
 import re
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from urllib.parse import parse_qs, urlsplit
 
 import responses
@@ -15,7 +15,7 @@ from broker.pricing.hazard import HazardModel
 from broker.pricing.history import PriceHistory
 from broker.pricing.refresh import refresh
 
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 KNOWN = {
     "Standard_NC6s_v3": {"accelerator": "V100", "accelerator_count": 1, "vcpus": 6.0, "memory_gb": 112.0},
     "Standard_NC4as_T4_v3": {"accelerator": "T4", "accelerator_count": 1, "vcpus": 4.0, "memory_gb": 28.0},
@@ -23,21 +23,47 @@ KNOWN = {
 RETAIL = re.compile(r"https://prices\.azure\.com(:443)?/api/retail/prices.*")  # NextPageLink names the port
 
 
-def item(sku: str, name: str, price: float, product: str = "Virtual Machines NCSv3 Series", unit: str = "1 Hour") -> dict:
+def item(
+    sku: str, name: str, price: float, product: str = "Virtual Machines NCSv3 Series", unit: str = "1 Hour"
+) -> dict:
     """One Retail Prices API item, as the API publishes it."""
-    return {"currencyCode": "USD", "tierMinimumUnits": 0.0, "retailPrice": price, "unitPrice": price, "armRegionName": "eastus",
-            "location": "US East", "effectiveStartDate": "2025-01-01T00:00:00Z", "meterId": f"m-{name}", "meterName": name,
-            "productId": "DZH318Z0BQPS", "skuId": f"DZH318Z0BQPS/{name}", "productName": product, "skuName": name,
-            "serviceName": "Virtual Machines", "serviceId": "DZH313Z7MMC8", "serviceFamily": "Compute", "unitOfMeasure": unit,
-            "type": "Consumption", "isPrimaryMeterRegion": True, "armSkuName": sku}  # fmt: skip
+    return {
+        "currencyCode": "USD",
+        "tierMinimumUnits": 0.0,
+        "retailPrice": price,
+        "unitPrice": price,
+        "armRegionName": "eastus",
+        "location": "US East",
+        "effectiveStartDate": "2025-01-01T00:00:00Z",
+        "meterId": f"m-{name}",
+        "meterName": name,
+        "productId": "DZH318Z0BQPS",
+        "skuId": f"DZH318Z0BQPS/{name}",
+        "productName": product,
+        "skuName": name,
+        "serviceName": "Virtual Machines",
+        "serviceId": "DZH313Z7MMC8",
+        "serviceFamily": "Compute",
+        "unitOfMeasure": unit,
+        "type": "Consumption",
+        "isPrimaryMeterRegion": True,
+        "armSkuName": sku,
+    }
 
 
 PAGES = [
-    [item("Standard_NC6s_v3", "NC6s v3", 3.06), item("Standard_NC6s_v3", "NC6s v3 Spot", 0.3672),
-     item("Standard_NC6s_v3", "NC6s v3", 4.47, product="Virtual Machines NCSv3 Series Windows")],
-    [item("Standard_NC6s_v3", "NC6s v3 Low Priority", 0.612), item("Standard_NC4as_T4_v3", "NC4as T4 v3", 0.526, product="NCasT4 v3"),
-     item("Standard_NC4as_T4_v3", "NC4as T4 v3 Spot", 0.0526, product="NCasT4 v3"), {"armSkuName": "broken"}],
-]  # fmt: skip
+    [
+        item("Standard_NC6s_v3", "NC6s v3", 3.06),
+        item("Standard_NC6s_v3", "NC6s v3 Spot", 0.3672),
+        item("Standard_NC6s_v3", "NC6s v3", 4.47, product="Virtual Machines NCSv3 Series Windows"),
+    ],
+    [
+        item("Standard_NC6s_v3", "NC6s v3 Low Priority", 0.612),
+        item("Standard_NC4as_T4_v3", "NC4as T4 v3", 0.526, product="NCasT4 v3"),
+        item("Standard_NC4as_T4_v3", "NC4as T4 v3 Spot", 0.0526, product="NCasT4 v3"),
+        {"armSkuName": "broken"},
+    ],
+]
 
 
 def serve_retail(throttle_first: bool = False):
@@ -50,10 +76,18 @@ def serve_retail(throttle_first: bool = False):
         query = parse_qs(urlsplit(request.url).query)
         assert "armRegionName eq 'eastus'" in query.get("$filter", [""])[0]
         page = int(query.get("$skip", ["0"])[0]) // 100
-        body = {"BillingCurrency": "USD", "CustomerEntityId": "Default", "CustomerEntityType": "Retail", "Items": PAGES[page], "Count": len(PAGES[page])}
+        body = {
+            "BillingCurrency": "USD",
+            "CustomerEntityId": "Default",
+            "CustomerEntityType": "Retail",
+            "Items": PAGES[page],
+            "Count": len(PAGES[page]),
+        }
         if page + 1 < len(PAGES):
-            body["NextPageLink"] = ("https://prices.azure.com:443/api/retail/prices?$filter=serviceName%20eq%20%27Virtual%20Machines%27%20and%20"
-                                    "priceType%20eq%20%27Consumption%27%20and%20armRegionName%20eq%20%27eastus%27&$skip=100")  # fmt: skip
+            body["NextPageLink"] = (
+                "https://prices.azure.com:443/api/retail/prices?$filter=serviceName%20eq%20%27Virtual%20Machines%27%20and%20"
+                "priceType%20eq%20%27Consumption%27%20and%20armRegionName%20eq%20%27eastus%27&$skip=100"
+            )
         return 200, {}, json.dumps(body)
 
     responses.add_callback(responses.GET, RETAIL, callback=answer)
@@ -67,7 +101,9 @@ def test_retail_pages_become_rows_spot_and_pay_as_you_go_linux_only_after_a_thro
     source.check()
     rows = source.rows(NOW).sort_values("instance_type").reset_index(drop=True)
     assert list(zip(rows.instance_type, rows.on_demand_usd_per_h, rows.spot_usd_per_h)) == [
-        ("Standard_NC4as_T4_v3", 0.526, 0.0526), ("Standard_NC6s_v3", 3.06, 0.3672)]
+        ("Standard_NC4as_T4_v3", 0.526, 0.0526),
+        ("Standard_NC6s_v3", 3.06, 0.3672),
+    ]
     assert rows.zone.isna().all() and list(rows.accelerator) == ["T4", "V100"]
     assert state["calls"] == 3 and source.skipped == {"malformed retail item": 1}
     assert "no credentials" in source.notes[0]
@@ -81,34 +117,84 @@ class Token:
 @responses.activate
 def test_with_credentials_shapes_come_from_resource_skus_and_bands_from_resource_graph():
     serve_retail()
-    capabilities = lambda gpus, cpus, mem: [{"name": "GPUs", "value": gpus}, {"name": "vCPUs", "value": cpus}, {"name": "MemoryGB", "value": mem}]  # noqa: E731
-    responses.add(responses.GET, re.compile(r"https://management\.azure\.com/subscriptions/sub-1/providers/Microsoft\.Compute/skus.*"),
-                  json={"value": [
-                      {"resourceType": "virtualMachines", "name": "Standard_NC6s_v3", "tier": "Standard", "size": "NC6s_v3",
-                       "family": "standardNCSv3Family", "locations": ["eastus"], "capabilities": capabilities("1", "6", "112")},
-                      {"resourceType": "virtualMachines", "name": "Standard_NC4as_T4_v3", "locations": ["eastus"], "capabilities": capabilities("1", "4", "28")},
-                      {"resourceType": "virtualMachines", "name": "Standard_D2s_v5", "locations": ["eastus"], "capabilities": capabilities("0", "2", "8")},
-                      {"resourceType": "virtualMachines", "name": "Standard_NG8ads_V620_v1", "locations": ["eastus"], "capabilities": capabilities("1", "8", "16")},
-                      {"resourceType": "disks", "name": "Premium_LRS", "locations": ["eastus"]}]})  # fmt: skip
-    responses.add(responses.POST, re.compile(r"https://management\.azure\.com/providers/Microsoft\.ResourceGraph/resources.*"),
-                  json={"totalRecords": 2, "count": 2, "resultTruncated": "false", "facets": [], "data": [
-                      {"skuName": "standard_nc6s_v3", "location": "eastus", "evictionRate": "10-15"},
-                      {"skuName": "standard_nc4as_t4_v3", "location": "eastus", "evictionRate": "0-5"}]})  # fmt: skip
+
+    def capabilities(gpus, cpus, mem):
+        return [{"name": "GPUs", "value": gpus}, {"name": "vCPUs", "value": cpus}, {"name": "MemoryGB", "value": mem}]
+
+    responses.add(
+        responses.GET,
+        re.compile(r"https://management\.azure\.com/subscriptions/sub-1/providers/Microsoft\.Compute/skus.*"),
+        json={
+            "value": [
+                {
+                    "resourceType": "virtualMachines",
+                    "name": "Standard_NC6s_v3",
+                    "tier": "Standard",
+                    "size": "NC6s_v3",
+                    "family": "standardNCSv3Family",
+                    "locations": ["eastus"],
+                    "capabilities": capabilities("1", "6", "112"),
+                },
+                {
+                    "resourceType": "virtualMachines",
+                    "name": "Standard_NC4as_T4_v3",
+                    "locations": ["eastus"],
+                    "capabilities": capabilities("1", "4", "28"),
+                },
+                {
+                    "resourceType": "virtualMachines",
+                    "name": "Standard_D2s_v5",
+                    "locations": ["eastus"],
+                    "capabilities": capabilities("0", "2", "8"),
+                },
+                {
+                    "resourceType": "virtualMachines",
+                    "name": "Standard_NG8ads_V620_v1",
+                    "locations": ["eastus"],
+                    "capabilities": capabilities("1", "8", "16"),
+                },
+                {"resourceType": "disks", "name": "Premium_LRS", "locations": ["eastus"]},
+            ]
+        },
+    )
+    responses.add(
+        responses.POST,
+        re.compile(r"https://management\.azure\.com/providers/Microsoft\.ResourceGraph/resources.*"),
+        json={
+            "totalRecords": 2,
+            "count": 2,
+            "resultTruncated": "false",
+            "facets": [],
+            "data": [
+                {"skuName": "standard_nc6s_v3", "location": "eastus", "evictionRate": "10-15"},
+                {"skuName": "standard_nc4as_t4_v3", "location": "eastus", "evictionRate": "0-5"},
+            ],
+        },
+    )
     source = AzurePrices(["eastus"], KNOWN, credential=Token(), subscription_id="sub-1")
     rows = source.rows(NOW)
     assert set(rows.instance_type) == {"Standard_NC6s_v3", "Standard_NC4as_T4_v3"}
     assert source.skipped["GPU size not in the catalog (GPU model unknown)"] == 1
     bands = source.eviction_bands()
-    assert bands == {("azure", "eastus", "Standard_NC6s_v3"): "10-15", ("azure", "eastus", "Standard_NC4as_T4_v3"): "0-5"}
+    assert bands == {
+        ("azure", "eastus", "Standard_NC6s_v3"): "10-15",
+        ("azure", "eastus", "Standard_NC4as_T4_v3"): "0-5",
+    }
     model = HazardModel.packaged().with_bands(bands)
     v100, t4 = model.spot("azure", "eastus", "Standard_NC6s_v3"), model.spot("azure", "eastus", "Standard_NC4as_T4_v3")
-    assert v100.band == "10-15%" and t4.band == "<5%" and t4.per_hour < v100.per_hour < model.spot("azure", "westus", "Standard_NC6s_v3").per_hour
+    assert (
+        v100.band == "10-15%"
+        and t4.band == "<5%"
+        and t4.per_hour < v100.per_hour < model.spot("azure", "westus", "Standard_NC6s_v3").per_hour
+    )
 
 
 @responses.activate
 def test_an_error_page_fails_the_refresh_and_records_nothing(store):
     history = PriceHistory(store)
-    responses.add(responses.GET, RETAIL, status=400, json={"Error": {"Code": "InvalidFilter", "Message": "Invalid OData filter"}})
+    responses.add(
+        responses.GET, RETAIL, status=400, json={"Error": {"Code": "InvalidFilter", "Message": "Invalid OData filter"}}
+    )
     [report] = refresh([AzurePrices(["eastus"], KNOWN)], history, {"azure": {"eastus"}}, NOW)
     assert report["status"] == "failed" and "400" in report["message"] and history.offers() == []
 

@@ -2,15 +2,15 @@
 
 import json
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from broker.core import broker as core_broker
-from broker.app.cli.main import app
 from broker.app.cli.backtest import PACKAGED_TRACES, trace_start
+from broker.app.cli.main import app
+from broker.core import broker as core_broker
 from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import JobState
 from broker.models.risk import exclusive_hours, restart_hours
@@ -20,7 +20,7 @@ from broker.sim.fleet import PROGRESS_UNITS
 from broker.sim.market import from_traces, resample
 from broker.sim.workloads import FREERIDE_MAIN_JOBS, ml_mix
 
-START = datetime(2023, 2, 15, tzinfo=timezone.utc)
+START = datetime(2023, 2, 15, tzinfo=UTC)
 POLICIES = [*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT]
 
 
@@ -72,7 +72,7 @@ def test_finished_jobs_did_exactly_their_work_and_resumed_from_their_checkpoints
             last = job.runs[-1]
             assert last.progress_done == pytest.approx(PROGRESS_UNITS) and last.progress_total == PROGRESS_UNITS
             resumed = 0
-            for before, run in zip(job.runs, job.runs[1:]):
+            for run in job.runs[1:]:
                 if run.resume_from:  # resumed from the newest checkpoint the earlier runs saved
                     resumed = max(r.checkpoint_step or 0 for r in job.runs[: job.runs.index(run)])
                     assert f"step-{resumed:012d}" in run.resume_from
@@ -100,7 +100,9 @@ def test_bubbles_carry_fill_jobs_only_when_the_policy_sees_them(results):
             if not policy.endswith("+bubbles"):
                 assert bubble_runs == [], policy
             assert all(j.spec.fill for j, _ in bubble_runs)
-    assert any(r.offer.tier.value == "bubble" for res in results.values() for j in res.outcomes[-1].jobs for r in j.runs)
+    assert any(
+        r.offer.tier.value == "bubble" for res in results.values() for j in res.outcomes[-1].jobs for r in j.runs
+    )
 
 
 def test_skypilot_ignores_deadlines_and_never_uses_on_demand(results):
@@ -118,7 +120,9 @@ def test_the_backtest_drives_the_live_core_not_a_copy(market, redis_server, monk
 
 
 def test_resample_keeps_a_tick_only_when_capacity_lasted_all_of_it():
-    trace = Trace("t", "availability", "aws", "us-east-1", "us-east-1a", "p3.2xlarge", 100.0, np.array([1, 1, 0, 1, 1, 1, 2, 2]))
+    trace = Trace(
+        "t", "availability", "aws", "us-east-1", "us-east-1a", "p3.2xlarge", 100.0, np.array([1, 1, 0, 1, 1, 1, 2, 2])
+    )
     assert resample(trace, 200.0).tolist() == [1, 0, 1, 2]
     assert resample(trace, 50.0).tolist() == [1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2]
 
@@ -127,7 +131,8 @@ def test_offers_yaml_places_traces_and_non_gpu_traces_are_skipped(tmp_path, cata
     (tmp_path / "zone-a.json").write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [1, 0, 1, 1]}))
     (tmp_path / "cpu.json").write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [1, 1]}))
     (tmp_path / "offers.yaml").write_text(
-        "zone-a.json: {cloud: aws, region: us-east-2, zone: us-east-2b, instance_type: p3.2xlarge, spot_usd_per_h: 0.5}\n"
+        "zone-a.json: {cloud: aws, region: us-east-2, zone: us-east-2b, instance_type: p3.2xlarge, "
+        "spot_usd_per_h: 0.5}\n"
         "cpu.json: {cloud: aws, region: us-east-1, instance_type: r5.16xlarge}\n"
     )
     market = from_traces(tmp_path, catalog, START, tick_s=600, spot_instances=1)
@@ -153,23 +158,65 @@ def test_workloads_are_seeded_and_deadlines_feasible_on_demand():
 def _v100_on_demand():
     from broker.domain.model import Offer, Tier
 
-    return Offer(cloud="aws", region="us-east-1", zone=None, instance_type="p3.2xlarge", tier=Tier.on_demand, accelerator="V100",
-                 accelerator_count=1, gpu_memory_gb=16, vcpus=8, memory_gb=61, price_usd_per_h=3.06)  # fmt: skip
+    return Offer(
+        cloud="aws",
+        region="us-east-1",
+        zone=None,
+        instance_type="p3.2xlarge",
+        tier=Tier.on_demand,
+        accelerator="V100",
+        accelerator_count=1,
+        gpu_memory_gb=16,
+        vcpus=8,
+        memory_gb=61,
+        price_usd_per_h=3.06,
+    )
 
 
 def test_cli_backtest_json_and_output_directory(tmp_path):
     out = tmp_path / "bt"
-    result = CliRunner().invoke(app, ["backtest", "--jobs", "3", "--seed", "2", "--tick-minutes", "30",
-                                      "--policies", "uniform-progress,costslo+bubbles,omniscient", "--out", str(out), "--json"])  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        [
+            "backtest",
+            "--jobs",
+            "3",
+            "--seed",
+            "2",
+            "--tick-minutes",
+            "30",
+            "--policies",
+            "uniform-progress,costslo+bubbles,omniscient",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     names = [row["policy"] for row in body["policies"]]
     assert names == ["uniform-progress", "costslo+bubbles", "omniscient"]
     for row in body["policies"]:
-        assert {"policy", "cost_usd", "savings_pct", "deadline_misses", "cost_vs_omniscient", "migrations", "work_lost_h",
-                "quote_error_pct"} <= row.keys()  # fmt: skip
+        assert {
+            "policy",
+            "cost_usd",
+            "savings_pct",
+            "deadline_misses",
+            "cost_vs_omniscient",
+            "migrations",
+            "work_lost_h",
+            "quote_error_pct",
+        } <= row.keys()
         assert row["cost_usd"] > 0 and not math.isnan(row["cost_usd"])
-    for name in ("policies.csv", "jobs.csv", "spend.csv", "summary.json", "cost_by_policy.png", "spend_over_time.png", "tier_mix.png"):
+    for name in (
+        "policies.csv",
+        "jobs.csv",
+        "spend.csv",
+        "summary.json",
+        "cost_by_policy.png",
+        "spend_over_time.png",
+        "tier_mix.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     assert (out / "cost_by_policy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -199,8 +246,23 @@ def test_cli_backtest_takes_measured_bubble_profiles_and_refuses_a_bad_file(tmp_
         measured = forecast("measured", "gpipe", 4, 4, [0.25] * 4, [0.5] * 4, [int(free_gb * 1e9)] * 4, "V100", START)
         path = tmp_path / "profiles.json"
         path.write_text(json.dumps([p.model_dump(mode="json") for p in measured]))
-        result = CliRunner().invoke(app, ["backtest", "--jobs", "4", "--seed", "1", "--tick-minutes", "30", "--policies",
-                                          "costslo+bubbles", "--profiles", str(path), "--json"])  # fmt: skip
+        result = CliRunner().invoke(
+            app,
+            [
+                "backtest",
+                "--jobs",
+                "4",
+                "--seed",
+                "1",
+                "--tick-minutes",
+                "30",
+                "--policies",
+                "costslo+bubbles",
+                "--profiles",
+                str(path),
+                "--json",
+            ],
+        )
         assert result.exit_code == 0, result.output
         (row,) = json.loads(result.stdout)["policies"]
         return row["bubble_h"]

@@ -6,17 +6,29 @@ from datetime import timedelta
 import pytest
 
 from broker.domain.model import Offer, Tier
+from broker.models.risk import STARTUP_H, Expectation, fallback_expectation
 from broker.planning import get
 from broker.planning.costslo import CostSLO, may_wait
 from broker.planning.options import PlanItem
-from broker.models.risk import STARTUP_H, Expectation, fallback_expectation
 from broker.planning.uniform_progress import UniformProgress
 from conftest import NOW, make_spec
 
 
 def offer(zone, tier, price, region="us-east-1", hazard=0.0):
-    return Offer(cloud="aws", region=region, zone=zone, instance_type="x", tier=tier, accelerator="A100", accelerator_count=1,
-                 gpu_memory_gb=40, vcpus=8, memory_gb=64, price_usd_per_h=price, hazard_per_h=hazard)  # fmt: skip
+    return Offer(
+        cloud="aws",
+        region=region,
+        zone=zone,
+        instance_type="x",
+        tier=tier,
+        accelerator="A100",
+        accelerator_count=1,
+        gpu_memory_gb=40,
+        vcpus=8,
+        memory_gb=64,
+        price_usd_per_h=price,
+        hazard_per_h=hazard,
+    )
 
 
 SPOT_EAST, SPOT_WEST = offer("e", Tier.spot, 1.0), offer("w", Tier.spot, 1.5, region="us-west-2")
@@ -24,7 +36,9 @@ OD = offer("o", Tier.on_demand, 4.0)
 
 
 def item(name="j", deadline="+40h", gpu_hours=10, **fields):
-    return PlanItem(name, make_spec(name=name, work={"gpu_hours": gpu_hours}, deadline=deadline), submitted_at=NOW, **fields)
+    return PlanItem(
+        name, make_spec(name=name, work={"gpu_hours": gpu_hours}, deadline=deadline), submitted_at=NOW, **fields
+    )
 
 
 def test_skypilot_eager_takes_the_cheapest_spot_but_leaves_the_region_that_preempted_it():
@@ -89,4 +103,6 @@ def test_a_fallback_pays_on_demand_only_for_the_work_left_when_the_net_fires():
 
 def test_a_job_without_a_deadline_does_not_wait_for_spot():
     assert not may_wait(item(deadline=None, on_demand_h=10.0), NOW)
-    assert CostSLO().plan([item(deadline=None, on_demand_h=10.0)], [SPOT_EAST, OD], {SPOT_EAST.id: 0}, NOW).assignments == {"j": OD.id}
+    assert CostSLO().plan(
+        [item(deadline=None, on_demand_h=10.0)], [SPOT_EAST, OD], {SPOT_EAST.id: 0}, NOW
+    ).assignments == {"j": OD.id}

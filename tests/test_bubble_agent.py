@@ -15,10 +15,10 @@ from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
 from broker.bubbles.profiler import load_fill_stats, load_profiles
-from broker.core.clock import SystemClock
-from broker.domain.model import JobState, Tier
-from broker.core.server import BrokerServer
 from broker.core.broker import Broker
+from broker.core.clock import SystemClock
+from broker.core.server import BrokerServer
+from broker.domain.model import JobState, Tier
 from broker.domain.specfile import load_spec
 from broker.store.jobs import Store
 from conftest import EXAMPLES, NOW, assert_same_weights, make_spec, run_to_end
@@ -37,19 +37,47 @@ def wait(condition, timeout_s, what):
 
 def test_bubble_agents_serve_a_fill_job_that_then_finishes_on_an_ordinary_agent(redis_url, tmp_path, catalog):
     store, root = Store(redis_url), str(tmp_path / "ckpt")
-    env = {**os.environ, "BROKER_REDIS_URL": redis_url, "BROKER_PREFIX": "broker:", "BROKER_CHECKPOINTS": root, "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "BROKER_REDIS_URL": redis_url,
+        "BROKER_PREFIX": "broker:",
+        "BROKER_CHECKPOINTS": root,
+        "OMP_NUM_THREADS": "1",
+    }
     torchrun = Path(sys.executable).with_name("torchrun")
-    training = subprocess.Popen([str(torchrun), "--nproc_per_node", "4", str(SCRIPT), "--steps", "400", "--out", str(tmp_path / "run"),
-                                 "--broker", "llm"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    training = subprocess.Popen(
+        [
+            str(torchrun),
+            "--nproc_per_node",
+            "4",
+            str(SCRIPT),
+            "--steps",
+            "400",
+            "--out",
+            str(tmp_path / "run"),
+            "--broker",
+            "llm",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        wait(lambda: {a.id for a in store.agents()} >= set(STAGES) or training.poll() is not None, 300, "the bubble agents")
+        wait(
+            lambda: {a.id for a in store.agents()} >= set(STAGES) or training.poll() is not None,
+            300,
+            "the bubble agents",
+        )
         assert training.poll() is None, training.stdout.read()[-3000:]
         assert sorted(p.stage for p in load_profiles(store) if p.main_job == "llm") == [0, 1, 2, 3]
         assert {a.offer.tier for a in store.agents()} == {Tier.bubble}
 
         policy, clock = planning.get(), SystemClock()
         spec = load_spec(EXAMPLES / "bubbles" / "fill-mlp.yaml", clock.now())
-        spec = spec.model_copy(update={"run": [sys.executable, str(FILL)], "env": {"STEPS": "4000", "OUTPUT": str(tmp_path / "moved.pt")}})
+        spec = spec.model_copy(
+            update={"run": [sys.executable, str(FILL)], "env": {"STEPS": "4000", "OUTPUT": str(tmp_path / "moved.pt")}}
+        )
         job = Broker(store, catalog, policy, clock).submit(spec)
         assert job.quote.chosen.offer.tier == Tier.bubble  # the quote sees the registered executors' offers
         server = BrokerServer(store, policy, clock, CheckpointStore(root))
@@ -58,6 +86,7 @@ def test_bubble_agents_serve_a_fill_job_that_then_finishes_on_an_ordinary_agent(
             server.round(block_ms=20)
             current = store.get_job(job.id)
             return training.poll() is not None and current.pending and current.runs
+
         wait(served_then_handed_back, 600, "training to end with the fill job handed back")
         assert training.returncode == 0, training.stdout.read()[-3000:]
     finally:
@@ -71,7 +100,9 @@ def test_bubble_agents_serve_a_fill_job_that_then_finishes_on_an_ordinary_agent(
     stats = load_fill_stats(store)[("llm", int(bubble_run.agent[-1]))]
     assert stats.jobs == 1 and 0 < stats.fill_s <= stats.bubble_s * 1.5 and stats.iteration_s > 0
 
-    od = next(o for o in catalog.offers if o.tier == Tier.on_demand and o.accelerator == "T4" and o.accelerator_count == 1)
+    od = next(
+        o for o in catalog.offers if o.tier == Tier.on_demand and o.accelerator == "T4" and o.accelerator_count == 1
+    )
     agent = Agent(store, "od-1", od, root, tmp_path / "agent")
     agent.register()
 
@@ -79,12 +110,19 @@ def test_bubble_agents_serve_a_fill_job_that_then_finishes_on_an_ordinary_agent(
         server.round(block_ms=20)
         agent.step(block_ms=20)
         return store.get_job(job.id).state.terminal
+
     wait(finished, 300, "the fill job to finish on the ordinary agent")
     done = store.get_job(job.id)
     assert done.state == JobState.done and done.runs[-1].agent == "od-1"
     assert done.runs[-1].resume_from == bubble_run.checkpoint_url
 
-    plain = make_spec(name="plain", run=[sys.executable, str(FILL)], env={"STEPS": "4000", "OUTPUT": str(tmp_path / "plain.pt")},
-                      resources={"accelerators": ["T4:1"]}, work={"gpu_hours": 0.1}, now=NOW)  # fmt: skip
+    plain = make_spec(
+        name="plain",
+        run=[sys.executable, str(FILL)],
+        env={"STEPS": "4000", "OUTPUT": str(tmp_path / "plain.pt")},
+        resources={"accelerators": ["T4:1"]},
+        work={"gpu_hours": 0.1},
+        now=NOW,
+    )
     run_to_end(plain, "plain", tmp_path / "ckpt-plain", tmp_path / "run-plain")
     assert_same_weights(torch.load(tmp_path / "moved.pt"), torch.load(tmp_path / "plain.pt"))

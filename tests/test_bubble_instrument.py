@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,9 @@ STEPS = 3
 def train(out: Path, *flags: str) -> list[dict]:
     torchrun = Path(sys.executable).with_name("torchrun")
     command = [str(torchrun), "--nproc_per_node", "4", str(SCRIPT), "--steps", str(STEPS), "--out", str(out), *flags]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return sorted((json.loads(Path(f"{out}.rank{r}").read_text()) for r in range(4)), key=lambda r: r["stage"])
 
@@ -23,7 +26,12 @@ def train(out: Path, *flags: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pipeline")
-    timed = ("--time-instructions", "--profile-compute", "--probe-allreduce", "65536")  # measuring must not change training
+    timed = (
+        "--time-instructions",
+        "--profile-compute",
+        "--probe-allreduce",
+        "65536",
+    )  # measuring must not change training
     return train(tmp / "plain", *timed), train(tmp / "marked", "--instrument")
 
 
@@ -55,17 +63,27 @@ def test_each_stage_records_the_windows_the_schedule_has(runs):
     for middle in kinds[1:3]:
         assert middle == ["fill-drain", "fwd-bwd"] * STEPS
     for stage in marked:
-        for (kind, start, end, free), (began, ended) in zip(stage["windows"][::len(stage["windows"]) // STEPS], stage["iterations"]):
+        for (_kind, start, end, free), (began, ended) in zip(
+            stage["windows"][:: len(stage["windows"]) // STEPS], stage["iterations"]
+        ):
             assert began <= start <= end <= ended and free > 0
 
 
 def test_the_recorded_windows_make_a_profile_per_stage(runs):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from broker.bubbles.profiler import profile
 
     _, marked = runs
-    profiles = [profile("gpt", s["stage"], "cpu", [tuple(w) for w in s["windows"]], s["iterations"], datetime.now(timezone.utc)) for s in marked]
-    assert [sorted(w.kind for w in p.windows) for p in profiles] == [["fwd-bwd"], ["fill-drain", "fwd-bwd"], ["fill-drain", "fwd-bwd"], ["fill-drain"]]
+    profiles = [
+        profile("gpt", s["stage"], "cpu", [tuple(w) for w in s["windows"]], s["iterations"], datetime.now(UTC))
+        for s in marked
+    ]
+    assert [sorted(w.kind for w in p.windows) for p in profiles] == [
+        ["fwd-bwd"],
+        ["fill-drain", "fwd-bwd"],
+        ["fill-drain", "fwd-bwd"],
+        ["fill-drain"],
+    ]
     for p in profiles:
         assert 0 < p.usable_s() < p.iteration_s and all(w.p10_s <= w.median_s for w in p.windows)

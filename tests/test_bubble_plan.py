@@ -1,6 +1,6 @@
 """Bubble profiles, PipeFill's fill plan and doubling probe, and bubbles as planner offers."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -12,7 +12,7 @@ from broker.planning.costslo import CostSLO
 from broker.planning.options import PlanItem
 from conftest import NOW, make_spec
 
-T = datetime(2026, 11, 22, tzinfo=timezone.utc)
+T = datetime(2026, 11, 22, tzinfo=UTC)
 GB = 10**9
 
 
@@ -33,7 +33,9 @@ def test_profile_takes_medians_p10_and_the_least_free_memory_after_warmup():
     assert p.iteration_s == pytest.approx(1.0)
     by_kind = {w.kind: w for w in p.windows}
     assert by_kind["fill-drain"].count == 4 and by_kind["fill-drain"].median_s == pytest.approx(0.3125)
-    assert by_kind["fill-drain"].p10_s < by_kind["fill-drain"].median_s and by_kind["fill-drain"].free_bytes == 8 * GB - 4
+    assert (
+        by_kind["fill-drain"].p10_s < by_kind["fill-drain"].median_s and by_kind["fill-drain"].free_bytes == 8 * GB - 4
+    )
     assert p.usable_s(0.2) == pytest.approx(by_kind["fill-drain"].p10_s)
 
 
@@ -77,16 +79,31 @@ def test_throughput_is_below_the_bubble_share_and_the_best_configuration_wins():
 
 
 def stage_profile(free_gb=12.0):
-    return BubbleProfile(main_job="llama-70b", stage=3, device="cuda:3 H100", iteration_s=7.4, measured_at=T,
-                         windows=[WindowStats(kind="fill-drain", median_s=2.0, p10_s=1.9, free_bytes=int(free_gb * GB), count=20),
-                                  WindowStats(kind="scattered", median_s=0.02, p10_s=0.01, free_bytes=int(free_gb * GB), count=80)])  # fmt: skip
+    return BubbleProfile(
+        main_job="llama-70b",
+        stage=3,
+        device="cuda:3 H100",
+        iteration_s=7.4,
+        measured_at=T,
+        windows=[
+            WindowStats(kind="fill-drain", median_s=2.0, p10_s=1.9, free_bytes=int(free_gb * GB), count=20),
+            WindowStats(kind="scattered", median_s=0.02, p10_s=0.01, free_bytes=int(free_gb * GB), count=80),
+        ],
+    )
 
 
 def test_a_profile_becomes_a_bubble_offer_the_planner_uses_for_fill_jobs():
     offer = bubble_offer(stage_profile(), "aws", "us-east-1", "H100")
     assert offer.tier == Tier.bubble and offer.price_usd_per_h == 0 and offer.gpu_memory_gb == pytest.approx(12.0)
     assert offer.speed_factor == pytest.approx(1.9 / 7.4 * 0.9)  # the 10 ms scattered gaps are not counted
-    fill = PlanItem("eval", make_spec(resources={"accelerators": ["H100:1"]}, work={"gpu_hours": 1}, deadline="+48h", fill=True))
+    fill = PlanItem(
+        "eval", make_spec(resources={"accelerators": ["H100:1"]}, work={"gpu_hours": 1}, deadline="+48h", fill=True)
+    )
     plan = CostSLO().plan([fill], [offer], {offer.id: 1}, NOW)
     assert plan.assignments == {"eval": offer.id}
-    assert bubble_offer(stage_profile().model_copy(update={"windows": stage_profile().windows[1:]}), "aws", "us-east-1", "H100") is None
+    assert (
+        bubble_offer(
+            stage_profile().model_copy(update={"windows": stage_profile().windows[1:]}), "aws", "us-east-1", "H100"
+        )
+        is None
+    )

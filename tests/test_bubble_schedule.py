@@ -6,7 +6,15 @@ import heapq
 import random
 
 import pytest
-from deepspeed.runtime.pipe.schedule import BackwardPass, ForwardPass, RecvActivation, RecvGrad, SendActivation, SendGrad, TrainSchedule
+from deepspeed.runtime.pipe.schedule import (
+    BackwardPass,
+    ForwardPass,
+    RecvActivation,
+    RecvGrad,
+    SendActivation,
+    SendGrad,
+    TrainSchedule,
+)
 
 from broker.models.schedule import Op, bubble_fraction, bubble_windows, closed_form, op_order, timeline
 
@@ -92,8 +100,15 @@ def test_timeline_equals_the_event_simulation_of_deepspeeds_streams_with_unequal
 def run_blocking(p: int, m: int, t_f, t_b, exchange_s: float) -> list[list[tuple[float, float, Op]]]:
     """Each stage runs its TrainSchedule instructions in order; a send and the neighbour's matching receive
     finish together, exchange_s after the later of the two reaches it (gloo/NCCL send and recv block)."""
-    streams = [[i for step in TrainSchedule(micro_batches=m, stages=p, stage_id=s).steps() for i in step] for s in range(p)]
-    partner = {SendActivation: (1, RecvActivation), RecvActivation: (-1, SendActivation), SendGrad: (-1, RecvGrad), RecvGrad: (1, SendGrad)}
+    streams = [
+        [i for step in TrainSchedule(micro_batches=m, stages=p, stage_id=s).steps() for i in step] for s in range(p)
+    ]
+    partner = {
+        SendActivation: (1, RecvActivation),
+        RecvActivation: (-1, SendActivation),
+        SendGrad: (-1, RecvGrad),
+        RecvGrad: (1, SendGrad),
+    }
     clock, cursor, counts = [0.0] * p, [0] * p, [{"F": 0, "B": 0} for _ in range(p)]
     placed = [[] for _ in range(p)]
     while any(cursor[s] < len(streams[s]) for s in range(p)):
@@ -134,7 +149,9 @@ def test_blocking_exchanges_cost_both_neighbours_so_deepspeed_is_slower_than_dat
     free = [timeline(schedule, 2, 8, t_f, t_b) for schedule in ("1f1b", "deepspeed")]
     assert _rounded(free[0]) == _rounded(free[1])  # free messages: the lock-step loses nothing
     period = max(ops[-1][1] for ops in free[0])
-    dataflow, lockstep = (max(ops[-1][1] for ops in timeline(s, 2, 8, t_f, t_b, exchange_s=0.25)) for s in ("1f1b", "deepspeed"))
+    dataflow, lockstep = (
+        max(ops[-1][1] for ops in timeline(s, 2, 8, t_f, t_b, exchange_s=0.25)) for s in ("1f1b", "deepspeed")
+    )
     assert lockstep - period == pytest.approx(2 * (dataflow - period))  # an exchange's two messages hold both stages
 
 

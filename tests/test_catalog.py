@@ -30,7 +30,11 @@ def test_gcp_vm_price_is_host_plus_accelerator_as_documented(catalog):
 
 def test_every_gcp_vm_is_priced_from_its_host_and_gpu_rows(catalog):
     raw = raw_rows("gcp_gpu_vms.csv")
-    gpu = {(r["AvailabilityZone"], r["AcceleratorName"], int(r["AcceleratorCount"])): r for r in raw if not r["InstanceType"]}
+    gpu = {
+        (r["AvailabilityZone"], r["AcceleratorName"], int(r["AcceleratorCount"])): r
+        for r in raw
+        if not r["InstanceType"]
+    }
     host = {(r["InstanceType"], r["AvailabilityZone"]): r for r in raw if r["InstanceType"]}
     gcp = catalog.rows[catalog.rows.cloud == "gcp"]
     assert len(gcp) > 500

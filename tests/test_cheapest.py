@@ -30,10 +30,19 @@ def brute_force_cheapest(spec, offers):
 
 
 SPECS = {
-    "lora-any-24gb": dict(resources={"accelerators": ["A10G", "L4", "A100"], "gpu_memory_gb": 24}, work={"gpu_hours": 6}, deadline="+24h"),
-    "big-tight": dict(resources={"accelerators": ["A100:8", "H100:8", "H200:8"]}, work={"gpu_hours": 800}, deadline="+40h", deadline_probability=0.99),
+    "lora-any-24gb": dict(
+        resources={"accelerators": ["A10G", "L4", "A100"], "gpu_memory_gb": 24}, work={"gpu_hours": 6}, deadline="+24h"
+    ),
+    "big-tight": dict(
+        resources={"accelerators": ["A100:8", "H100:8", "H200:8"]},
+        work={"gpu_hours": 800},
+        deadline="+40h",
+        deadline_probability=0.99,
+    ),
     "on-demand-only": dict(resources={"accelerators": ["V100:1", "T4:1"]}, work={"gpu_hours": 1}, tiers=["on_demand"]),
-    "inference-budget": dict(resources={"accelerators": ["L4", "T4", "A10G"]}, work={"gpu_hours": 3, "kind": "inference"}, budget_usd=4),
+    "inference-budget": dict(
+        resources={"accelerators": ["L4", "T4", "A10G"]}, work={"gpu_hours": 3, "kind": "inference"}, budget_usd=4
+    ),
 }
 
 
@@ -77,9 +86,10 @@ def test_savings_are_against_the_cheapest_on_demand_option_that_meets_the_deadli
     spec = make_spec(**SPECS["lora-any-24gb"])
     quote = POLICY.quote(spec, catalog.offers, NOW)
     on_demand = [
-        evaluate(spec, o, NOW) for o in catalog.offers if o.tier == Tier.on_demand and o.accelerator in {"A10G", "L4", "A100"}
-        and o.accelerator_count == 1
-    ]  # fmt: skip
+        evaluate(spec, o, NOW)
+        for o in catalog.offers
+        if o.tier == Tier.on_demand and o.accelerator in {"A10G", "L4", "A100"} and o.accelerator_count == 1
+    ]
     cheapest = min((o for o in on_demand if o.meets_deadline), key=lambda o: o.expected_cost_usd)
     assert quote.on_demand_baseline.expected_cost_usd == pytest.approx(cheapest.expected_cost_usd)
     assert quote.savings_usd == pytest.approx(cheapest.expected_cost_usd - quote.chosen.expected_cost_usd)
@@ -87,11 +97,15 @@ def test_savings_are_against_the_cheapest_on_demand_option_that_meets_the_deadli
 
 
 def test_infeasible_job_names_the_cheapest_on_time_option_and_earliest_finish_within_budget(catalog):
-    spec = make_spec(resources={"accelerators": ["A100:1", "L4:1"]}, work={"gpu_hours": 20}, deadline="+22h", budget_usd=12)
+    spec = make_spec(
+        resources={"accelerators": ["A100:1", "L4:1"]}, work={"gpu_hours": 20}, deadline="+22h", budget_usd=12
+    )
     with pytest.raises(InfeasibleError) as err:
         POLICY.quote(spec, catalog.offers, NOW)
     message = str(err.value)
-    options = [evaluate(spec, o, NOW) for o in catalog.offers if o.accelerator in {"A100", "L4"} and o.accelerator_count == 1]
+    options = [
+        evaluate(spec, o, NOW) for o in catalog.offers if o.accelerator in {"A100", "L4"} and o.accelerator_count == 1
+    ]
     on_time = min((o for o in options if o.meets_deadline), key=lambda o: o.expected_cost_usd)
     in_budget = min((o for o in options if o.within_budget), key=lambda o: o.expected_finish)
     assert f"cheapest option meeting the deadline is {on_time.offer.cloud} {on_time.offer.instance_type}" in message

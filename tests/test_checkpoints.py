@@ -70,8 +70,12 @@ def test_only_the_newest_checkpoints_are_kept(store, tmp_path):
 def test_the_manifest_is_the_last_file_written(store, tmp_path, monkeypatch):
     order = []
     put, pipe = store.fs.put_file, store.fs.pipe_file
-    monkeypatch.setattr(store.fs, "put_file", lambda src, dst, **kw: (order.append(dst.rsplit("/", 1)[1]), put(src, dst, **kw)))
-    monkeypatch.setattr(store.fs, "pipe_file", lambda path, data, **kw: (order.append(path.rsplit("/", 1)[1]), pipe(path, data, **kw)))
+    monkeypatch.setattr(
+        store.fs, "put_file", lambda src, dst, **kw: (order.append(dst.rsplit("/", 1)[1]), put(src, dst, **kw))
+    )
+    monkeypatch.setattr(
+        store.fs, "pipe_file", lambda path, data, **kw: (order.append(path.rsplit("/", 1)[1]), pipe(path, data, **kw))
+    )
     store.publish("job-a", 1, files(tmp_path, "c1", **{"x": b"1", "y": b"2"}))
     assert order[:2] == ["x", "y"] and order[-1].startswith(MANIFEST)
 
@@ -87,7 +91,10 @@ def small_disk(tmp_path):
 
     mount = tmp_path / "disk"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     yield mount
     subprocess.run(["umount", str(mount)], check=True)

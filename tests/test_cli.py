@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,9 @@ def test_flags_override_the_files_deadline_and_budget(env, tmp_path):
 def test_human_output_is_a_table_with_the_savings(env, tmp_path):
     result = run("submit", job_file(tmp_path))
     assert result.exit_code == 0
-    assert "chosen" in result.stdout and "on-demand" in result.stdout and "savings vs cheapest on-demand" in result.stdout
+    assert (
+        "chosen" in result.stdout and "on-demand" in result.stdout and "savings vs cheapest on-demand" in result.stdout
+    )
 
 
 def test_list_and_cancel(env, tmp_path):
@@ -115,7 +118,10 @@ def test_prices_with_an_unknown_gpu_suggests_names(env):
 BAD_INPUTS = {
     "deadline in the past": (dict(deadline="2020-01-01T00:00Z"), "deadline: 2020-01-01 00:00 UTC is in the past"),
     "zero budget": (dict(budget_usd=0), "budget_usd: Input should be greater than 0"),
-    "unknown accelerator": (dict(resources={"accelerators": ["A1000"]}), "unknown accelerator 'A1000'; did you mean A100"),
+    "unknown accelerator": (
+        dict(resources={"accelerators": ["A1000"]}),
+        "unknown accelerator 'A1000'; did you mean A100",
+    ),
     "infeasible": (dict(work={"gpu_hours": 500}, budget_usd=5), "deadline/budget: no offer meets both"),
 }
 
@@ -178,13 +184,28 @@ def test_the_installed_command_runs_as_a_real_process(env, tmp_path):
     broker = Path(sys.executable).parent / "broker"
     result = subprocess.run(
         [str(broker), "submit", str(EXAMPLES / "finetune-lora.yaml"), "--json"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "BROKER_REDIS_URL": env},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "BROKER_REDIS_URL": env},
+    )
     assert result.returncode == 0, result.stderr
     job = json.loads(result.stdout)["job"]
-    bad = subprocess.run([str(broker), "status", "nope"], capture_output=True, text=True, timeout=60, env={**os.environ, "BROKER_REDIS_URL": env})
+    bad = subprocess.run(
+        [str(broker), "status", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "BROKER_REDIS_URL": env},
+    )
     assert bad.returncode == 2 and bad.stderr.strip() == "error: job: no job 'nope'; `broker list` shows the ids"
-    listed = subprocess.run([str(broker), "list", "--json"], capture_output=True, text=True, timeout=60, env={**os.environ, "BROKER_REDIS_URL": env})
+    listed = subprocess.run(
+        [str(broker), "list", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "BROKER_REDIS_URL": env},
+    )
     assert [j["id"] for j in json.loads(listed.stdout)] == [job]
 
 
@@ -223,18 +244,34 @@ def test_prices_risk_shows_lambda_its_band_and_the_evidence(env):
 
 
 def test_preemptions_our_agents_saw_move_the_hazard(env, tmp_path):
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from broker.app.cli.common import make_broker
     from broker.domain.model import Job, Run
 
     broker = make_broker(live=True)
     before = broker.catalog.hazard.spot("aws", "ap-south-1", "g6.xlarge")
-    spec = load_spec(job_file(tmp_path), datetime.now(timezone.utc))  # quote() prices against the wall clock
-    offer = next(o for o in broker.catalog.offers if o.instance_type == "g6.xlarge" and o.region == "ap-south-1" and o.tier.value == "spot")
-    runs = [Run(fence=k, agent="a", offer=offer, dispatched_at=NOW, started_at=NOW, ended_at=NOW + timedelta(hours=1),
-                end_reason="preempted") for k in range(1, 21)]  # fmt: skip
-    broker.store.add_job(Job(id="seen", spec=spec, submitted_at=NOW, updated_at=NOW, quote=broker.quote(spec), runs=runs))
+    spec = load_spec(job_file(tmp_path), datetime.now(UTC))  # quote() prices against the wall clock
+    offer = next(
+        o
+        for o in broker.catalog.offers
+        if o.instance_type == "g6.xlarge" and o.region == "ap-south-1" and o.tier.value == "spot"
+    )
+    runs = [
+        Run(
+            fence=k,
+            agent="a",
+            offer=offer,
+            dispatched_at=NOW,
+            started_at=NOW,
+            ended_at=NOW + timedelta(hours=1),
+            end_reason="preempted",
+        )
+        for k in range(1, 21)
+    ]
+    broker.store.add_job(
+        Job(id="seen", spec=spec, submitted_at=NOW, updated_at=NOW, quote=broker.quote(spec), runs=runs)
+    )
     after = make_broker(live=True).catalog.hazard.spot("aws", "ap-south-1", "g6.xlarge")
     assert after.per_hour > before.per_hour and "20 preemptions in 20 h observed" in after.source
 
@@ -243,10 +280,14 @@ def test_demo_bubbles_runs_a_fill_job_in_a_pipelines_bubbles_then_on_demand(env)
     result = run("demo", "--examples", EXAMPLES, "--bubbles", "--json")
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
-    assert [s["stage"] for s in body["stages"]] == [0, 1, 2, 3] and all(0 < s["bubble_fraction"] < 1 for s in body["stages"])
+    assert [s["stage"] for s in body["stages"]] == [0, 1, 2, 3] and all(
+        0 < s["bubble_fraction"] < 1 for s in body["stages"]
+    )
     job = body["fill_job"]
     assert job["state"] == "done" and job["tiers"] == ["bubble", "on_demand"]
     first, second = job["runs"]
-    assert first["end"] == "preempted" and first["checkpoint_step"] > 0  # training ended: handed back with its checkpoint
+    assert (
+        first["end"] == "preempted" and first["checkpoint_step"] > 0
+    )  # training ended: handed back with its checkpoint
     assert second["end"] == "finished" and second["resume_from"].endswith(f"step-{first['checkpoint_step']:012d}")
     assert job["cost_usd"] < job["on_demand_cost_usd"]  # the bubble part was free

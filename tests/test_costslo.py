@@ -1,42 +1,60 @@
 """The cost/SLO program: optimal on small cases (brute force), capacity and budgets respected, reasons given."""
 
 import itertools
-from datetime import timedelta
 import math
 import random
+from datetime import timedelta
 
 import numpy as np
 import pytest
 
 from broker.domain.model import Offer, Tier
+from broker.models.risk import evaluate, fits
 from broker.planning import get, names
 from broker.planning.costslo import CostSLO
 from broker.planning.options import PlanItem, option_table
-from broker.models.risk import evaluate, fits
 from conftest import NOW, make_spec
 
 
 def offer(name, tier=Tier.spot, price=1.0, hazard=0.0, accelerator="A100", count=1, memory=40.0, speed=1.0):
     return Offer(
-        cloud="aws", region="us-east-1", zone=name, instance_type="x", tier=tier, accelerator=accelerator,
-        accelerator_count=count, gpu_memory_gb=memory, vcpus=8, memory_gb=64, price_usd_per_h=price,
-        hazard_per_h=hazard, speed_factor=speed,
-    )  # fmt: skip
+        cloud="aws",
+        region="us-east-1",
+        zone=name,
+        instance_type="x",
+        tier=tier,
+        accelerator=accelerator,
+        accelerator_count=count,
+        gpu_memory_gb=memory,
+        vcpus=8,
+        memory_gb=64,
+        price_usd_per_h=price,
+        hazard_per_h=hazard,
+        speed_factor=speed,
+    )
 
 
 def random_case(rng: random.Random, n_jobs: int, n_offers: int, budgets: bool):
     offers = [
-        offer(f"z{k}", tier=rng.choice([Tier.spot, Tier.spot, Tier.on_demand]), price=round(rng.uniform(0.3, 4), 2),
-              hazard=rng.choice([0.0, 0.02, 0.1, 0.4]), accelerator=rng.choice(["A100", "L4"]))
+        offer(
+            f"z{k}",
+            tier=rng.choice([Tier.spot, Tier.spot, Tier.on_demand]),
+            price=round(rng.uniform(0.3, 4), 2),
+            hazard=rng.choice([0.0, 0.02, 0.1, 0.4]),
+            accelerator=rng.choice(["A100", "L4"]),
+        )
         for k in range(n_offers)
-    ]  # fmt: skip
+    ]
     offers = [o.model_copy(update={"hazard_per_h": 0.0}) if o.tier == Tier.on_demand else o for o in offers]
     capacity = {o.id: rng.randint(0, 2) for o in offers}
     items = []
     for k in range(n_jobs):
         accelerators = rng.choice([["A100:1"], ["L4:1"], ["A100:1", "L4:1"]])
-        fields = {"resources": {"accelerators": accelerators}, "work": {"gpu_hours": rng.uniform(1, 8)},
-                  "checkpoint": {"size_gb": rng.uniform(1, 40)}}  # fmt: skip
+        fields = {
+            "resources": {"accelerators": accelerators},
+            "work": {"gpu_hours": rng.uniform(1, 8)},
+            "checkpoint": {"size_gb": rng.uniform(1, 40)},
+        }
         if rng.random() < 0.6:
             fields["deadline"] = f"+{rng.uniform(3, 60):.1f}h"
         if budgets and rng.random() < 0.5:
@@ -132,8 +150,11 @@ def test_every_assignment_keeps_the_jobs_budget_and_deadline_odds():
         if item.id not in plan.assignments:
             continue
         chosen = by_id[plan.assignments[item.id]]
-        options = [o for o in CostSLO().options(item.spec, [chosen] + [x for x in offers if x.tier == Tier.on_demand], NOW)
-                   if o.offer.id == chosen.id and o.feasible]  # fmt: skip
+        options = [
+            o
+            for o in CostSLO().options(item.spec, [chosen] + [x for x in offers if x.tier == Tier.on_demand], NOW)
+            if o.offer.id == chosen.id and o.feasible
+        ]
         assert options, f"{item.id} placed on {chosen.id}, which is not feasible for it"
         assert item.spec.budget_usd is None or min(o.expected_cost_usd for o in options) <= item.spec.budget_usd
 

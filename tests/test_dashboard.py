@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
@@ -21,43 +21,74 @@ APP = ROOT / "dashboards" / "app.py"
 
 
 def offer(catalog, tier):
-    return min((o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1 and o.tier == tier), key=lambda o: o.price_usd_per_h)
+    return min(
+        (o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1 and o.tier == tier),
+        key=lambda o: o.price_usd_per_h,
+    )
 
 
 def ended_run(fence, off, start, hours, reason, lost_s=0.0):
     end = start + timedelta(hours=hours)
-    return Run(fence=fence, agent=f"a{fence}", offer=off, dispatched_at=start, started_at=start, ended_at=end,
-               end_reason=reason, cost_usd=off.price_usd_per_h * hours, work_lost_s=lost_s)  # fmt: skip
+    return Run(
+        fence=fence,
+        agent=f"a{fence}",
+        offer=off,
+        dispatched_at=start,
+        started_at=start,
+        ended_at=end,
+        end_reason=reason,
+        cost_usd=off.price_usd_per_h * hours,
+        work_lost_s=lost_s,
+    )
 
 
 @pytest.fixture
 def seeded(store, catalog):
     """Five jobs in every state, with known runs; returns them with the numbers the overview must show."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     spot, on_demand = offer(catalog, Tier.spot), offer(catalog, Tier.on_demand)
     base = dict(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 1}, budget_usd=20)
 
     def job(name, state, runs, deadline_h=24.0):
         spec = make_spec(name=name, deadline=f"+{deadline_h}h", now=now - timedelta(hours=6), **base)
         quote = planning.get().quote(spec, [spot, on_demand], now - timedelta(hours=6))
-        j = Job(id=name, spec=spec, state=state, submitted_at=now - timedelta(hours=6), updated_at=now, quote=quote,
-                runs=runs, fence=len(runs))  # fmt: skip
+        j = Job(
+            id=name,
+            spec=spec,
+            state=state,
+            submitted_at=now - timedelta(hours=6),
+            updated_at=now,
+            quote=quote,
+            runs=runs,
+            fence=len(runs),
+        )
         assert store.add_job(j)
         return j
 
     t0 = now - timedelta(hours=5)
     jobs = [
-        job("migrated", JobState.done, [ended_run(1, spot, t0, 2, "preempted", 600), ended_run(2, on_demand, t0 + timedelta(hours=2), 1, "finished")]),
-        job("late", JobState.done, [ended_run(1, spot, t0, 4, "finished")], deadline_h=3),  # ends 2 h after its deadline
+        job(
+            "migrated",
+            JobState.done,
+            [
+                ended_run(1, spot, t0, 2, "preempted", 600),
+                ended_run(2, on_demand, t0 + timedelta(hours=2), 1, "finished"),
+            ],
+        ),
+        job(
+            "late", JobState.done, [ended_run(1, spot, t0, 4, "finished")], deadline_h=3
+        ),  # ends 2 h after its deadline
         job("crashed", JobState.failed, [ended_run(1, spot, t0, 0.5, "failed")]),
         job("waiting", JobState.queued, []),
         job("stopped", JobState.cancelled, []),
     ]
     spend = sum(r.cost_usd for j in jobs for r in j.runs)
     baseline = sum(
-        j.quote.on_demand_baseline.offer.price_usd_per_h * (sum((r.ended_at - r.started_at).total_seconds() for r in j.runs) - sum(r.work_lost_s for r in j.runs)) / 3600
+        j.quote.on_demand_baseline.offer.price_usd_per_h
+        * (sum((r.ended_at - r.started_at).total_seconds() for r in j.runs) - sum(r.work_lost_s for r in j.runs))
+        / 3600
         for j in jobs
-    )  # fmt: skip
+    )
     return {"jobs": jobs, "spend": spend, "baseline": baseline, "budget_used": 100 * spend / (20 * len(jobs))}
 
 
@@ -80,7 +111,13 @@ def test_overview_kpis_equal_the_seeded_numbers(app, seeded):
     assert dollars(metrics["Savings vs on-demand"]) == pytest.approx(seeded["baseline"] - seeded["spend"], abs=0.01)
     assert metrics["Budget used"] == f"{seeded['budget_used']:.1f}%"
     assert metrics["Deadline misses"] == "1"
-    assert (metrics["Jobs done"], metrics["Jobs failed"], metrics["Jobs queued"], metrics["Jobs running"], metrics["Jobs cancelled"]) == ("2", "1", "1", "0", "1")
+    assert (
+        metrics["Jobs done"],
+        metrics["Jobs failed"],
+        metrics["Jobs queued"],
+        metrics["Jobs running"],
+        metrics["Jobs cancelled"],
+    ) == ("2", "1", "1", "0", "1")
 
 
 def test_jobs_page_lists_every_job_and_shows_a_jobs_runs(app, seeded):
@@ -105,21 +142,35 @@ def test_prices_page_shows_the_cheapest_spot_and_on_demand_and_the_hazard(app, r
     cheapest = app.dataframe[0].value
     for cloud in ("aws", "gcp"):
         for tier in (Tier.spot, Tier.on_demand):
-            expected = min(o.price_usd_per_h for o in catalog.offers if o.accelerator == "L4" and o.cloud == cloud and o.tier == tier)
+            expected = min(
+                o.price_usd_per_h
+                for o in catalog.offers
+                if o.accelerator == "L4" and o.cloud == cloud and o.tier == tier
+            )
             assert cheapest.loc[cloud, tier.value] == pytest.approx(expected)
     hazards = app.dataframe[1].value
-    assert (hazards["hazard_per_h"] > 0).all() and hazards["hazard_source"].str.contains("advisor|default|observed|regions").all()
-    assert ((hazards["hazard_low"] < hazards["hazard_per_h"]) & (hazards["hazard_per_h"] < hazards["hazard_high"])).all()
+    assert (hazards["hazard_per_h"] > 0).all() and hazards["hazard_source"].str.contains(
+        "advisor|default|observed|regions"
+    ).all()
+    assert (
+        (hazards["hazard_low"] < hazards["hazard_per_h"]) & (hazards["hazard_per_h"] < hazards["hazard_high"])
+    ).all()
     first = catalog.by_id[hazards["offer"].iloc[0]]
-    assert hazards["hazard_high"].iloc[0] == pytest.approx(catalog.hazard.spot(first.cloud, first.region, first.instance_type).high)
+    assert hazards["hazard_high"].iloc[0] == pytest.approx(
+        catalog.hazard.spot(first.cloud, first.region, first.instance_type).high
+    )
 
 
 def test_prices_page_charts_recorded_price_history_and_uses_the_newest_price(app, redis_url, store, catalog):
     from broker.pricing.history import PriceHistory
 
     spot = next(o for o in catalog.offers if o.accelerator == "L4" and o.tier == Tier.spot)
-    t0 = datetime(2025, 7, 1, tzinfo=timezone.utc)
-    PriceHistory(store).record(pd.DataFrame({"offer": [spot.id] * 3, "usd": [0.31, 0.35, 0.29], "at": [t0 + timedelta(days=d) for d in range(3)]}))
+    t0 = datetime(2025, 7, 1, tzinfo=UTC)
+    PriceHistory(store).record(
+        pd.DataFrame(
+            {"offer": [spot.id] * 3, "usd": [0.31, 0.35, 0.29], "at": [t0 + timedelta(days=d) for d in range(3)]}
+        )
+    )
     app.run()
     app.sidebar.radio[0].set_value("Prices and risk").run()
     app.selectbox[0].set_value("L4").run()
@@ -133,12 +184,25 @@ def test_prices_page_charts_recorded_price_history_and_uses_the_newest_price(app
 def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis_url, store):
     from broker.bubbles.profiler import BubbleProfile, FillStats, WindowStats, save_fill_stats, save_profile
 
-    measured = datetime(2026, 11, 22, tzinfo=timezone.utc)
+    measured = datetime(2026, 11, 22, tzinfo=UTC)
     for stage, (fill_drain, fwd_bwd) in enumerate([(0.0, 0.9), (0.3, 0.6), (0.6, 0.3), (0.9, 0.0)]):
-        windows = [WindowStats(kind=k, offset_s=o, median_s=d, p10_s=d * 0.9, free_bytes=(8 + stage) * 10**9, count=10)
-                   for k, o, d in (("fill-drain", 2.1 - fill_drain, fill_drain), ("fwd-bwd", 0.5, fwd_bwd)) if d]  # fmt: skip
-        save_profile(store, BubbleProfile(main_job="llama", stage=stage, device="cpu", iteration_s=2.1, windows=windows, measured_at=measured))
-    save_fill_stats(store, FillStats(main_job="llama", stage=3, bubble_s=90.0, fill_s=54.0, iteration_s=2.142, jobs=2, updated_at=measured))
+        windows = [
+            WindowStats(kind=k, offset_s=o, median_s=d, p10_s=d * 0.9, free_bytes=(8 + stage) * 10**9, count=10)
+            for k, o, d in (("fill-drain", 2.1 - fill_drain, fill_drain), ("fwd-bwd", 0.5, fwd_bwd))
+            if d
+        ]
+        save_profile(
+            store,
+            BubbleProfile(
+                main_job="llama", stage=stage, device="cpu", iteration_s=2.1, windows=windows, measured_at=measured
+            ),
+        )
+    save_fill_stats(
+        store,
+        FillStats(
+            main_job="llama", stage=3, bubble_s=90.0, fill_s=54.0, iteration_s=2.142, jobs=2, updated_at=measured
+        ),
+    )
     app.run()
     app.sidebar.radio[0].set_value("Bubbles").run()
     assert not app.exception
@@ -146,7 +210,9 @@ def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis
     assert list(table["stage"]) == [0, 1, 2, 3]
     assert list(table["bubble fraction"]) == pytest.approx([0.9 / 2.1] * 4)  # (p-1)/(m+p-1) with t_f + t_b = 0.3 s
     assert list(table["free GB"]) == pytest.approx([8, 9, 10, 11])
-    assert table["bubble time filled"].iloc[3] == pytest.approx(54 / 90) and pd.isna(table["bubble time filled"].iloc[0])
+    assert table["bubble time filled"].iloc[3] == pytest.approx(54 / 90) and pd.isna(
+        table["bubble time filled"].iloc[0]
+    )
     assert table["main-job slowdown %"].iloc[3] == pytest.approx(100 * (2.142 / 2.1 - 1))
 
 
@@ -156,8 +222,21 @@ def test_backtest_page_shows_a_backtest_directory_as_written(app, redis_url, tmp
     from broker.app.cli.main import app as cli
 
     out = tmp_path / "bt"
-    run = CliRunner().invoke(cli, ["backtest", "--jobs", "3", "--tick-minutes", "30", "--policies", "on-demand,costslo+bubbles,omniscient",
-                                   "--out", str(out), "--json"])  # fmt: skip
+    run = CliRunner().invoke(
+        cli,
+        [
+            "backtest",
+            "--jobs",
+            "3",
+            "--tick-minutes",
+            "30",
+            "--policies",
+            "on-demand,costslo+bubbles,omniscient",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert run.exit_code == 0, run.output
     table = pd.read_csv(out / "policies.csv").set_index("policy")
     monkeypatch.setenv("BROKER_BACKTEST_DIR", str(out))
@@ -183,8 +262,17 @@ def test_empty_pages_say_what_to_do(app, redis_url, page):
     assert any(("broker submit" in i.value) or ("no " in i.value) for i in app.info)
 
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run", "--disable-quic", "--virtual-time-budget=30000"]  # fmt: skip
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--virtual-time-budget=30000",
+]
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (make test installs it)")
@@ -192,7 +280,13 @@ def test_broker_dashboard_renders_its_kpis_in_headless_chromium(seeded, redis_ur
     port = free_port()
     env = {**os.environ, "BROKER_REDIS_URL": redis_url, "BROKER_HOME": str(tmp_path)}
     broker = Path(sys.executable).parent / "broker"
-    server = subprocess.Popen([str(broker), "dashboard", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    server = subprocess.Popen(
+        [str(broker), "dashboard", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -206,14 +300,19 @@ def test_broker_dashboard_renders_its_kpis_in_headless_chromium(seeded, redis_ur
         profile = ["--user-data-dir=" + str(tmp_path / "chrome")]
         dom = ""
         for _ in range(15):  # the first visits run while the app warms its caches (imports, catalog, store)
-            dom = subprocess.run(["chromium", *CHROMIUM_FLAGS, *profile, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+            dom = subprocess.run(
+                ["chromium", *CHROMIUM_FLAGS, *profile, "--dump-dom", url], capture_output=True, text=True, timeout=120
+            ).stdout
             if "Spend to date" in dom:
                 break
             time.sleep(1)
         shot = tmp_path / "dashboard.png"
         for _ in range(10):  # as above: retry until the page is drawn, not blank (a blank one is about 8 kB)
-            subprocess.run(["chromium", *CHROMIUM_FLAGS, *profile, "--window-size=1400,1000", f"--screenshot={shot}", url],
-                           capture_output=True, timeout=120)  # fmt: skip
+            subprocess.run(
+                ["chromium", *CHROMIUM_FLAGS, *profile, "--window-size=1400,1000", f"--screenshot={shot}", url],
+                capture_output=True,
+                timeout=120,
+            )
             if shot.exists() and shot.stat().st_size > 20_000:
                 break
             time.sleep(1)

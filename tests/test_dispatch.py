@@ -11,11 +11,11 @@ import torch
 from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
-from broker.core.clock import ManualClock, SystemClock
 from broker.app.demo import pick_agents
-from broker.domain.model import JobState, Tier
-from broker.core.server import BrokerServer
 from broker.core.broker import Broker
+from broker.core.clock import ManualClock, SystemClock
+from broker.core.server import BrokerServer
+from broker.domain.model import JobState, Tier
 from broker.store.jobs import Store
 from conftest import Switch, assert_same_weights, make_spec, train_spec
 
@@ -32,7 +32,17 @@ class System:
         self.agents: dict[str, Agent] = {}
 
     def agent(self, name, notices=None):
-        agent = Agent(self.store, name, self.offers[name], self.root, self.runs, notices=notices, heartbeat_s=0.2, lease_s=3.0, grace_s=10)
+        agent = Agent(
+            self.store,
+            name,
+            self.offers[name],
+            self.root,
+            self.runs,
+            notices=notices,
+            heartbeat_s=0.2,
+            lease_s=3.0,
+            grace_s=10,
+        )
         agent.register()
         self.agents[name] = agent
         return agent
@@ -47,7 +57,9 @@ class System:
             self.server.round(block_ms=10)
             if until():
                 return
-        jobs = [(j.id, j.state.value, j.reason, [(r.agent, r.end_reason) for r in j.runs]) for j in self.store.list_jobs()]
+        jobs = [
+            (j.id, j.state.value, j.reason, [(r.agent, r.end_reason) for r in j.runs]) for j in self.store.list_jobs()
+        ]
         raise AssertionError(f"timed out; jobs: {jobs}; agents: {[(a.id, a.job) for a in self.store.agents()]}")
 
     def job(self, job_id):
@@ -88,8 +100,11 @@ def test_preempted_job_migrates_and_finishes_with_identical_weights(system, tmp_
 def test_the_deadline_guard_moves_a_job_falling_behind_from_spot_to_on_demand(system, tmp_path, uninterrupted):
     system.agent("spot-a")
     system.agent("ondemand-a")
-    job = system.broker.submit(train_spec(OUTPUT=str(tmp_path / "final.pt"), STEP_SLEEP_S="0.03") .model_copy(
-        update={"deadline": system.server.clock.now() + timedelta(hours=2)}))  # fmt: skip
+    job = system.broker.submit(
+        train_spec(OUTPUT=str(tmp_path / "final.pt"), STEP_SLEEP_S="0.03").model_copy(
+            update={"deadline": system.server.clock.now() + timedelta(hours=2)}
+        )
+    )
     system.drive(lambda: progressed(system, job.id, 15))
     assert system.server.guard() == []  # on schedule: the guard leaves it on spot
     system.server.clock = ManualClock(job.submitted_at + timedelta(hours=1.85))  # R < C + 2d: the safety net
@@ -224,7 +239,9 @@ def test_a_real_agent_process_killed_with_sigkill_hands_its_job_to_another(syste
     try:
         deadline = time.monotonic() + 60
         while not system.store.lease_alive("spot-a"):
-            assert time.monotonic() < deadline and victim.poll() is None, (tmp_path / "agents" / "agent-spot-a.log").read_text()
+            assert time.monotonic() < deadline and victim.poll() is None, (
+                tmp_path / "agents" / "agent-spot-a.log"
+            ).read_text()
             time.sleep(0.1)
         job = system.broker.submit(train_spec(OUTPUT=str(tmp_path / "final.pt"), STEP_SLEEP_S="0.03"))
         system.drive(lambda: progressed(system, job.id, 25))
@@ -257,7 +274,9 @@ def test_a_failed_save_is_kept_on_the_run_until_a_good_one(system):
     job = system.broker.submit(quick_spec())
     system.server.dispatch()
     report = {"agent": "spot-a", "job": job.id, "fence": 1}
-    system.server.apply([{**report, "type": "checkpoint_failed", "data": {"step": 7, "reason": "[Errno 28] No space left on device"}}])
+    system.server.apply(
+        [{**report, "type": "checkpoint_failed", "data": {"step": 7, "reason": "[Errno 28] No space left on device"}}]
+    )
     assert system.job(job.id).current_run.checkpoint_error == "step 7: [Errno 28] No space left on device"
     url = f"{system.root}/{job.id}/step-000000000008"
     system.server.apply([{**report, "type": "checkpoint", "data": {"step": 8, "url": url}}])

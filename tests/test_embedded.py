@@ -1,11 +1,10 @@
 """The embedded default: a private redis-server that broker starts, reuses and stops."""
 
+import pytest
 import redis
 
-from broker.store import embedded
 from broker.domain.errors import StoreUnavailableError
-
-import pytest
+from broker.store import embedded
 
 
 def test_starts_a_private_server_then_reuses_it(tmp_path):
@@ -71,7 +70,6 @@ def test_a_patient_store_does_not_wait_on_a_wrong_password(tmp_path):
     import time
 
     from broker.store.jobs import Store
-
     from conftest import start_redis, stop_redis
 
     proc, port = start_redis(tmp_path, password="right")

@@ -70,8 +70,13 @@ def test_a_fill_job_checkpointed_in_bubbles_finishes_on_an_ordinary_agent_with_t
         executor.stop()
 
     def spec(out):
-        return make_spec(name="fill", run=[sys.executable, str(FILL)], env={"STEPS": total, "OUTPUT": str(out)},
-                         resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 0.1})  # fmt: skip
+        return make_spec(
+            name="fill",
+            run=[sys.executable, str(FILL)],
+            env={"STEPS": total, "OUTPUT": str(out)},
+            resources={"accelerators": ["L4:1"]},
+            work={"gpu_hours": 0.1},
+        )
 
     run_to_end(spec(tmp_path / "moved.pt"), "fill", tmp_path / "ckpt", tmp_path / "run-moved", resume_from=url)
     run_to_end(spec(tmp_path / "plain.pt"), "plain", tmp_path / "ckpt", tmp_path / "run-plain")

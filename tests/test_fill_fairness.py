@@ -20,14 +20,29 @@ def test_makespan_prefers_the_job_that_keeps_the_longest_busy_time_down():
 
 
 def test_deadline_first_runs_the_job_with_least_slack_and_skips_jobs_that_fit_no_window():
-    queue = [FillJob("loose", (10.0,), deadline_s=500), FillJob("tight", (10.0,), deadline_s=30), FillJob("big", (INF,), deadline_s=1)]
+    queue = [
+        FillJob("loose", (10.0,), deadline_s=500),
+        FillJob("tight", (10.0,), deadline_s=30),
+        FillJob("big", (INF,), deadline_s=1),
+    ]
     assert next_fill_job(queue, executor=0, busy_s=[0.0], order="deadline").id == "tight"
     assert next_fill_job([FillJob("big", (INF,))], executor=0, busy_s=[0.0]) is None
 
 
 def offer(name, accelerator, price=1.0):
-    return Offer(cloud="aws", region="r", zone=name, instance_type="x", tier=Tier.on_demand, accelerator=accelerator,
-                 accelerator_count=1, gpu_memory_gb=80, vcpus=8, memory_gb=64, price_usd_per_h=price)  # fmt: skip
+    return Offer(
+        cloud="aws",
+        region="r",
+        zone=name,
+        instance_type="x",
+        tier=Tier.on_demand,
+        accelerator=accelerator,
+        accelerator_count=1,
+        gpu_memory_gb=80,
+        vcpus=8,
+        memory_gb=64,
+        price_usd_per_h=price,
+    )
 
 
 def test_max_min_fairness_shares_the_fast_offer_so_no_job_is_starved():

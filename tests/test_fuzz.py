@@ -16,7 +16,9 @@ def test_generated_job_specs_load_or_are_refused_in_one_line_each(tmp_path):
 
 def test_hostile_messages_on_the_streams_crash_nothing_and_leave_other_jobs_alone(redis_url, tmp_path):
     seen = fuzz.fuzz_messages(150, tmp_path, redis_url)
-    assert seen["cases"] == 150 + 2  # the generated cases and the explicit ones (one reaches the fold, one forges another agent's report)
+    assert (
+        seen["cases"] == 150 + 2
+    )  # the generated cases and the explicit ones (one reaches the fold, one forges another agent's report)
     assert seen["own_job_changes"] > 0  # the generated reports reached the server's fold, not just its parser
 
 

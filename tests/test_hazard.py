@@ -1,5 +1,6 @@
 """The hazard model: trace evidence, Spot Advisor prior anchored on it, online observations, bands."""
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -23,21 +24,39 @@ def test_packaged_evidence_is_what_the_shared_traces_say():
 
 def write_trace(path: Path, data, gap_s=60):
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text('{"metadata": {"gap_seconds": %d}, "data": %s}' % (gap_s, list(data)))
+    path.write_text(json.dumps({"metadata": {"gap_seconds": gap_s}, "data": list(data)}))
     return path
 
 
 def test_a_trace_counts_drops_as_preemptions_and_running_ticks_as_exposure(tmp_path):
-    trace = load_trace(write_trace(tmp_path / "preemption" / "aws-01-01-2024" / "us-west-2b_v100_1.json", [1, 1, 0, 0, 1, 1, 1, 0, 1], gap_s=1800))
-    assert (trace.cloud, trace.region, trace.zone, trace.instance_type) == ("aws", "us-west-2", "us-west-2b", "p3.2xlarge")
+    trace = load_trace(
+        write_trace(
+            tmp_path / "preemption" / "aws-01-01-2024" / "us-west-2b_v100_1.json",
+            [1, 1, 0, 0, 1, 1, 1, 0, 1],
+            gap_s=1800,
+        )
+    )
+    assert (trace.cloud, trace.region, trace.zone, trace.instance_type) == (
+        "aws",
+        "us-west-2",
+        "us-west-2b",
+        "p3.2xlarge",
+    )
     assert trace.preemptions() == 2 and trace.exposure_hours() == pytest.approx(6 * 0.5)
     assert trace.availability() == pytest.approx(6 / 9) and trace.kind == "preemption"
     gcp = load_trace(write_trace(tmp_path / "gcp-01-01-2024" / "us-central1-a_c3-88.json", [1, 1]))
     assert (gcp.region, gcp.instance_type) == ("us-central1", "c3-highcpu-88")
 
 
-@pytest.mark.parametrize("body", ['{"data": [1]}', "not json", '{"metadata": {"gap_seconds": 0}, "data": [1]}',
-                                  '{"metadata": {"gap_seconds": 30}, "data": [1, -1]}'])  # fmt: skip
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"data": [1]}',
+        "not json",
+        '{"metadata": {"gap_seconds": 0}, "data": [1]}',
+        '{"metadata": {"gap_seconds": 30}, "data": [1, -1]}',
+    ],
+)
 def test_a_malformed_trace_is_one_line_naming_the_file(tmp_path, body):
     path = tmp_path / "aws-01-01-2024" / "us-west-2b_v100_1.json"
     path.parent.mkdir()
@@ -49,18 +68,34 @@ def test_a_malformed_trace_is_one_line_naming_the_file(tmp_path, body):
 def test_a_steady_rate_has_no_dispersion_and_a_bursty_one_has_some(tmp_path):
     steady = [0 if k % 10 == 9 else 1 for k in range(24 * 60 * 6)]  # one loss every 10 min, 6 days
     bursty = [0 if (k // (24 * 60)) % 2 == 0 and k % 5 == 4 else 1 for k in range(24 * 60 * 6)]  # lossy every other day
-    assert load_trace(write_trace(tmp_path / "aws-a" / "us-west-2b_v100_1.json", steady)).dispersion() == pytest.approx(0, abs=0.01)
+    assert load_trace(write_trace(tmp_path / "aws-a" / "us-west-2b_v100_1.json", steady)).dispersion() == pytest.approx(
+        0, abs=0.01
+    )
     assert load_trace(write_trace(tmp_path / "aws-b" / "us-west-2b_v100_1.json", bursty)).dispersion() > 0.5
 
 
 def model(rows, bands=None):
-    columns = ["trace", "kind", "cloud", "region", "zone", "instance_type", "hours", "preemptions", "exposure_h", "dispersion", "availability"]
+    columns = [
+        "trace",
+        "kind",
+        "cloud",
+        "region",
+        "zone",
+        "instance_type",
+        "hours",
+        "preemptions",
+        "exposure_h",
+        "dispersion",
+        "availability",
+    ]
     return HazardModel(pd.DataFrame(rows, columns=columns), bands or {})
 
 
 def test_observed_preemptions_dominate_the_prior_and_narrow_the_band():
-    m = model([["t", "preemption", "aws", "us-west-2", "us-west-2b", "p3.2xlarge", 100, 40, 100.0, 0.0, 0.9]],
-              {("us-west-2", "p3.2xlarge"): ">20%", ("us-west-2", "g6.xlarge"): "<5%"})  # fmt: skip
+    m = model(
+        [["t", "preemption", "aws", "us-west-2", "us-west-2b", "p3.2xlarge", 100, 40, 100.0, 0.0, 0.9]],
+        {("us-west-2", "p3.2xlarge"): ">20%", ("us-west-2", "g6.xlarge"): "<5%"},
+    )
     p3 = m.spot("aws", "us-west-2", "p3.2xlarge")
     assert p3.per_hour == pytest.approx((0.4 * PRIOR_HOURS + 40) / (PRIOR_HOURS + 100))  # prior: the anchor itself
     assert p3.low < p3.per_hour < p3.high and p3.availability == 0.9
@@ -69,8 +104,10 @@ def test_observed_preemptions_dominate_the_prior_and_narrow_the_band():
 
 
 def test_advisor_bands_scale_the_anchor_and_other_clouds_get_the_cautious_default():
-    m = model([["t", "preemption", "aws", "us-west-2", "us-west-2b", "p3.2xlarge", 100, 40, 100.0, 0.2, 1.0]],
-              {("us-west-2", "p3.2xlarge"): ">20%", ("us-east-1", "g6.xlarge"): "<5%"})  # fmt: skip
+    m = model(
+        [["t", "preemption", "aws", "us-west-2", "us-west-2b", "p3.2xlarge", 100, 40, 100.0, 0.2, 1.0]],
+        {("us-west-2", "p3.2xlarge"): ">20%", ("us-east-1", "g6.xlarge"): "<5%"},
+    )
     g6 = m.spot("aws", "us-east-1", "g6.xlarge")
     assert g6.per_hour == pytest.approx(0.4 * 2.5 / 25, rel=1e-3) and g6.band == "<5%" and "advisor" in g6.source
     assert m.spot("aws", "eu-west-1", "p3.2xlarge").source == "p3.2xlarge in other regions"
@@ -84,6 +121,10 @@ def test_the_band_widens_with_dispersion():
 
 
 def test_the_catalog_prices_spot_with_the_model(catalog):
-    spot = [o for o in catalog.offers if o.tier.value == "spot" and o.instance_type == "p3.2xlarge" and o.region == "us-east-1"]
+    spot = [
+        o
+        for o in catalog.offers
+        if o.tier.value == "spot" and o.instance_type == "p3.2xlarge" and o.region == "us-east-1"
+    ]
     assert spot and all(o.hazard_per_h == catalog.hazard.spot("aws", "us-east-1", "p3.2xlarge").per_hour for o in spot)
     assert all("observed" in o.hazard_source and o.availability < 1 for o in spot)

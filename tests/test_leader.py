@@ -9,27 +9,44 @@ import time
 
 from broker import planning
 from broker.agents.checkpoints import CheckpointStore
-from broker.core.clock import SystemClock
-from broker.domain.model import AgentInfo, JobState
-from broker.core.server import BrokerServer
 from broker.core.broker import Broker
+from broker.core.clock import SystemClock
+from broker.core.server import BrokerServer
+from broker.domain.model import AgentInfo, JobState
 from conftest import make_spec
 
 LEASE_S = 0.5
 
 
 def replica(store, tmp_path, name):
-    return BrokerServer(store, planning.get(), SystemClock(), CheckpointStore(str(tmp_path / "ckpt")), consumer=name, leader_lease_s=LEASE_S)
+    return BrokerServer(
+        store,
+        planning.get(),
+        SystemClock(),
+        CheckpointStore(str(tmp_path / "ckpt")),
+        consumer=name,
+        leader_lease_s=LEASE_S,
+    )
 
 
 def idle_agent(store, catalog, agent_id="od-1"):
-    offer = min((o for o in catalog.offers if o.tier.value == "on_demand" and o.accelerator == "L4" and o.accelerator_count == 1),
-                key=lambda o: o.price_usd_per_h)  # fmt: skip
-    store.register_agent(AgentInfo(id=agent_id, offer=offer, host="test", pid=1, registered_at=SystemClock().now()), 60_000)
+    offer = min(
+        (
+            o
+            for o in catalog.offers
+            if o.tier.value == "on_demand" and o.accelerator == "L4" and o.accelerator_count == 1
+        ),
+        key=lambda o: o.price_usd_per_h,
+    )
+    store.register_agent(
+        AgentInfo(id=agent_id, offer=offer, host="test", pid=1, registered_at=SystemClock().now()), 60_000
+    )
 
 
 def submit(store, catalog, name="j"):
-    return Broker(store, catalog, planning.get(), SystemClock()).submit(make_spec(name=name, resources={"accelerators": ["L4:1"]}))
+    return Broker(store, catalog, planning.get(), SystemClock()).submit(
+        make_spec(name=name, resources={"accelerators": ["L4:1"]})
+    )
 
 
 def test_only_the_lease_holder_plans_and_a_standby_takes_over_with_a_higher_token(store, catalog, tmp_path):
@@ -60,15 +77,36 @@ def test_a_deposed_leader_cannot_dispatch_even_mid_round(store, catalog, tmp_pat
 
 def test_kill_9_of_the_leading_server_process_hands_planning_to_the_standby(redis_url, store, tmp_path):
     env = {**os.environ, "BROKER_REDIS_URL": redis_url, "BROKER_HOME": str(tmp_path / "home")}
-    leader = subprocess.Popen([sys.executable, "-m", "broker", "server", "--consumer", "proc", "--leader-lease-s", "1", "--metrics-port", "0"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    leader = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "server",
+            "--consumer",
+            "proc",
+            "--leader-lease-s",
+            "1",
+            "--metrics-port",
+            "0",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while store.redis.get("broker:leader") != "proc":
             assert time.monotonic() < deadline and leader.poll() is None, "the server process never took the lease"
             time.sleep(0.05)
-        standby = BrokerServer(store, planning.get(), SystemClock(), CheckpointStore(str(tmp_path / "ckpt")), consumer="standby",
-                               leader_lease_s=1.0)  # fmt: skip
+        standby = BrokerServer(
+            store,
+            planning.get(),
+            SystemClock(),
+            CheckpointStore(str(tmp_path / "ckpt")),
+            consumer="standby",
+            leader_lease_s=1.0,
+        )
         assert not standby.lead()
         os.kill(leader.pid, signal.SIGKILL)
         killed = time.monotonic()

@@ -8,19 +8,23 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
-from broker.core.clock import SystemClock
 from broker.app.demo import pick_agents
 from broker.app.metrics import AgentMetrics, ServerMetrics, serve
-from broker.domain.model import JobState
-from broker.core.server import BrokerServer
 from broker.core.broker import Broker
+from broker.core.clock import SystemClock
+from broker.core.server import BrokerServer
+from broker.domain.model import JobState
 from broker.store.jobs import Store
 from conftest import Switch, free_port, train_spec
 
 
 def scrape(port):
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
 
 
 def test_server_and_agent_metrics_count_what_happened(redis_url, tmp_path, catalog):
@@ -31,15 +35,29 @@ def test_server_and_agent_metrics_count_what_happened(redis_url, tmp_path, catal
     server_port, agent_port = free_port(), free_port()
     serve(server_metrics.registry, server_port)
     serve(agent_metrics.registry, agent_port)
-    server = BrokerServer(store, planning.get(), SystemClock(), CheckpointStore(root), lease_s=3.0, metrics=server_metrics)
+    server = BrokerServer(
+        store, planning.get(), SystemClock(), CheckpointStore(root), lease_s=3.0, metrics=server_metrics
+    )
     notice = Switch()
     agents = [
-        Agent(store, name, offers[name], root, tmp_path / "runs", notices=n, heartbeat_s=0.2, lease_s=3.0, metrics=agent_metrics)
+        Agent(
+            store,
+            name,
+            offers[name],
+            root,
+            tmp_path / "runs",
+            notices=n,
+            heartbeat_s=0.2,
+            lease_s=3.0,
+            metrics=agent_metrics,
+        )
         for name, n in (("spot-a", notice), ("ondemand-a", None))
     ]
     for agent in agents:
         agent.register()
-    job = Broker(store, catalog, planning.get(), SystemClock()).submit(train_spec(OUTPUT=str(tmp_path / "out.pt"), STEP_SLEEP_S="0.03"))
+    job = Broker(store, catalog, planning.get(), SystemClock()).submit(
+        train_spec(OUTPUT=str(tmp_path / "out.pt"), STEP_SLEEP_S="0.03")
+    )
 
     deadline = time.monotonic() + 90
     while store.get_job(job.id).state != JobState.done:

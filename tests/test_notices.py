@@ -3,7 +3,7 @@
 import json
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -74,7 +74,7 @@ def test_aws_notice_needs_an_imdsv2_token_and_is_absent_until_scheduled(serve):
     server.state["action"] = {"action": "terminate", "time": "2026-11-22T12:02:00Z"}
     notice = notices.check()
     assert notice.cloud == "aws" and notice.action == "terminate"
-    assert notice.deadline == datetime(2026, 11, 22, 12, 2, tzinfo=timezone.utc)
+    assert notice.deadline == datetime(2026, 11, 22, 12, 2, tzinfo=UTC)
     tokens = [r for r in server.requests if r[1] == "/latest/api/token"]
     assert len(tokens) == 1 and tokens[0][0] == "PUT"  # the session token is reused
 
@@ -94,7 +94,7 @@ def test_gcp_notice_follows_the_preempted_flag(serve):
     server.state["preempted"] = True
     notice = notices.check()
     assert notice.cloud == "gcp"
-    assert 25 <= (notice.deadline - datetime.now(timezone.utc)).total_seconds() <= 30
+    assert 25 <= (notice.deadline - datetime.now(UTC)).total_seconds() <= 30
 
 
 PREEMPT = {
@@ -129,7 +129,7 @@ def test_azure_preempt_event_is_found_and_acknowledged(serve):
     server.state["preempt"] = True
     notice = notices.check()
     assert notice.event_id == PREEMPT["EventId"]
-    assert notice.deadline == datetime(2026, 11, 22, 12, 0, 30, tzinfo=timezone.utc)
+    assert notice.deadline == datetime(2026, 11, 22, 12, 0, 30, tzinfo=UTC)
     assert notices.acknowledge(notice)
     assert server.state["acked"] == {"StartRequests": [{"EventId": PREEMPT["EventId"]}]}
 
@@ -148,7 +148,7 @@ def test_trace_notice_comes_lead_seconds_before_the_first_lost_tick(tmp_path):
     assert notices.check() is None
     time.sleep(0.11)  # 66 trace seconds: inside the 30 s lead of second 90
     notice = notices.check()
-    assert notice is not None and 0 <= (notice.deadline - datetime.now(timezone.utc)).total_seconds() <= 0.05
+    assert notice is not None and 0 <= (notice.deadline - datetime.now(UTC)).total_seconds() <= 0.05
     assert TraceNotices(trace, start_tick=3, speedup=600).preempt_after_s == 90
 
 

@@ -12,7 +12,15 @@ from broker.domain.errors import SpecError
 from broker.domain.model import Offer, Tier, TransformerSpec
 from broker.models import parallel
 from broker.models.risk import evaluate, exclusive_hours, fits
-from broker.models.transformer import MARGIN, Hardware, Layout, iteration_seconds, memory_bytes, stage_memory_bytes, state_bytes_per_param
+from broker.models.transformer import (
+    MARGIN,
+    Hardware,
+    Layout,
+    iteration_seconds,
+    memory_bytes,
+    stage_memory_bytes,
+    state_bytes_per_param,
+)
 from conftest import NOW, make_spec
 
 GPT = TransformerSpec(layers=24, hidden=2048, heads=16, seq_len=2048, vocab=50257, global_batch=64)
@@ -27,7 +35,9 @@ def test_memory_grows_with_layers_micro_batch_and_without_recompute():
     assert memory_bytes(GPT.model_copy(update={"recompute": True}), layout) < base
     assert memory_bytes(GPT.model_copy(update={"schedule": "gpipe"}), layout) > base  # all m microbatches in flight
     assert memory_bytes(GPT.model_copy(update={"zero_stage": 1}), layout) < base  # optimizer state split d ways
-    assert memory_bytes(GPT, Layout(p=2, t=4, d=1, micro_batch=2)) < memory_bytes(GPT, Layout(p=2, t=1, d=4, micro_batch=2))
+    assert memory_bytes(GPT, Layout(p=2, t=4, d=1, micro_batch=2)) < memory_bytes(
+        GPT, Layout(p=2, t=1, d=4, micro_batch=2)
+    )
 
 
 def test_the_last_stage_holds_the_output_layers_logits():
@@ -56,10 +66,13 @@ def test_deepspeeds_lock_step_matches_pipettes_form_with_free_links_and_pays_eac
     deepspeed = GPT.model_copy(update={"schedule": "deepspeed"})
     layout = Layout(p=4, t=1, d=1, micro_batch=1)
     free = replace(HW, intra_bytes_s=1e30)
-    assert iteration_seconds(deepspeed, layout, free) < iteration_seconds(GPT, layout, free)  # the head's stage is slower, not all
+    assert iteration_seconds(deepspeed, layout, free) < iteration_seconds(
+        GPT, layout, free
+    )  # the head's stage is slower, not all
     equal = {"vocab": 8}  # (almost) no head: equal stages
     assert iteration_seconds(deepspeed.model_copy(update=equal), layout, free) == pytest.approx(
-        iteration_seconds(GPT.model_copy(update=equal), layout, free), rel=1e-4)
+        iteration_seconds(GPT.model_copy(update=equal), layout, free), rel=1e-4
+    )
     slow = replace(free, latency_s=0.01)
     pipette_extra = iteration_seconds(GPT, layout, slow) - iteration_seconds(GPT, layout, free)
     lockstep_extra = iteration_seconds(deepspeed, layout, slow) - iteration_seconds(deepspeed, layout, free)
@@ -85,7 +98,10 @@ def test_the_chosen_layout_equals_exhaustive_search(gpus):
 
 @pytest.mark.parametrize("remaining, switches", [(99, False), (100, False), (101, True)])
 def test_reconfigure_exactly_when_the_gain_over_the_remaining_steps_exceeds_the_switch_cost(remaining, switches):
-    assert parallel.should_switch(current_s=2.0, candidate_s=1.5, remaining_steps=remaining, switch_cost_s=50.0) is switches
+    assert (
+        parallel.should_switch(current_s=2.0, candidate_s=1.5, remaining_steps=remaining, switch_cost_s=50.0)
+        is switches
+    )
     assert parallel.should_switch(current_s=1.5, candidate_s=2.0, remaining_steps=10**6, switch_cost_s=0.0) is False
 
 
@@ -98,18 +114,33 @@ def test_annealed_placement_equals_exhaustive_on_small_clusters(seed):
     bandwidth = [[0.0] * n for _ in range(n)]
     for a, b in itertools.combinations(range(n), 2):
         bandwidth[a][b] = bandwidth[b][a] = rng.choice([1e9, 5e9, 25e9, 100e9])
-    exhaustive = min(parallel.pipeline_seconds(list(order), p, bandwidth, 1e8) for order in itertools.permutations(range(n)))
+    exhaustive = min(
+        parallel.pipeline_seconds(list(order), p, bandwidth, 1e8) for order in itertools.permutations(range(n))
+    )
     _, annealed = parallel.anneal(p, bandwidth, 1e8, seed=seed)
     assert annealed == pytest.approx(exhaustive)
 
 
 def offer(accelerator, count, price, tier=Tier.on_demand):
-    return Offer(cloud="aws", region="us-east-1", zone=None, instance_type=f"{accelerator}x{count}", tier=tier, accelerator=accelerator,
-                 accelerator_count=count, gpu_memory_gb=80, vcpus=96, memory_gb=1000, price_usd_per_h=price)  # fmt: skip
+    return Offer(
+        cloud="aws",
+        region="us-east-1",
+        zone=None,
+        instance_type=f"{accelerator}x{count}",
+        tier=tier,
+        accelerator=accelerator,
+        accelerator_count=count,
+        gpu_memory_gb=80,
+        vcpus=96,
+        memory_gb=1000,
+        price_usd_per_h=price,
+    )
 
 
 def transformer_job(**fields):
-    return make_spec(resources={"accelerators": ["H100:8", "T4:1"]}, work={"steps": 1000}, transformer=GPT.model_dump(), **fields)
+    return make_spec(
+        resources={"accelerators": ["H100:8", "T4:1"]}, work={"steps": 1000}, transformer=GPT.model_dump(), **fields
+    )
 
 
 def test_the_planner_prices_a_transformer_job_with_its_best_layout_and_skips_gpus_it_cannot_fit():

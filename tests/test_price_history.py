@@ -1,7 +1,7 @@
 """Price history in Redis: only changes are stored, imports, the catalog's newest prices, the CLI."""
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +13,7 @@ from broker.pricing.history import PriceHistory, points_from_rows, points_from_s
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "prices"
 TSV = SHARED / "aws_spot_price_history_2022-05-31.tsv"
-T0 = datetime(2025, 7, 1, tzinfo=timezone.utc)
+T0 = datetime(2025, 7, 1, tzinfo=UTC)
 
 
 def points(*rows):
@@ -22,8 +22,11 @@ def points(*rows):
 
 def test_only_changes_are_appended_and_a_repeat_writes_nothing(store):
     history = PriceHistory(store)
-    first = points(("aws/use1-az1/p3.2xlarge/spot", 0.9, T0), ("aws/use1-az1/p3.2xlarge/spot", 0.9, T0 + timedelta(hours=1)),
-                   ("aws/use1-az1/p3.2xlarge/spot", 1.1, T0 + timedelta(hours=2)))  # fmt: skip
+    first = points(
+        ("aws/use1-az1/p3.2xlarge/spot", 0.9, T0),
+        ("aws/use1-az1/p3.2xlarge/spot", 0.9, T0 + timedelta(hours=1)),
+        ("aws/use1-az1/p3.2xlarge/spot", 1.1, T0 + timedelta(hours=2)),
+    )
     assert history.record(first) == 2
     assert history.record(first) == 0
     assert history.record(points(("aws/use1-az1/p3.2xlarge/spot", 0.95, T0 + timedelta(hours=3)))) == 1
@@ -47,10 +50,13 @@ def test_the_catalog_takes_newer_recorded_prices_and_keeps_older_ones_as_history
     history = PriceHistory(store)
     row = catalog.rows[(catalog.rows.instance_type == "p3.2xlarge") & (catalog.rows.zone == "use1-az1")]
     history.record(points_from_rows(row.assign(spot_usd_per_h=0.5), T0))
-    history.record(points(("aws/use1-az2/p3.2xlarge/spot", 9.99, datetime(2022, 5, 31, tzinfo=timezone.utc))))
+    history.record(points(("aws/use1-az2/p3.2xlarge/spot", 9.99, datetime(2022, 5, 31, tzinfo=UTC))))
     live = catalog.with_history(history.latest())
     assert live.by_id["aws/use1-az1/p3.2xlarge/spot"].price_usd_per_h == 0.5
-    assert live.by_id["aws/use1-az2/p3.2xlarge/spot"].price_usd_per_h == catalog.by_id["aws/use1-az2/p3.2xlarge/spot"].price_usd_per_h
+    assert (
+        live.by_id["aws/use1-az2/p3.2xlarge/spot"].price_usd_per_h
+        == catalog.by_id["aws/use1-az2/p3.2xlarge/spot"].price_usd_per_h
+    )
     table = live.table(gpu="V100", cloud="aws", spot_only=True)
     assert table[table.zone == "use1-az1"].as_of.iloc[0].startswith("live 2025-07-01")
     assert table[table.zone == "use1-az2"].as_of.iloc[0].startswith("snapshot")
@@ -60,7 +66,10 @@ def test_cli_import_and_history_with_a_sparkline(redis_url, monkeypatch, tmp_pat
     monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
     runner = CliRunner()
     csv = tmp_path / "vms.csv"
-    header = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone\n"
+    header = (
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,"
+        "Price,SpotPrice,Region,AvailabilityZone\n"
+    )
     csv.write_text(header + "p3.2xlarge,V100,1.0,8.0,61.0,{},3.06,0.41,us-east-1,use1-az1\n")
     refused = runner.invoke(app, ["prices", "import", str(csv)])
     assert refused.exit_code == 2 and "--at" in refused.output

@@ -29,8 +29,13 @@ def broker(env, *args, **popen):
 
 def test_no_secret_reaches_a_log_an_output_or_a_run_file(private_redis, tmp_path):
     home = tmp_path / "home"
-    env = {**os.environ, "BROKER_REDIS_URL": f"redis://:{PASSWORD}@127.0.0.1:{private_redis}/0", "BROKER_HOME": str(home),
-           "BROKER_AGENT_SECRET": SECRET, "BROKER_CHECKPOINTS": str(tmp_path / "ckpt")}  # fmt: skip
+    env = {
+        **os.environ,
+        "BROKER_REDIS_URL": f"redis://:{PASSWORD}@127.0.0.1:{private_redis}/0",
+        "BROKER_HOME": str(home),
+        "BROKER_AGENT_SECRET": SECRET,
+        "BROKER_CHECKPOINTS": str(tmp_path / "ckpt"),
+    }
     outputs = []
 
     def cli(*args):
@@ -40,8 +45,17 @@ def test_no_secret_reaches_a_log_an_output_or_a_run_file(private_redis, tmp_path
         return done
 
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump({"name": "tiny", "run": [sys.executable, "-c", "print('hello from the job')"],
-                                   "resources": {"accelerators": ["L4:1"]}, "work": {"gpu_hours": 0.01}, "tiers": ["on_demand"]}))  # fmt: skip
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny",
+                "run": [sys.executable, "-c", "print('hello from the job')"],
+                "resources": {"accelerators": ["L4:1"]},
+                "work": {"gpu_hours": 0.01},
+                "tiers": ["on_demand"],
+            }
+        )
+    )
     submitted = cli("submit", str(job), "--json")
     assert submitted.returncode == 0, submitted.stderr
     job_id = json.loads(submitted.stdout)["job"]
@@ -54,14 +68,18 @@ def test_no_secret_reaches_a_log_an_output_or_a_run_file(private_redis, tmp_path
     logs = tmp_path / "logs"
     logs.mkdir()
     processes = []
-    for name, args in (("agent", ("agent", "--id", "a1", "--offer", offer_id, "--token", token, "--runs", str(tmp_path / "runs"))),
-                       ("server", ("server", "--consumer", "s1", "--metrics-port", "0"))):  # fmt: skip
+    for name, args in (
+        ("agent", ("agent", "--id", "a1", "--offer", offer_id, "--token", token, "--runs", str(tmp_path / "runs"))),
+        ("server", ("server", "--consumer", "s1", "--metrics-port", "0")),
+    ):
         argv, kw = broker(env, *args, stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT)
         processes.append(subprocess.Popen(argv, **kw))
     try:
         deadline = time.monotonic() + 120
         while json.loads(cli("status", job_id, "--json").stdout)["state"] != "done":
-            assert time.monotonic() < deadline, (logs / "agent.log").read_text()[-2000:] + (logs / "server.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, (logs / "agent.log").read_text()[-2000:] + (
+                logs / "server.log"
+            ).read_text()[-2000:]
             time.sleep(0.5)
     finally:
         for process in processes:

@@ -8,7 +8,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-
 from typer.testing import CliRunner
 
 from broker.app.cli.main import app
@@ -21,18 +20,24 @@ def self_signed(directory) -> tuple[str, str]:
     """A certificate for 127.0.0.1 signed by its own key: (cert path, key path)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "broker-test-redis")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
-    )  # fmt: skip
+    )
     cert_path, key_path = directory / "redis.crt", directory / "redis.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return str(cert_path), str(key_path)
 
 
@@ -41,8 +46,20 @@ def tls_redis(tmp_path):
     """A redis-server with a TLS port and a password; (TLS port, CA file)."""
     cert, key = self_signed(tmp_path)
     tls_port = free_port()
-    proc, _ = start_redis(tmp_path, "--tls-port", str(tls_port), "--tls-cert-file", cert, "--tls-key-file", key,
-                          "--tls-ca-cert-file", cert, "--tls-auth-clients", "no", password="s3cret")  # fmt: skip
+    proc, _ = start_redis(
+        tmp_path,
+        "--tls-port",
+        str(tls_port),
+        "--tls-cert-file",
+        cert,
+        "--tls-key-file",
+        key,
+        "--tls-ca-cert-file",
+        cert,
+        "--tls-auth-clients",
+        "no",
+        password="s3cret",
+    )
     yield tls_port, cert
     proc.terminate()
     proc.wait(timeout=10)
@@ -56,7 +73,9 @@ def test_rediss_url_with_the_ca_works_end_to_end(tls_redis, tmp_path, monkeypatc
     monkeypatch.setenv("BROKER_REDIS_URL", url)
     monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
     spec = tmp_path / "job.yaml"
-    spec.write_text("name: tls-job\nrun: [python, -c, pass]\nresources: {accelerators: [A100:1]}\nwork: {gpu_hours: 1}\n")
+    spec.write_text(
+        "name: tls-job\nrun: [python, -c, pass]\nresources: {accelerators: [A100:1]}\nwork: {gpu_hours: 1}\n"
+    )
     submitted = CliRunner().invoke(app, ["submit", str(spec), "--json"])
     assert submitted.exit_code == 0, submitted.output
     assert [j.spec.name for j in store.list_jobs()] == ["tls-job"]  # written over TLS by the CLI, read back over TLS

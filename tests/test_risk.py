@@ -24,10 +24,19 @@ from conftest import NOW, make_spec
 
 def offer(accelerator="A100", count=1, tier=Tier.spot, price=1.0, hazard=0.0, gpu_memory_gb=40, **extra):
     return Offer(
-        cloud="aws", region="us-east-1", zone="use1-az1", instance_type="x", tier=tier, accelerator=accelerator,
-        accelerator_count=count, gpu_memory_gb=gpu_memory_gb, vcpus=extra.get("vcpus", 8),
-        memory_gb=extra.get("memory_gb", 64), price_usd_per_h=price, hazard_per_h=hazard,
-    )  # fmt: skip
+        cloud="aws",
+        region="us-east-1",
+        zone="use1-az1",
+        instance_type="x",
+        tier=tier,
+        accelerator=accelerator,
+        accelerator_count=count,
+        gpu_memory_gb=gpu_memory_gb,
+        vcpus=extra.get("vcpus", 8),
+        memory_gb=extra.get("memory_gb", 64),
+        price_usd_per_h=price,
+        hazard_per_h=hazard,
+    )
 
 
 def test_exclusive_time_divides_reference_work_by_speed_and_gpu_count():
@@ -43,7 +52,9 @@ def test_inference_work_uses_the_bandwidth_ratio():
 
 
 def test_steps_use_the_measured_rate_of_the_offers_accelerator():
-    spec = make_spec(resources={"accelerators": ["L4", "T4"]}, work={"steps": 9000, "steps_per_hour": {"L4": 3000, "T4": 1000}})
+    spec = make_spec(
+        resources={"accelerators": ["L4", "T4"]}, work={"steps": 9000, "steps_per_hour": {"L4": 3000, "T4": 1000}}
+    )
     assert exclusive_hours(spec, offer("L4")) == 3
     assert exclusive_hours(spec, offer("T4")) == 9
 
@@ -123,7 +134,9 @@ def test_p_meet_is_the_poisson_probability_of_few_enough_preemptions():
     per_preemption = RESTART_OVERHEAD_H + 0.05 + tau / 2
     allowed = math.floor((13 - STARTUP_H - running) / per_preemption)
     mean = 0.1 * running
-    assert option.p_meet_deadline == pytest.approx(sum(math.exp(-mean) * mean**k / math.factorial(k) for k in range(allowed + 1)))
+    assert option.p_meet_deadline == pytest.approx(
+        sum(math.exp(-mean) * mean**k / math.factorial(k) for k in range(allowed + 1))
+    )
     assert option.expected_finish == NOW + timedelta(hours=option.expected_wall_h)
 
 

@@ -11,6 +11,7 @@ from broker.agents.checkpoints import CheckpointStore
 from broker.agents.runner import JobProcess, job_argv
 from conftest import assert_same_weights, make_spec, run_to_end, train_spec
 
+
 def wait_for(job, predicate, timeout_s=60):
     """Poll the job's events until one satisfies `predicate`."""
     deadline = time.monotonic() + timeout_s
@@ -53,7 +54,9 @@ def test_killed_job_resumes_from_its_last_checkpoint_losing_at_most_one_interval
     assert latest.step == 20 and reached - latest.step <= 10
 
     resumed = run_to_end(spec, "train", root, tmp_path / "run2", resume_from=latest.url)
-    assert {"type": "restored", "step": 20}.items() <= next(e for e in resumed.events() if e["type"] == "restored").items()
+    assert {"type": "restored", "step": 20}.items() <= next(
+        e for e in resumed.events() if e["type"] == "restored"
+    ).items()
     assert_same_weights(torch.load(out), uninterrupted)
 
 
@@ -74,7 +77,14 @@ def test_a_corrupt_resume_checkpoint_falls_back_to_the_previous_one(tmp_path, un
 
 
 def test_job_sees_the_contract_environment(tmp_path):
-    spec = make_spec(run=[sys.executable, "-c", "import os; print(os.environ['BROKER_JOB_ID'], os.environ['BROKER_RESUME_FROM'], os.environ['MY_VAR'])"], env={"MY_VAR": "x"})
+    spec = make_spec(
+        run=[
+            sys.executable,
+            "-c",
+            "import os; print(os.environ['BROKER_JOB_ID'], os.environ['BROKER_RESUME_FROM'], os.environ['MY_VAR'])",
+        ],
+        env={"MY_VAR": "x"},
+    )
     job = JobProcess(spec, "job-7", "/tmp/ckpt/job-7", tmp_path, resume_from="/tmp/ckpt/job-7/step-1")
     job.start()
     assert job.wait(timeout=30) == 0

@@ -1,6 +1,6 @@
 """Job specs: the YAML users write, and the one-line errors bad input gets."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import yaml
@@ -40,8 +40,8 @@ def test_relative_deadline_counts_from_now():
 
 
 def test_iso_deadline_without_offset_is_utc():
-    assert make_spec(deadline="2026-12-01T18:00").deadline == datetime(2026, 12, 1, 18, tzinfo=timezone.utc)
-    assert make_spec(deadline="2026-12-01T18:00Z").deadline == datetime(2026, 12, 1, 18, tzinfo=timezone.utc)
+    assert make_spec(deadline="2026-12-01T18:00").deadline == datetime(2026, 12, 1, 18, tzinfo=UTC)
+    assert make_spec(deadline="2026-12-01T18:00Z").deadline == datetime(2026, 12, 1, 18, tzinfo=UTC)
 
 
 def test_tiers_default_to_all_and_can_be_restricted():
@@ -65,7 +65,9 @@ def test_unknown_accelerator_suggests_the_closest_names():
 
 def test_each_problem_is_one_line_naming_its_field():
     with pytest.raises(SpecError) as err:
-        validate_spec({"name": "j", "run": [], "resources": {"accelerators": ["L4"]}, "work": {}, "priority": "high"}, NOW)
+        validate_spec(
+            {"name": "j", "run": [], "resources": {"accelerators": ["L4"]}, "work": {}, "priority": "high"}, NOW
+        )
     lines = str(err.value).splitlines()
     assert len(lines) == 3
     assert any(line.startswith("spec: run:") for line in lines)
@@ -134,5 +136,7 @@ def test_every_example_is_a_valid_spec(path):
 
 
 def test_a_job_cannot_set_broker_variables():
-    with pytest.raises(SpecError, match=r"spec: env: BROKER_RESUME_FROM: BROKER_\* variables are set by the agent; rename it"):
+    with pytest.raises(
+        SpecError, match=r"spec: env: BROKER_RESUME_FROM: BROKER_\* variables are set by the agent; rename it"
+    ):
         validate_spec(base(env={"BROKER_RESUME_FROM": "/etc"}), NOW)

@@ -7,10 +7,10 @@ import time
 import pytest
 import redis
 
-from broker.store import embedded
 from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableError
 from broker.domain.model import Job, JobState
 from broker.planning import get
+from broker.store import embedded
 from broker.store.jobs import Store
 from conftest import NOW, free_port, make_spec
 
@@ -47,7 +47,10 @@ def test_a_state_change_writes_the_job_and_its_event_together(store, catalog, cl
     store.add_job(new_job(catalog))
     moved = store.set_state("job-1", JobState.cancelled, clock.advance(hours=1), reason="cancelled by user")
     assert store.get_job("job-1") == moved and moved.state == JobState.cancelled
-    assert [(e["state"], e["reason"]) for e in store.events("job-1")] == [("queued", "submitted"), ("cancelled", "cancelled by user")]
+    assert [(e["state"], e["reason"]) for e in store.events("job-1")] == [
+        ("queued", "submitted"),
+        ("cancelled", "cancelled by user"),
+    ]
 
 
 def test_a_terminal_job_cannot_change_state(store, catalog):

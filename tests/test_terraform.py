@@ -23,15 +23,31 @@ TF = ROOT / "infra" / "terraform"
 TF_FILES = sorted(TF.glob("modules/*/*.tf")) + sorted(TF.glob("examples/*/*.tf"))
 
 SITE = {
-    "aws": {"ami_id": "ami-0123456789abcdef0", "checkpoint_bucket": "ckpts", "redis_url": "rediss://agent@r.example:6380/0",
-            "agent_token_secret_arn": "arn:aws:secretsmanager:us-east-1:1:secret:tok"},
-    "gcp": {"project": "acme", "image": "projects/x/global/images/family/y", "checkpoint_bucket": "ckpts",
-            "redis_url": "rediss://agent@r.example:6380/0", "agent_token_secret_id": "tok"},
-    "azure": {"resource_group_name": "rg", "subnet_id": "/subscriptions/s/x/subnets/a", "admin_ssh_public_key": "ssh-ed25519 AAAA k",
-              "checkpoint_container_id": "/subscriptions/s/c", "checkpoint_url": "az://c/broker/", "storage_account_name": "acct",
-              "redis_url": "rediss://agent@r.example:6380/0", "agent_token_secret_id": "https://v.vault.azure.net/secrets/tok",
-              "key_vault_id": "/subscriptions/s/v"},
-}  # fmt: skip
+    "aws": {
+        "ami_id": "ami-0123456789abcdef0",
+        "checkpoint_bucket": "ckpts",
+        "redis_url": "rediss://agent@r.example:6380/0",
+        "agent_token_secret_arn": "arn:aws:secretsmanager:us-east-1:1:secret:tok",
+    },
+    "gcp": {
+        "project": "acme",
+        "image": "projects/x/global/images/family/y",
+        "checkpoint_bucket": "ckpts",
+        "redis_url": "rediss://agent@r.example:6380/0",
+        "agent_token_secret_id": "tok",
+    },
+    "azure": {
+        "resource_group_name": "rg",
+        "subnet_id": "/subscriptions/s/x/subnets/a",
+        "admin_ssh_public_key": "ssh-ed25519 AAAA k",
+        "checkpoint_container_id": "/subscriptions/s/c",
+        "checkpoint_url": "az://c/broker/",
+        "storage_account_name": "acct",
+        "redis_url": "rediss://agent@r.example:6380/0",
+        "agent_token_secret_id": "https://v.vault.azure.net/secrets/tok",
+        "key_vault_id": "/subscriptions/s/v",
+    },
+}
 
 
 def module_files(cloud):
@@ -85,13 +101,20 @@ def test_gcp_spot_scheduling_is_deleted_on_preemption():
 
 def test_azure_spot_is_evicted_by_delete_with_a_bid_cap():
     vm = resources("azure", "azurerm_linux_virtual_machine")[0]
-    assert '"Spot"' in vm["priority"] and '"Delete"' in vm["eviction_policy"] and "var.max_bid_price" in vm["max_bid_price"]
+    assert (
+        '"Spot"' in vm["priority"]
+        and '"Delete"' in vm["eviction_policy"]
+        and "var.max_bid_price" in vm["max_bid_price"]
+    )
     assert module_variables("azure")["max_bid_price"].default == -1
 
 
 def test_no_inbound_rule_opens_a_port():
     assert all("ingress" not in sg for sg in resources("aws", "aws_security_group"))
-    assert resources("aws", "aws_security_group_rule") == [] and resources("aws", "aws_vpc_security_group_ingress_rule") == []
+    assert (
+        resources("aws", "aws_security_group_rule") == []
+        and resources("aws", "aws_vpc_security_group_ingress_rule") == []
+    )
     assert resources("gcp", "google_compute_firewall") == []
     assert all("security_rule" not in nsg for nsg in resources("azure", "azurerm_network_security_group"))
     assert resources("azure", "azurerm_network_security_rule") == []
@@ -108,7 +131,11 @@ def test_user_data_reads_the_token_from_the_secret_manager_and_never_holds_it(cl
     template = TF / "modules" / MODULES[cloud] / "templates" / "cloud-init.yaml.tftpl"
     keys = set(re.findall(r"\$\{([a-z_]+)\}", template.read_text()))
     text = render(template, {k: f"<{k}>" for k in keys} | {"redis_url": "rediss://agent@r.example:6380/0"})
-    reader = {"aws": "aws secretsmanager get-secret-value", "gcp": "gcloud secrets versions access", "azure": "vault.azure.net"}[cloud]
+    reader = {
+        "aws": "aws secretsmanager get-secret-value",
+        "gcp": "gcloud secrets versions access",
+        "azure": "vault.azure.net",
+    }[cloud]
     assert reader in text and ("<secret_arn>" in text or "<secret_id>" in text)
     assert not re.search(r"://[^/@\s'$]*:[^/@\s'$]+@", text)  # no URL with a literal password (only $token at boot)
     assert "umask 077" in text  # the token lands in a root-only file
@@ -153,10 +180,14 @@ def test_provision_plan_writes_one_pool_per_chosen_offer(store, catalog, redis_u
     spec = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 1})
     quote = get().quote(spec, catalog.offers, NOW)
     for i in range(2):
-        store.add_job(Job(id=f"j{i}", spec=spec, submitted_at=quote.created_at, updated_at=quote.created_at, quote=quote))
+        store.add_job(
+            Job(id=f"j{i}", spec=spec, submitted_at=quote.created_at, updated_at=quote.created_at, quote=quote)
+        )
     site = tmp_path / "site.yaml"
     site.write_text(yaml.safe_dump(SITE))
-    result = CliRunner().invoke(app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools"), "--json"])
+    result = CliRunner().invoke(
+        app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools"), "--json"]
+    )
     assert result.exit_code == 0, result.output
     [row] = json.loads(result.stdout)
     assert row["count"] == 2 and row["offer"] == quote.chosen.offer.id and "apply" in row["command"]
@@ -177,11 +208,20 @@ def test_terraform_fmt_check_passes():
 def test_terraform_validate_passes(cloud, tmp_path):
     shutil.copytree(TF, tmp_path / "terraform", ignore=shutil.ignore_patterns("pools", ".terraform"))
     work = tmp_path / "terraform" / "examples" / cloud
-    init = subprocess.run([terraform_bin, f"-chdir={work}", "init", "-backend=false", "-input=false", "-no-color"], capture_output=True, text=True, timeout=120)
+    init = subprocess.run(
+        [terraform_bin, f"-chdir={work}", "init", "-backend=false", "-input=false", "-no-color"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if init.returncode != 0:
-        why = next((line.strip() for line in init.stderr.splitlines() if line.strip().startswith("Error")), init.stderr[-200:])
+        why = next(
+            (line.strip() for line in init.stderr.splitlines() if line.strip().startswith("Error")), init.stderr[-200:]
+        )
         pytest.skip(f"terraform init cannot fetch the {cloud} provider here: {why}")
-    done = subprocess.run([terraform_bin, f"-chdir={work}", "validate", "-no-color"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [terraform_bin, f"-chdir={work}", "validate", "-no-color"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -193,7 +233,9 @@ def test_apply_without_terraform_says_how_to_install_it(store, catalog, redis_ur
     store.add_job(Job(id="j", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote))
     site = tmp_path / "site.yaml"
     site.write_text(yaml.safe_dump(SITE))
-    result = CliRunner().invoke(app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools"), "--apply"])
+    result = CliRunner().invoke(
+        app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools"), "--apply"]
+    )
     assert result.exit_code == 2 and "terraform: not installed; install Terraform >= 1.5 or OpenTofu" in result.stderr
     assert list((tmp_path / "pools").iterdir())  # the plan is written all the same, to apply by hand
 

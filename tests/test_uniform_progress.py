@@ -91,8 +91,19 @@ def test_with_no_spot_at_all_the_job_still_finishes_on_demand():
 
 
 def offer(name, tier, price):
-    return Offer(cloud="aws", region="r", zone=name, instance_type="x", tier=tier, accelerator="A100",
-                 accelerator_count=1, gpu_memory_gb=40, vcpus=8, memory_gb=64, price_usd_per_h=price)  # fmt: skip
+    return Offer(
+        cloud="aws",
+        region="r",
+        zone=name,
+        instance_type="x",
+        tier=tier,
+        accelerator="A100",
+        accelerator_count=1,
+        gpu_memory_gb=40,
+        vcpus=8,
+        memory_gb=64,
+        price_usd_per_h=price,
+    )
 
 
 def test_the_policy_places_on_spot_when_available_and_waits_when_ahead():

@@ -14,14 +14,13 @@ import os
 import signal
 import socket
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import redis
-
-from broker.agents.runner import JobProcess
 from pydantic import ValidationError
 
+from broker.agents.runner import JobProcess
 from broker.domain.jobspec import JobSpec
 from broker.domain.model import AgentInfo, Offer
 from broker.store.jobs import Store
@@ -67,8 +66,15 @@ class Agent:
         self._notice_polled = 0.0
 
     def register(self) -> None:
-        now = datetime.now(timezone.utc)
-        info = AgentInfo(id=self.id, offer=self.offer, host=socket.gethostname(), pid=os.getpid(), registered_at=now, token=self.token)
+        now = datetime.now(UTC)
+        info = AgentInfo(
+            id=self.id,
+            offer=self.offer,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            registered_at=now,
+            token=self.token,
+        )
         self.store.register_agent(info, self.lease_ms)
         self._last_beat = time.monotonic()
         log.info("agent=%s registered offer=%s", self.id, self.offer.id)
@@ -146,7 +152,9 @@ class Agent:
             self.store.ack_assignment(self.id, entry_id)
             return
         resume_from = fields.get("resume_from") or None
-        process = JobProcess(spec, job_id, f"{self.checkpoint_root}/{job_id}", self.run_root / job_id / run_id, resume_from)
+        process = JobProcess(
+            spec, job_id, f"{self.checkpoint_root}/{job_id}", self.run_root / job_id / run_id, resume_from
+        )
         self.started_fences.add((job_id, fence))
         try:
             process.start()
@@ -162,7 +170,10 @@ class Agent:
         """Report the job's events; progress at most once per PROGRESS_EVERY_S (the latest wins), in order."""
         for event in self.job.events():
             if self.metrics and "seconds" in event:
-                histogram = {"checkpoint": self.metrics.checkpoint_save, "restored": self.metrics.checkpoint_restore}.get(event["type"])
+                histogram = {
+                    "checkpoint": self.metrics.checkpoint_save,
+                    "restored": self.metrics.checkpoint_restore,
+                }.get(event["type"])
                 if histogram:
                     histogram.observe(event["seconds"])
             if event.get("type") == "progress":
@@ -204,10 +215,12 @@ class Agent:
         if notice and self.metrics:
             self.metrics.notices.inc()
         if self.job:
-            self.store.report(self.id, self.job.job_id, self.fence, "notice", deadline=notice.deadline if notice else None)
+            self.store.report(
+                self.id, self.job.job_id, self.fence, "notice", deadline=notice.deadline if notice else None
+            )
             grace = self.grace_s
             if notice:
-                left = (notice.deadline - datetime.now(timezone.utc)).total_seconds()
+                left = (notice.deadline - datetime.now(UTC)).total_seconds()
                 grace = max(0.5, left - min(NOTICE_MARGIN_S, left / 4))
             self.job.stop(grace)
             self._end_job("preempted")

@@ -18,7 +18,7 @@ import json
 import logging
 import posixpath
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import fsspec
@@ -84,7 +84,9 @@ class CheckpointStore:
         return self.fs.open(posixpath.join(self.path(manifest.url), name), "rb")
 
     def owns(self, url: str, job_id: str) -> bool:
-        """Whether a checkpoint URL lies in this store under the job's own directory (not file:///etc, not another bucket)."""
+        """Whether a checkpoint URL lies in this store under the job's own directory.
+
+        Not file:///etc, not another bucket: agents report these URLs, and agents are not trusted."""
         try:
             fs, path = fsspec.core.url_to_fs(url)
         except (ValueError, ImportError, TypeError):
@@ -113,14 +115,16 @@ class CheckpointStore:
                 self.fs.put_file(str(path), remote)
                 size, digest = _sha256_file(self.fs, remote)  # hash what landed, not what we meant to send
                 entries.append(FileEntry(path.name, size, digest))
-            manifest = Manifest(job_id, step, datetime.now(timezone.utc).isoformat(), entries)
+            manifest = Manifest(job_id, step, datetime.now(UTC).isoformat(), entries)
             self._write_manifest(target, manifest)
         except OSError as err:
             try:  # a partial step never counts (no manifest); remove it so a full disk gets its space back
                 self.fs.rm(target, recursive=True)
             except OSError:
                 pass
-            raise CheckpointError(f"checkpoint: saving step {step} of {job_id} failed ({err}); the previous checkpoint stays valid") from err
+            raise CheckpointError(
+                f"checkpoint: saving step {step} of {job_id} failed ({err}); the previous checkpoint stays valid"
+            ) from err
         self._prune(job_id)
         return replace(manifest, url=self.url(target))
 
@@ -190,6 +194,7 @@ class CheckpointStore:
         for step_dir in self.fs.ls(self.job_dir(job_id), detail=False):
             if step_dir.rstrip("/") < oldest_kept:
                 self.fs.rm(step_dir, recursive=True)
+
 
 def _is_local(fs) -> bool:
     protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)

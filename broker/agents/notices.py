@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 
@@ -37,7 +37,9 @@ class Notice:
     raw: dict = field(default_factory=dict)
 
 
-def _request(url: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None) -> tuple[int, bytes]:
+def _request(
+    url: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None
+) -> tuple[int, bytes]:
     req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:
@@ -103,7 +105,7 @@ class GcpPreemptionNotices:
             return None
         if status != 200 or body.strip().upper() != b"TRUE":
             return None
-        return Notice("gcp", "preempted", datetime.now(timezone.utc) + timedelta(seconds=self.lead_s))
+        return Notice("gcp", "preempted", datetime.now(UTC) + timedelta(seconds=self.lead_s))
 
 
 class AzureScheduledEvents:
@@ -130,7 +132,7 @@ class AzureScheduledEvents:
                 deadline = (
                     parsedate_to_datetime(not_before)
                     if not_before
-                    else datetime.now(timezone.utc) + timedelta(seconds=self.lead_s)
+                    else datetime.now(UTC) + timedelta(seconds=self.lead_s)
                 )
                 return Notice("azure", "Preempt", deadline, event_id=event["EventId"], raw=event)
         return None
@@ -171,7 +173,7 @@ class TraceNotices:
         if elapsed + self.lead_s < self.preempt_after_s:
             return None
         remaining_wall_s = max(0.0, (self.preempt_after_s - elapsed) / self.speedup)
-        return Notice("trace", "terminate", datetime.now(timezone.utc) + timedelta(seconds=remaining_wall_s))
+        return Notice("trace", "terminate", datetime.now(UTC) + timedelta(seconds=remaining_wall_s))
 
 
 def watcher(spec: str, speedup: float = 1.0):

@@ -17,9 +17,14 @@ class LocalProvisioner:
     """Agents as local processes, sharing this machine's Redis and checkpoint store."""
 
     def __init__(
-        self, redis_url: str, checkpoint_root: str, run_root: Path, speedup: float = 1.0, lease_s: float = 5.0,
+        self,
+        redis_url: str,
+        checkpoint_root: str,
+        run_root: Path,
+        speedup: float = 1.0,
+        lease_s: float = 5.0,
         prefix: str = "broker:",
-    ):  # fmt: skip
+    ):
         self.redis_url, self.checkpoint_root, self.run_root = redis_url, checkpoint_root, Path(run_root)
         self.prefix = prefix
         self.speedup, self.lease_s = speedup, lease_s
@@ -30,10 +35,25 @@ class LocalProvisioner:
         self.run_root.mkdir(parents=True, exist_ok=True)
         log = open(self.run_root / f"agent-{agent_id}.log", "ab")
         argv = [
-            sys.executable, "-m", "broker", "agent", "--id", agent_id, "--offer", offer.id,
-            "--notices", notices, "--speedup", str(self.speedup), "--lease-s", str(self.lease_s),
-            "--checkpoints", self.checkpoint_root, "--runs", str(self.run_root),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "broker",
+            "agent",
+            "--id",
+            agent_id,
+            "--offer",
+            offer.id,
+            "--notices",
+            notices,
+            "--speedup",
+            str(self.speedup),
+            "--lease-s",
+            str(self.lease_s),
+            "--checkpoints",
+            self.checkpoint_root,
+            "--runs",
+            str(self.run_root),
+        ]
         env = {**os.environ, "BROKER_REDIS_URL": self.redis_url, "BROKER_PREFIX": self.prefix}
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()

@@ -70,13 +70,20 @@ class JobProcess:
         log = open(self.log_file, "ab")
         try:
             if self.spec.setup:
-                done = subprocess.run(["bash", "-c", self.spec.setup], cwd=self.cwd, env=self.env, stdout=log, stderr=log)
+                done = subprocess.run(
+                    ["bash", "-c", self.spec.setup], cwd=self.cwd, env=self.env, stdout=log, stderr=log
+                )
                 if done.returncode != 0:
                     raise OSError(f"setup exited with {done.returncode}")
             self.proc = subprocess.Popen(
-                job_argv(self.spec), cwd=self.cwd, env=self.env, stdout=log, stderr=log,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                job_argv(self.spec),
+                cwd=self.cwd,
+                env=self.env,
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             log.close()
 
@@ -130,4 +137,3 @@ class JobProcess:
                 return [line.rstrip("\n") for line in deque(f, maxlen=lines)]
         except FileNotFoundError:
             return []
-

@@ -100,20 +100,29 @@ def pool_values(pool: Pool, site: dict, catalog: PriceCatalog) -> dict:
     o, spot = pool.offer, pool.offer.tier == Tier.spot
     common = {"pool_name": pool.name, "offer_id": o.id, "instance_count": pool.count, "tier": o.tier.value}
     by_cloud = {
-        "aws": {"availability_zone_id": o.zone, "instance_type": o.instance_type, "max_price": _on_demand_price(catalog, o) if spot else None},
+        "aws": {
+            "availability_zone_id": o.zone,
+            "instance_type": o.instance_type,
+            "max_price": _on_demand_price(catalog, o) if spot else None,
+        },
         "gcp": {"zone": o.zone, "machine_type": o.instance_type},
         "azure": {"location": o.region, "vm_size": o.instance_type, "max_bid_price": -1},
-    }  # fmt: skip
+    }
     declared = module_variables(o.cloud)
     cloud_site = site.get(o.cloud) or {}
     unknown = sorted(set(cloud_site) - set(declared))
     if unknown:
-        raise BrokerError(f"site.{o.cloud}.{unknown[0]}: not a variable of {MODULES[o.cloud]}; allowed: {', '.join(declared)}")
+        raise BrokerError(
+            f"site.{o.cloud}.{unknown[0]}: not a variable of {MODULES[o.cloud]}; allowed: {', '.join(declared)}"
+        )
     values = {**common, **by_cloud[o.cloud], **cloud_site}
     for name, var in declared.items():
         if name not in values:
             if var.required:
-                raise BrokerError(f"site.{o.cloud}.{name}: required by {MODULES[o.cloud]} ({var.description}); add it to the site file")
+                raise BrokerError(
+                    f"site.{o.cloud}.{name}: required by {MODULES[o.cloud]} ({var.description}); add "
+                    "it to the site file"
+                )
             values[name] = var.default
     for name, var in declared.items():
         check_type(f"site.{o.cloud}.{name}", var.type, values[name])
@@ -151,7 +160,12 @@ def write_pool(pool: Pool, values: dict, out_dir: Path) -> Path:
     config = {
         "provider": providers[cloud],
         "variable": {n: {"type": v.type, "description": v.description} for n, v in declared.items()},
-        "module": {"agents": {"source": source if source.startswith(".") else f"./{source}", **{n: f"${{var.{n}}}" for n in declared}}},
+        "module": {
+            "agents": {
+                "source": source if source.startswith(".") else f"./{source}",
+                **{n: f"${{var.{n}}}" for n in declared},
+            }
+        },
     }
     (root / "main.tf.json").write_text(json.dumps(config, indent=2) + "\n")
     (root / f"{pool.name}.auto.tfvars.json").write_text(json.dumps(values, indent=2) + "\n")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 
 def _signature(secret: str, agent_id: str, expires: int) -> str:
@@ -32,5 +32,5 @@ def refusal(secret: str, agent_id: str, token: str | None, now: datetime) -> str
     if not hmac.compare_digest(signature, _signature(secret, agent_id, int(expires))):
         return "registration token does not match this agent id"
     if int(expires) < now.timestamp():
-        return f"registration token expired at {datetime.fromtimestamp(int(expires), timezone.utc):%Y-%m-%d %H:%M} UTC"
+        return f"registration token expired at {datetime.fromtimestamp(int(expires), UTC):%Y-%m-%d %H:%M} UTC"
     return None

@@ -15,13 +15,13 @@ from pathlib import Path
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.provision import LocalProvisioner
-from broker.core.clock import ScaledClock
-from broker.domain.model import Job, Tier
-from broker.pricing.catalog import PriceCatalog
-from broker.models.spend import on_demand_equivalent_usd
-from broker.core.server import BrokerServer
 from broker.core.broker import Broker
+from broker.core.clock import ScaledClock
+from broker.core.server import BrokerServer
+from broker.domain.model import Job, Tier
 from broker.domain.specfile import load_spec
+from broker.models.accounting import on_demand_equivalent_usd
+from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
 
 PREFIX = "broker-demo:"
@@ -36,7 +36,11 @@ def pick_agents(catalog: PriceCatalog) -> list[tuple[str, object, str]]:
     spot = sorted((o for o in l4 if o.tier == Tier.spot), key=lambda o: o.price_usd_per_h)
     on_demand = min((o for o in l4 if o.tier == Tier.on_demand), key=lambda o: o.price_usd_per_h)
     second = next(o for o in spot if o.cloud != spot[0].cloud)
-    return [("spot-a", spot[0], f"{TRACE}@{LOSES_SOON_TICK}"), ("spot-b", second, f"{TRACE}@{STAYS_TICK}"), ("ondemand-a", on_demand, "none")]
+    return [
+        ("spot-a", spot[0], f"{TRACE}@{LOSES_SOON_TICK}"),
+        ("spot-b", second, f"{TRACE}@{STAYS_TICK}"),
+        ("ondemand-a", on_demand, "none"),
+    ]
 
 
 def job_summary(job: Job) -> dict:
@@ -58,10 +62,23 @@ def job_summary(job: Job) -> dict:
 def totals(rows: list[dict]) -> dict:
     cost = sum(r["cost_usd"] for r in rows)
     base = sum(r["on_demand_cost_usd"] for r in rows)
-    return {"cost_usd": round(cost, 4), "on_demand_cost_usd": round(base, 4), "savings_pct": round(100 * (1 - cost / base), 1) if base else None}
+    return {
+        "cost_usd": round(cost, 4),
+        "on_demand_cost_usd": round(base, 4),
+        "savings_pct": round(100 * (1 - cost / base), 1) if base else None,
+    }
 
 
-def run_demo(redis_url: str, home: Path, examples: Path, catalog: PriceCatalog, policy, speedup: float, timeout_s: float, progress=None) -> dict:
+def run_demo(
+    redis_url: str,
+    home: Path,
+    examples: Path,
+    catalog: PriceCatalog,
+    policy,
+    speedup: float,
+    timeout_s: float,
+    progress=None,
+) -> dict:
     """Run the demo jobs to the end (or the timeout) and return the summary."""
     store = Store(redis_url, prefix=PREFIX)
     for key in store.redis.scan_iter(f"{PREFIX}*"):  # the demo's own namespace: start clean
@@ -93,8 +110,12 @@ def run_demo(redis_url: str, home: Path, examples: Path, catalog: PriceCatalog, 
         rows = [job_summary(store.get_job(j.id)) for j in jobs]
     finally:
         provisioner.stop_all()
-    return {"speedup": speedup, "agents": [{"id": a, "offer": o.id, "price_usd_per_h": o.price_usd_per_h} for a, o, _ in pool],
-            "jobs": rows, **totals(rows)}  # fmt: skip
+    return {
+        "speedup": speedup,
+        "agents": [{"id": a, "offer": o.id, "price_usd_per_h": o.price_usd_per_h} for a, o, _ in pool],
+        "jobs": rows,
+        **totals(rows),
+    }
 
 
 def wait_for_agents(store: Store, agent_ids: list[str], timeout_s: float) -> None:

@@ -18,14 +18,14 @@ from pathlib import Path
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.provision import LocalProvisioner
-from broker.bubbles.profiler import load_profiles
-from broker.core.clock import SystemClock
 from broker.app.demo import job_summary, totals, wait_for_agents
-from broker.domain.model import Tier
-from broker.pricing.catalog import PriceCatalog
-from broker.core.server import BrokerServer
+from broker.bubbles.profiler import load_profiles
 from broker.core.broker import Broker
+from broker.core.clock import SystemClock
+from broker.core.server import BrokerServer
+from broker.domain.model import Tier
 from broker.domain.specfile import load_spec
+from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
 
 PREFIX = "broker-demo-bubbles:"
@@ -33,8 +33,16 @@ MAIN_JOB = "demo-llm"
 STAGES = 4
 
 
-def run_bubbles_demo(redis_url: str, home: Path, examples: Path, catalog: PriceCatalog, policy, timeout_s: float,
-                     training_steps: int = 400, progress=None) -> dict:  # fmt: skip
+def run_bubbles_demo(
+    redis_url: str,
+    home: Path,
+    examples: Path,
+    catalog: PriceCatalog,
+    policy,
+    timeout_s: float,
+    training_steps: int = 400,
+    progress=None,
+) -> dict:
     """Run the training job and the fill job to the end (or the timeout); the summary."""
     store = Store(redis_url, prefix=PREFIX)
     for key in store.redis.scan_iter(f"{PREFIX}*"):
@@ -45,16 +53,38 @@ def run_bubbles_demo(redis_url: str, home: Path, examples: Path, catalog: PriceC
     clock = SystemClock()
     server = BrokerServer(store, policy, clock, CheckpointStore(checkpoints))
     provisioner = LocalProvisioner(redis_url, checkpoints, work / "runs", prefix=PREFIX)
-    on_demand = min((o for o in catalog.offers if o.tier == Tier.on_demand and o.accelerator == "T4" and o.accelerator_count == 1),
-                    key=lambda o: o.price_usd_per_h)  # fmt: skip
-    env = {**os.environ, "BROKER_REDIS_URL": redis_url, "BROKER_PREFIX": PREFIX, "BROKER_CHECKPOINTS": checkpoints, "OMP_NUM_THREADS": "1"}
+    on_demand = min(
+        (o for o in catalog.offers if o.tier == Tier.on_demand and o.accelerator == "T4" and o.accelerator_count == 1),
+        key=lambda o: o.price_usd_per_h,
+    )
+    env = {
+        **os.environ,
+        "BROKER_REDIS_URL": redis_url,
+        "BROKER_PREFIX": PREFIX,
+        "BROKER_CHECKPOINTS": checkpoints,
+        "OMP_NUM_THREADS": "1",
+    }
     torchrun = Path(sys.executable).with_name("torchrun")
     work.mkdir(parents=True, exist_ok=True)
     log = open(work / "training.log", "wb")
     training = subprocess.Popen(
-        [str(torchrun), "--nproc_per_node", str(STAGES), str(examples / "bubbles" / "train_gpt.py"), "--steps", str(training_steps),
-         "--out", str(work / "training"), "--broker", MAIN_JOB], env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            str(torchrun),
+            "--nproc_per_node",
+            str(STAGES),
+            str(examples / "bubbles" / "train_gpt.py"),
+            "--steps",
+            str(training_steps),
+            "--out",
+            str(work / "training"),
+            "--broker",
+            MAIN_JOB,
+        ],
+        env=env,
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+    )
     log.close()
     try:
         provisioner.start("ondemand-t4", on_demand)
@@ -77,9 +107,25 @@ def run_bubbles_demo(redis_url: str, home: Path, examples: Path, catalog: PriceC
             training.terminate()
             training.wait(timeout=30)
         provisioner.stop_all()
-    runs = [{"agent": r.agent, "tier": r.offer.tier.value, "end": r.end_reason, "checkpoint_step": r.checkpoint_step,
-             "resume_from": r.resume_from, "seconds": round(r.hours(finished.updated_at) * 3600, 1)} for r in finished.runs]  # fmt: skip
-    stages = [{"stage": p.stage, "iteration_s": round(p.iteration_s, 4), "bubble_fraction": round(p.bubble_fraction(), 3),
-               "usable_share": round(p.usable_s(0.001) / p.iteration_s, 3)} for p in profiles]  # fmt: skip
+    runs = [
+        {
+            "agent": r.agent,
+            "tier": r.offer.tier.value,
+            "end": r.end_reason,
+            "checkpoint_step": r.checkpoint_step,
+            "resume_from": r.resume_from,
+            "seconds": round(r.hours(finished.updated_at) * 3600, 1),
+        }
+        for r in finished.runs
+    ]
+    stages = [
+        {
+            "stage": p.stage,
+            "iteration_s": round(p.iteration_s, 4),
+            "bubble_fraction": round(p.bubble_fraction(), 3),
+            "usable_share": round(p.usable_s(0.001) / p.iteration_s, 3),
+        }
+        for p in profiles
+    ]
     row = job_summary(finished)
     return {"main_job": MAIN_JOB, "stages": stages, "fill_job": {**row, "runs": runs}, **totals([row])}

@@ -8,13 +8,13 @@ save and restore times and the notices it received.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
-from broker.models import spend
 from broker.domain.model import JobState
+from broker.models import accounting
 from broker.store.jobs import Store
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -31,33 +31,43 @@ class StoreCollector:
 
     def collect(self):
         jobs = self.store.list_jobs()
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         by_state = GaugeMetricFamily("broker_jobs", "Jobs by state.", labels=["state"])
         for state in JobState:
             by_state.add_metric([state.value], sum(1 for j in jobs if j.state == state))
         yield by_state
-        kpi = spend.overview(jobs, now)
+        kpi = accounting.overview(jobs, now)
         yield GaugeMetricFamily("broker_spend_usd", "Spend to date over all jobs (USD).", value=kpi["spend_usd"])
         yield GaugeMetricFamily("broker_savings_usd", "Savings against on-demand (USD).", value=kpi["savings_usd"])
-        yield GaugeMetricFamily("broker_bubble_fill_share", "Share of bubble time filled (0 until bubbles are offered).", value=0.0)
+        yield GaugeMetricFamily(
+            "broker_bubble_fill_share", "Share of bubble time filled (0 until bubbles are offered).", value=0.0
+        )
 
 
 class ServerMetrics:
     def __init__(self, store: Store, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
-        self.round_seconds = Histogram("broker_round_seconds", "Time of one planning round.", buckets=SECONDS, registry=self.registry)
+        self.round_seconds = Histogram(
+            "broker_round_seconds", "Time of one planning round.", buckets=SECONDS, registry=self.registry
+        )
         self.dispatch_latency = Histogram(
             "broker_dispatch_latency_seconds", "Dispatch to job start.", buckets=SECONDS, registry=self.registry
         )
-        self.preemptions = Counter("broker_preemptions", "Runs ended by preemption or a lost agent.", registry=self.registry)
-        self.migrations = Counter("broker_migrations", "Jobs dispatched again after a preemption.", registry=self.registry)
+        self.preemptions = Counter(
+            "broker_preemptions", "Runs ended by preemption or a lost agent.", registry=self.registry
+        )
+        self.migrations = Counter(
+            "broker_migrations", "Jobs dispatched again after a preemption.", registry=self.registry
+        )
         self.registry.register(StoreCollector(store))
 
 
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
-        self.checkpoint_save = Histogram("broker_checkpoint_save_seconds", "Checkpoint save time.", buckets=SECONDS, registry=self.registry)
+        self.checkpoint_save = Histogram(
+            "broker_checkpoint_save_seconds", "Checkpoint save time.", buckets=SECONDS, registry=self.registry
+        )
         self.checkpoint_restore = Histogram(
             "broker_checkpoint_restore_seconds", "Checkpoint restore time.", buckets=SECONDS, registry=self.registry
         )

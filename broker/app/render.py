@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pandas as pd
 from rich.table import Table
@@ -60,7 +60,10 @@ def quote_table(quote: Quote, title: str) -> Table:
     if quote.savings_usd is not None:
         notes.append(f"savings vs cheapest on-demand: {_money(quote.savings_usd)} ({quote.savings_pct:.1f}%)")
     if quote.chosen.fallback is not None:
-        notes.append(f"+od: the deadline guard moves the job to {quote.chosen.fallback.instance_type} on-demand if it falls behind")
+        notes.append(
+            f"+od: the deadline guard moves the job to {quote.chosen.fallback.instance_type} "
+            "on-demand if it falls behind"
+        )
     table.caption = "\n".join(notes) or None
     return table
 
@@ -78,7 +81,9 @@ def jobs_table(jobs: list[Job]) -> Table:
     """Jobs with where they run (or were quoted to run), the quote and the cost so far."""
     table = Table(title=f"{len(jobs)} jobs", title_justify="left")
     for col in ("id", "state", "tier", "offer", "gpus", "quote", "cost so far", "budget", "runs", "deadline UTC"):
-        table.add_column(col, no_wrap=True, justify="right" if col in ("quote", "cost so far", "budget", "runs") else "left")
+        table.add_column(
+            col, no_wrap=True, justify="right" if col in ("quote", "cost so far", "budget", "runs") else "left"
+        )
     for job in jobs:
         chosen = job.quote.chosen
         offer = job.runs[-1].offer if job.runs else chosen.offer
@@ -100,15 +105,36 @@ def jobs_table(jobs: list[Job]) -> Table:
 def runs_table(job: Job) -> Table:
     """A job's runs across offers: where, when, why each ended, what it cost."""
     table = Table(title=f"runs of {job.id}", title_justify="left")
-    for col in ("run", "agent", "tier", "offer", "started UTC", "ended UTC", "end", "progress", "checkpoint", "cost", "work lost"):
+    for col in (
+        "run",
+        "agent",
+        "tier",
+        "offer",
+        "started UTC",
+        "ended UTC",
+        "end",
+        "progress",
+        "checkpoint",
+        "cost",
+        "work lost",
+    ):
         table.add_column(col, justify="right" if col in ("cost", "work lost", "progress") else "left", no_wrap=True)
     for run in job.runs:
         total = f"/{run.progress_total:g}" if run.progress_total else ""
         table.add_row(
-            run.id, run.agent, run.offer.tier.value, f"{run.offer.cloud} {run.offer.instance_type}",
-            _when(run.started_at), _when(run.ended_at), run.end_reason or "running", f"{run.progress_done:g}{total}",
-            ("-" if run.checkpoint_step is None else f"step {run.checkpoint_step}") + ("; last save failed" if run.checkpoint_error else ""), _money(run.cost_usd), f"{run.work_lost_s:.0f} s",
-        )  # fmt: skip
+            run.id,
+            run.agent,
+            run.offer.tier.value,
+            f"{run.offer.cloud} {run.offer.instance_type}",
+            _when(run.started_at),
+            _when(run.ended_at),
+            run.end_reason or "running",
+            f"{run.progress_done:g}{total}",
+            ("-" if run.checkpoint_step is None else f"step {run.checkpoint_step}")
+            + ("; last save failed" if run.checkpoint_error else ""),
+            _money(run.cost_usd),
+            f"{run.work_lost_s:.0f} s",
+        )
     return table
 
 
@@ -148,7 +174,11 @@ def prices_table(rows: pd.DataFrame, total: int) -> Table:
             if value is None or (isinstance(value, float) and pd.isna(value)):
                 cells.append("-")
             elif col == "as_of":
-                cells.append(age(datetime.fromisoformat(value[5:]), datetime.now(timezone.utc)) if value.startswith("live ") else "snapshot")
+                cells.append(
+                    age(datetime.fromisoformat(value[5:]), datetime.now(UTC))
+                    if value.startswith("live ")
+                    else "snapshot"
+                )
             elif col == "spot_savings_pct":
                 cells.append(f"{value:.0f}%")
             elif col.endswith("usd_per_h"):
@@ -162,14 +192,36 @@ def prices_table(rows: pd.DataFrame, total: int) -> Table:
 
 
 def risk_table(rows: list[dict], total: int) -> Table:
-    table = Table(title=f"spot preemption hazard ({len(rows)} of {total} instance types and regions)", title_justify="left")
-    for col in ("cloud", "region", "instance", "gpus", "λ /h", "90% band", "mean time to preempt", "avail", "band", "evidence"):
+    table = Table(
+        title=f"spot preemption hazard ({len(rows)} of {total} instance types and regions)", title_justify="left"
+    )
+    for col in (
+        "cloud",
+        "region",
+        "instance",
+        "gpus",
+        "λ /h",
+        "90% band",
+        "mean time to preempt",
+        "avail",
+        "band",
+        "evidence",
+    ):
         table.add_column(col, justify="right" if col in ("λ /h", "avail") else "left", no_wrap=col != "evidence")
     for r in rows:
         mttp = 1 / r["hazard_per_h"] if r["hazard_per_h"] > 0 else float("inf")
-        table.add_row(r["cloud"], r["region"], r["instance_type"], r["gpus"], f"{r['hazard_per_h']:.3f}",
-                      f"{r['low']:.3f}-{r['high']:.3f}", _hours(mttp) if mttp < 1e6 else "-", f"{r['availability']:.0%}",
-                      r["band"], r["evidence"])  # fmt: skip
+        table.add_row(
+            r["cloud"],
+            r["region"],
+            r["instance_type"],
+            r["gpus"],
+            f"{r['hazard_per_h']:.3f}",
+            f"{r['low']:.3f}-{r['high']:.3f}",
+            _hours(mttp) if mttp < 1e6 else "-",
+            f"{r['availability']:.0%}",
+            r["band"],
+            r["evidence"],
+        )
     return table
 
 
@@ -188,7 +240,13 @@ def sparkline(values) -> str:
 def age(at: datetime, now: datetime) -> str:
     """How old a price is, in words."""
     hours = (now - at).total_seconds() / 3600
-    return f"{hours * 60:.0f} min ago" if hours < 1 else f"{hours:.1f} h ago" if hours < 48 else f"{hours / 24:.0f} days ago"
+    return (
+        f"{hours * 60:.0f} min ago"
+        if hours < 1
+        else f"{hours:.1f} h ago"
+        if hours < 48
+        else f"{hours / 24:.0f} days ago"
+    )
 
 
 def history_table(series: dict[str, pd.DataFrame], now: datetime) -> Table:
@@ -196,8 +254,17 @@ def history_table(series: dict[str, pd.DataFrame], now: datetime) -> Table:
     for col in ("offer", "changes", "first", "last", "min", "max", "now", "as of", "trend"):
         table.add_column(col, justify="right" if col in ("changes", "min", "max", "now") else "left", no_wrap=True)
     for offer, s in series.items():
-        table.add_row(offer, str(len(s)), _when(s["at"].iloc[0]), _when(s["at"].iloc[-1]), f"{s['usd'].min():.4f}",
-                      f"{s['usd'].max():.4f}", f"{s['usd'].iloc[-1]:.4f}", age(s["at"].iloc[-1], now), sparkline(s["usd"].tail(40)))  # fmt: skip
+        table.add_row(
+            offer,
+            str(len(s)),
+            _when(s["at"].iloc[0]),
+            _when(s["at"].iloc[-1]),
+            f"{s['usd'].min():.4f}",
+            f"{s['usd'].max():.4f}",
+            f"{s['usd'].iloc[-1]:.4f}",
+            age(s["at"].iloc[-1], now),
+            sparkline(s["usd"].tail(40)),
+        )
     return table
 
 
@@ -211,12 +278,19 @@ def run_summary(summary: dict) -> Table:
     """The demo's end-to-end result: per job its tiers, cost, on-demand cost, migrations, work lost."""
     table = Table(title=f"demo run (clock x{summary['speedup']:g})", title_justify="left", caption_justify="left")
     for col in ("job", "state", "runs (tier@agent)", "cost", "on-demand cost", "migrations", "work lost"):
-        table.add_column(col, justify="right" if col in ("cost", "on-demand cost", "migrations", "work lost") else "left")
+        table.add_column(
+            col, justify="right" if col in ("cost", "on-demand cost", "migrations", "work lost") else "left"
+        )
     for row in summary["jobs"]:
         table.add_row(
-            row["id"], row["state"], " -> ".join(f"{t}@{a}" for t, a in zip(row["tiers"], row["agents"])),
-            f"${row['cost_usd']:,.4f}", f"${row['on_demand_cost_usd']:,.4f}", str(row["migrations"]), f"{row['work_lost_s']:.0f} s",
-        )  # fmt: skip
+            row["id"],
+            row["state"],
+            " -> ".join(f"{t}@{a}" for t, a in zip(row["tiers"], row["agents"])),
+            f"${row['cost_usd']:,.4f}",
+            f"${row['on_demand_cost_usd']:,.4f}",
+            str(row["migrations"]),
+            f"{row['work_lost_s']:.0f} s",
+        )
     if summary["savings_pct"] is not None:
         table.caption = (
             f"total ${summary['cost_usd']:,.4f} vs ${summary['on_demand_cost_usd']:,.4f} on on-demand: "
@@ -228,12 +302,24 @@ def run_summary(summary: dict) -> Table:
 def bubbles_summary(summary: dict) -> Table:
     """`broker demo --bubbles`: the main job's stages, and the fill job's runs from bubbles to elsewhere."""
     job = summary["fill_job"]
-    table = Table(title=f"fill job {job['id']} ({job['state']}): ${job['cost_usd']:,.4f} vs ${job['on_demand_cost_usd']:,.4f} on on-demand",
-                  title_justify="left")  # fmt: skip
+    table = Table(
+        title=(
+            f"fill job {job['id']} ({job['state']}): ${job['cost_usd']:,.4f} vs "
+            f"${job['on_demand_cost_usd']:,.4f} on on-demand"
+        ),
+        title_justify="left",
+    )
     for col in ("run on", "tier", "end", "checkpoint step", "resumed from", "seconds"):
         table.add_column(col)
     for run in job["runs"]:
-        table.add_row(run["agent"], run["tier"], str(run["end"]), str(run["checkpoint_step"]), (run["resume_from"] or "-")[-40:], str(run["seconds"]))
+        table.add_row(
+            run["agent"],
+            run["tier"],
+            str(run["end"]),
+            str(run["checkpoint_step"]),
+            (run["resume_from"] or "-")[-40:],
+            str(run["seconds"]),
+        )
     stages = ", ".join(f"stage {s['stage']}: {100 * s['bubble_fraction']:.0f}% idle" for s in summary["stages"])
     table.caption = f"main job {summary['main_job']} ({stages}, measured on this machine)"
     return table

@@ -20,7 +20,9 @@ class Settings:
     checkpoints: str  # BROKER_CHECKPOINTS: fsspec URL of the checkpoint store
     prefix: str = "broker:"  # BROKER_PREFIX: key prefix in Redis
     round_budget_usd: float | None = None  # BROKER_ROUND_BUDGET_USD: expected spend one planning round may commit
-    agent_secret: str | None = field(default=None, repr=False)  # BROKER_AGENT_SECRET: agents need a token signed with it
+    agent_secret: str | None = field(
+        default=None, repr=False
+    )  # BROKER_AGENT_SECRET: agents need a token signed with it
     redis_outage_s: float = 120.0  # BROKER_REDIS_OUTAGE_S: how long the server and agents ride out a Redis restart
 
     def policy_options(self) -> dict:
@@ -28,7 +30,7 @@ class Settings:
         return {} if self.round_budget_usd is None else {"budget_usd": self.round_budget_usd}
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
         """Settings from the environment, with the documented defaults."""
         home = env.get("BROKER_HOME") or Path(env.get("XDG_DATA_HOME") or Path.home() / ".local/share") / "broker"
         prices = env.get("BROKER_PRICES_DIR")
@@ -54,5 +56,7 @@ def _positive(env: Mapping[str, str], name: str, unit: str = "USD", example: flo
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise BrokerError(f"{name}: {text!r} is not a positive number of {unit}; set it like {name}={example} or unset it")
+        raise BrokerError(
+            f"{name}: {text!r} is not a positive number of {unit}; set it like {name}={example} or unset it"
+        )
     return value

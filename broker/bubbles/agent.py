@@ -18,7 +18,7 @@ import queue
 import socket
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.bubbles.executor import FillExecutor
@@ -40,12 +40,14 @@ ASSIGNMENT_EVERY_S = 0.2  # bubble signals come tens of times a second; the stre
 class FillAgent:
     """One stage's agent: one fill job at a time, run in the stage's bubbles."""
 
-    def __init__(self, store: Store, checkpoints: CheckpointStore, profile: BubbleProfile, offer: Offer, lease_s: float = 10.0):
+    def __init__(
+        self, store: Store, checkpoints: CheckpointStore, profile: BubbleProfile, offer: Offer, lease_s: float = 10.0
+    ):
         self.store, self.checkpoints, self.offer = store, checkpoints, offer
         self.id = f"{profile.main_job}-stage{profile.stage}"
         self.window_s = {w.kind: w.p10_s * WINDOW_MARGIN for w in profile.windows}
         self.median_s = {w.kind: w.median_s for w in profile.windows}
-        self.stats = FillStats(main_job=profile.main_job, stage=profile.stage, updated_at=datetime.now(timezone.utc))
+        self.stats = FillStats(main_job=profile.main_job, stage=profile.stage, updated_at=datetime.now(UTC))
         self.iterations: list[float] = []  # the main job's iteration times while a fill job ran
         self.lease_ms = int(lease_s * 1000)
         self.signals: queue.Queue = queue.Queue()
@@ -70,7 +72,13 @@ class FillAgent:
             self.iterations.append(seconds)
 
     def start(self) -> None:
-        info = AgentInfo(id=self.id, offer=self.offer, host=socket.gethostname(), pid=os.getpid(), registered_at=datetime.now(timezone.utc))
+        info = AgentInfo(
+            id=self.id,
+            offer=self.offer,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            registered_at=datetime.now(UTC),
+        )
         self.store.register_agent(info, self.lease_ms)
         log.info("agent=%s registered offer=%s", self.id, self.offer.id)
         self._thread.start()
@@ -140,8 +148,15 @@ class FillAgent:
             self.store.ack_assignment(self.id, entry_id)
             return
         if not job.spec.fill_task:
-            self.store.report(self.id, job.id, job.fence, "exited", reason="failed", code=None,
-                              log_tail=["fill job has no fill_task (module:Class of its FillTask); it cannot run in bubbles"])  # fmt: skip
+            self.store.report(
+                self.id,
+                job.id,
+                job.fence,
+                "exited",
+                reason="failed",
+                code=None,
+                log_tail=["fill job has no fill_task (module:Class of its FillTask); it cannot run in bubbles"],
+            )
             self.store.ack_assignment(self.id, entry_id)
             return
         executor = FillExecutor(job.spec.fill_task, {**job.spec.env, "step_s": 0.0})
@@ -190,7 +205,7 @@ class FillAgent:
     def _publish(self) -> None:
         recent = sorted(self.iterations[-200:])
         self.stats.iteration_s = recent[len(recent) // 2] if recent else self.stats.iteration_s
-        self.stats.updated_at = datetime.now(timezone.utc)
+        self.stats.updated_at = datetime.now(UTC)
         save_fill_stats(self.store, self.stats)
         self._published = time.monotonic()
 
@@ -204,5 +219,13 @@ class FillAgent:
         if checkpoint:
             self._checkpoint()
         self.executor.stop()
-        self.store.report(self.id, self.job.id, self.job.fence, "exited", reason=reason, code=0 if reason == "finished" else None, log_tail=[])
+        self.store.report(
+            self.id,
+            self.job.id,
+            self.job.fence,
+            "exited",
+            reason=reason,
+            code=0 if reason == "finished" else None,
+            log_tail=[],
+        )
         self.executor, self.job = None, None

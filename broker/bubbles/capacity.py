@@ -16,16 +16,33 @@ from broker.domain.model import Offer, Tier
 FILL_EFFICIENCY = 0.9  # share of a usable window spent in fill steps (step granularity, pause latency)
 
 
-def bubble_offer(bubble: BubbleProfile, cloud: str, region: str, accelerator: str, price_usd_per_h: float = 0.0,
-                 hazard_per_h: float = 0.0, min_window_s: float = 0.05) -> Offer | None:  # fmt: skip
+def bubble_offer(
+    bubble: BubbleProfile,
+    cloud: str,
+    region: str,
+    accelerator: str,
+    price_usd_per_h: float = 0.0,
+    hazard_per_h: float = 0.0,
+    min_window_s: float = 0.05,
+) -> Offer | None:
     """The stage's idle windows as an offer, or None when no window is long enough to use."""
     usable = [w for w in bubble.windows if w.p10_s >= min_window_s]
     if not usable:
         return None
     share = min(1.0, bubble.usable_s(min_window_s) / bubble.iteration_s * FILL_EFFICIENCY)
     return Offer(
-        cloud=cloud, region=region, zone=f"{bubble.main_job}-stage{bubble.stage}", instance_type=f"bubble:{bubble.main_job}",
-        tier=Tier.bubble, accelerator=accelerator, accelerator_count=1, gpu_memory_gb=min(w.free_bytes for w in usable) / 1e9,
-        vcpus=None, memory_gb=None, price_usd_per_h=price_usd_per_h, hazard_per_h=hazard_per_h,
-        hazard_source=f"main job {bubble.main_job}", speed_factor=share,
-    )  # fmt: skip
+        cloud=cloud,
+        region=region,
+        zone=f"{bubble.main_job}-stage{bubble.stage}",
+        instance_type=f"bubble:{bubble.main_job}",
+        tier=Tier.bubble,
+        accelerator=accelerator,
+        accelerator_count=1,
+        gpu_memory_gb=min(w.free_bytes for w in usable) / 1e9,
+        vcpus=None,
+        memory_gb=None,
+        price_usd_per_h=price_usd_per_h,
+        hazard_per_h=hazard_per_h,
+        hazard_source=f"main job {bubble.main_job}",
+        speed_factor=share,
+    )

@@ -92,7 +92,7 @@ def _serve(task_path: str, config: dict, state: dict | None, conn, memory_fracti
 
 
 def _pack(state: dict) -> bytes:
-    """The state as bytes: tensors sent through a pipe as they are would share memory with a process that may be gone."""
+    """The state as bytes: tensors sent through a pipe as they are share memory with a process that may be gone."""
     import io
 
     import torch
@@ -126,7 +126,9 @@ class FillExecutor:
         """Start the task's process; a restart keeps the memory cap of the first start unless given another."""
         self.memory_fraction = memory_fraction if memory_fraction is not None else self.memory_fraction
         self.conn, child = self.context.Pipe()
-        self.process = self.context.Process(target=_serve, args=(self.task_path, self.config, self.state, child, self.memory_fraction), daemon=True)
+        self.process = self.context.Process(
+            target=_serve, args=(self.task_path, self.config, self.state, child, self.memory_fraction), daemon=True
+        )
         self.process.start()
         if not self.conn.poll(START_TIMEOUT_S) or self.conn.recv()[0] != "ready":  # imports and init take seconds
             raise RuntimeError(f"fill task {self.task_path} did not start within {START_TIMEOUT_S} s")

@@ -100,10 +100,14 @@ class BubblePipelineEngine(PipelineEngine):
     _INSTRUCTION_MAP = {**PipelineEngine._INSTRUCTION_MAP, BubbleInstruction: _exec_bubble, BubbleEnd: _exec_bubble_end}
 
     def _train_schedule(self):
-        return BubbleTrainSchedule(self.micro_batches, self.num_stages, self.stage_id, getattr(self, "bubble_expected_s", None))
+        return BubbleTrainSchedule(
+            self.micro_batches, self.num_stages, self.stage_id, getattr(self, "bubble_expected_s", None)
+        )
 
 
-def instrument(engine: PipelineEngine, recorder: BubbleRecorder, expected_s: dict[str, float] | None = None) -> PipelineEngine:
+def instrument(
+    engine: PipelineEngine, recorder: BubbleRecorder, expected_s: dict[str, float] | None = None
+) -> PipelineEngine:
     """Make a PipelineEngine from deepspeed.initialize mark its bubbles (it becomes a BubblePipelineEngine)."""
     engine.__class__ = BubblePipelineEngine
     engine.bubble_recorder, engine.bubble_expected_s = recorder, expected_s

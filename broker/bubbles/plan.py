@@ -62,7 +62,9 @@ def fill_throughput(bubbles: list[tuple[float, int]], iteration_s: float, nodes:
     return done / (cycles * iteration_s)
 
 
-def best_configuration(bubbles: list[tuple[float, int]], iteration_s: float, configurations: dict[str, list[Node]]) -> tuple[str, float] | None:
+def best_configuration(
+    bubbles: list[tuple[float, int]], iteration_s: float, configurations: dict[str, list[Node]]
+) -> tuple[str, float] | None:
     """The configuration (batch size, offload, checkpointing ...) with the highest fill throughput."""
     scored = [(name, fill_throughput(bubbles, iteration_s, nodes)) for name, nodes in configurations.items()]
     scored = [s for s in scored if s[1] > 0]

@@ -57,7 +57,9 @@ class BubbleProfile(BaseModel):
         return abs(iteration_s - self.iteration_s) > DRIFT * self.iteration_s
 
 
-def profile(main_job: str, stage: int, device: str, windows: list, iterations: list, measured_at: datetime, warmup: int = 1) -> BubbleProfile:
+def profile(
+    main_job: str, stage: int, device: str, windows: list, iterations: list, measured_at: datetime, warmup: int = 1
+) -> BubbleProfile:
     """A profile from an engine's records: windows (kind, start, end, free bytes) and iterations (start, end).
     The first `warmup` iterations are left out (allocator and communicator set-up)."""
     kept = iterations[warmup:] or iterations
@@ -67,22 +69,57 @@ def profile(main_job: str, stage: int, device: str, windows: list, iterations: l
         mine = [w for w in windows if w[0] == kind and w[1] >= first] or [w for w in windows if w[0] == kind]
         lengths = np.array([end - start for _, start, end, _ in mine])
         offsets = [start - max((b for b, _ in iterations if b <= start), default=start) for _, start, _, _ in mine]
-        stats.append(WindowStats(kind=kind, offset_s=float(np.median(offsets)), median_s=float(np.median(lengths)),
-                                 p10_s=float(np.percentile(lengths, 10)), free_bytes=int(min(w[3] for w in mine)), count=len(mine)))  # fmt: skip
+        stats.append(
+            WindowStats(
+                kind=kind,
+                offset_s=float(np.median(offsets)),
+                median_s=float(np.median(lengths)),
+                p10_s=float(np.percentile(lengths, 10)),
+                free_bytes=int(min(w[3] for w in mine)),
+                count=len(mine),
+            )
+        )
     period = float(np.median([end - start for start, end in kept]))
-    return BubbleProfile(main_job=main_job, stage=stage, device=device, iteration_s=period, windows=stats, measured_at=measured_at)
+    return BubbleProfile(
+        main_job=main_job, stage=stage, device=device, iteration_s=period, windows=stats, measured_at=measured_at
+    )
 
 
-def forecast(main_job: str, schedule: str, p: int, m: int, t_f: list[float], t_b: list[float], free_bytes: list[int],
-             device: str, at: datetime, v: int = 1, exchange_s: float = 0.0) -> list[BubbleProfile]:  # fmt: skip
+def forecast(
+    main_job: str,
+    schedule: str,
+    p: int,
+    m: int,
+    t_f: list[float],
+    t_b: list[float],
+    free_bytes: list[int],
+    device: str,
+    at: datetime,
+    v: int = 1,
+    exchange_s: float = 0.0,
+) -> list[BubbleProfile]:
     """Each stage's profile from the analytic schedule model, before anything is measured: every window
     as long as the model says (median = p10); a measured profile replaces it when it is saved."""
     period, stages = bubble_windows(schedule, p, m, t_f, t_b, v, exchange_s=exchange_s)
     return [
-        BubbleProfile(main_job=main_job, stage=stage, device=device, iteration_s=period, measured_at=at, windows=[
-            WindowStats(kind=w.kind, offset_s=w.offset_s, median_s=w.duration_s, p10_s=w.duration_s, free_bytes=free_bytes[stage], count=0)
-            for w in windows
-        ])  # fmt: skip
+        BubbleProfile(
+            main_job=main_job,
+            stage=stage,
+            device=device,
+            iteration_s=period,
+            measured_at=at,
+            windows=[
+                WindowStats(
+                    kind=w.kind,
+                    offset_s=w.offset_s,
+                    median_s=w.duration_s,
+                    p10_s=w.duration_s,
+                    free_bytes=free_bytes[stage],
+                    count=0,
+                )
+                for w in windows
+            ],
+        )
         for stage, windows in enumerate(stages)
     ]
 
@@ -94,8 +131,18 @@ def forecast_layout(main_job: str, model, layout, hw, memory_gb: float, at: date
 
     t_f, t_b = stage_seconds(model, layout, hw)
     free = [max(0, int(memory_gb * 1e9 - used)) for used in stage_memory_bytes(model, layout)]
-    return forecast(main_job, model.schedule, layout.p, layout.microbatches(model), t_f, t_b, free, FORECAST, at,
-                    exchange_s=exchange_seconds(model, layout, hw))  # fmt: skip
+    return forecast(
+        main_job,
+        model.schedule,
+        layout.p,
+        layout.microbatches(model),
+        t_f,
+        t_b,
+        free,
+        FORECAST,
+        at,
+        exchange_s=exchange_seconds(model, layout, hw),
+    )
 
 
 def save_profile(store: Store, bubble: BubbleProfile) -> bool:
@@ -104,7 +151,11 @@ def save_profile(store: Store, bubble: BubbleProfile) -> bool:
     key = store.key("bubbles", bubble.main_job, str(bubble.stage))
     current = store.redis.get(key)
     held = BubbleProfile.model_validate_json(current) if current is not None else None
-    if held is not None and not held.drifted(bubble.iteration_s) and (held.device != FORECAST or bubble.device == FORECAST):
+    if (
+        held is not None
+        and not held.drifted(bubble.iteration_s)
+        and (held.device != FORECAST or bubble.device == FORECAST)
+    ):
         return False
     store.redis.set(key, bubble.model_dump_json())
     return True

@@ -24,7 +24,11 @@ class Broker:
         offers = list(self.catalog.offers)
         if self.store is not None:
             known = {o.id for o in offers}
-            bubbles = {a.offer.id: a.offer for a in self.store.agents() if a.offer.tier == Tier.bubble and a.offer.id not in known}
+            bubbles = {
+                a.offer.id: a.offer
+                for a in self.store.agents()
+                if a.offer.tier == Tier.bubble and a.offer.id not in known
+            }
             offers += bubbles.values()
         return offers
 
@@ -38,7 +42,13 @@ class Broker:
         quote = self.quote(spec)
         now = self.clock.now()
         while True:
-            job = Job(id=job_id or f"{spec.name}-{secrets.token_hex(3)}", spec=spec, submitted_at=now, updated_at=now, quote=quote)
+            job = Job(
+                id=job_id or f"{spec.name}-{secrets.token_hex(3)}",
+                spec=spec,
+                submitted_at=now,
+                updated_at=now,
+                quote=quote,
+            )
             if self.store.add_job(job):
                 return job
             if job_id:

@@ -3,25 +3,25 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 
 class SystemClock:
     """Wall-clock time in UTC."""
 
     def now(self) -> datetime:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
     def at(self, epoch_s: float) -> datetime:
         """This clock's time for a wall-clock timestamp (when an agent saw something happen)."""
-        return datetime.fromtimestamp(epoch_s, timezone.utc)
+        return datetime.fromtimestamp(epoch_s, UTC)
 
 
 class ManualClock:
     """A clock that moves only when told to."""
 
     def __init__(self, start: datetime):
-        self._now = start if start.tzinfo else start.replace(tzinfo=timezone.utc)
+        self._now = start if start.tzinfo else start.replace(tzinfo=UTC)
 
     def now(self) -> datetime:
         return self._now
@@ -39,7 +39,7 @@ class SimulatedClock(ManualClock):
     """The backtest's clock: moved by the simulation, and events carry simulated epoch times."""
 
     def at(self, epoch_s: float) -> datetime:
-        return datetime.fromtimestamp(epoch_s, timezone.utc)
+        return datetime.fromtimestamp(epoch_s, UTC)
 
 
 class ScaledClock:
@@ -47,7 +47,7 @@ class ScaledClock:
 
     def __init__(self, speedup: float = 1.0, start: datetime | None = None):
         self.speedup = speedup
-        self._start = start or datetime.now(timezone.utc)
+        self._start = start or datetime.now(UTC)
         self._origin, self._origin_epoch = time.monotonic(), time.time()
 
     def now(self) -> datetime:

@@ -21,8 +21,8 @@ from broker.agents.checkpoints import CheckpointStore
 from broker.agents.tokens import refusal
 from broker.domain.errors import InfeasibleError, NotFoundError
 from broker.domain.model import AgentInfo, Job, JobState, Run, Tier
-from broker.planning.options import PlanItem
 from broker.models.risk import fits
+from broker.planning.options import PlanItem
 from broker.planning.uniform_progress import Move, decide, progress_of
 from broker.store.jobs import Store
 
@@ -37,9 +37,17 @@ class BrokerServer:
     """One broker replica's control loop over the shared store."""
 
     def __init__(
-        self, store: Store, policy, clock, checkpoints: CheckpointStore, consumer: str = "server-1", lease_s: float = 5.0,
-        metrics=None, agent_secret: str | None = None, leader_lease_s: float = 5.0,
-    ):  # fmt: skip
+        self,
+        store: Store,
+        policy,
+        clock,
+        checkpoints: CheckpointStore,
+        consumer: str = "server-1",
+        lease_s: float = 5.0,
+        metrics=None,
+        agent_secret: str | None = None,
+        leader_lease_s: float = 5.0,
+    ):
         self.store, self.policy, self.clock, self.checkpoints = store, policy, clock, checkpoints
         self.metrics = metrics  # a broker.app.metrics.ServerMetrics, or None
         self.consumer = consumer
@@ -124,7 +132,14 @@ class BrokerServer:
             for report in reports:
                 try:
                     after = self._fold(folded, report)
-                except (KeyError, TypeError, ValueError, AttributeError, OverflowError, OSError) as err:  # malformed: no change
+                except (
+                    KeyError,
+                    TypeError,
+                    ValueError,
+                    AttributeError,
+                    OverflowError,
+                    OSError,
+                ) as err:  # malformed: no change
                     log.warning("report=malformed job=%s type=%r error=%r", job.id, report.get("type"), err)
                     continue
                 if after is not None:
@@ -174,13 +189,17 @@ class BrokerServer:
                 return None
             run.started_at = now
             update.update(state=JobState.running, reason=f"running on {run.agent}")
-        elif kind == "progress":  # coerce every field: model_copy does not validate, and a bad value stored would poison the job
+        elif (
+            kind == "progress"
+        ):  # coerce every field: model_copy does not validate, and a bad value stored would poison the job
             total = data.get("total")
             run.progress_done, run.progress_total = float(data["done"]), None if total is None else float(total)
             run.last_progress_at = now
         elif kind == "checkpoint":
             if not self.checkpoints.owns(str(data["url"]), job.id):
-                raise ValueError(f"checkpoint url {str(data['url'])[:200]!r} is outside the job's directory in the store")
+                raise ValueError(
+                    f"checkpoint url {str(data['url'])[:200]!r} is outside the job's directory in the store"
+                )
             run.checkpoint_url, run.checkpoint_step, run.checkpoint_at = str(data["url"]), int(data["step"]), now
             run.checkpoint_error = None
         elif kind == "checkpoint_failed":
@@ -206,11 +225,19 @@ class BrokerServer:
             if restarts > job.spec.max_restarts:
                 why = f"failed {restarts} times (exit code {run.exit_code}); last output below"
                 return {"state": JobState.failed, "reason": why, "restarts": restarts, "log_tail": log_tail}
-            return {"state": JobState.queued, "reason": f"restart {restarts} after exit code {run.exit_code}", "restarts": restarts}
+            return {
+                "state": JobState.queued,
+                "reason": f"restart {restarts} after exit code {run.exit_code}",
+                "restarts": restarts,
+            }
         if reason in ("preempted", "lost"):
             return {"state": JobState.migrating, "reason": f"{reason} on {run.agent}"}
         if reason == "moved":
-            return {"state": JobState.migrating, "reason": f"moved off {run.agent} by the deadline guard", "move_requested": False}
+            return {
+                "state": JobState.migrating,
+                "reason": f"moved off {run.agent} by the deadline guard",
+                "move_requested": False,
+            }
         return {}  # fenced or cancelled: the job already moved on
 
     # -- lost agents ----------------------------------------------------------------------
@@ -232,9 +259,13 @@ class BrokerServer:
                 live = live.model_copy()
                 _end_run(live, now, "lost", None)
                 return current.model_copy(
-                    update={"state": JobState.migrating, "reason": f"lost agent {live.agent}", "updated_at": now,
-                            "runs": current.runs[:-1] + [live]}
-                )  # fmt: skip
+                    update={
+                        "state": JobState.migrating,
+                        "reason": f"lost agent {live.agent}",
+                        "updated_at": now,
+                        "runs": current.runs[:-1] + [live],
+                    }
+                )
 
             if self.store.update_job(job.id, lose) is not None and self.metrics:
                 self.metrics.preemptions.inc()
@@ -266,7 +297,9 @@ class BrokerServer:
         for agent in idle:
             by_offer.setdefault(agent.offer.id, []).append(agent)
         offers = [agents_here[0].offer for agents_here in by_offer.values()]
-        plan = self.policy.plan([PlanItem.from_job(j) for j in jobs], offers, {k: len(v) for k, v in by_offer.items()}, self.clock.now())
+        plan = self.policy.plan(
+            [PlanItem.from_job(j) for j in jobs], offers, {k: len(v) for k, v in by_offer.items()}, self.clock.now()
+        )
         done = []
         for job in jobs:
             offer_id = plan.assignments.get(job.id)
@@ -295,23 +328,34 @@ class BrokerServer:
         """Uniform Progress between rounds: a spot or bubble job falling behind its deadline is asked to
         checkpoint and move to on-demand now; returns the ids of the jobs it moved."""
         now, moved = self.clock.now(), []
-        if not getattr(self.policy, "deadline_guard", True) or not self.lead():  # baselines without deadlines (SkyPilot's)
+        if (
+            not getattr(self.policy, "deadline_guard", True) or not self.lead()
+        ):  # baselines without deadlines (SkyPilot's)
             return moved
         for job in self.store.active_jobs():
             run, baseline = job.current_run, job.quote.on_demand_baseline
-            if run is None or run.started_at is None or job.spec.deadline is None or baseline is None or job.move_requested:
+            if (
+                run is None
+                or run.started_at is None
+                or job.spec.deadline is None
+                or baseline is None
+                or job.move_requested
+            ):
                 continue
             if run.offer.tier == Tier.on_demand:
                 continue
             progress = progress_of(PlanItem.from_job(job), baseline.exclusive_h, job.submitted_at, now)
             if decide(progress, run.offer.tier, spot_available=True) != Move.on_demand:
                 continue
-            why = f"deadline guard: {progress.total_h - progress.done_h:.1f} h of work left, deadline in {progress.window_h - progress.elapsed_h:.1f} h"
+            left_h, window_h = progress.total_h - progress.done_h, progress.window_h - progress.elapsed_h
+            why = f"deadline guard: {left_h:.1f} h of work left, deadline in {window_h:.1f} h"
 
-            def request(current: Job, fence=job.fence) -> Job | None:
+            def request(current: Job, fence=job.fence, why=why) -> Job | None:
                 if current.fence != fence or current.current_run is None or current.move_requested:
                     return None
-                return current.model_copy(update={"move_requested": True, "pinned_tier": Tier.on_demand, "reason": why, "updated_at": now})
+                return current.model_copy(
+                    update={"move_requested": True, "pinned_tier": Tier.on_demand, "reason": why, "updated_at": now}
+                )
 
             if self.store.update_job(job.id, request, leader=self.consumer) is not None:
                 log.info("job=%s guard=on_demand %s", job.id, why)
@@ -339,7 +383,13 @@ class BrokerServer:
             log.warning("job=%s checkpoint skipped: %s", job.id, line)
         now = self.clock.now()
         fence = job.fence + 1
-        run = Run(fence=fence, agent=agent.id, offer=agent.offer, resume_from=latest.url if latest else None, dispatched_at=now)
+        run = Run(
+            fence=fence,
+            agent=agent.id,
+            offer=agent.offer,
+            resume_from=latest.url if latest else None,
+            dispatched_at=now,
+        )
 
         def change(current: Job) -> Job | None:
             if current.fence != job.fence or not current.pending:

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import re
 import shlex
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from broker.domain.errors import SpecError
 from broker.domain.accelerators import lookup
+from broker.domain.errors import SpecError
 
 
 def _accelerator_name(name: str) -> str:
@@ -92,7 +92,7 @@ class Work(_Spec):
         return out
 
     @model_validator(mode="after")
-    def _one_measure(self) -> "Work":
+    def _one_measure(self) -> Work:
         if (self.gpu_hours is None) == (self.steps is None):
             raise ValueError("give either gpu_hours, or steps with steps_per_hour")
         return self
@@ -123,7 +123,7 @@ class TransformerSpec(_Spec):
     schedule: Literal["1f1b", "gpipe", "deepspeed"] = "1f1b"  # deepspeed: 1F1B in DeepSpeed's lock-step (same memory)
 
     @model_validator(mode="after")
-    def _heads_divide_hidden(self) -> "TransformerSpec":
+    def _heads_divide_hidden(self) -> TransformerSpec:
         if self.hidden % self.heads:
             raise ValueError(f"hidden {self.hidden} must be a multiple of heads {self.heads}")
         return self
@@ -143,7 +143,7 @@ def parse_deadline(value: Any, now: datetime) -> datetime:
             when = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
             raise ValueError(f"{text!r} is not a time; use ISO 8601 (2026-12-01T18:00Z) or +36h") from None
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 class JobSpec(_Spec):
@@ -172,6 +172,7 @@ class JobSpec(_Spec):
         if value is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
             raise ValueError(f"{value!r} is not module:Class, e.g. fill_mlp:MlpFill")
         return value
+
     priority: int = 0
     max_restarts: int = Field(3, ge=0, le=100)
 
@@ -198,7 +199,7 @@ class JobSpec(_Spec):
     def _deadline(cls, value: Any, info: ValidationInfo) -> Any:
         if value is None:
             return None
-        now = (info.context or {}).get("now") or datetime.now(timezone.utc)
+        now = (info.context or {}).get("now") or datetime.now(UTC)
         return parse_deadline(value, now)
 
     def urgency(self, submitted_at: datetime) -> float:
@@ -206,13 +207,13 @@ class JobSpec(_Spec):
         return -self.priority * 1e11 + (self.deadline or submitted_at).timestamp()
 
     @model_validator(mode="after")
-    def _fill_task_counts_steps(self) -> "JobSpec":
+    def _fill_task_counts_steps(self) -> JobSpec:
         if self.fill_task and not (self.fill and self.work.steps):
             raise ValueError("fill_task needs fill: true and work.steps (the executor counts steps), e.g. steps: 600")
         return self
 
     @model_validator(mode="after")
-    def _steps_have_a_rate(self) -> "JobSpec":
+    def _steps_have_a_rate(self) -> JobSpec:
         if self.transformer is not None and self.work.steps is None:
             raise ValueError("a transformer job gives work.steps (training iterations); the broker times them")
         if self.work.steps is not None and not self.work.steps_per_hour and self.transformer is None:
@@ -220,7 +221,7 @@ class JobSpec(_Spec):
         return self
 
     @model_validator(mode="after")
-    def _rates_cover_accelerators(self) -> "JobSpec":
+    def _rates_cover_accelerators(self) -> JobSpec:
         rates = self.work.steps_per_hour
         if rates:
             missing = [a.name for a in self.resources.accelerators if a.name not in rates]

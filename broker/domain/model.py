@@ -36,7 +36,7 @@ class JobState(str, Enum):
         return self in (JobState.done, JobState.failed, JobState.cancelled)
 
 
-def offer_id(cloud: str, zone_or_region: str, instance_type: str, tier: "Tier") -> str:
+def offer_id(cloud: str, zone_or_region: str, instance_type: str, tier: Tier) -> str:
     """An offer's id: cloud/zone (or region)/instance type/tier; price rows and history use it too."""
     return f"{cloud}/{zone_or_region}/{instance_type}/{tier.value}"
 

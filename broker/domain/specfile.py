@@ -63,7 +63,9 @@ def validate_spec(data: Any, now: datetime, source: str = "spec") -> JobSpec:
     except ValidationError as err:
         raise SpecError("\n".join(f"{source}: {_message(e)}" for e in err.errors())) from None
     if spec.deadline is not None and spec.deadline <= now:
-        raise SpecError(f"{source}: deadline: {spec.deadline:%Y-%m-%d %H:%M} UTC is in the past; give a future time or +36h")
+        raise SpecError(
+            f"{source}: deadline: {spec.deadline:%Y-%m-%d %H:%M} UTC is in the past; give a future time or +36h"
+        )
     return spec
 
 

@@ -18,9 +18,10 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-from broker.domain.model import JobSpec, TransformerSpec as ModelSpec
-from broker.models.transformer import MFU, Hardware, Layout, iteration_seconds, memory_bytes
 from broker.domain.accelerators import ACCELERATORS
+from broker.domain.model import JobSpec
+from broker.domain.model import TransformerSpec as ModelSpec
+from broker.models.transformer import MFU, Hardware, Layout, iteration_seconds, memory_bytes
 
 NVLINK_GB_S = {"V100": 300, "V100-32GB": 300, "A100": 600, "A100-80GB": 600, "H100": 900, "H100-MEGA": 900, "H200": 900}
 PCIE_GEN4 = {"A10G", "A10", "L4", "L40S"}
@@ -34,7 +35,9 @@ def hardware(accelerator: str, count: int) -> Hardware:
         intra = NVLINK_GB_S[accelerator] * 1e9
     else:
         intra = (32 if accelerator in PCIE_GEN4 else 16) * 1e9
-    return Hardware(flops=spec.tflops * 1e12 * MFU, intra_bytes_s=intra, inter_bytes_s=INTER_NODE_GB_S * 1e9, devices_per_node=count)
+    return Hardware(
+        flops=spec.tflops * 1e12 * MFU, intra_bytes_s=intra, inter_bytes_s=INTER_NODE_GB_S * 1e9, devices_per_node=count
+    )
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,9 @@ def pipeline_seconds(order: list[int], p: int, bandwidth: list[list[float]], mes
     return worst
 
 
-def anneal(p: int, bandwidth: list[list[float]], message_bytes: float, steps: int = 4000, seed: int = 0) -> tuple[list[int], float]:
+def anneal(
+    p: int, bandwidth: list[list[float]], message_bytes: float, steps: int = 4000, seed: int = 0
+) -> tuple[list[int], float]:
     """Pipette's simulated annealing over the placement of nodes into pipelines (moves: swap, insert,
     reverse a segment); returns (order, T_pp)."""
     rng = random.Random(seed)

@@ -19,8 +19,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import gammaincc
 
-from broker.domain.model import JobSpec, Offer, Option, Tier
 from broker.domain.accelerators import ACCELERATORS
+from broker.domain.model import JobSpec, Offer, Option, Tier
 
 # Sustained checkpoint upload to object storage (a single stream to S3/GCS/Blob typically
 # sustains 100-500 MB/s); 250 MB/s is the planning figure.
@@ -61,7 +61,9 @@ def memory_fits(spec: JobSpec, offer: Offer) -> bool:
     res = spec.resources
     if res.gpu_memory_gb and offer.gpu_memory_gb < res.gpu_memory_gb:
         return False
-    if spec.transformer is not None and not math.isfinite(exclusive_hours_on(spec, offer.accelerator, offer.accelerator_count)):
+    if spec.transformer is not None and not math.isfinite(
+        exclusive_hours_on(spec, offer.accelerator, offer.accelerator_count)
+    ):
         return False  # no layout of the model fits in these GPUs' memory
     if res.cpus and (offer.vcpus or 0) < res.cpus:
         return False
@@ -156,7 +158,11 @@ def fallback_expectation(spot: Expectation, spot_price, spot_t, od_cost, od_t, r
         left = np.where(late, np.clip((window - switch_h - margin) / np.asarray(od_t), 0.0, 1.0), 0.0)
     late_cost = np.where(late, spot_price * switch_h + od_cost * left, 0.0)
     cost = spot.p_meet * spot.cost_usd + (1 - spot.p_meet) * late_cost
-    wall = np.where(late, spot.p_meet * spot.wall_h + (1 - spot.p_meet) * (switch_h + restart + left * od_t + STARTUP_H), spot.wall_h)
+    wall = np.where(
+        late,
+        spot.p_meet * spot.wall_h + (1 - spot.p_meet) * (switch_h + restart + left * od_t + STARTUP_H),
+        spot.wall_h,
+    )
     on_time = np.where(np.asarray(od_t) + margin <= window, 1.0, spot.p_meet)
     return Expectation(spot.interval_h, spot.running_h, wall, cost, on_time)
 
@@ -167,21 +173,36 @@ def evaluate(spec: JobSpec, offer: Offer, now: datetime, remaining: float = 1.0)
     `remaining` is the share of the job's work still to do (1 for a job that has not started).
     """
     t = exclusive_hours(spec, offer) * remaining
-    e = expectation(t, checkpoint_hours(spec), restart_hours(spec), offer.hazard_per_h, offer.price_usd_per_h,
-                    window_hours(spec, now), offer.availability)  # fmt: skip
+    e = expectation(
+        t,
+        checkpoint_hours(spec),
+        restart_hours(spec),
+        offer.hazard_per_h,
+        offer.price_usd_per_h,
+        window_hours(spec, now),
+        offer.availability,
+    )
     return _option(spec, offer, now, t, e)
 
 
-def evaluate_with_fallback(spec: JobSpec, spot: Offer, on_demand: Option, now: datetime, remaining: float = 1.0) -> Option:
+def evaluate_with_fallback(
+    spec: JobSpec, spot: Offer, on_demand: Option, now: datetime, remaining: float = 1.0
+) -> Option:
     """Price the job on a spot (or bubble) offer with `on_demand` kept in reserve by the deadline guard."""
     t = exclusive_hours(spec, spot) * remaining
     restart, window = restart_hours(spec), window_hours(spec, now)
-    alone = expectation(t, checkpoint_hours(spec), restart, spot.hazard_per_h, spot.price_usd_per_h, window, spot.availability)
-    e = fallback_expectation(alone, spot.price_usd_per_h, t, on_demand.expected_cost_usd, on_demand.exclusive_h, restart, window)
+    alone = expectation(
+        t, checkpoint_hours(spec), restart, spot.hazard_per_h, spot.price_usd_per_h, window, spot.availability
+    )
+    e = fallback_expectation(
+        alone, spot.price_usd_per_h, t, on_demand.expected_cost_usd, on_demand.exclusive_h, restart, window
+    )
     return _option(spec, spot, now, t, Expectation(*(float(x) for x in e)), fallback=on_demand.offer)
 
 
-def _option(spec: JobSpec, offer: Offer, now: datetime, t: float, e: Expectation, fallback: Offer | None = None) -> Option:
+def _option(
+    spec: JobSpec, offer: Offer, now: datetime, t: float, e: Expectation, fallback: Offer | None = None
+) -> Option:
     return Option(
         offer=offer,
         fallback=fallback,

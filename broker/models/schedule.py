@@ -89,8 +89,9 @@ def _check_times(p: int, t_f: list[float], t_b: list[float]) -> None:
         raise ValueError(f"t_f and t_b: give one time per stage ({p}), got {len(t_f)} and {len(t_b)}")
 
 
-def timeline(schedule: str, p: int, m: int, t_f: list[float], t_b: list[float], v: int = 1,
-             exchange_s: float = 0.0) -> list[list[tuple[float, float, Op]]]:  # fmt: skip
+def timeline(
+    schedule: str, p: int, m: int, t_f: list[float], t_b: list[float], v: int = 1, exchange_s: float = 0.0
+) -> list[list[tuple[float, float, Op]]]:
     """(start, end, op) of every operation on every stage, each as early as its dependencies allow."""
     if schedule == "deepspeed":
         return lockstep_timeline(p, m, t_f, t_b, exchange_s)
@@ -130,7 +131,9 @@ def deepspeed_step(p: int, m: int, stage: int, step: int) -> Op | None:
     return op if 0 <= op.microbatch < m else None
 
 
-def lockstep_timeline(p: int, m: int, t_f: list[float], t_b: list[float], exchange_s: float = 0.0) -> list[list[tuple[float, float, Op]]]:
+def lockstep_timeline(
+    p: int, m: int, t_f: list[float], t_b: list[float], exchange_s: float = 0.0
+) -> list[list[tuple[float, float, Op]]]:
     """DeepSpeed's TrainSchedule as it runs: 2 (m + p - 1) steps, one forward or backward per stage and step.
     At the start of a step, a stage running a backward swaps with the next stage (running a forward) the
     gradient and activation of their previous step, with blocking sends and receives: both wait for the
@@ -153,8 +156,16 @@ def lockstep_timeline(p: int, m: int, t_f: list[float], t_b: list[float], exchan
     return placed
 
 
-def bubble_windows(schedule: str, p: int, m: int, t_f: list[float], t_b: list[float], v: int = 1,
-                   min_s: float = 0.0, exchange_s: float = 0.0) -> tuple[float, list[list[BubbleWindow]]]:  # fmt: skip
+def bubble_windows(
+    schedule: str,
+    p: int,
+    m: int,
+    t_f: list[float],
+    t_b: list[float],
+    v: int = 1,
+    min_s: float = 0.0,
+    exchange_s: float = 0.0,
+) -> tuple[float, list[list[BubbleWindow]]]:
     """(iteration period, each stage's idle windows of at least min_s) for back-to-back iterations."""
     placed = timeline(schedule, p, m, t_f, t_b, v, exchange_s)
     period = max(ops[-1][1] for ops in placed)

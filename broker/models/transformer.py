@@ -30,8 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from broker.models.schedule import lockstep_timeline
 from broker.domain.model import TransformerSpec as ModelSpec
+from broker.models.schedule import lockstep_timeline
 
 MFU = 0.45  # sustained share of peak tensor FLOPS for large-model training (Megatron/PaLM report 40-55%)
 MARGIN = 1.10  # 10% for the allocator's fragmentation, buffers and workspace
@@ -122,7 +122,9 @@ def stage_memory_bytes(model: ModelSpec, layout: Layout) -> list[float]:
     """Estimated peak bytes per GPU of each stage, margin included."""
     weights_b, grads_b, optimizer_b = state_bytes_per_param(model)
     zero, d = model.zero_stage, layout.d
-    per_param = weights_b / (d if zero >= 3 else 1) + grads_b / (d if zero >= 2 else 1) + optimizer_b / (d if zero >= 1 else 1)
+    per_param = (
+        weights_b / (d if zero >= 3 else 1) + grads_b / (d if zero >= 2 else 1) + optimizer_b / (d if zero >= 1 else 1)
+    )
     out = []
     for stage, (params, layers) in enumerate(zip(stage_params(model, layout.p), stage_layers(model, layout.p))):
         states = params / layout.t * per_param
@@ -167,7 +169,9 @@ def exchange_seconds(model: ModelSpec, layout: Layout, hw: Hardware) -> float:
     return hw.latency_s + msg / (hw.inter_bytes_s if across_nodes else hw.intra_bytes_s)
 
 
-def iteration_seconds(model: ModelSpec, layout: Layout, hw: Hardware, profiled: tuple[list[float], list[float]] | None = None) -> float:
+def iteration_seconds(
+    model: ModelSpec, layout: Layout, hw: Hardware, profiled: tuple[list[float], list[float]] | None = None
+) -> float:
     """One training iteration (global batch) on the slowest stage. `profiled` gives measured (t_f, t_b)
     per stage instead of the FLOPs model (Pipette profiles them)."""
     m = layout.microbatches(model)

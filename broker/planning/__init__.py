@@ -47,7 +47,9 @@ def get(name: str = DEFAULT_POLICY, **options):
     try:
         return _REGISTRY[name](**options)
     except TypeError:
-        raise BrokerError(f"policy: {name} takes no {', '.join(options)}; use costslo or unset BROKER_ROUND_BUDGET_USD") from None
+        raise BrokerError(
+            f"policy: {name} takes no {', '.join(options)}; use costslo or unset BROKER_ROUND_BUDGET_USD"
+        ) from None
 
 
 def _load_builtin() -> None:

@@ -16,8 +16,9 @@ import numpy as np
 MAX_ROUNDS = 400  # a seed, not the answer: the LP finishes the job (measured: 400 rounds ~1.3 s at 10k jobs)
 
 
-def auction_prices(job: np.ndarray, offer: np.ndarray, cost: np.ndarray, cap: np.ndarray, penalty: np.ndarray,
-                   epsilon: float) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def auction_prices(
+    job: np.ndarray, offer: np.ndarray, cost: np.ndarray, cap: np.ndarray, penalty: np.ndarray, epsilon: float
+) -> tuple[np.ndarray, np.ndarray]:
     """(price per offer, chosen row per job or -1 for pending) for rows (job, offer, cost)."""
     order = np.argsort(job, kind="stable")
     job, offer, cost = job[order], offer[order], cost[order]

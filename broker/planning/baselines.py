@@ -6,10 +6,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from broker.domain.model import JobSpec, Offer, Option, Plan, Tier
+from broker.models.risk import fits
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
 from broker.planning.options import PlanItem
-from broker.models.risk import fits
 
 
 @register("on-demand")

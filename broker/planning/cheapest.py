@@ -7,9 +7,9 @@ from datetime import datetime
 
 from broker.domain.errors import InfeasibleError
 from broker.domain.model import JobSpec, Offer, Option, Plan, Quote, Tier
+from broker.models.risk import evaluate, fits
 from broker.planning import register
 from broker.planning.options import PlanItem
-from broker.models.risk import evaluate, fits
 
 ALTERNATIVES = 4
 
@@ -78,7 +78,9 @@ class CheapestFeasible:
                 break
         on_demand = [o for o in options if o.offer.tier == Tier.on_demand]
         baseline = next((o for o in on_demand if o.meets_deadline), on_demand[0] if on_demand else None)
-        return Quote(policy=self.name, created_at=now, chosen=chosen, alternatives=alternatives, on_demand_baseline=baseline)
+        return Quote(
+            policy=self.name, created_at=now, chosen=chosen, alternatives=alternatives, on_demand_baseline=baseline
+        )
 
     @staticmethod
     def _why_infeasible(spec: JobSpec, options: list[Option]) -> str:

@@ -21,15 +21,15 @@ import math
 import time
 from datetime import datetime
 
-import numpy as np
 import highspy
+import numpy as np
 
 from broker.domain.model import Offer, Option, Plan, Tier, relative_gap
+from broker.models.risk import evaluate_with_fallback, window_hours
 from broker.planning import register
 from broker.planning.auction import auction_prices
 from broker.planning.cheapest import CheapestFeasible, cost_order
 from broker.planning.options import OptionTable, PlanItem, option_table, smallest_per_job
-from broker.models.risk import evaluate_with_fallback, window_hours
 from broker.planning.uniform_progress import Move, decide, progress_of
 
 COLUMNS_PER_JOB = 4  # the most options added per job in one pricing pass
@@ -59,7 +59,11 @@ class CostSLO(CheapestFeasible):
         if spec.deadline is None or not reserve:
             return plain
         od = min(reserve, key=cost_order)
-        backed = [evaluate_with_fallback(spec, o.offer, od, now) for o in plain if o.offer.tier != Tier.on_demand and not o.meets_deadline]
+        backed = [
+            evaluate_with_fallback(spec, o.offer, od, now)
+            for o in plain
+            if o.offer.tier != Tier.on_demand and not o.meets_deadline
+        ]
         return sorted(plain + backed, key=cost_order)
 
     def plan(self, items: list[PlanItem], offers: list[Offer], capacity: dict[str, int], now: datetime) -> Plan:
@@ -90,7 +94,9 @@ class CostSLO(CheapestFeasible):
         return plan
 
     def _solve(self, table: OptionTable, rows: np.ndarray, cap: np.ndarray, penalty: np.ndarray, stats: dict):
-        """Column generation until the plan is within the gap target of the bound: (objective, bound, chosen, pending)."""
+        """Column generation until the plan is within the gap target of the bound.
+
+        Returns (objective, bound, chosen, pending)."""
         program = _Program(table, rows, cap, penalty, self.budget_usd, self.time_limit_s)
         active = np.zeros(len(table), dtype=bool)
         started = time.perf_counter()
@@ -126,7 +132,9 @@ def _undominated(table: OptionTable, rows: np.ndarray, cap: np.ndarray) -> np.nd
     return rows[table.cost[rows] <= threshold[table.job[rows]]]
 
 
-def _penalty(items: list[PlanItem], offers: list[Offer], table: OptionTable, rows: np.ndarray, now: datetime) -> np.ndarray:
+def _penalty(
+    items: list[PlanItem], offers: list[Offer], table: OptionTable, rows: np.ndarray, now: datetime
+) -> np.ndarray:
     """What leaving each job pending costs: for a job that may wait, a little less than its on-demand option (so
     spot or bubbles are taken when they have room, on-demand is not); otherwise far above its dearest option,
     more for urgent and high-priority jobs."""
@@ -187,15 +195,24 @@ class _Program:
     """The LP in HiGHS, kept alive across pricing passes: new columns are added to the solved model
     and the simplex restarts from the previous basis (a warm start)."""
 
-    def __init__(self, table: OptionTable, rows: np.ndarray, cap: np.ndarray, penalty: np.ndarray, budget: float | None,
-                 time_limit_s: float):  # fmt: skip
+    def __init__(
+        self,
+        table: OptionTable,
+        rows: np.ndarray,
+        cap: np.ndarray,
+        penalty: np.ndarray,
+        budget: float | None,
+        time_limit_s: float,
+    ):
         self.table, self.cap, self.penalty, self.budget = table, cap, penalty, budget
         self.value = None
         self.active = np.zeros(0, dtype=np.int64)
         self.highs = highspy.Highs()
         self.highs.setOptionValue("output_flag", False)
         self.highs.setOptionValue("time_limit", float(time_limit_s))
-        self.highs.setOptionValue("simplex_strategy", 4)  # primal: stays feasible as columns arrive (measured 2x faster)
+        self.highs.setOptionValue(
+            "simplex_strategy", 4
+        )  # primal: stays feasible as columns arrive (measured 2x faster)
         n_jobs = len(penalty)
         self.capped = np.flatnonzero(np.isfinite(cap))
         self.cap_row = np.full(len(cap), -1, dtype=np.int64)
@@ -204,11 +221,15 @@ class _Program:
         lower = np.r_[demand, np.full(len(self.capped), -INF), [-INF] if budget is not None else []]
         upper = np.r_[demand, cap[self.capped], [budget] if budget is not None else []]
         self.budget_row = n_jobs + len(self.capped) if budget is not None else None
-        self.highs.addRows(len(lower), lower, upper, 0, np.zeros(len(lower), dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0))
+        self.highs.addRows(
+            len(lower), lower, upper, 0, np.zeros(len(lower), dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0)
+        )
         jobs = np.arange(n_jobs)  # the pending column z_j of every job: in its job row only
         self._add_columns(penalty, jobs, np.full(n_jobs, -1), np.zeros(n_jobs))
 
-    def _add_columns(self, costs: np.ndarray, job_rows: np.ndarray, cap_rows: np.ndarray, budget_coef: np.ndarray) -> None:
+    def _add_columns(
+        self, costs: np.ndarray, job_rows: np.ndarray, cap_rows: np.ndarray, budget_coef: np.ndarray
+    ) -> None:
         """Columns in compressed form: a 1 in the job's row, a 1 in the offer's capacity row (if capped),
         the cost in the budget row (if any)."""
         if len(costs) == 0:
@@ -223,7 +244,16 @@ class _Program:
         index[starts[has_cap] + 1] = cap_rows[has_cap]
         at = starts[has_budget] + 1 + has_cap[has_budget]
         index[at], value[at] = self.budget_row or 0, budget_coef[has_budget]
-        self.highs.addCols(len(costs), costs.astype(float), np.zeros(len(costs)), np.full(len(costs), INF), len(index), starts, index, value)
+        self.highs.addCols(
+            len(costs),
+            costs.astype(float),
+            np.zeros(len(costs)),
+            np.full(len(costs), INF),
+            len(index),
+            starts,
+            index,
+            value,
+        )
 
     def solve(self, active: np.ndarray, stats: dict) -> None:
         """Add the rows of the table in `active` not yet in the model as columns, and re-solve."""
@@ -268,7 +298,9 @@ class _Program:
         by_job = _groups(t.job[rows])
         for j in jobs:
             if placed_share[j] < 1e-6:  # the LP left it pending outright
-                pending[j] = "budget" if self.budget_row is not None and self.duals[self.budget_row] < -1e-9 else "capacity"
+                pending[j] = (
+                    "budget" if self.budget_row is not None and self.duals[self.budget_row] < -1e-9 else "capacity"
+                )
                 continue
             for r in sorted(rows[by_job[j]], key=lambda r: t.cost[r]):
                 if used[t.offer[r]] + 1 <= self.cap[t.offer[r]] and t.cost[r] <= left_usd:

@@ -16,10 +16,10 @@ from datetime import datetime
 import pulp
 
 from broker.domain.model import Offer, Plan
+from broker.models.risk import exclusive_hours, fits
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
 from broker.planning.options import PlanItem
-from broker.models.risk import exclusive_hours, fits
 
 
 class _Allocation(CheapestFeasible):
@@ -27,9 +27,16 @@ class _Allocation(CheapestFeasible):
 
     def plan(self, items: list[PlanItem], offers: list[Offer], capacity: dict[str, int], now: datetime) -> Plan:
         """Solve the allocation LP, then round: each job to its largest share with capacity left."""
-        pairs = {(j, o): 1 / (exclusive_hours(item.spec, offer) * max(item.remaining, 1e-9))
-                 for j, item in enumerate(items) for o, offer in enumerate(offers) if fits(item.spec, offer)}  # fmt: skip
-        plan = Plan(policy=self.name, unplaced={i.id: "resources" for j, i in enumerate(items) if not any(k[0] == j for k in pairs)})
+        pairs = {
+            (j, o): 1 / (exclusive_hours(item.spec, offer) * max(item.remaining, 1e-9))
+            for j, item in enumerate(items)
+            for o, offer in enumerate(offers)
+            if fits(item.spec, offer)
+        }
+        plan = Plan(
+            policy=self.name,
+            unplaced={i.id: "resources" for j, i in enumerate(items) if not any(k[0] == j for k in pairs)},
+        )
         if not pairs:
             return plan
         prob = pulp.LpProblem(self.name, pulp.LpMaximize)
@@ -44,7 +51,9 @@ class _Allocation(CheapestFeasible):
         for mine in by_job.values():
             best = max(pairs[k] for k in mine)
             prob.addConstraint(pulp.LpAffineExpression([(x[k], 1) for k in mine]) <= 1)
-            prob.addConstraint(pulp.LpAffineExpression([(x[k], self.weight(pairs[k], best)) for k in mine] + [(z, -1)]) >= 0)
+            prob.addConstraint(
+                pulp.LpAffineExpression([(x[k], self.weight(pairs[k], best)) for k in mine] + [(z, -1)]) >= 0
+            )
         for o, theirs in by_offer.items():
             limit = capacity.get(offers[o].id, math.inf)
             if math.isfinite(limit):
@@ -52,7 +61,7 @@ class _Allocation(CheapestFeasible):
         prob.solve(pulp.HiGHS(msg=False) if pulp.HiGHS().available() else pulp.PULP_CBC_CMD(msg=False))
         plan.objective = pulp.value(prob.objective)
         left = {o.id: capacity.get(o.id, math.inf) for o in offers}
-        for (j, o) in sorted(pairs, key=lambda k: -(x[k].varValue or 0)):
+        for j, o in sorted(pairs, key=lambda k: -(x[k].varValue or 0)):
             item, offer = items[j], offers[o]
             if item.id not in plan.assignments and (x[(j, o)].varValue or 0) > 1e-6 and left[offer.id] >= 1:
                 plan.assignments[item.id], left[offer.id] = offer.id, left[offer.id] - 1

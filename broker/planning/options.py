@@ -34,7 +34,7 @@ class PlanItem:
     on_demand_h: float | None = None  # its whole work on the on-demand offer it was quoted against
 
     @classmethod
-    def from_job(cls, job: Job) -> "PlanItem":
+    def from_job(cls, job: Job) -> PlanItem:
         """The planner's view of a stored job: progress from its newest report, or its last checkpoint."""
         remaining = 1.0
         for run in reversed(job.runs):
@@ -47,8 +47,16 @@ class PlanItem:
         last = job.runs[-1] if job.runs else None
         preempted_in = last.offer.region if last and last.end_reason in ("preempted", "lost") else None
         baseline = job.quote.on_demand_baseline
-        return cls(job.id, spec, remaining, run.offer.id if run else None, job.cost_usd, job.submitted_at, preempted_in,
-                   baseline.exclusive_h if baseline else None)  # fmt: skip
+        return cls(
+            job.id,
+            spec,
+            remaining,
+            run.offer.id if run else None,
+            job.cost_usd,
+            job.submitted_at,
+            preempted_in,
+            baseline.exclusive_h if baseline else None,
+        )
 
 
 @dataclass
@@ -96,7 +104,9 @@ def _job_columns(items: list[PlanItem], now: datetime, offer_index: dict[str, in
         "restart": np.array([risk.restart_hours(s) for s in specs]),
         "window": np.array([risk.window_hours(s, now) for s in specs]),
         "target": np.array([s.deadline_probability if s.deadline else 0.0 for s in specs]),
-        "budget": np.array([(s.budget_usd if s.budget_usd is not None else math.inf) - i.spent_usd for s, i in zip(specs, items)]),
+        "budget": np.array(
+            [(s.budget_usd if s.budget_usd is not None else math.inf) - i.spent_usd for s, i in zip(specs, items)]
+        ),
         "remaining": np.array([i.remaining for i in items], dtype=float),
         "current": np.array([offer_index.get(i.current, -1) if i.current else -1 for i in items], dtype=np.int64),
     }
@@ -131,13 +141,19 @@ def option_table(items: list[PlanItem], offers: list[Offer], now: datetime) -> O
     shaped = np.bincount(job, minlength=len(items)) > 0
     keep = j["allowed"][job, o["tier"][offer]]
     tiered = np.bincount(job[keep], minlength=len(items)) > 0
-    keep &= (j["gpu_mem"][job] <= o["gpu_mem"][offer]) & (j["cpus"][job] <= o["vcpus"][offer]) & (j["mem"][job] <= o["mem"][offer])
+    keep &= (
+        (j["gpu_mem"][job] <= o["gpu_mem"][offer])
+        & (j["cpus"][job] <= o["vcpus"][offer])
+        & (j["mem"][job] <= o["mem"][offer])
+    )
     keep &= np.isfinite(hours)  # a transformer job whose every layout overflows these GPUs
     job, offer, hours = job[keep], offer[keep], hours[keep]
 
     t = hours * j["remaining"][job] / o["speed"][offer]
     restart, window = j["restart"][job], j["window"][job]
-    e = risk.expectation(t, j["delta"][job], restart, o["hazard"][offer], o["price"][offer], window, o["availability"][offer])
+    e = risk.expectation(
+        t, j["delta"][job], restart, o["hazard"][offer], o["price"][offer], window, o["availability"][offer]
+    )
     cost, wall, p_meet = e.cost_usd.copy(), e.wall_h.copy(), e.p_meet.copy()
     moving = (j["current"][job] >= 0) & (j["current"][job] != offer)
     cost += np.where(moving, o["price"][offer] * restart, 0.0)  # a migration pays a restart on the new offer
@@ -152,7 +168,9 @@ def option_table(items: list[PlanItem], offers: list[Offer], now: datetime) -> O
     if late.any():
         r = reserve_rows[job[late]]
         spot = risk.Expectation(*(np.asarray(x)[late] for x in e))
-        fb = risk.fallback_expectation(spot, o["price"][offer[late]], t[late], cost[r], t[r], restart[late], window[late])
+        fb = risk.fallback_expectation(
+            spot, o["price"][offer[late]], t[late], cost[r], t[r], restart[late], window[late]
+        )
         cost[late], wall[late], p_meet[late], fallback[late] = fb.cost_usd, fb.wall_h, fb.p_meet, offer[r]
 
     on_time = p_meet >= target

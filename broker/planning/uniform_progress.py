@@ -16,10 +16,10 @@ from datetime import datetime
 from enum import Enum
 
 from broker.domain.model import Offer, Plan, Tier
+from broker.models.risk import STARTUP_H, evaluate, fits, restart_hours, window_hours
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
 from broker.planning.options import PlanItem
-from broker.models.risk import STARTUP_H, evaluate, fits, restart_hours, window_hours
 
 
 class Move(str, Enum):

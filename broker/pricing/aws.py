@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import boto3
 import pandas as pd
 from botocore.config import Config
 
-from broker.domain.errors import SourceUnavailable, SpecError
 from broker.domain.accelerators import lookup
+from broker.domain.errors import SourceUnavailable, SpecError
 from broker.pricing.snapshot import COLUMNS, normalized
 
 RETRIES = Config(retries={"mode": "adaptive", "max_attempts": 8})
@@ -37,17 +37,21 @@ class AwsPrices:
     def __init__(self, regions: list[str], session: boto3.Session | None = None, client=None):
         self.regions = regions
         self.session = session or boto3.Session()
-        self._client = client or (lambda service, region: self.session.client(service, region_name=region, config=RETRIES))
+        self._client = client or (
+            lambda service, region: self.session.client(service, region_name=region, config=RETRIES)
+        )
         self.skipped: Counter[str] = Counter()  # why rows were dropped, for the refresh report
 
     def check(self) -> None:
         """Raise SourceUnavailable (one line) when boto3 finds no credentials."""
         if self.session.get_credentials() is None:
-            raise SourceUnavailable("aws: no credentials in boto3's chain (env, ~/.aws, instance role); keeping the snapshot prices")
+            raise SourceUnavailable(
+                "aws: no credentials in boto3's chain (env, ~/.aws, instance role); keeping the snapshot prices"
+            )
 
     def rows(self, now: datetime | None = None) -> pd.DataFrame:
         """Current prices of every NVIDIA GPU instance type in every zone of the regions."""
-        now = now or datetime.now(timezone.utc)
+        now = now or datetime.now(UTC)
         frames = []
         for region in self.regions:
             ec2 = self._client("ec2", region)
@@ -89,7 +93,10 @@ class AwsPrices:
         newest: dict[tuple[str, str], tuple[datetime, float]] = {}
         for start in range(0, len(types), TYPES_PER_CALL):
             pages = ec2.get_paginator("describe_spot_price_history").paginate(
-                InstanceTypes=types[start : start + TYPES_PER_CALL], ProductDescriptions=["Linux/UNIX"], StartTime=now, EndTime=now
+                InstanceTypes=types[start : start + TYPES_PER_CALL],
+                ProductDescriptions=["Linux/UNIX"],
+                StartTime=now,
+                EndTime=now,
             )
             for page in pages:
                 for record in page.get("SpotPriceHistory", []):
@@ -106,15 +113,25 @@ class AwsPrices:
     def on_demand(self, region: str, types: list[str]) -> dict[str, float]:
         """Type -> the Linux on-demand price in the region, from the Pricing API."""
         pricing = self._client("pricing", PRICING_REGION)
-        filters = [{"Type": "TERM_MATCH", "Field": f, "Value": v} for f, v in (
-            ("regionCode", region), ("operatingSystem", "Linux"), ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"))]  # fmt: skip
+        filters = [
+            {"Type": "TERM_MATCH", "Field": f, "Value": v}
+            for f, v in (
+                ("regionCode", region),
+                ("operatingSystem", "Linux"),
+                ("tenancy", "Shared"),
+                ("preInstalledSw", "NA"),
+                ("capacitystatus", "Used"),
+            )
+        ]
         prices = {}
         for page in pricing.get_paginator("get_products").paginate(ServiceCode="AmazonEC2", Filters=filters):
             for item in page.get("PriceList", []):
                 try:
                     product = json.loads(item) if isinstance(item, str) else item
                     itype = product["product"]["attributes"]["instanceType"]
-                    dimensions = [d for term in product["terms"]["OnDemand"].values() for d in term["priceDimensions"].values()]
+                    dimensions = [
+                        d for term in product["terms"]["OnDemand"].values() for d in term["priceDimensions"].values()
+                    ]
                     usd = float(dimensions[0]["pricePerUnit"]["USD"])
                 except (KeyError, IndexError, TypeError, ValueError):
                     self.skipped["malformed price list item"] += 1
@@ -132,5 +149,16 @@ class AwsPrices:
             if price <= 0 or (od and price > 10 * od):
                 self.skipped["absurd spot price"] += 1
                 continue
-            rows.append({"region": region, "zone": zone, "instance_type": itype, **types[itype], "on_demand_usd_per_h": od, "spot_usd_per_h": price})
-        return normalized(pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("cloud", "gpu_memory_gb")]), "aws")
+            rows.append(
+                {
+                    "region": region,
+                    "zone": zone,
+                    "instance_type": itype,
+                    **types[itype],
+                    "on_demand_usd_per_h": od,
+                    "spot_usd_per_h": price,
+                }
+            )
+        return normalized(
+            pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("cloud", "gpu_memory_gb")]), "aws"
+        )

@@ -36,8 +36,16 @@ class AzurePrices:
 
     cloud = "azure"
 
-    def __init__(self, regions: list[str], known_types: dict[str, dict], credential=None, subscription_id: str | None = None,
-                 retail_url: str = RETAIL_URL, arm_url: str | None = None, http: requests.Session | None = None):  # fmt: skip
+    def __init__(
+        self,
+        regions: list[str],
+        known_types: dict[str, dict],
+        credential=None,
+        subscription_id: str | None = None,
+        retail_url: str = RETAIL_URL,
+        arm_url: str | None = None,
+        http: requests.Session | None = None,
+    ):
         self.regions = regions
         self.known_types = known_types  # VM size -> accelerator, accelerator_count, vcpus, memory_gb (from the catalog)
         self.credential, self.subscription_id = credential, subscription_id or os.environ.get("AZURE_SUBSCRIPTION_ID")
@@ -49,15 +57,27 @@ class AzurePrices:
     def check(self) -> None:
         """Prices need no credentials; say what is missing without them."""
         if self.credential is None or not self.subscription_id:
-            self.notes.append("azure: no credentials or AZURE_SUBSCRIPTION_ID: GPU shapes from the catalog, no eviction bands")
+            self.notes.append(
+                "azure: no credentials or AZURE_SUBSCRIPTION_ID: GPU shapes from the catalog, no eviction bands"
+            )
 
     def rows(self, now: datetime | None = None) -> pd.DataFrame:
         frames = []
         for region in self.regions:
             shapes = self.shapes(region)
             od, spot = self.retail(region)
-            rows = [{"region": region, "zone": None, "instance_type": sku, **shape, "on_demand_usd_per_h": od.get(sku), "spot_usd_per_h": spot.get(sku)}
-                    for sku, shape in shapes.items() if sku in od or sku in spot]  # fmt: skip
+            rows = [
+                {
+                    "region": region,
+                    "zone": None,
+                    "instance_type": sku,
+                    **shape,
+                    "on_demand_usd_per_h": od.get(sku),
+                    "spot_usd_per_h": spot.get(sku),
+                }
+                for sku, shape in shapes.items()
+                if sku in od or sku in spot
+            ]
             frames.append(pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("cloud", "gpu_memory_gb")]))
         frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
         return normalized(frame, "azure")
@@ -102,7 +122,9 @@ class AzurePrices:
             return dict(self.known_types)
         from azure.mgmt.compute import ComputeManagementClient
 
-        client = ComputeManagementClient(self.credential, self.subscription_id, **({"base_url": self.arm_url} if self.arm_url else {}))
+        client = ComputeManagementClient(
+            self.credential, self.subscription_id, **({"base_url": self.arm_url} if self.arm_url else {})
+        )
         shapes = {}
         for sku in client.resource_skus.list(filter=f"location eq '{region}'"):
             caps = {c.name: c.value for c in (sku.capabilities or [])}
@@ -112,8 +134,12 @@ class AzurePrices:
             if known is None:
                 self.skipped["GPU size not in the catalog (GPU model unknown)"] += 1
                 continue
-            shapes[sku.name] = {**known, "accelerator_count": int(float(caps["GPUs"])),
-                                "vcpus": float(caps.get("vCPUs", known["vcpus"])), "memory_gb": float(caps.get("MemoryGB", known["memory_gb"]))}  # fmt: skip
+            shapes[sku.name] = {
+                **known,
+                "accelerator_count": int(float(caps["GPUs"])),
+                "vcpus": float(caps.get("vCPUs", known["vcpus"])),
+                "memory_gb": float(caps.get("MemoryGB", known["memory_gb"])),
+            }
         return shapes
 
     def eviction_bands(self) -> dict[tuple[str, str, str], str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 
@@ -22,7 +22,7 @@ class PriceCatalog:
     # prices predate AWS's mid-2025 P4/P5 price cut, so a recorded price counts as newer than the
     # snapshot only from this date on; older history (the 2022 spot export) is shown, not used.
     snapshot_note = "SkyPilot catalog v7/v6, date unknown"
-    snapshot_superseded_from = datetime(2025, 6, 1, tzinfo=timezone.utc)
+    snapshot_superseded_from = datetime(2025, 6, 1, tzinfo=UTC)
 
     def __init__(self, rows: pd.DataFrame, hazard: HazardModel | None = None, source: str = "snapshot"):
         self.rows = rows
@@ -30,7 +30,7 @@ class PriceCatalog:
         self.source = source
 
     @classmethod
-    def from_snapshot(cls, directory: Path | None = None, hazard: HazardModel | None = None) -> "PriceCatalog":
+    def from_snapshot(cls, directory: Path | None = None, hazard: HazardModel | None = None) -> PriceCatalog:
         """The catalog of the published snapshots (packaged copy unless `directory` is given)."""
         return cls(load_snapshot(directory), hazard, source=f"snapshot:{directory or 'packaged'}")
 
@@ -66,7 +66,7 @@ class PriceCatalog:
                 )
         return offers
 
-    def with_history(self, latest: dict) -> "PriceCatalog":
+    def with_history(self, latest: dict) -> PriceCatalog:
         """This catalog with every price that has a recorded history replaced by its newest point.
 
         `latest` maps offer id -> (usd, seen at), as PriceHistory.latest() gives it; rows keep
@@ -76,12 +76,16 @@ class PriceCatalog:
         rows["price_as_of"] = pd.Series([pd.NaT] * len(rows), dtype="datetime64[ns, UTC]")
         where = rows["zone"].where(rows["zone"].notna(), rows["region"])
         for tier, column in ((Tier.on_demand, "on_demand_usd_per_h"), (Tier.spot, "spot_usd_per_h")):
-            found = [latest.get(offer_id(c, w, i, tier)) for c, w, i in zip(rows["cloud"], where, rows["instance_type"])]
+            found = [
+                latest.get(offer_id(c, w, i, tier)) for c, w, i in zip(rows["cloud"], where, rows["instance_type"])
+            ]
             hit = pd.Series([f is not None for f in found], index=rows.index)
             if hit.any():
                 rows.loc[hit, column] = [f[0] for f in found if f is not None]
                 seen = pd.Series([pd.Timestamp(f[1]) for f in found if f is not None], index=rows.index[hit])
-                rows.loc[hit, "price_as_of"] = rows.loc[hit, "price_as_of"].combine(seen, lambda a, b: b if pd.isna(a) else max(a, b))
+                rows.loc[hit, "price_as_of"] = rows.loc[hit, "price_as_of"].combine(
+                    seen, lambda a, b: b if pd.isna(a) else max(a, b)
+                )
         return PriceCatalog(rows, self.hazard, source=f"{self.source}+history")
 
     @cached_property
@@ -92,7 +96,10 @@ class PriceCatalog:
         """The offer with this id (cloud/zone/instance-type/tier), or a BrokerError naming close ids."""
         if offer_id not in self.by_id:
             close = difflib.get_close_matches(offer_id, list(self.by_id), n=3)
-            raise BrokerError(f"offer: unknown offer {offer_id!r}; " + (f"did you mean {', '.join(close)}?" if close else "see `broker prices`"))
+            raise BrokerError(
+                f"offer: unknown offer {offer_id!r}; "
+                + (f"did you mean {', '.join(close)}?" if close else "see `broker prices`")
+            )
         return self.by_id[offer_id]
 
     def table(
@@ -119,6 +126,8 @@ class PriceCatalog:
             ],
         )
         as_of = rows["price_as_of"] if "price_as_of" in rows else pd.Series(pd.NaT, index=rows.index)
-        rows = rows.assign(as_of=[f"live {t.isoformat()}" if pd.notna(t) else f"snapshot ({self.snapshot_note})" for t in as_of])
+        rows = rows.assign(
+            as_of=[f"live {t.isoformat()}" if pd.notna(t) else f"snapshot ({self.snapshot_note})" for t in as_of]
+        )
         key = "spot_usd_per_h" if spot_only else "on_demand_usd_per_h"
         return rows.sort_values([key, "cloud", "region", "zone"], na_position="last").reset_index(drop=True)

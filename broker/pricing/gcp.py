@@ -30,12 +30,23 @@ GPU_SKUS = {  # the model part of a GPU SKU's description -> our accelerator nam
     "Nvidia H100 80GB Mega GPU": "H100-MEGA",
     "Nvidia L4 GPU": "L4",
 }
-GPU_TYPES = {"nvidia-tesla-a100": "A100", "nvidia-a100-80gb": "A100-80GB", "nvidia-h100-80gb": "H100",
-             "nvidia-h100-mega-80gb": "H100-MEGA", "nvidia-l4": "L4"}  # fmt: skip
+GPU_TYPES = {
+    "nvidia-tesla-a100": "A100",
+    "nvidia-a100-80gb": "A100-80GB",
+    "nvidia-h100-80gb": "H100",
+    "nvidia-h100-mega-80gb": "H100-MEGA",
+    "nvidia-l4": "L4",
+}
 TIERS = {"OnDemand": "on_demand", "Preemptible": "spot"}
 _DESCRIPTION = re.compile(r"^(Spot Preemptible )?(?P<what>.+?) running in ")
-RETRY = retry.Retry(predicate=retry.if_exception_type(exceptions.TooManyRequests, exceptions.ResourceExhausted, exceptions.ServiceUnavailable),
-                    initial=0.5, maximum=10.0, timeout=120.0)  # fmt: skip
+RETRY = retry.Retry(
+    predicate=retry.if_exception_type(
+        exceptions.TooManyRequests, exceptions.ResourceExhausted, exceptions.ServiceUnavailable
+    ),
+    initial=0.5,
+    maximum=10.0,
+    timeout=120.0,
+)
 
 
 def unit_price(sku) -> float | None:
@@ -54,7 +65,9 @@ class GcpPrices:
 
     cloud = "gcp"
 
-    def __init__(self, regions: list[str], project: str | None = None, credentials=None, catalog=None, machine_types=None):
+    def __init__(
+        self, regions: list[str], project: str | None = None, credentials=None, catalog=None, machine_types=None
+    ):
         self.regions, self.project, self.credentials = set(regions), project, credentials
         self._catalog, self._machine_types = catalog, machine_types
         self.skipped: Counter[str] = Counter()
@@ -69,7 +82,10 @@ class GcpPrices:
         try:
             self.credentials, found = google.auth.default()
         except DefaultCredentialsError:
-            raise SourceUnavailable("gcp: no credentials in google-auth's chain (GOOGLE_APPLICATION_CREDENTIALS, gcloud, metadata); keeping the snapshot prices") from None
+            raise SourceUnavailable(
+                "gcp: no credentials in google-auth's chain (GOOGLE_APPLICATION_CREDENTIALS, gcloud, "
+                "metadata); keeping the snapshot prices"
+            ) from None
         self.project = self.project or found
         if not self.project:
             raise SourceUnavailable("gcp: no project (set GOOGLE_CLOUD_PROJECT); keeping the snapshot prices")
@@ -78,7 +94,9 @@ class GcpPrices:
         from google.cloud import billing_v1, compute_v1
 
         catalog = self._catalog or billing_v1.CloudCatalogClient(credentials=self.credentials, transport="rest")
-        machine_types = self._machine_types or compute_v1.MachineTypesClient(credentials=self.credentials, transport="rest")
+        machine_types = self._machine_types or compute_v1.MachineTypesClient(
+            credentials=self.credentials, transport="rest"
+        )
         return catalog, machine_types
 
     def rows(self, now: datetime | None = None) -> pd.DataFrame:
@@ -88,10 +106,21 @@ class GcpPrices:
         for zone, machine in self.gpu_machines(machine_types):
             region = zone.rsplit("-", 1)[0]
             family = machine["name"].split("-")[0].upper()
-            row = {"region": region, "zone": zone, "instance_type": machine["name"], "accelerator": machine["accelerator"],
-                   "accelerator_count": machine["count"], "vcpus": machine["vcpus"], "memory_gb": machine["memory_gb"]}  # fmt: skip
+            row = {
+                "region": region,
+                "zone": zone,
+                "instance_type": machine["name"],
+                "accelerator": machine["accelerator"],
+                "accelerator_count": machine["count"],
+                "vcpus": machine["vcpus"],
+                "memory_gb": machine["memory_gb"],
+            }
             for tier in TIERS.values():
-                parts = [prices.get(("core", family, region, tier)), prices.get(("ram", family, region, tier)), prices.get(("gpu", machine["accelerator"], region, tier))]
+                parts = [
+                    prices.get(("core", family, region, tier)),
+                    prices.get(("ram", family, region, tier)),
+                    prices.get(("gpu", machine["accelerator"], region, tier)),
+                ]
                 if None in parts:
                     self.skipped[f"no {tier} SKU for a part of {machine['name']}"] += 1
                     row[f"{tier}_usd_per_h"] = None
@@ -100,7 +129,9 @@ class GcpPrices:
                 row[f"{tier}_usd_per_h"] = machine["vcpus"] * core + machine["memory_gb"] * ram + machine["count"] * gpu
             if row["on_demand_usd_per_h"] is not None or row["spot_usd_per_h"] is not None:
                 rows.append(row)
-        return normalized(pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("cloud", "gpu_memory_gb")]), "gcp")
+        return normalized(
+            pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("cloud", "gpu_memory_gb")]), "gcp"
+        )
 
     def sku_prices(self, catalog) -> dict[tuple[str, str, str, str], float]:
         """(part, family or accelerator, region, tier) -> USD per hour of one vCPU, one GiB or one GPU."""
@@ -140,5 +171,13 @@ class GcpPrices:
                 if accelerator is None:
                     self.skipped["unknown accelerator"] += 1
                     continue
-                yield zone, {"name": machine.name, "accelerator": accelerator, "count": sum(a.guest_accelerator_count for a in machine.accelerators),
-                             "vcpus": machine.guest_cpus, "memory_gb": machine.memory_mb / 1024}  # fmt: skip
+                yield (
+                    zone,
+                    {
+                        "name": machine.name,
+                        "accelerator": accelerator,
+                        "count": sum(a.guest_accelerator_count for a in machine.accelerators),
+                        "vcpus": machine.guest_cpus,
+                        "memory_gb": machine.memory_mb / 1024,
+                    },
+                )

@@ -29,7 +29,13 @@ from broker.pricing.snapshot import packaged_dir
 
 PRIOR_HOURS = 24.0  # the prior weighs as much as a day of observation
 BAND_MIDPOINT = {"<5%": 2.5, "5-10%": 7.5, "10-15%": 12.5, "15-20%": 17.5, ">20%": 25.0}
-AZURE_BANDS = {"0-5": "<5%", "5-10": "5-10%", "10-15": "10-15%", "15-20": "15-20%", "20+": ">20%"}  # Resource Graph labels
+AZURE_BANDS = {
+    "0-5": "<5%",
+    "5-10": "5-10%",
+    "10-15": "10-15%",
+    "15-20": "15-20%",
+    "20+": ">20%",
+}  # Resource Graph labels
 ANCHOR_BAND = ">20%"
 DEFAULT_DISPERSION = 0.3  # day-to-day squared CV of the rate where no trace measured it (traces: 0-0.9)
 
@@ -42,7 +48,7 @@ class Evidence:
     hours: float = 0.0
     dispersion: float = 0.0
 
-    def __add__(self, other: "Evidence") -> "Evidence":
+    def __add__(self, other: Evidence) -> Evidence:
         hours = self.hours + other.hours
         weighted = (self.dispersion * self.hours + other.dispersion * other.hours) / hours if hours else 0.0
         return Evidence(self.preemptions + other.preemptions, hours, weighted)
@@ -59,7 +65,7 @@ class Hazard:
 
 
 def gamma_band(shape: float, rate: float, dispersion: float, level: float = 0.90) -> tuple[float, float]:
-    """The central `level` range of a rate whose mean is Gamma(shape, rate) and that varies with squared CV `dispersion`."""
+    """The central `level` range of a rate whose mean is Gamma(shape, rate), varying with squared CV `dispersion`."""
     mean = shape / rate
     cv2 = 1 / shape + dispersion
     if mean <= 0:
@@ -78,7 +84,9 @@ class HazardModel:
         self.evidence: dict[Key, Evidence] = {}
         for row in preempt.itertuples(index=False):
             key = (row.cloud, row.region, row.instance_type)
-            self.evidence[key] = self.evidence.get(key, Evidence()) + Evidence(row.preemptions, row.exposure_h, row.dispersion)
+            self.evidence[key] = self.evidence.get(key, Evidence()) + Evidence(
+                row.preemptions, row.exposure_h, row.dispersion
+            )
         avail = evidence.groupby(["cloud", "region", "instance_type"])["availability"].mean()
         self.availability = {k: float(v) for k, v in avail.items()}
         self.traces = len(preempt)
@@ -86,15 +94,18 @@ class HazardModel:
         self.anchor = self._anchor()
 
     @classmethod
-    def packaged(cls) -> "HazardModel":
+    def packaged(cls) -> HazardModel:
         """The model from the evidence and Spot Advisor slice shipped in the package."""
         data = json.loads((packaged_dir() / "aws_spot_advisor_gpu.json").read_text())
         labels = {r["index"]: r["label"] for r in data["ranges"]}
-        bands = {(region, itype): labels[row["r"]] for region, oses in data["spot_advisor"].items()
-                 for itype, row in oses.get("Linux", {}).items()}  # fmt: skip
+        bands = {
+            (region, itype): labels[row["r"]]
+            for region, oses in data["spot_advisor"].items()
+            for itype, row in oses.get("Linux", {}).items()
+        }
         return cls(pd.read_csv(packaged_dir() / "trace_evidence.csv"), bands)
 
-    def observe(self, observed: dict[Key, Evidence]) -> "HazardModel":
+    def observe(self, observed: dict[Key, Evidence]) -> HazardModel:
         """A model that also counts preemptions our agents saw (offer key -> preemptions over spot hours)."""
         model = copy.copy(self)
         model.evidence = dict(self.evidence)
@@ -103,7 +114,7 @@ class HazardModel:
         model.anchor = model._anchor()
         return model
 
-    def with_bands(self, bands: dict[Key, str]) -> "HazardModel":
+    def with_bands(self, bands: dict[Key, str]) -> HazardModel:
         """A model that also knows other clouds' eviction-rate bands (Azure's from Resource Graph), keyed by Key."""
         model = copy.copy(self)
         model.cloud_bands = {**self.cloud_bands, **{k: AZURE_BANDS.get(v, v) for k, v in bands.items()}}
@@ -123,14 +134,28 @@ class HazardModel:
         for (c, r, itype), seen in self.evidence.items():
             if c == cloud and itype == instance_type and r != region:
                 same_type = same_type + seen
-        band = self.bands.get((region, instance_type), "-") if cloud == "aws" else self.cloud_bands.get((cloud, region, instance_type), "-")
+        band = (
+            self.bands.get((region, instance_type), "-")
+            if cloud == "aws"
+            else self.cloud_bands.get((cloud, region, instance_type), "-")
+        )
         band = band if band in BAND_MIDPOINT or band == "-" else "-"
         if same_type.hours > 0:
-            return same_type.preemptions / same_type.hours, same_type.dispersion, band, f"{instance_type} in other regions"
+            return (
+                same_type.preemptions / same_type.hours,
+                same_type.dispersion,
+                band,
+                f"{instance_type} in other regions",
+            )
         anchor_rate = self.anchor.preemptions / self.anchor.hours if self.anchor.hours else 0.0
         dispersion = self.anchor.dispersion if self.anchor.hours else DEFAULT_DISPERSION
         if band != "-":
-            return anchor_rate * BAND_MIDPOINT[band] / BAND_MIDPOINT[ANCHOR_BAND], dispersion, band, f"advisor band {band}"
+            return (
+                anchor_rate * BAND_MIDPOINT[band] / BAND_MIDPOINT[ANCHOR_BAND],
+                dispersion,
+                band,
+                f"advisor band {band}",
+            )
         return anchor_rate, dispersion, band, "cautious default (no band)"
 
     def spot(self, cloud: str, region: str, instance_type: str) -> Hazard:
@@ -154,5 +179,7 @@ def observed(jobs) -> dict[Key, Evidence]:
             if run.offer.tier.value != "spot" or run.ended_at is None:
                 continue
             key = (run.offer.cloud, run.offer.region, run.offer.instance_type)
-            seen[key] = seen.get(key, Evidence()) + Evidence(float(run.end_reason == "preempted"), run.hours(run.ended_at))
+            seen[key] = seen.get(key, Evidence()) + Evidence(
+                float(run.end_reason == "preempted"), run.hours(run.ended_at)
+            )
     return seen

@@ -5,7 +5,8 @@ Keys (beside the store's own, same prefix):
     {p}price:{offer id}   ZSET    "{epoch}|{usd}" scored by epoch seconds: one member per price change
     {p}priced             SET     offer ids with a history
     {p}refreshed          HASH    source (aws, gcp, azure, a file) -> ISO time of its last successful refresh
-    {p}evictions          HASH    "cloud|region|instance type" -> the cloud's eviction-rate band (Azure: "0-5" ... "20+")
+    {p}evictions          HASH    "cloud|region|instance type" -> the cloud's eviction-rate band
+                                  (Azure: "0-5" ... "20+")
 
 A point is appended only when it differs from the price in effect at its time, checked and
 written in one Lua call, so a refresh that repeats the same prices writes nothing and two
@@ -14,7 +15,7 @@ refreshes racing cannot both append the same change.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -40,7 +41,10 @@ def points_from_rows(rows: pd.DataFrame, at: datetime) -> pd.DataFrame:
     parts = []
     for tier, column in ((Tier.on_demand, "on_demand_usd_per_h"), (Tier.spot, "spot_usd_per_h")):
         priced = rows[column].notna()
-        ids = [offer_id(c, w, i, tier) for c, w, i in zip(rows["cloud"][priced], where[priced], rows["instance_type"][priced])]
+        ids = [
+            offer_id(c, w, i, tier)
+            for c, w, i in zip(rows["cloud"][priced], where[priced], rows["instance_type"][priced])
+        ]
         parts.append(pd.DataFrame({"offer": ids, "usd": rows[column][priced].astype(float), "at": at}))
     return pd.concat(parts, ignore_index=True)
 
@@ -65,14 +69,18 @@ class PriceHistory:
         ordered = points.sort_values("at", kind="stable")
         with self.redis.pipeline(transaction=False) as pipe:
             for offer, usd, at in zip(ordered["offer"], ordered["usd"], ordered["at"]):
-                self._append(keys=[self._key("price", offer), self._key("priced")], args=[_epoch(at), repr(float(usd)), offer], client=pipe)
+                self._append(
+                    keys=[self._key("price", offer), self._key("priced")],
+                    args=[_epoch(at), repr(float(usd)), offer],
+                    client=pipe,
+                )
             appended = sum(pipe.execute())
         return appended
 
     def series(self, offer: str) -> pd.DataFrame:
         """Every recorded change of one offer's price, oldest first."""
         members = self.redis.zrange(self._key("price", offer), 0, -1)
-        rows = [(datetime.fromtimestamp(float(m.split("|")[0]), timezone.utc), float(m.split("|")[1])) for m in members]
+        rows = [(datetime.fromtimestamp(float(m.split("|")[0]), UTC), float(m.split("|")[1])) for m in members]
         return pd.DataFrame(rows, columns=["at", "usd"])
 
     def offers(self) -> list[str]:
@@ -89,7 +97,7 @@ class PriceHistory:
         for offer, members in zip(ids, newest):
             if members:
                 epoch, usd = members[0].split("|")
-                out[offer] = (float(usd), datetime.fromtimestamp(float(epoch), timezone.utc))
+                out[offer] = (float(usd), datetime.fromtimestamp(float(epoch), UTC))
         return out
 
     def record_bands(self, bands: dict[tuple[str, str, str], str]) -> None:

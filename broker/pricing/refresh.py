@@ -38,13 +38,19 @@ def refresh(sources: list, history: PriceHistory, known_regions: dict[str, set[s
         except SourceUnavailable as err:
             report.update(status="unavailable", message=str(err))
         except Exception as err:  # network, API errors, malformed pages: the previous prices stay
-            report.update(status="failed", message=f"{source.cloud}: {type(err).__name__}: {err}; the previous prices stay")
+            report.update(
+                status="failed", message=f"{source.cloud}: {type(err).__name__}: {err}; the previous prices stay"
+            )
         else:
             skipped = Counter(getattr(source, "skipped", {}))
             rows = check_rows(rows, known_regions.get(source.cloud, set()), skipped)
-            report.update(rows=len(rows), recorded=history.record(points_from_rows(rows, now)) if len(rows) else 0,
-                          skipped={k: v for k, v in skipped.items() if v}, bands=len(bands),
-                          message="; ".join(getattr(source, "notes", [])))  # fmt: skip
+            report.update(
+                rows=len(rows),
+                recorded=history.record(points_from_rows(rows, now)) if len(rows) else 0,
+                skipped={k: v for k, v in skipped.items() if v},
+                bands=len(bands),
+                message="; ".join(getattr(source, "notes", [])),
+            )
             history.record_bands(bands)
             history.mark_refreshed(source.cloud, now)
         reports.append(report)

@@ -48,10 +48,12 @@ class Trace:
     def hours(self) -> float:
         return len(self.data) * self.gap_s / 3600
 
-    def window(self, start: float, end: float) -> "Trace":
+    def window(self, start: float, end: float) -> Trace:
         """The part of the trace between two fractions of its length (0.0-1.0)."""
         a, b = int(len(self.data) * start), int(len(self.data) * end)
-        return Trace(self.name, self.kind, self.cloud, self.region, self.zone, self.instance_type, self.gap_s, self.data[a:b])
+        return Trace(
+            self.name, self.kind, self.cloud, self.region, self.zone, self.instance_type, self.gap_s, self.data[a:b]
+        )
 
     def preemptions(self) -> int:
         """Instances lost: every drop in the running count."""
@@ -84,7 +86,9 @@ def read_ticks(path: Path) -> tuple[float, np.ndarray]:
         body = json.loads(path.read_text())
         gap_s, data = float(body["metadata"]["gap_seconds"]), np.asarray(body["data"], dtype=float)
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise BrokerError(f"trace {path}: not a spot trace ({err}); expected {{metadata: {{gap_seconds}}, data: [...]}}") from None
+        raise BrokerError(
+            f"trace {path}: not a spot trace ({err}); expected {{metadata: {{gap_seconds}}, data: [...]}}"
+        ) from None
     if gap_s <= 0 or data.ndim != 1 or (data < 0).any():
         raise BrokerError(f"trace {path}: gap_seconds must be > 0 and data a list of counts >= 0")
     return gap_s, data
@@ -110,22 +114,45 @@ def load_traces(directory: Path, pattern: str = "**/*.json") -> list[Trace]:
     return [load_trace(p) for p in sorted(Path(directory).glob(pattern))]
 
 
-EVIDENCE_COLUMNS = ["trace", "kind", "cloud", "region", "zone", "instance_type", "hours", "preemptions", "exposure_h",
-                    "dispersion", "availability"]  # fmt: skip
+EVIDENCE_COLUMNS = [
+    "trace",
+    "kind",
+    "cloud",
+    "region",
+    "zone",
+    "instance_type",
+    "hours",
+    "preemptions",
+    "exposure_h",
+    "dispersion",
+    "availability",
+]
 
 
 def evidence(traces: list[Trace]) -> pd.DataFrame:
     """One row of evidence per trace: preemptions over exposure, their day-to-day dispersion, availability."""
     rows = [
-        [t.name, t.kind, t.cloud, t.region, t.zone, t.instance_type, round(t.hours, 3),
-         t.preemptions() if t.kind == "preemption" else 0, round(t.exposure_hours(), 3) if t.kind == "preemption" else 0.0,
-         round(t.dispersion(), 4) if t.kind == "preemption" else 0.0, round(t.availability(), 4)]
+        [
+            t.name,
+            t.kind,
+            t.cloud,
+            t.region,
+            t.zone,
+            t.instance_type,
+            round(t.hours, 3),
+            t.preemptions() if t.kind == "preemption" else 0,
+            round(t.exposure_hours(), 3) if t.kind == "preemption" else 0.0,
+            round(t.dispersion(), 4) if t.kind == "preemption" else 0.0,
+            round(t.availability(), 4),
+        ]
         for t in traces
-    ]  # fmt: skip
+    ]
     return pd.DataFrame(rows, columns=EVIDENCE_COLUMNS)
 
 
-if __name__ == "__main__":  # python -m broker.pricing.traces ../shared/data/traces > broker/pricing/data/trace_evidence.csv
+if (
+    __name__ == "__main__"
+):  # python -m broker.pricing.traces ../shared/data/traces > broker/pricing/data/trace_evidence.csv
     import sys
 
     evidence(load_traces(Path(sys.argv[1]))).to_csv(sys.stdout, index=False)

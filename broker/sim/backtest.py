@@ -19,12 +19,12 @@ import numpy as np
 
 from broker import planning
 from broker.agents.checkpoints import CheckpointStore
+from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
+from broker.core.server import BrokerServer
 from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import Job, JobState
-from broker.models.spend import missed_deadline, spend_usd
-from broker.core.server import BrokerServer
-from broker.core.broker import Broker
+from broker.models.accounting import missed_deadline, spend_usd
 from broker.sim.fleet import SimFleet
 from broker.sim.market import Market, OfferBook
 from broker.sim.omniscient import Bound, omniscient
@@ -54,7 +54,9 @@ class Outcome:
 
     def on_time(self) -> dict[str, float]:
         """Cost of each job that finished by its deadline."""
-        return {j.spec.name: j.cost_usd for j in self.jobs if j.state == JobState.done and not missed_deadline(j, self.end)}
+        return {
+            j.spec.name: j.cost_usd for j in self.jobs if j.state == JobState.done and not missed_deadline(j, self.end)
+        }
 
     def tier_hours(self) -> dict[str, float]:
         return tier_hours(self.jobs, self.end)
@@ -75,12 +77,21 @@ def check_policies(names: list[str]) -> list[str]:
     for name in names:
         base = name.removesuffix(BUBBLES)
         if name != OMNISCIENT and base not in known:
-            raise BrokerError(f"policies: unknown policy {name!r}; choose from {', '.join(known)}, any of them +bubbles, or omniscient")
+            raise BrokerError(
+                f"policies: unknown policy {name!r}; choose from {', '.join(known)}, any of them "
+                "+bubbles, or omniscient"
+            )
     return names
 
 
-def run_policy(name: str, redis_url: str, market: Market, arrivals: list[Arrival], seed: int,
-               on_tick: Callable[[int], None] | None = None) -> Outcome:  # fmt: skip
+def run_policy(
+    name: str,
+    redis_url: str,
+    market: Market,
+    arrivals: list[Arrival],
+    seed: int,
+    on_tick: Callable[[int], None] | None = None,
+) -> Outcome:
     """Run one policy over the workload on the simulated clock; its keys are deleted afterwards."""
     base, bubbles = name.removesuffix(BUBBLES), name.endswith(BUBBLES)
     prefix = f"backtest:{seed}:{name}:"
@@ -101,7 +112,11 @@ def run_policy(name: str, redis_url: str, market: Market, arrivals: list[Arrival
             now = clock.now()
             while queue and queue[0].at_h <= tick * tick_h + 1e-9:
                 arrival = queue.pop(0)
-                spec = arrival.spec.model_copy(update={"deadline": now + timedelta(hours=arrival.window_h)}) if arrival.window_h else arrival.spec
+                spec = (
+                    arrival.spec.model_copy(update={"deadline": now + timedelta(hours=arrival.window_h)})
+                    if arrival.window_h
+                    else arrival.spec
+                )
                 try:
                     broker.submit(spec, job_id=spec.name)
                 except InfeasibleError:
@@ -130,7 +145,9 @@ def run_policy(name: str, redis_url: str, market: Market, arrivals: list[Arrival
 
 def horizon(market: Market, arrivals: list[Arrival]) -> int:
     """Ticks a backtest may run: until every job's deadline has passed three times over, or the traces end."""
-    return min(market.ticks, math.ceil(max(a.at_h + 3 * (a.window_h or 72.0) for a in arrivals) / (market.tick_s / 3600)))
+    return min(
+        market.ticks, math.ceil(max(a.at_h + 3 * (a.window_h or 72.0) for a in arrivals) / (market.tick_s / 3600))
+    )
 
 
 def _clear(store: Store) -> None:
@@ -142,7 +159,7 @@ def _clear(store: Store) -> None:
 def summary(outcomes: list[Outcome], bound: dict[str, Bound] | None, reference: Outcome | None = None) -> list[dict]:
     """One row per policy: cost, savings vs all on-demand (`reference`), misses, cost / omniscient, migrations,
     work lost, and how far realised costs were from the quotes."""
-    reference = (reference or next((o for o in outcomes if o.policy == "on-demand"), None))
+    reference = reference or next((o for o in outcomes if o.policy == "on-demand"), None)
     reference = reference.cost_usd() if reference else None
     optimum = sum(b.cost_usd for b in bound.values()) if bound else None
     rows = []
@@ -150,25 +167,38 @@ def summary(outcomes: list[Outcome], bound: dict[str, Bound] | None, reference: 
         cost = out.cost_usd()
         done = [j for j in out.jobs if j.state == JobState.done and j.quote.chosen.expected_cost_usd > 0]
         errors = [abs(j.cost_usd - j.quote.chosen.expected_cost_usd) / j.quote.chosen.expected_cost_usd for j in done]
-        rows.append({
-            "policy": out.policy,
-            "cost_usd": round(cost, 2),
-            "savings_pct": round(100 * (1 - cost / reference), 1) if reference else None,
-            "deadline_misses": out.misses(),
-            "cost_vs_omniscient": round(cost / optimum, 3) if optimum else None,
-            "migrations": sum(j.migrations for j in out.jobs),
-            "work_lost_h": round(sum(r.work_lost_s for j in out.jobs for r in j.runs) / 3600, 2),
-            "quote_error_pct": round(100 * float(np.mean(errors)), 1) if errors else None,
-            "unfinished": sum(1 for j in out.jobs if j.state != JobState.done),
-            **{f"{tier}_h": round(h, 1) for tier, h in out.tier_hours().items()},
-        })  # fmt: skip
+        rows.append(
+            {
+                "policy": out.policy,
+                "cost_usd": round(cost, 2),
+                "savings_pct": round(100 * (1 - cost / reference), 1) if reference else None,
+                "deadline_misses": out.misses(),
+                "cost_vs_omniscient": round(cost / optimum, 3) if optimum else None,
+                "migrations": sum(j.migrations for j in out.jobs),
+                "work_lost_h": round(sum(r.work_lost_s for j in out.jobs for r in j.runs) / 3600, 2),
+                "quote_error_pct": round(100 * float(np.mean(errors)), 1) if errors else None,
+                "unfinished": sum(1 for j in out.jobs if j.state != JobState.done),
+                **{f"{tier}_h": round(h, 1) for tier, h in out.tier_hours().items()},
+            }
+        )
     if bound:
-        hours = {tier: sum(b.tier_hours.get(tier, 0.0) for b in bound.values()) for tier in ("bubble", "spot", "on_demand")}
-        rows.append({
-            "policy": OMNISCIENT, "cost_usd": round(optimum, 2), "savings_pct": round(100 * (1 - optimum / reference), 1) if reference else None,
-            "deadline_misses": 0, "cost_vs_omniscient": 1.0, "migrations": 0, "work_lost_h": 0.0, "quote_error_pct": None,
-            "unfinished": 0, **{f"{tier}_h": round(h, 1) for tier, h in hours.items()},
-        })  # fmt: skip
+        hours = {
+            tier: sum(b.tier_hours.get(tier, 0.0) for b in bound.values()) for tier in ("bubble", "spot", "on_demand")
+        }
+        rows.append(
+            {
+                "policy": OMNISCIENT,
+                "cost_usd": round(optimum, 2),
+                "savings_pct": round(100 * (1 - optimum / reference), 1) if reference else None,
+                "deadline_misses": 0,
+                "cost_vs_omniscient": 1.0,
+                "migrations": 0,
+                "work_lost_h": 0.0,
+                "quote_error_pct": None,
+                "unfinished": 0,
+                **{f"{tier}_h": round(h, 1) for tier, h in hours.items()},
+            }
+        )
     return rows
 
 
@@ -183,8 +213,15 @@ class Result:
     skipped: list[str]
 
 
-def run(market: Market, arrivals: list[Arrival], names: list[str], seed: int, redis_url: str,
-        progress: Callable[[str, int, int], None] | None = None, setting: dict | None = None) -> Result:  # fmt: skip
+def run(
+    market: Market,
+    arrivals: list[Arrival],
+    names: list[str],
+    seed: int,
+    redis_url: str,
+    progress: Callable[[str, int, int], None] | None = None,
+    setting: dict | None = None,
+) -> Result:
     """Every requested policy over the workload (all on-demand too: savings are measured against it), then
     the omniscient bound when asked for; `progress(what, done, total)` is called as it goes."""
     check_policies(names)
@@ -194,7 +231,7 @@ def run(market: Market, arrivals: list[Arrival], names: list[str], seed: int, re
     outcomes = []
     for name in simulated:
         last = horizon(market, arrivals)
-        tick = (lambda t, n=name: progress(n, t + 1, last)) if progress else None
+        tick = (lambda t, n=name, last=last: progress(n, t + 1, last)) if progress else None
         outcomes.append(run_policy(name, redis_url, market, arrivals, seed, tick))
         if progress:
             progress(name, last, last)
@@ -202,7 +239,9 @@ def run(market: Market, arrivals: list[Arrival], names: list[str], seed: int, re
     if OMNISCIENT in names:
         tick_h = market.tick_s / 3600
         for i, a in enumerate(arrivals):
-            bound[a.spec.name] = omniscient(a.spec, a.window_h or 72.0, market, math.ceil(a.at_h / tick_h - 1e-9), bubbles=True)
+            bound[a.spec.name] = omniscient(
+                a.spec, a.window_h or 72.0, market, math.ceil(a.at_h / tick_h - 1e-9), bubbles=True
+            )
             if progress:
                 progress(OMNISCIENT, i + 1, len(arrivals))
     rows = summary([o for o in outcomes if o.policy in names], bound or None, reference=outcomes[0])

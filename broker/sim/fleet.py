@@ -80,7 +80,9 @@ class SimFleet:
         while len(agents) < target:
             self._count += 1
             agent = f"sim-{self._count:06d}"
-            self.store.register_agent(AgentInfo(id=agent, offer=offer, host="backtest", pid=0, registered_at=now), LEASE_MS)
+            self.store.register_agent(
+                AgentInfo(id=agent, offer=offer, host="backtest", pid=0, registered_at=now), LEASE_MS
+            )
             agents.append(agent)
             self.offer_of[agent] = offer
 
@@ -88,7 +90,7 @@ class SimFleet:
 
     def take(self, dispatched: list[tuple[str, str]], now: datetime) -> None:
         """Start the assignments the server just sent: read, resume from the checkpoint, report, ack."""
-        for job_id, agent in dispatched:
+        for _job, agent in dispatched:
             entry = self.store.read_assignment(agent, block_ms=None)
             if entry is None:
                 continue
@@ -101,9 +103,16 @@ class SimFleet:
             offer = self.offer_of[agent]
             exclusive_h = exclusive_hours(job.spec, offer)
             self.runs[agent] = SimRun(
-                job.id, job.fence, offer, job.spec, PROGRESS_UNITS / exclusive_h, self._resume(job.id, run.resume_from),
-                restart_hours(job.spec), 0.0, young_interval_h(checkpoint_hours(job.spec), offer.hazard_per_h, exclusive_h),
-            )  # fmt: skip
+                job.id,
+                job.fence,
+                offer,
+                job.spec,
+                PROGRESS_UNITS / exclusive_h,
+                self._resume(job.id, run.resume_from),
+                restart_hours(job.spec),
+                0.0,
+                young_interval_h(checkpoint_hours(job.spec), offer.hazard_per_h, exclusive_h),
+            )
             self.store.report(agent, job.id, job.fence, "started", at=now.timestamp(), resume_from=run.resume_from)
             self.store.ack_assignment(agent, entry_id)
 
@@ -138,7 +147,11 @@ class SimFleet:
                 to_finish = (PROGRESS_UNITS - run.done) / run.rate
                 to_checkpoint = run.interval_h - run.since_checkpoint_h if run.interval_h else float("inf")
                 step = max(0.0, min(hours - t, to_finish, to_checkpoint))
-                run.done, run.since_checkpoint_h, t = run.done + run.rate * step, run.since_checkpoint_h + step, t + step
+                run.done, run.since_checkpoint_h, t = (
+                    run.done + run.rate * step,
+                    run.since_checkpoint_h + step,
+                    t + step,
+                )
                 at = start + timedelta(hours=t)
                 if run.done >= PROGRESS_UNITS - 1e-6:
                     self._progress(agent, run, at)
@@ -151,16 +164,35 @@ class SimFleet:
                 self._progress(agent, run, start + timedelta(hours=hours))
 
     def _progress(self, agent: str, run: SimRun, at: datetime) -> None:
-        self.store.report(agent, run.job, run.fence, "progress", at=at.timestamp(), done=min(run.done, PROGRESS_UNITS), total=PROGRESS_UNITS)
+        self.store.report(
+            agent,
+            run.job,
+            run.fence,
+            "progress",
+            at=at.timestamp(),
+            done=min(run.done, PROGRESS_UNITS),
+            total=PROGRESS_UNITS,
+        )
 
     def _checkpoint(self, agent: str, run: SimRun, at: datetime) -> None:
         (self._scratch / "state.json").write_text(json.dumps({"done": run.done}))
         manifest = self.checkpoints.publish(run.job, int(run.done), self._scratch)
-        self.store.report(agent, run.job, run.fence, "checkpoint", at=at.timestamp(), url=manifest.url, step=int(run.done))
+        self.store.report(
+            agent, run.job, run.fence, "checkpoint", at=at.timestamp(), url=manifest.url, step=int(run.done)
+        )
 
     def _end(self, agent: str, at: datetime, reason: str) -> None:
         run = self.runs.pop(agent)
-        self.store.report(agent, run.job, run.fence, "exited", at=at.timestamp(), reason=reason, code=0 if reason == "finished" else None, log_tail=[])
+        self.store.report(
+            agent,
+            run.job,
+            run.fence,
+            "exited",
+            at=at.timestamp(),
+            reason=reason,
+            code=0 if reason == "finished" else None,
+            log_tail=[],
+        )
 
     def close(self) -> None:
         for path in self._scratch.iterdir():

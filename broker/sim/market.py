@@ -66,7 +66,7 @@ class Market:
     def offers(self, bubbles: bool = True) -> list[Offer]:
         return [s.offer for s in self.spot] + self.on_demand + (self.bubbles if bubbles else [])
 
-    def with_bubbles(self, bubbles: list[Offer]) -> "Market":
+    def with_bubbles(self, bubbles: list[Offer]) -> Market:
         return Market(self.start, self.tick_s, self.spot, self.on_demand, bubbles, self.skipped)
 
 
@@ -86,22 +86,39 @@ def _placement(path: Path, mapping: dict) -> dict:
     entry = mapping.get(path.name) or mapping.get(path.stem)
     if entry is None:
         trace = load_trace(path)
-        return {"trace": trace, "cloud": trace.cloud, "region": trace.region, "zone": trace.zone, "instance_type": trace.instance_type}
+        return {
+            "trace": trace,
+            "cloud": trace.cloud,
+            "region": trace.region,
+            "zone": trace.zone,
+            "instance_type": trace.instance_type,
+        }
     missing = [k for k in ("cloud", "region", "instance_type") if k not in entry]
     if missing:
-        raise BrokerError(f"offers.yaml: {path.name} needs {', '.join(missing)}; give cloud, region, zone and instance_type")
+        raise BrokerError(
+            f"offers.yaml: {path.name} needs {', '.join(missing)}; give cloud, region, zone and instance_type"
+        )
     gap_s, data = read_ticks(path)
     zone = entry.get("zone") or entry["region"]
     trace = Trace(path.stem, "availability", entry["cloud"], entry["region"], zone, entry["instance_type"], gap_s, data)
-    return {"trace": trace, **{k: entry.get(k) for k in ("cloud", "region", "instance_type", "spot_usd_per_h")}, "zone": zone}
+    return {
+        "trace": trace,
+        **{k: entry.get(k) for k in ("cloud", "region", "instance_type", "spot_usd_per_h")},
+        "zone": zone,
+    }
 
 
-def from_traces(directory: Path, catalog: PriceCatalog, start: datetime, tick_s: float = 600.0, spot_instances: int = 4) -> Market:
+def from_traces(
+    directory: Path, catalog: PriceCatalog, start: datetime, tick_s: float = 600.0, spot_instances: int = 4
+) -> Market:
     """The market of a trace directory (its JSON files, recursively) priced with the catalog."""
     directory = Path(directory)
     files = sorted(directory.glob("**/*.json"))
     if not directory.is_dir() or not files:
-        raise BrokerError(f"traces: {directory} has no trace files (*.json); point --traces at e.g. ../shared/data/traces/availability/1-node")
+        raise BrokerError(
+            f"traces: {directory} has no trace files (*.json); point --traces at e.g. "
+            "../shared/data/traces/availability/1-node"
+        )
     mapping_file = directory / "offers.yaml"
     mapping = yaml.safe_load(mapping_file.read_text()) or {} if mapping_file.exists() else {}
     rows = catalog.rows
@@ -112,20 +129,36 @@ def from_traces(directory: Path, catalog: PriceCatalog, start: datetime, tick_s:
         here = rows[(rows.cloud == place["cloud"]) & (rows.instance_type == place["instance_type"])]
         in_region = here[here.region == place["region"]]
         if here.empty or in_region.empty:
-            skipped.append(f"{path.relative_to(directory)}: no GPU offer {place['instance_type']} in {place['region']} in the catalog")
+            skipped.append(
+                f"{path.relative_to(directory)}: no GPU offer {place['instance_type']} in "
+                f"{place['region']} in the catalog"
+            )
             continue
         price = place.get("spot_usd_per_h") or in_region.spot_usd_per_h.median()
         if price is None or (isinstance(price, float) and math.isnan(price)):
-            skipped.append(f"{path.relative_to(directory)}: the catalog has no spot price for {place['instance_type']} in {place['region']}")
+            skipped.append(
+                f"{path.relative_to(directory)}: the catalog has no spot price for "
+                f"{place['instance_type']} in {place['region']}"
+            )
             continue
         row = in_region.iloc[0]
         risk = catalog.hazard.spot(place["cloud"], place["region"], place["instance_type"])
         offer = Offer(
-            cloud=place["cloud"], region=place["region"], zone=place["zone"], instance_type=place["instance_type"], tier=Tier.spot,
-            accelerator=row.accelerator, accelerator_count=int(row.accelerator_count), gpu_memory_gb=float(row.gpu_memory_gb),
-            vcpus=None if math.isnan(row.vcpus) else float(row.vcpus), memory_gb=None if math.isnan(row.memory_gb) else float(row.memory_gb),
-            price_usd_per_h=float(price), hazard_per_h=risk.per_hour, hazard_source=risk.source, availability=risk.availability,
-        )  # fmt: skip
+            cloud=place["cloud"],
+            region=place["region"],
+            zone=place["zone"],
+            instance_type=place["instance_type"],
+            tier=Tier.spot,
+            accelerator=row.accelerator,
+            accelerator_count=int(row.accelerator_count),
+            gpu_memory_gb=float(row.gpu_memory_gb),
+            vcpus=None if math.isnan(row.vcpus) else float(row.vcpus),
+            memory_gb=None if math.isnan(row.memory_gb) else float(row.memory_gb),
+            price_usd_per_h=float(price),
+            hazard_per_h=risk.per_hour,
+            hazard_source=risk.source,
+            availability=risk.availability,
+        )
         if offer.id in seen:
             skipped.append(f"{path.relative_to(directory)}: a second trace for {offer.id}; the first one is used")
             continue
@@ -134,7 +167,9 @@ def from_traces(directory: Path, catalog: PriceCatalog, start: datetime, tick_s:
         scale = max(1, spot_instances // max(1, int(place["trace"].data.max())))
         spot.append(SpotSeries(offer, resample(place["trace"], tick_s) * scale, str(path.relative_to(directory))))
     if not spot:
-        raise BrokerError(f"traces: no trace in {directory} maps to a GPU offer in the catalog: " + "; ".join(skipped[:3]))
+        raise BrokerError(
+            f"traces: no trace in {directory} maps to a GPU offer in the catalog: " + "; ".join(skipped[:3])
+        )
     return Market(start, tick_s, spot, _on_demand(catalog, regions), [], skipped)
 
 
@@ -143,6 +178,10 @@ def _on_demand(catalog: PriceCatalog, regions: set[tuple[str, str, str]]) -> lis
     best: dict[tuple, Offer] = {}
     for offer in catalog.offers:
         key = (offer.cloud, offer.region, offer.instance_type)
-        if offer.tier == Tier.on_demand and key in regions and (key not in best or offer.price_usd_per_h < best[key].price_usd_per_h):
+        if (
+            offer.tier == Tier.on_demand
+            and key in regions
+            and (key not in best or offer.price_usd_per_h < best[key].price_usd_per_h)
+        ):
             best[key] = offer.model_copy(update={"zone": None})
     return sorted(best.values(), key=lambda o: o.id)

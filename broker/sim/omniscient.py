@@ -33,7 +33,9 @@ class Bound:
     tier_hours: dict[str, float]
 
 
-def _candidates(spec: JobSpec, market: Market, start_tick: int, ticks: int, bubbles: bool) -> list[tuple[Offer, list[bool]]]:
+def _candidates(
+    spec: JobSpec, market: Market, start_tick: int, ticks: int, bubbles: bool
+) -> list[tuple[Offer, list[bool]]]:
     """Offers worth a variable: spot offers with their availability, those of equal price and speed merged
     into one available when any of them is (moving between them then costs no restart: the bound only gets
     lower, and the program several times smaller); on-demand and bubble offers, always available, only the
@@ -53,8 +55,9 @@ def _candidates(spec: JobSpec, market: Market, start_tick: int, ticks: int, bubb
     return out
 
 
-def omniscient(spec: JobSpec, window_h: float, market: Market, start_tick: int, bubbles: bool = True,
-               time_limit_s: float = 5.0) -> Bound:  # fmt: skip
+def omniscient(
+    spec: JobSpec, window_h: float, market: Market, start_tick: int, bubbles: bool = True, time_limit_s: float = 5.0
+) -> Bound:
     """The least cost of finishing the job within `window_h` of tick `start_tick`, knowing every trace."""
     dt = market.tick_s / 3600
     ticks = max(1, math.ceil(window_h / dt - 1e-9))
@@ -63,7 +66,7 @@ def omniscient(spec: JobSpec, window_h: float, market: Market, start_tick: int, 
     d = restart_hours(spec)
     prob = pulp.LpProblem("omniscient", pulp.LpMinimize)
     u, f, x = {}, {}, {}
-    for k, (offer, available) in enumerate(offers):
+    for k, (_offer, available) in enumerate(offers):
         for t in range(ticks):
             if available[t]:
                 u[k, t] = prob.add_variable(f"u_{k}_{t}", cat=pulp.LpBinary)

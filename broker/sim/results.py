@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from broker.domain.errors import BrokerError  # noqa: E402
-from broker.models.spend import missed_deadline, spend_over_time  # noqa: E402
+from broker.models.accounting import missed_deadline, spend_over_time  # noqa: E402
 from broker.sim.backtest import OMNISCIENT, Result, tier_hours  # noqa: E402
 
 POLICIES_CSV, JOBS_CSV, SPEND_CSV, SUMMARY_JSON = "policies.csv", "jobs.csv", "spend.csv", "summary.json"
@@ -40,12 +40,19 @@ def jobs_frame(result: Result) -> pd.DataFrame:
         for job in out.jobs:
             hours = tier_hours([job], out.end)
             bound = result.bound.get(job.spec.name)
-            rows.append({
-                "policy": out.policy, "job": job.id, "state": job.state.value, "cost_usd": round(job.cost_usd, 4),
-                "quote_usd": round(job.quote.chosen.expected_cost_usd, 4), "migrations": job.migrations,
-                "missed_deadline": missed_deadline(job, out.end), "omniscient_usd": round(bound.cost_usd, 4) if bound else None,
-                **{f"{t}_h": round(h, 3) for t, h in hours.items()},
-            })  # fmt: skip
+            rows.append(
+                {
+                    "policy": out.policy,
+                    "job": job.id,
+                    "state": job.state.value,
+                    "cost_usd": round(job.cost_usd, 4),
+                    "quote_usd": round(job.quote.chosen.expected_cost_usd, 4),
+                    "migrations": job.migrations,
+                    "missed_deadline": missed_deadline(job, out.end),
+                    "omniscient_usd": round(bound.cost_usd, 4) if bound else None,
+                    **{f"{t}_h": round(h, 3) for t, h in hours.items()},
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -59,7 +66,9 @@ def write(result: Result, directory: Path) -> list[Path]:
     table.to_csv(files[POLICIES_CSV], index=False)
     jobs_frame(result).to_csv(files[JOBS_CSV], index=False)
     spend.to_csv(files[SPEND_CSV])
-    files[SUMMARY_JSON].write_text(json.dumps({**result.setting, "policies": result.rows, "skipped": result.skipped}, indent=1))
+    files[SUMMARY_JSON].write_text(
+        json.dumps({**result.setting, "policies": result.rows, "skipped": result.skipped}, indent=1)
+    )
     return list(files.values()) + _plots(table, spend, directory)
 
 
@@ -102,6 +111,8 @@ def load(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """(policy table, spend over time, summary) of a backtest output directory; BrokerError when it is not one."""
     directory = Path(directory)
     if not (directory / POLICIES_CSV).exists():
-        raise BrokerError(f"backtest: {directory} has no {POLICIES_CSV}; write one with `broker backtest --out {directory}`")
+        raise BrokerError(
+            f"backtest: {directory} has no {POLICIES_CSV}; write one with `broker backtest --out {directory}`"
+        )
     summary = json.loads((directory / SUMMARY_JSON).read_text()) if (directory / SUMMARY_JSON).exists() else {}
     return pd.read_csv(directory / POLICIES_CSV), pd.read_csv(directory / SPEND_CSV, index_col="hours"), summary

@@ -18,9 +18,9 @@ import numpy as np
 
 from broker.bubbles.capacity import bubble_offer
 from broker.bubbles.profiler import forecast
-from broker.domain.model import JobSpec, Offer
 from broker.domain.accelerators import ACCELERATORS
-from broker.models.risk import STARTUP_H, RESTART_OVERHEAD_H
+from broker.domain.model import JobSpec, Offer
+from broker.models.risk import RESTART_OVERHEAD_H, STARTUP_H
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,17 @@ class MainJob:
 
     def offers(self, at: datetime, price_usd_per_h: float = 0.0) -> list[Offer]:
         """Its stages as bubble offers, from the forecast profile (no measurement needed)."""
-        profiles = forecast(self.name, self.schedule, self.stages, self.microbatches, [self.t_f_s] * self.stages,
-                            [self.t_b_s] * self.stages, [int(g * 1e9) for g in self.free_gb], self.accelerator, at)  # fmt: skip
+        profiles = forecast(
+            self.name,
+            self.schedule,
+            self.stages,
+            self.microbatches,
+            [self.t_f_s] * self.stages,
+            [self.t_b_s] * self.stages,
+            [int(g * 1e9) for g in self.free_gb],
+            self.accelerator,
+            at,
+        )
         offers = (bubble_offer(p, self.cloud, self.region, self.accelerator, price_usd_per_h) for p in profiles)
         return [o for o in offers if o is not None]
 
@@ -62,8 +71,14 @@ FREERIDE_MAIN_JOBS = (
 )
 
 
-def ml_mix(seed: int, jobs: int, od_price_usd_per_h: float, accelerator: str = "V100", arrival_h: float = 48.0,
-           fill_share: float = 0.4) -> list[Arrival]:  # fmt: skip
+def ml_mix(
+    seed: int,
+    jobs: int,
+    od_price_usd_per_h: float,
+    accelerator: str = "V100",
+    arrival_h: float = 48.0,
+    fill_share: float = 0.4,
+) -> list[Arrival]:
     """`jobs` seeded arrivals of the ML mix on one accelerator type, oldest first."""
     rng = np.random.default_rng(seed)
     speed = ACCELERATORS[accelerator].speed("training")
@@ -81,10 +96,13 @@ def ml_mix(seed: int, jobs: int, od_price_usd_per_h: float, accelerator: str = "
         window_h = (hours + overhead_h) / fraction
         budget = round(1.3 * od_price_usd_per_h * (hours + overhead_h), 2) if rng.random() < 0.5 else None
         spec = JobSpec(
-            name=f"{'fill' if fill else 'train'}-{i:04d}", run=["simulated"], fill=fill, budget_usd=budget,
+            name=f"{'fill' if fill else 'train'}-{i:04d}",
+            run=["simulated"],
+            fill=fill,
+            budget_usd=budget,
             resources={"accelerators": [f"{accelerator}:1"], "gpu_memory_gb": memory},
             work={"gpu_hours": round(hours * speed, 4), "kind": "training"},
             checkpoint={"size_gb": round(size_gb, 2), "restore_minutes": round(restore_min, 2)},
-        )  # fmt: skip
+        )
         out.append(Arrival(float(at_h), spec, float(window_h)))
     return out

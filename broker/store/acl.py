@@ -13,8 +13,8 @@ import secrets
 
 import redis
 
-from broker.store.connection import with_credentials
 from broker.domain.errors import BrokerError
+from broker.store.connection import with_credentials
 
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # no glob or ':' characters: they would widen the key patterns
 CONNECT = ["+ping", "+hello", "+auth", "+select", "+client|setname", "+multi", "+exec", "+discard"]
@@ -23,14 +23,29 @@ AGENT_COMMANDS = ["+get", "+set", "+xreadgroup", "+xack", "+xgroup|create"]
 
 def agent_rules(prefix: str, agent_id: str) -> list[str]:
     """ACL SETUSER rules (after the password) for one agent."""
-    keys = [f"~{prefix}assign:{agent_id}", f"~{prefix}lease:{agent_id}", f"~{prefix}agent:{agent_id}", f"%R~{prefix}own:{agent_id}:*"]
+    keys = [
+        f"~{prefix}assign:{agent_id}",
+        f"~{prefix}lease:{agent_id}",
+        f"~{prefix}agent:{agent_id}",
+        f"%R~{prefix}own:{agent_id}:*",
+    ]
     selectors = [f"(+xadd %W~{prefix}agent-events)", f"(+sadd %W~{prefix}agents)"]
     return ["resetkeys", "resetchannels", "-@all", *CONNECT, *AGENT_COMMANDS, *keys, *selectors]
 
 
 def broker_rules(prefix: str) -> list[str]:
     """The broker's user: every data command on its own keys; no ACL, no flush, no shutdown."""
-    return ["resetkeys", "resetchannels", "&*", "+@all", "-@dangerous", "+config|get", "+config|set", "+info", f"~{prefix}*"]
+    return [
+        "resetkeys",
+        "resetchannels",
+        "&*",
+        "+@all",
+        "-@dangerous",
+        "+config|get",
+        "+config|set",
+        "+info",
+        f"~{prefix}*",
+    ]
 
 
 def _plain(name: str, field: str) -> str:
@@ -46,7 +61,9 @@ def create_user(admin_url: str, user: str, rules: list[str], password: str | Non
     try:
         client.execute_command("ACL", "SETUSER", user, "reset", "on", f">{password}", *rules)
     except redis.exceptions.NoPermissionError:
-        raise BrokerError("BROKER_REDIS_URL: its user may not run ACL SETUSER; use an admin user's URL for this command") from None
+        raise BrokerError(
+            "BROKER_REDIS_URL: its user may not run ACL SETUSER; use an admin user's URL for this command"
+        ) from None
     except redis.ResponseError as err:
         raise BrokerError(f"redis: ACL SETUSER refused ({err}); Redis 7 or newer is needed for agent users") from None
     return with_credentials(admin_url, user, password)

@@ -101,9 +101,22 @@ def scratch():
     with tempfile.TemporaryDirectory(prefix="broker-redis-") as data_dir:
         port = _free_port()
         process = subprocess.Popen(
-            [_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", data_dir, "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                _binary(),
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--dir",
+                data_dir,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             deadline = time.monotonic() + START_TIMEOUT_S
             while not _alive(port):
@@ -128,11 +141,30 @@ def ensure(home: Path) -> EmbeddedRedis:
         pidfile = data_dir / "redis.pid"
         pidfile.unlink(missing_ok=True)
         subprocess.run(
-            [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data_dir),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-             "--daemonize", "yes", "--pidfile", str(pidfile), "--logfile", str(data_dir / "redis.log")],
-            check=True, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--dir",
+                str(data_dir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--daemonize",
+                "yes",
+                "--pidfile",
+                str(pidfile),
+                "--logfile",
+                str(data_dir / "redis.log"),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + START_TIMEOUT_S
         while not (_alive(port) and pidfile.exists()):
             if time.monotonic() > deadline:
@@ -159,4 +191,3 @@ def stop(home: Path) -> bool:
         while ((data_dir / "redis.pid").exists() or _alive(state["port"])) and time.monotonic() < deadline:
             time.sleep(0.02)
         return True  # the state file stays: the next start takes the same port
-

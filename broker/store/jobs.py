@@ -41,9 +41,9 @@ from datetime import datetime
 
 import redis
 
-from broker.store.connection import patient_retry, redact_url
 from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableError
 from broker.domain.model import AgentInfo, Job, JobState
+from broker.store.connection import patient_retry, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +217,13 @@ class Store:
         run = job.current_run
         for agent in {r.agent for r in (before.current_run, run) if r is not None}:
             mine = run is not None and run.agent == agent
-            view = {"fence": job.fence, "mine": mine, "started": mine and run.started_at is not None,
-                    "move": job.move_requested, "terminal": job.state.terminal}  # fmt: skip
+            view = {
+                "fence": job.fence,
+                "mine": mine,
+                "started": mine and run.started_at is not None,
+                "move": job.move_requested,
+                "terminal": job.state.terminal,
+            }
             pipe.set(self._key("own", agent, job.id), json.dumps(view), ex=OWN_TTL_S)
 
     def ownership(self, agent_id: str, job_id: str) -> dict | None:
@@ -299,14 +304,22 @@ class Store:
     def assign(self, pipe, agent_id: str, job: Job) -> None:
         """Queue an assignment on a transaction pipeline (with the job's new run): all the agent needs to run it."""
         run = job.current_run
-        fields = {"job": job.id, "fence": job.fence, "run": run.id, "resume_from": run.resume_from or "", "spec": job.spec.model_dump_json()}
+        fields = {
+            "job": job.id,
+            "fence": job.fence,
+            "run": run.id,
+            "resume_from": run.resume_from or "",
+            "spec": job.spec.model_dump_json(),
+        }
         pipe.xadd(self._key("assign", agent_id), fields)
 
     def read_assignment(self, agent_id: str, block_ms: int) -> tuple[str, dict] | None:
         """The next assignment for the agent: redelivered pending ones first, then new ones."""
         stream = self._key("assign", agent_id)
         for start in ("0", ">"):
-            reply = self.redis.xreadgroup(AGENT_GROUP, agent_id, {stream: start}, count=1, block=None if start == "0" else block_ms)
+            reply = self.redis.xreadgroup(
+                AGENT_GROUP, agent_id, {stream: start}, count=1, block=None if start == "0" else block_ms
+            )
             entries = reply[0][1] if reply else []
             if entries and entries[0][1]:
                 return entries[0]
@@ -330,7 +343,9 @@ class Store:
             if "BUSYGROUP" not in str(err):
                 raise
 
-    def read_reports(self, consumer: str, count: int = 200, block_ms: int | None = None, reclaim_idle_ms: int = 30_000) -> list[tuple[str, dict]]:
+    def read_reports(
+        self, consumer: str, count: int = 200, block_ms: int | None = None, reclaim_idle_ms: int = 30_000
+    ) -> list[tuple[str, dict]]:
         """Agent events for this broker replica: its own unacked ones, stale ones of dead replicas, then new ones."""
         self._ensure_broker_group()
         stream = self._key("agent-events")
@@ -343,7 +358,9 @@ class Store:
             entries = new[0][1] if new else []
         parsed = [(entry_id, _parse_report(fields)) for entry_id, fields in entries]
         named = sorted({report["agent"] for _, report in parsed if report is not None})
-        records = dict(zip(named, map(_agent_info, self.redis.mget([self._key("agent", i) for i in named])))) if named else {}
+        records = (
+            dict(zip(named, map(_agent_info, self.redis.mget([self._key("agent", i) for i in named])))) if named else {}
+        )
         reports, dropped = [], []
         for entry_id, report in parsed:
             if report is not None and _authentic(report, records[report["agent"]]):
@@ -374,7 +391,6 @@ class Store:
         return out
 
 
-
 def _agent_info(raw: str | None) -> AgentInfo | None:
     try:
         return AgentInfo.model_validate_json(raw) if raw else None
@@ -392,8 +408,14 @@ def _parse_report(fields: dict) -> dict | None:
     """An agent report with its fence as int and data as a dict, or None when malformed."""
     try:
         data = json.loads(fields["data"])
-        report = {"agent": fields["agent"], "job": fields["job"], "type": fields["type"], "fence": int(fields["fence"]), "data": data,
-                  "key": str(fields.get("key", ""))}  # fmt: skip
+        report = {
+            "agent": fields["agent"],
+            "job": fields["job"],
+            "type": fields["type"],
+            "fence": int(fields["fence"]),
+            "data": data,
+            "key": str(fields.get("key", "")),
+        }
     except (KeyError, TypeError, ValueError):
         return None
     return report if isinstance(data, dict) else None

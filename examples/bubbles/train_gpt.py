@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import time
+from datetime import UTC
 
 import deepspeed
 import torch
@@ -22,8 +23,10 @@ from deepspeed.pipe import LayerSpec, PipelineModule
 from torch import nn
 
 # The model's shape; bench/parallel.py varies it through the environment.
-VOCAB, SEQ, HIDDEN, HEADS, LAYERS = (int(os.environ.get(f"GPT_{k}", v)) for k, v in
-                                     (("VOCAB", 256), ("SEQ", 32), ("HIDDEN", 64), ("HEADS", 4), ("LAYERS", 8)))  # fmt: skip
+VOCAB, SEQ, HIDDEN, HEADS, LAYERS = (
+    int(os.environ.get(f"GPT_{k}", v))
+    for k, v in (("VOCAB", 256), ("SEQ", 32), ("HIDDEN", 64), ("HEADS", 4), ("LAYERS", 8))
+)
 
 
 class Embed(nn.Module):
@@ -38,7 +41,9 @@ class Embed(nn.Module):
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
-        self.layer = nn.TransformerEncoderLayer(HIDDEN, HEADS, 4 * HIDDEN, dropout=0.0, batch_first=True, norm_first=True)
+        self.layer = nn.TransformerEncoderLayer(
+            HIDDEN, HEADS, 4 * HIDDEN, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.mask = nn.Transformer.generate_square_subsequent_mask(SEQ)
 
     def forward(self, x):
@@ -112,7 +117,10 @@ def measure_states(engine, optimizer, into: dict) -> None:
     def measured(self, *args, **kwargs):
         params = list(self.module.parameters())
         states = [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
-        into["state_bytes"] = max(into.get("state_bytes", 0), tensor_bytes(params) + tensor_bytes(p.grad for p in params) + tensor_bytes(states))
+        into["state_bytes"] = max(
+            into.get("state_bytes", 0),
+            tensor_bytes(params) + tensor_bytes(p.grad for p in params) + tensor_bytes(states),
+        )
         return step(self, *args, **kwargs)
 
     type(engine)._INSTRUCTION_MAP = {**type(engine)._INSTRUCTION_MAP, schedule.OptimizerStep: measured}
@@ -132,9 +140,12 @@ def time_instructions(engine, into: dict) -> None:
             finally:
                 sync()
                 into.setdefault(kind.__name__, []).append(1000 * (time.perf_counter() - began))
+
         return run
 
-    type(engine)._INSTRUCTION_MAP = {kind: timed(kind, handler) for kind, handler in type(engine)._INSTRUCTION_MAP.items()}
+    type(engine)._INSTRUCTION_MAP = {
+        kind: timed(kind, handler) for kind, handler in type(engine)._INSTRUCTION_MAP.items()
+    }
 
 
 def median_seconds(fn, repeats: int, warmup: int = 5, setup=lambda: None) -> float:
@@ -163,10 +174,17 @@ def profile_parts(micro_batch: int, repeats: int = 100) -> dict[str, list[float]
     embed, head = Embed().to(device), Head().to(device)
     blocks = nn.Sequential(*(Block() for _ in range(max(1, LAYERS)))).to(device)
     out = {}
-    parts = {"embed": (lambda: embed(ids).sum(), 1), "block": (lambda: blocks(x).sum(), len(blocks)), "head": (lambda: loss_fn(head(x), ids), 1)}
+    parts = {
+        "embed": (lambda: embed(ids).sum(), 1),
+        "block": (lambda: blocks(x).sum(), len(blocks)),
+        "head": (lambda: loss_fn(head(x), ids), 1),
+    }
     for name, (forward, share) in parts.items():
         t_f = median_seconds(forward, repeats)
-        out[name] = [t_f / share, max(0.0, median_seconds(lambda: forward().backward(), repeats) - t_f) / share]
+        out[name] = [
+            t_f / share,
+            max(0.0, median_seconds(lambda forward=forward: forward().backward(), repeats) - t_f) / share,
+        ]
     return out
 
 
@@ -180,7 +198,9 @@ def profile_between(profiles: list, micro_batch: int) -> None:
 
 def allreduce_seconds(nbytes: int, repeats: int = 10) -> float:
     """Median time of one all-reduce of `nbytes` over all ranks: the data-parallel link, measured."""
-    tensor = torch.ones(max(1, nbytes // 4), device="cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu")
+    tensor = torch.ones(
+        max(1, nbytes // 4), device="cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+    )
     return median_seconds(lambda: dist.all_reduce(tensor), repeats, warmup=3, setup=dist.barrier)
 
 
@@ -223,25 +243,37 @@ class Filler:
         self.signals.put(None)
         self.thread.join()
         self.executor.stop()
-        return {"steps": [(a, b, end) for a, b, end in self.executor.steps], "windows": self.windows, "kills": self.executor.kills, "p10": self.p10}
+        return {
+            "steps": [(a, b, end) for a, b, end in self.executor.steps],
+            "windows": self.windows,
+            "kills": self.executor.kills,
+            "p10": self.p10,
+        }
 
 
 def register(main_job: str, accelerator: str, stage: int, recorder, iterations):
     """Publish this stage's measured profile and serve fill jobs in its bubbles as a broker agent."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from broker.agents.checkpoints import CheckpointStore
+    from broker.app.settings import Settings
     from broker.bubbles.agent import FillAgent
     from broker.bubbles.capacity import bubble_offer
     from broker.bubbles.profiler import profile, save_profile
-    from broker.app.settings import Settings
     from broker.store.jobs import Store
 
     settings = Settings.from_env()
     if not settings.redis_url:
         raise SystemExit("--broker needs BROKER_REDIS_URL: the broker's Redis (see `broker demo --bubbles`)")
     store = Store(settings.redis_url, prefix=settings.prefix)
-    measured = profile(main_job, stage, "cuda" if torch.cuda.is_available() else "cpu", recorder.windows, iterations, datetime.now(timezone.utc))
+    measured = profile(
+        main_job,
+        stage,
+        "cuda" if torch.cuda.is_available() else "cpu",
+        recorder.windows,
+        iterations,
+        datetime.now(UTC),
+    )
     save_profile(store, measured)
     offer = bubble_offer(measured, "local", "local", accelerator, min_window_s=0.001)  # CPU windows last milliseconds
     if offer is None:
@@ -274,7 +306,9 @@ def init_distributed(world_size: int) -> None:
             tensor.copy_(host)
 
     p2p.send, p2p.recv = send_via_host, recv_via_host
-    dist.init_process_group("gloo")  # not DeepSpeed's: it binds a device, and new_group then splits, which only NCCL can
+    dist.init_process_group(
+        "gloo"
+    )  # not DeepSpeed's: it binds a device, and new_group then splits, which only NCCL can
     deepspeed.init_distributed(dist_backend="gloo")
 
 
@@ -285,26 +319,48 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--instrument", action="store_true")
-    parser.add_argument("--fill", default=None, help="module:Class of a fill task to run in the bubbles (implies --instrument)")
+    parser.add_argument(
+        "--fill", default=None, help="module:Class of a fill task to run in the bubbles (implies --instrument)"
+    )
     parser.add_argument("--profile-steps", type=int, default=2, help="iterations measured without fill before filling")
     parser.add_argument("--out", default="run.json")
-    parser.add_argument("--broker", default=None, metavar="MAIN_JOB",
-                        help="publish the bubble profile and serve fill jobs as agents of tier bubble (BROKER_REDIS_URL)")
-    parser.add_argument("--accelerator", default="T4", help="the GPU a stage's bubble offer stands for (on CPU: pretend)")
-    parser.add_argument("--measure-memory", action="store_true",
-                        help=f"record weights+grads+optimizer and peak saved activations (the hooks slow the first {MEMORY_STEPS} steps)")
+    parser.add_argument(
+        "--broker",
+        default=None,
+        metavar="MAIN_JOB",
+        help="publish the bubble profile and serve fill jobs as agents of tier bubble (BROKER_REDIS_URL)",
+    )
+    parser.add_argument(
+        "--accelerator", default="T4", help="the GPU a stage's bubble offer stands for (on CPU: pretend)"
+    )
+    parser.add_argument(
+        "--measure-memory",
+        action="store_true",
+        help=(
+            f"record weights+grads+optimizer and peak saved activations (the hooks slow the first {MEMORY_STEPS} steps)"
+        ),
+    )
     parser.add_argument("--time-instructions", action="store_true", help="record each engine instruction's duration")
-    parser.add_argument("--profile-compute", action="store_true",
-                        help="time the parts alone on rank 0 before the timed steps and after the last (the machine's speed drifts)")
-    parser.add_argument("--probe-allreduce", type=int, default=0, metavar="BYTES", help="after training, time an all-reduce of BYTES")
+    parser.add_argument(
+        "--profile-compute",
+        action="store_true",
+        help="time the parts alone on rank 0 before the timed steps and after the last (the machine's speed drifts)",
+    )
+    parser.add_argument(
+        "--probe-allreduce", type=int, default=0, metavar="BYTES", help="after training, time an all-reduce of BYTES"
+    )
     args = parser.parse_args()
 
     init_distributed(int(os.environ.get("WORLD_SIZE", "1")))
     torch.manual_seed(0)
     layers = [LayerSpec(Embed)] + [LayerSpec(Block) for _ in range(LAYERS)] + [LayerSpec(Head)]
     model = PipelineModule(layers=layers, num_stages=args.stages, loss_fn=loss_fn, partition_method="uniform")
-    config = {"train_micro_batch_size_per_gpu": args.micro_batch, "gradient_accumulation_steps": args.micro_batches,
-              "steps_per_print": 10**9, "wall_clock_breakdown": False}  # fmt: skip
+    config = {
+        "train_micro_batch_size_per_gpu": args.micro_batch,
+        "gradient_accumulation_steps": args.micro_batches,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     recorder, filler = None, None
@@ -344,13 +400,21 @@ def main() -> None:
     if args.profile_compute:
         profile_between(profiles, args.micro_batch)
     rank = dist.get_rank()
-    result = {"rank": rank, "stage": engine.stage_id, "losses": losses, "iterations": iterations,
-              "windows": recorder.windows if recorder else [], "fill": filler.finish() if filler else None,
-              "state_bytes": states.get("state_bytes", 0), "activation_peak_bytes": saved.peak,
-              "cuda_peak_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0,
-              "instruction_ms": {kind: sorted(ms)[len(ms) // 2] for kind, ms in instructions.items()},
-              "compute_profiles": profiles, "memory_steps": MEMORY_STEPS,
-              "allreduce_s": allreduce_seconds(args.probe_allreduce) if args.probe_allreduce else None}  # fmt: skip
+    result = {
+        "rank": rank,
+        "stage": engine.stage_id,
+        "losses": losses,
+        "iterations": iterations,
+        "windows": recorder.windows if recorder else [],
+        "fill": filler.finish() if filler else None,
+        "state_bytes": states.get("state_bytes", 0),
+        "activation_peak_bytes": saved.peak,
+        "cuda_peak_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0,
+        "instruction_ms": {kind: sorted(ms)[len(ms) // 2] for kind, ms in instructions.items()},
+        "compute_profiles": profiles,
+        "memory_steps": MEMORY_STEPS,
+        "allreduce_s": allreduce_seconds(args.probe_allreduce) if args.probe_allreduce else None,
+    }
     if args.broker:  # every stage stops taking work before any hands its job back
         if fill_agent:
             fill_agent.leaving()

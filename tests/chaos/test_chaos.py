@@ -13,7 +13,9 @@ import chaos  # noqa: E402  (bench/chaos.py is the harness; the benchmark runs i
 def test_jobs_survive_kill_9_of_instances_and_of_the_server(redis_url):
     """Besides the kills, timed notices in each cloud's format (AWS 120 s, GCP and Azure 30 s ahead): every
     busy instance told to go checkpoints its job, verified, before its deadline."""
-    result = chaos.run(redis_url, jobs=8, agents=3, kill_every_s=4.0, server_kill_at_s=5.0, timeout_s=400, notice_every_s=3.0)
+    result = chaos.run(
+        redis_url, jobs=8, agents=3, kill_every_s=4.0, server_kill_at_s=5.0, timeout_s=400, notice_every_s=3.0
+    )
     assert result["instances_killed"] >= 3 and result["server_kills"] == 1
     assert result["finished"] == result["submitted"] == 8 and result["lost"] == 0
     assert result["duplicated"] == 0
@@ -37,8 +39,16 @@ def test_jobs_survive_a_redis_restart_under_load(tmp_path):
         embedded.ensure(tmp_path)
 
     try:
-        result = chaos.run(url, jobs=8, agents=3, kill_every_s=1000, server_kill_at_s=1000, timeout_s=400,
-                           restart_redis=restart_redis, redis_restart_at_s=4.0)  # fmt: skip
+        result = chaos.run(
+            url,
+            jobs=8,
+            agents=3,
+            kill_every_s=1000,
+            server_kill_at_s=1000,
+            timeout_s=400,
+            restart_redis=restart_redis,
+            redis_restart_at_s=4.0,
+        )
     finally:
         embedded.stop(tmp_path)
     assert result["redis_restarts"] == 1

@@ -3,14 +3,12 @@ Run with BROKER_REDIS_URL naming an admin user; each command prints the new user
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
-from broker.store import acl
 from broker.app.cli.common import user_errors
-from broker.domain.errors import BrokerError
 from broker.app.settings import Settings
+from broker.domain.errors import BrokerError
+from broker.store import acl
 
 acl_app = typer.Typer(no_args_is_help=True, help="Redis ACL users: the broker's and one per agent.")
 
@@ -26,7 +24,9 @@ def _admin_url() -> str:
 @user_errors
 def agent_user(
     agent_id: str = typer.Option(..., "--id", help="The agent's id (as given to `broker agent --id`)."),
-    password: Optional[str] = typer.Option(None, envvar="BROKER_ACL_PASSWORD", help="Its password (default: a random one)."),
+    password: str | None = typer.Option(
+        None, envvar="BROKER_ACL_PASSWORD", help="Its password (default: a random one)."
+    ),
 ) -> None:
     """Create (or replace) the agent's user: its own stream, lease and job views, write-only agent-events."""
     typer.echo(acl.agent_user(_admin_url(), Settings.from_env().prefix, agent_id, password))
@@ -36,7 +36,9 @@ def agent_user(
 @user_errors
 def broker_user(
     name: str = typer.Option("broker", help="The user's name."),
-    password: Optional[str] = typer.Option(None, envvar="BROKER_ACL_PASSWORD", help="Its password (default: a random one)."),
+    password: str | None = typer.Option(
+        None, envvar="BROKER_ACL_PASSWORD", help="Its password (default: a random one)."
+    ),
 ) -> None:
     """Create (or replace) the broker's user: data commands on the broker's keys, no ACL or admin commands."""
     typer.echo(acl.broker_user(_admin_url(), Settings.from_env().prefix, name, password))

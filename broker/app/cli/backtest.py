@@ -5,25 +5,24 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from broker.store import embedded
+from broker import sim
 from broker.app.cli.common import JsonOpt, err, out, print_json, user_errors
+from broker.app.settings import Settings
 from broker.bubbles.capacity import bubble_offer
 from broker.bubbles.profiler import BubbleProfile
 from broker.domain.errors import BrokerError
 from broker.pricing.catalog import PriceCatalog
-from broker.app.settings import Settings
-from broker import sim
 from broker.sim import backtest, results
 from broker.sim.market import from_traces
 from broker.sim.workloads import FREERIDE_MAIN_JOBS, ml_mix
+from broker.store import embedded
 
 PACKAGED_TRACES = Path(sim.__file__).parent / "data" / "traces"
 
@@ -34,8 +33,8 @@ def trace_start(directory: Path) -> datetime:
         found = re.search(r"(\d{2})-(\d{2})-(\d{4})$", part)
         if found:
             month, day, year = (int(g) for g in found.groups())
-            return datetime(year, month, day, tzinfo=timezone.utc)
-    return datetime(2023, 1, 1, tzinfo=timezone.utc)
+            return datetime(year, month, day, tzinfo=UTC)
+    return datetime(2023, 1, 1, tzinfo=UTC)
 
 
 def measured_bubbles(path: Path, market) -> list:
@@ -43,23 +42,36 @@ def measured_bubbles(path: Path, market) -> list:
     try:
         found = [BubbleProfile.model_validate(p) for p in json.loads(path.read_text())]
     except (OSError, ValueError, TypeError) as err:
-        raise BrokerError(f"profiles: {path} is not a JSON list of bubble profiles ({str(err).splitlines()[0]}); "
-                          "write one from `broker.bubbles.profiler.load_profiles`") from None  # fmt: skip
+        raise BrokerError(
+            f"profiles: {path} is not a JSON list of bubble profiles ({str(err).splitlines()[0]}); "
+            "write one from `broker.bubbles.profiler.load_profiles`"
+        ) from None
     home = market.on_demand[0]
     offers = (bubble_offer(p, home.cloud, home.region, home.accelerator) for p in found)
     return [o for o in offers if o is not None]
 
 
 def command(
-    traces: Path = typer.Option(PACKAGED_TRACES, help="Directory of spot traces (JSON, Can't Be Late format), optionally with offers.yaml."),
+    traces: Path = typer.Option(
+        PACKAGED_TRACES, help="Directory of spot traces (JSON, Can't Be Late format), optionally with offers.yaml."
+    ),
     jobs: int = typer.Option(40, min=1, max=2000, help="Jobs in the seeded ML mix."),
     seed: int = typer.Option(0, help="Workload seed: the same seed gives the same result."),
-    policies: str = typer.Option(",".join([*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT]), help="Comma-separated: registered policies, NAME+bubbles, omniscient."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Write policies.csv, jobs.csv, spend.csv, summary.json and PNG plots here."),
+    policies: str = typer.Option(
+        ",".join([*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT]),
+        help="Comma-separated: registered policies, NAME+bubbles, omniscient.",
+    ),
+    out_dir: Path | None = typer.Option(
+        None, "--out", help="Write policies.csv, jobs.csv, spend.csv, summary.json and PNG plots here."
+    ),
     tick_minutes: float = typer.Option(10.0, min=1.0, max=120.0, help="Simulated tick."),
-    spot_instances: int = typer.Option(4, min=1, help="Instances a trace's peak stands for (a 1-node trace says spot could be had)."),
+    spot_instances: int = typer.Option(
+        4, min=1, help="Instances a trace's peak stands for (a 1-node trace says spot could be had)."
+    ),
     arrival_hours: float = typer.Option(48.0, min=0.0, help="Jobs arrive over this many hours."),
-    profiles: Optional[Path] = typer.Option(None, help="Measured bubble profiles (a JSON list of BubbleProfile) instead of the FreeRide-like forecasts."),
+    profiles: Path | None = typer.Option(
+        None, help="Measured bubble profiles (a JSON list of BubbleProfile) instead of the FreeRide-like forecasts."
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Run the live core on a simulated clock and cloud over real spot traces, for every policy."""
@@ -71,16 +83,35 @@ def command(
         raise BrokerError(f"traces: {traces} is not a directory; point --traces at a directory of trace JSON files")
     catalog = PriceCatalog.from_snapshot(Settings.from_env().prices_dir)
     market = from_traces(traces, catalog, trace_start(traces), tick_minutes * 60, spot_instances)
-    market = market.with_bubbles(measured_bubbles(profiles, market) if profiles else
-                                 [o for main in FREERIDE_MAIN_JOBS for o in main.offers(market.start)])  # fmt: skip
+    market = market.with_bubbles(
+        measured_bubbles(profiles, market)
+        if profiles
+        else [o for main in FREERIDE_MAIN_JOBS for o in main.offers(market.start)]
+    )
     od_price = min(o.price_usd_per_h for o in market.on_demand)
     arrivals = ml_mix(seed, jobs, od_price, market.spot[0].offer.accelerator, arrival_hours)
-    setting = {"traces": str(traces), "jobs": jobs, "seed": seed, "tick_minutes": tick_minutes, "spot_instances": spot_instances,
-               "spot_offers": [s.offer.id for s in market.spot], "start": market.start.isoformat()}  # fmt: skip
+    setting = {
+        "traces": str(traces),
+        "jobs": jobs,
+        "seed": seed,
+        "tick_minutes": tick_minutes,
+        "spot_instances": spot_instances,
+        "spot_offers": [s.offer.id for s in market.spot],
+        "start": market.start.isoformat(),
+    }
     for line in market.skipped:
         err.print(f"[yellow]skipped[/] {line}", highlight=False)
-    with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err,
-                  transient=as_json) as bar, embedded.scratch() as url:  # fmt: skip
+    with (
+        Progress(
+            TextColumn("{task.description:<22}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=as_json,
+        ) as bar,
+        embedded.scratch() as url,
+    ):
         tasks: dict[str, int] = {}
 
         def progress(name: str, done: int, total: int) -> None:
@@ -95,14 +126,26 @@ def command(
         print_json({**setting, "policies": result.rows, "skipped": result.skipped})
         return
     table = Table(title=f"Backtest: {jobs} jobs, seed {seed}, {len(market.spot)} spot offers from {traces}")
-    columns = ["policy", "cost_usd", "savings_pct", "deadline_misses", "cost_vs_omniscient", "migrations", "work_lost_h", "quote_error_pct"]
+    columns = [
+        "policy",
+        "cost_usd",
+        "savings_pct",
+        "deadline_misses",
+        "cost_vs_omniscient",
+        "migrations",
+        "work_lost_h",
+        "quote_error_pct",
+    ]
     for column in columns:
         table.add_column(column, justify="left" if column == "policy" else "right")
     for row in result.rows:
         table.add_row(*("-" if row[c] is None else str(row[c]) for c in columns))
     out.print(table)
     if out_dir:
-        out.print(f"wrote {out_dir}/: policies.csv, jobs.csv, spend.csv, summary.json, cost_by_policy.png, spend_over_time.png, tier_mix.png")
+        out.print(
+            f"wrote {out_dir}/: policies.csv, jobs.csv, spend.csv, summary.json, cost_by_policy.png, "
+            "spend_over_time.png, tier_mix.png"
+        )
 
 
 backtest_command = user_errors(command)

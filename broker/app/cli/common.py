@@ -10,15 +10,15 @@ from urllib.parse import urlsplit
 import typer
 from rich.console import Console
 
-from broker.store import embedded
 from broker import planning
+from broker.app.settings import Settings
+from broker.core.broker import Broker
 from broker.core.clock import SystemClock
 from broker.domain.errors import BrokerError
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.hazard import HazardModel, observed
 from broker.pricing.history import PriceHistory
-from broker.core.broker import Broker
-from broker.app.settings import Settings
+from broker.store import embedded
 from broker.store.jobs import Store
 
 # Tables are wide: when output is not a terminal (pipes, CI logs) give rich room for them.
@@ -59,8 +59,10 @@ def redis_url(settings: Settings) -> str:
     if settings.redis_url:
         parts = urlsplit(settings.redis_url)
         if parts.scheme in ("redis", "rediss") and parts.hostname not in LOOPBACK and not parts.password:
-            raise BrokerError(f"BROKER_REDIS_URL: no password for the Redis on {parts.hostname}; outside this machine Redis must "
-                              "require auth: give your user's URL (redis://USER:PASSWORD@HOST:PORT/0, see `broker acl`)")  # fmt: skip
+            raise BrokerError(
+                f"BROKER_REDIS_URL: no password for the Redis on {parts.hostname}; outside this machine Redis must "
+                "require auth: give your user's URL (redis://USER:PASSWORD@HOST:PORT/0, see `broker acl`)"
+            )
         return settings.redis_url
     server = embedded.ensure(settings.home)
     verb = "started" if server.started else "using"

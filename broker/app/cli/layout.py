@@ -11,8 +11,8 @@ from rich.table import Table
 from broker.app.cli.common import JsonOpt, make_broker, out, print_json, user_errors
 from broker.domain.errors import BrokerError
 from broker.domain.model import Tier
-from broker.models import parallel
 from broker.domain.specfile import load_spec
+from broker.models import parallel
 
 
 def rows(spec, offers) -> list[dict]:
@@ -24,34 +24,69 @@ def rows(spec, offers) -> list[dict]:
         row = {"shape": str(wanted), "layout": None, "iteration_s": None, "memory_gb": None, "hours": None}
         if choice is not None:
             hours = spec.work.steps * choice.iteration_s / 3600
-            row.update(layout=str(choice.layout), iteration_s=round(choice.iteration_s, 4), memory_gb=round(choice.memory_bytes / 1e9, 2),
-                       hours=round(hours, 2))  # fmt: skip
+            row.update(
+                layout=str(choice.layout),
+                iteration_s=round(choice.iteration_s, 4),
+                memory_gb=round(choice.memory_bytes / 1e9, 2),
+                hours=round(hours, 2),
+            )
         for tier in (Tier.spot, Tier.on_demand):
             priced = [o for o in shaped if o.tier == tier]
             cheapest = min(priced, key=lambda o: o.price_usd_per_h) if priced else None
             row[f"{tier.value}_offer"] = cheapest.id if cheapest else None
-            row[f"{tier.value}_usd_per_step"] = round(parallel.usd_per_step(choice, cheapest.price_usd_per_h), 6) if cheapest and choice else None
-            row[f"{tier.value}_usd"] = round(cheapest.price_usd_per_h * row["hours"], 2) if cheapest and choice else None
+            row[f"{tier.value}_usd_per_step"] = (
+                round(parallel.usd_per_step(choice, cheapest.price_usd_per_h), 6) if cheapest and choice else None
+            )
+            row[f"{tier.value}_usd"] = (
+                round(cheapest.price_usd_per_h * row["hours"], 2) if cheapest and choice else None
+            )
         out_rows.append(row)
     return out_rows
 
 
-def command(job_file: Path = typer.Argument(..., help="A job spec with a transformer: section."), as_json: bool = JsonOpt) -> None:
+def command(
+    job_file: Path = typer.Argument(..., help="A job spec with a transformer: section."), as_json: bool = JsonOpt
+) -> None:
     """The parallel layout (pipeline x tensor x data, micro-batch) per instance shape, memory, and cost per step."""
     broker = make_broker(with_store=False)
     spec = load_spec(job_file, broker.clock.now())
     if spec.transformer is None:
-        raise BrokerError(f"{job_file}: no transformer: section; describe the model (layers, hidden, heads, seq_len, vocab, global_batch)")
+        raise BrokerError(
+            f"{job_file}: no transformer: section; describe the model (layers, hidden, heads, "
+            "seq_len, vocab, global_batch)"
+        )
     found = rows(spec, broker.catalog.offers)
     if as_json:
         print_json(found)
         return
     table = Table(title=f"{spec.name}: {spec.work.steps} steps", title_justify="left")
-    for column in ("shape", "layout", "iteration_s", "memory_gb", "hours", "spot_usd_per_step", "spot_usd", "on_demand_usd"):
+    for column in (
+        "shape",
+        "layout",
+        "iteration_s",
+        "memory_gb",
+        "hours",
+        "spot_usd_per_step",
+        "spot_usd",
+        "on_demand_usd",
+    ):
         table.add_column(column)
     for row in found:
-        table.add_row(*("does not fit" if row["layout"] is None and c == "layout" else "-" if row[c] is None else str(row[c])
-                        for c in ("shape", "layout", "iteration_s", "memory_gb", "hours", "spot_usd_per_step", "spot_usd", "on_demand_usd")))  # fmt: skip
+        table.add_row(
+            *(
+                "does not fit" if row["layout"] is None and c == "layout" else "-" if row[c] is None else str(row[c])
+                for c in (
+                    "shape",
+                    "layout",
+                    "iteration_s",
+                    "memory_gb",
+                    "hours",
+                    "spot_usd_per_step",
+                    "spot_usd",
+                    "on_demand_usd",
+                )
+            )
+        )
     out.print(table)
 
 

@@ -3,28 +3,41 @@
 from __future__ import annotations
 
 import logging
+from datetime import UTC
 from pathlib import Path
-from typing import Optional
 
 import redis
 import typer
 from rich.progress import Progress
 
-from broker.store import embedded
 from broker import planning
 from broker.app import render
-from broker.domain.errors import BrokerError, InfeasibleError
-from broker.domain.model import JobState, Quote
-from broker.app.settings import Settings
-from broker.domain.specfile import load_spec
-from broker.app.cli.common import JsonOpt, debug_flag, err, make_broker, out, print_json, redis_url, store_for, user_errors
 from broker.app.cli.acl import acl_app
 from broker.app.cli.backtest import backtest_command
+from broker.app.cli.common import (
+    JsonOpt,
+    debug_flag,
+    err,
+    make_broker,
+    out,
+    print_json,
+    redis_url,
+    store_for,
+    user_errors,
+)
 from broker.app.cli.layout import layout_command
 from broker.app.cli.prices import prices_app
+from broker.app.settings import Settings
+from broker.domain.errors import BrokerError, InfeasibleError
+from broker.domain.model import JobState, Quote
+from broker.domain.specfile import load_spec
+from broker.store import embedded
 
 app = typer.Typer(
-    help="Run GPU jobs on the cheapest capacity (pipeline bubbles, spot, on-demand) that meets their deadline and budget.",
+    help=(
+        "Run GPU jobs on the cheapest capacity (pipeline bubbles, spot, on-demand) that meets their "
+        "deadline and budget."
+    ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -44,8 +57,8 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks of 
 @user_errors
 def submit(
     job_file: Path = typer.Argument(..., help="The job spec (YAML)."),
-    deadline: Optional[str] = typer.Option(None, help="Overrides the spec: ISO time (2026-12-01T18:00Z) or +36h."),
-    budget: Optional[float] = typer.Option(None, help="Overrides the spec: budget in USD."),
+    deadline: str | None = typer.Option(None, help="Overrides the spec: ISO time (2026-12-01T18:00Z) or +36h."),
+    budget: float | None = typer.Option(None, help="Overrides the spec: budget in USD."),
     quote_only: bool = typer.Option(False, "--quote", help="Print the quote; store nothing."),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -67,7 +80,7 @@ def submit(
 @app.command("list")
 @user_errors
 def list_jobs(
-    state: Optional[list[JobState]] = typer.Option(None, help="Only jobs in this state (repeatable)."),
+    state: list[JobState] | None = typer.Option(None, help="Only jobs in this state (repeatable)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """List jobs, oldest first."""
@@ -126,7 +139,9 @@ def demo(
     examples: Path = typer.Option(Path("examples"), help="Directory of example job specs (runnable ones in demo/)."),
     speedup: float = typer.Option(60.0, help="Time compression: simulated seconds per wall-clock second."),
     timeout: float = typer.Option(150.0, help="Give up after this many wall-clock seconds."),
-    bubbles: bool = typer.Option(False, "--bubbles", help="Instead: a fill job in a real DeepSpeed pipeline's bubbles (about 2 minutes)."),
+    bubbles: bool = typer.Option(
+        False, "--bubbles", help="Instead: a fill job in a real DeepSpeed pipeline's bubbles (about 2 minutes)."
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Quote the example jobs, then run the runnable ones end to end: dispatch, preemption, migration."""
@@ -137,7 +152,9 @@ def demo(
 
     files = sorted(examples.glob("*.yaml"))
     if not files or not (examples / "demo").is_dir():
-        raise BrokerError(f"examples: no *.yaml and demo/ in {examples}; run from the project root or pass --examples DIR")
+        raise BrokerError(
+            f"examples: no *.yaml and demo/ in {examples}; run from the project root or pass --examples DIR"
+        )
     settings = Settings.from_env()
     broker = make_broker(with_store=False)
     quotes = []
@@ -159,7 +176,9 @@ def demo(
         def show(jobs):
             bar.update(task, description="  ".join(f"{j.spec.name}: {j.state.value}" for j in jobs))
 
-        summary = run_demo(redis_url(settings), settings.home, examples, broker.catalog, broker.policy, speedup, timeout, show)
+        summary = run_demo(
+            redis_url(settings), settings.home, examples, broker.catalog, broker.policy, speedup, timeout, show
+        )
     if as_json:
         print_json({"quotes": quotes, **summary})
         return
@@ -170,7 +189,9 @@ def demo_bubbles(examples: Path, timeout: float, as_json: bool) -> None:
     from broker.app.demo_bubbles import run_bubbles_demo
 
     if not (examples / "bubbles" / "train_gpt.py").exists():
-        raise BrokerError(f"examples: no bubbles/train_gpt.py in {examples}; run from the project root or pass --examples DIR")
+        raise BrokerError(
+            f"examples: no bubbles/train_gpt.py in {examples}; run from the project root or pass --examples DIR"
+        )
     settings = Settings.from_env()
     broker = make_broker(with_store=False)
     with Progress(console=err, transient=True) as bar:
@@ -179,9 +200,16 @@ def demo_bubbles(examples: Path, timeout: float, as_json: bool) -> None:
         def show(job, training):
             run = job.runs[-1] if job.runs else None
             where = f"{run.offer.tier.value}@{run.agent}" if run else "waiting"
-            bar.update(task, description=f"training {'running' if training else 'ended'}; {job.spec.name}: {job.state.value} {where}")
+            bar.update(
+                task,
+                description=(
+                    f"training {'running' if training else 'ended'}; {job.spec.name}: {job.state.value} {where}"
+                ),
+            )
 
-        summary = run_bubbles_demo(redis_url(settings), settings.home, examples, broker.catalog, broker.policy, timeout, progress=show)
+        summary = run_bubbles_demo(
+            redis_url(settings), settings.home, examples, broker.catalog, broker.policy, timeout, progress=show
+        )
     if as_json:
         print_json(summary)
         return
@@ -203,14 +231,20 @@ def stop() -> None:
 @user_errors
 def agent(
     agent_id: str = typer.Option(..., "--id", help="This agent's unique name."),
-    offer_id: str = typer.Option(..., "--offer", help="The offer this instance is (cloud/zone/type/tier, see `broker prices`)."),
-    notices: str = typer.Option("none", help="Preemption notices: aws, gcp, azure (optionally =URL), trace=PATH[@TICK], none."),
+    offer_id: str = typer.Option(
+        ..., "--offer", help="The offer this instance is (cloud/zone/type/tier, see `broker prices`)."
+    ),
+    notices: str = typer.Option(
+        "none", help="Preemption notices: aws, gcp, azure (optionally =URL), trace=PATH[@TICK], none."
+    ),
     speedup: float = typer.Option(1.0, help="Time compression for trace notices."),
     lease_s: float = typer.Option(5.0, help="Heartbeat lease; the broker moves the job when it lapses."),
-    checkpoints: Optional[str] = typer.Option(None, help="Checkpoint store URL (default BROKER_CHECKPOINTS)."),
-    runs: Optional[Path] = typer.Option(None, help="Where job logs and events go (default $BROKER_HOME/runs)."),
+    checkpoints: str | None = typer.Option(None, help="Checkpoint store URL (default BROKER_CHECKPOINTS)."),
+    runs: Path | None = typer.Option(None, help="Where job logs and events go (default $BROKER_HOME/runs)."),
     metrics_port: int = typer.Option(0, help="Serve Prometheus metrics on this loopback port (0: off)."),
-    token: Optional[str] = typer.Option(None, envvar="BROKER_AGENT_TOKEN", help="Registration token (`broker agents token`)."),
+    token: str | None = typer.Option(
+        None, envvar="BROKER_AGENT_TOKEN", help="Registration token (`broker agents token`)."
+    ),
 ) -> None:
     """Run the agent of one instance: take assignments, run jobs, report, checkpoint on notices."""
     from broker.agents.agent import Agent
@@ -218,7 +252,9 @@ def agent(
 
     settings = Settings.from_env()
     try:
-        catalog = make_broker(live=True).catalog  # the newest prices and the hazard with every piece of evidence the store has
+        catalog = make_broker(
+            live=True
+        ).catalog  # the newest prices and the hazard with every piece of evidence the store has
     except redis.exceptions.NoPermissionError:  # an agent's ACL user reads no prices or jobs: the snapshot's offer
         catalog = make_broker(with_store=False).catalog
     try:
@@ -231,9 +267,16 @@ def agent(
     if metrics_port:
         serve(metrics.registry, metrics_port)
     worker = Agent(
-        store_for(settings, daemon=True), agent_id, catalog.offer(offer_id), checkpoints or settings.checkpoints,
-        runs or settings.home / "runs", notices=source, lease_s=lease_s, metrics=metrics, token=token,
-    )  # fmt: skip
+        store_for(settings, daemon=True),
+        agent_id,
+        catalog.offer(offer_id),
+        checkpoints or settings.checkpoints,
+        runs or settings.home / "runs",
+        notices=source,
+        lease_s=lease_s,
+        metrics=metrics,
+        token=token,
+    )
     err.print(f"agent {agent_id} ended: {worker.run()}")
 
 
@@ -244,7 +287,9 @@ def server(
     consumer: str = typer.Option(None, help="This replica's name (consumer group, planning lease); default host-pid."),
     metrics_port: int = typer.Option(9464, help="Serve Prometheus metrics on this loopback port (0: off)."),
     policy: str = typer.Option(None, help="Planning policy (see `broker policies`); default BROKER_POLICY or costslo."),
-    leader_lease_s: float = typer.Option(5.0, min=0.1, help="Planning lease: a standby replica takes over this long after the leader stops."),
+    leader_lease_s: float = typer.Option(
+        5.0, min=0.1, help="Planning lease: a standby replica takes over this long after the leader stops."
+    ),
 ) -> None:
     """Run the broker's control loop: apply agent reports, reclaim lost agents, dispatch. Run several for
     fail-over: one plans (the lease holder), the others stand by."""
@@ -264,8 +309,16 @@ def server(
         serve(metrics.registry, metrics_port)
     chosen = planning.get(policy, **settings.policy_options()) if policy else broker.policy
     consumer = consumer or f"server-{socket.gethostname()}-{os.getpid()}"
-    loop = BrokerServer(broker.store, chosen, ScaledClock(speedup), CheckpointStore(settings.checkpoints), consumer, metrics=metrics,
-                        agent_secret=settings.agent_secret, leader_lease_s=leader_lease_s)  # fmt: skip
+    loop = BrokerServer(
+        broker.store,
+        chosen,
+        ScaledClock(speedup),
+        CheckpointStore(settings.checkpoints),
+        consumer,
+        metrics=metrics,
+        agent_secret=settings.agent_secret,
+        leader_lease_s=leader_lease_s,
+    )
     err.print(f"broker server {consumer} running; Ctrl-C stops it")
     try:
         loop.serve()
@@ -278,7 +331,9 @@ def server(
 def dashboard(
     port: int = typer.Option(8501, help="Port to serve on."),
     address: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
-    backtest_dir: Optional[Path] = typer.Option(None, "--backtest", help="A `broker backtest --out` directory for the Backtest page."),
+    backtest_dir: Path | None = typer.Option(
+        None, "--backtest", help="A `broker backtest --out` directory for the Backtest page."
+    ),
 ) -> None:
     """Serve the Streamlit dashboard on the live store (read-only)."""
     import os
@@ -294,9 +349,23 @@ def dashboard(
     env = {**os.environ, "BROKER_REDIS_URL": redis_url(settings), "BROKER_PREFIX": settings.prefix}
     if backtest_dir:
         env["BROKER_BACKTEST_DIR"] = str(backtest_dir.resolve())
-    argv = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.headless", "true",
-            "--server.address", address, "--server.port", str(port), "--browser.gatherUsageStats", "false",
-            "--client.toolbarMode", "viewer"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(app_path),
+        "--server.headless",
+        "true",
+        "--server.address",
+        address,
+        "--server.port",
+        str(port),
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "viewer",
+    ]
     err.print(f"dashboard on http://{address}:{port} (Ctrl-C stops it)")
     try:
         subprocess.run(argv, env=env, check=False)
@@ -304,7 +373,9 @@ def dashboard(
         pass
 
 
-agents_app = typer.Typer(help="Provision agents for the current plan with Terraform (infra/terraform).", no_args_is_help=True)
+agents_app = typer.Typer(
+    help="Provision agents for the current plan with Terraform (infra/terraform).", no_args_is_help=True
+)
 app.add_typer(agents_app, name="agents")
 POOLS_DIR = Path("infra/terraform/pools")
 
@@ -312,8 +383,12 @@ POOLS_DIR = Path("infra/terraform/pools")
 @agents_app.command("provision")
 @user_errors
 def agents_provision(
-    site: Path = typer.Option(..., help="YAML with per-cloud site values (ami_id, checkpoint_bucket, secret references, redis_url, ...)."),
-    plan: bool = typer.Option(True, "--plan/--apply", help="--plan writes the Terraform roots; --apply also runs terraform."),
+    site: Path = typer.Option(
+        ..., help="YAML with per-cloud site values (ami_id, checkpoint_bucket, secret references, redis_url, ...)."
+    ),
+    plan: bool = typer.Option(
+        True, "--plan/--apply", help="--plan writes the Terraform roots; --apply also runs terraform."
+    ),
     out: Path = typer.Option(POOLS_DIR, help="Where the pools' Terraform roots go."),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -327,7 +402,9 @@ def agents_provision(
     try:
         site_values = yaml.safe_load(site.read_text()) or {}
     except (OSError, yaml.YAMLError) as error:
-        raise BrokerError(f"site: cannot read {site} ({error}); give a YAML file with aws:, gcp:, azure: sections") from None
+        raise BrokerError(
+            f"site: cannot read {site} ({error}); give a YAML file with aws:, gcp:, azure: sections"
+        ) from None
     broker = make_broker()
     pools = terraform.pools_from_jobs(broker.jobs())
     if not pools:
@@ -344,7 +421,10 @@ def agents_provision(
         row["command"] = f"terraform -chdir={row['dir']} init && terraform -chdir={row['dir']} apply"
         if not plan:
             if binary is None:
-                raise BrokerError("terraform: not installed; install Terraform >= 1.5 or OpenTofu, then rerun with --apply (or run the printed commands)")
+                raise BrokerError(
+                    "terraform: not installed; install Terraform >= 1.5 or OpenTofu, then rerun with "
+                    "--apply (or run the printed commands)"
+                )
             for step in (["init", "-input=false"], ["apply", "-input=false", "-auto-approve"]):
                 if subprocess.run([binary, f"-chdir={row['dir']}", *step]).returncode != 0:
                     raise BrokerError(f"terraform {step[0]} failed for pool {row['pool']}; see its output above")
@@ -362,7 +442,7 @@ def agents_token(
     ttl_hours: float = typer.Option(24.0, help="Hours until the token expires."),
 ) -> None:
     """Print a registration token for one agent (needs BROKER_AGENT_SECRET, the broker's secret)."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from broker.agents.tokens import issue
 
@@ -371,7 +451,7 @@ def agents_token(
         raise BrokerError("BROKER_AGENT_SECRET: not set; set the broker's secret (the server checks tokens against it)")
     if ttl_hours <= 0:
         raise BrokerError("--ttl-hours: must be > 0")
-    typer.echo(issue(settings.agent_secret, agent_id, datetime.now(timezone.utc) + timedelta(hours=ttl_hours)))
+    typer.echo(issue(settings.agent_secret, agent_id, datetime.now(UTC) + timedelta(hours=ttl_hours)))
 
 
 @agents_app.command("deprovision")
@@ -391,7 +471,9 @@ def agents_deprovision(
     binary = terraform.terraform_binary()
     command = f"terraform -chdir={root} destroy"
     if binary is None:
-        raise BrokerError(f"terraform: not installed; install Terraform >= 1.5 or OpenTofu, or run `{command}` where it is")
+        raise BrokerError(
+            f"terraform: not installed; install Terraform >= 1.5 or OpenTofu, or run `{command}` where it is"
+        )
     if subprocess.run([binary, f"-chdir={root}", "destroy", "-input=false", "-auto-approve"]).returncode != 0:
         raise BrokerError(f"terraform destroy failed for pool {pool}; see its output above")
     out.print(f"pool {pool} destroyed")

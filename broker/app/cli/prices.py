@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from broker.app import render
 from broker.app.cli.common import JsonOpt, make_broker, out, print_json, user_errors
+from broker.domain.accelerators import lookup
 from broker.domain.errors import BrokerError
 from broker.domain.model import parse_deadline
 from broker.pricing import history
-from broker.domain.accelerators import lookup
 from broker.pricing.snapshot import load_aws
 
 prices_app = typer.Typer(help="GPU instance prices and their preemption risk.")
@@ -28,9 +27,9 @@ Limit = typer.Option(20, help="Rows to show (0 for all).")
 @user_errors
 def prices(
     ctx: typer.Context,
-    gpu: Optional[str] = Gpu,
-    cloud: Optional[str] = Cloud,
-    region: Optional[str] = Region,
+    gpu: str | None = Gpu,
+    cloud: str | None = Cloud,
+    region: str | None = Region,
     spot: bool = typer.Option(False, "--spot", help="Only rows with a spot price, cheapest spot first."),
     limit: int = Limit,
     as_json: bool = JsonOpt,
@@ -46,8 +45,13 @@ def prices(
 
 @prices_app.command("risk")
 @user_errors
-def risk(gpu: Optional[str] = Gpu, cloud: Optional[str] = Cloud, region: Optional[str] = Region, limit: int = Limit,
-         as_json: bool = JsonOpt) -> None:  # fmt: skip
+def risk(
+    gpu: str | None = Gpu,
+    cloud: str | None = Cloud,
+    region: str | None = Region,
+    limit: int = Limit,
+    as_json: bool = JsonOpt,
+) -> None:
     """Preemption hazard per spot instance type and region: lambda per hour, its 90% band, availability, evidence."""
     broker = make_broker(live=True)  # preemptions our agents saw count as evidence
     rows = broker.catalog.table(gpu=lookup(gpu).name if gpu else None, cloud=cloud, region=region, spot_only=True)
@@ -55,8 +59,20 @@ def risk(gpu: Optional[str] = Gpu, cloud: Optional[str] = Cloud, region: Optiona
     records = []
     for row in rows.itertuples(index=False):
         h = broker.catalog.hazard.spot(row.cloud, row.region, row.instance_type)
-        records.append({"cloud": row.cloud, "region": row.region, "instance_type": row.instance_type, "gpus": f"{row.accelerator_count}x {row.accelerator}",
-                        "hazard_per_h": h.per_hour, "low": h.low, "high": h.high, "availability": h.availability, "band": h.band, "evidence": h.source})  # fmt: skip
+        records.append(
+            {
+                "cloud": row.cloud,
+                "region": row.region,
+                "instance_type": row.instance_type,
+                "gpus": f"{row.accelerator_count}x {row.accelerator}",
+                "hazard_per_h": h.per_hour,
+                "low": h.low,
+                "high": h.high,
+                "availability": h.availability,
+                "band": h.band,
+                "evidence": h.source,
+            }
+        )
     records.sort(key=lambda r: (-("observed" in r["evidence"]), r["hazard_per_h"]))
     shown = records[:limit] if limit else records
     print_json(shown) if as_json else out.print(render.risk_table(shown, total=len(records)))
@@ -65,8 +81,13 @@ def risk(gpu: Optional[str] = Gpu, cloud: Optional[str] = Cloud, region: Optiona
 @prices_app.command("import")
 @user_errors
 def import_prices(
-    path: Path = typer.Argument(..., help="AWS spot price history (.tsv: az_id, type, product, usd, time) or a catalog CSV (AWS vms.csv format)."),
-    at: Optional[str] = typer.Option(None, help="When a catalog CSV's prices were seen (ISO time); required for CSVs, which carry no time."),
+    path: Path = typer.Argument(
+        ...,
+        help="AWS spot price history (.tsv: az_id, type, product, usd, time) or a catalog CSV (AWS vms.csv format).",
+    ),
+    at: str | None = typer.Option(
+        None, help="When a catalog CSV's prices were seen (ISO time); required for CSVs, which carry no time."
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Add recorded prices to the price history (only changes are stored)."""
@@ -76,41 +97,53 @@ def import_prices(
         points = history.points_from_spot_tsv(path)
     else:
         if at is None:
-            raise BrokerError(f"--at: {path.name} has no times in it; say when its prices were seen, e.g. --at 2025-06-01")
-        points = history.points_from_rows(load_aws(path), parse_deadline(at, datetime.now(timezone.utc)))
+            raise BrokerError(
+                f"--at: {path.name} has no times in it; say when its prices were seen, e.g. --at 2025-06-01"
+            )
+        points = history.points_from_rows(load_aws(path), parse_deadline(at, datetime.now(UTC)))
     prices = history.PriceHistory(make_broker().store)
     appended = prices.record(points)
-    prices.mark_refreshed(f"file:{path.name}", datetime.now(timezone.utc))
+    prices.mark_refreshed(f"file:{path.name}", datetime.now(UTC))
     result = {"file": str(path), "points": len(points), "appended": appended, "offers": points["offer"].nunique()}
-    print_json(result) if as_json else out.print(f"{path.name}: {appended} price changes of {result['offers']} offers recorded ({len(points)} points read)")
+    print_json(result) if as_json else out.print(
+        f"{path.name}: {appended} price changes of {result['offers']} offers recorded ({len(points)} points read)"
+    )
 
 
 @prices_app.command("history")
 @user_errors
 def price_history(
     instance: str = typer.Option(..., help="Instance type, e.g. p3.2xlarge."),
-    zone: Optional[str] = typer.Option(None, help="Only this zone (AWS zone ID such as use1-az1) or region."),
+    zone: str | None = typer.Option(None, help="Only this zone (AWS zone ID such as use1-az1) or region."),
     tier: str = typer.Option("spot", help="spot or on_demand."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Recorded price changes of an instance type: a table and a sparkline per zone."""
     prices = history.PriceHistory(make_broker().store)
-    wanted = [o for o in prices.offers() if o.split("/")[2] == instance and o.endswith(f"/{tier}") and (zone is None or o.split("/")[1] == zone)]
+    wanted = [
+        o
+        for o in prices.offers()
+        if o.split("/")[2] == instance and o.endswith(f"/{tier}") and (zone is None or o.split("/")[1] == zone)
+    ]
     if not wanted:
-        raise BrokerError(f"instance: no recorded {tier} prices for {instance}{' in ' + zone if zone else ''}; "
-                          "run `broker prices refresh` or `broker prices import FILE`")  # fmt: skip
+        raise BrokerError(
+            f"instance: no recorded {tier} prices for {instance}{' in ' + zone if zone else ''}; "
+            "run `broker prices refresh` or `broker prices import FILE`"
+        )
     series = {o: prices.series(o) for o in wanted}
     if as_json:
-        print_json({o: [{"at": at.isoformat(), "usd": usd} for at, usd in zip(s["at"], s["usd"])] for o, s in series.items()})
+        print_json(
+            {o: [{"at": at.isoformat(), "usd": usd} for at, usd in zip(s["at"], s["usd"])] for o, s in series.items()}
+        )
         return
-    out.print(render.history_table(series, datetime.now(timezone.utc)))
+    out.print(render.history_table(series, datetime.now(UTC)))
 
 
 @prices_app.command("refresh")
 @user_errors
 def refresh_prices(
     cloud: list[str] = typer.Option(["aws", "gcp", "azure"], help="Which live sources to ask (aws, gcp, azure)."),
-    region: Optional[list[str]] = typer.Option(None, help="Only these regions (default: every region in the catalog)."),
+    region: list[str] | None = typer.Option(None, help="Only these regions (default: every region in the catalog)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Fetch live prices and record the changes; without credentials the snapshot stays and says so."""
@@ -121,26 +154,42 @@ def refresh_prices(
 
     broker = make_broker()
     known = {c: set(broker.catalog.rows.loc[broker.catalog.rows.cloud == c, "region"]) for c in ("aws", "gcp", "azure")}
-    builders = {"aws": lambda: AwsPrices(sorted(region or known["aws"])), "gcp": lambda: GcpPrices(sorted(region or known["gcp"])),
-                "azure": lambda: AzurePrices(sorted(region or known["azure"]), _azure_types(broker.catalog.rows), *_azure_login())}  # fmt: skip
+    builders = {
+        "aws": lambda: AwsPrices(sorted(region or known["aws"])),
+        "gcp": lambda: GcpPrices(sorted(region or known["gcp"])),
+        "azure": lambda: AzurePrices(
+            sorted(region or known["azure"]), _azure_types(broker.catalog.rows), *_azure_login()
+        ),
+    }
     unknown = [c for c in cloud if c not in builders]
     if unknown:
         raise BrokerError(f"--cloud: no live source for {', '.join(unknown)} yet; choose from {', '.join(builders)}")
-    reports = refresh([builders[c]() for c in cloud], history.PriceHistory(broker.store), known, datetime.now(timezone.utc))
+    reports = refresh([builders[c]() for c in cloud], history.PriceHistory(broker.store), known, datetime.now(UTC))
     if as_json:
         print_json(reports)
         return
     for r in reports:
         skipped = ", ".join(f"{n} {why}" for why, n in r["skipped"].items()) or "none"
-        out.print(r["message"] if r["status"] != "ok" else f"{r['source']}: {r['rows']} rows, {r['recorded']} price changes recorded; skipped: {skipped}"
-                  + (f"\n  {r['message']}" if r["message"] else ""))  # fmt: skip
+        out.print(
+            r["message"]
+            if r["status"] != "ok"
+            else f"{r['source']}: {r['rows']} rows, {r['recorded']} price changes recorded; skipped: {skipped}"
+            + (f"\n  {r['message']}" if r["message"] else "")
+        )
 
 
 def _azure_types(rows) -> dict[str, dict]:
     """The catalog's Azure VM sizes and their GPUs (the SKU API gives a GPU count, not the model)."""
     azure = rows[rows.cloud == "azure"].drop_duplicates("instance_type")
-    return {r.instance_type: {"accelerator": r.accelerator, "accelerator_count": r.accelerator_count, "vcpus": r.vcpus, "memory_gb": r.memory_gb}
-            for r in azure.itertuples(index=False)}  # fmt: skip
+    return {
+        r.instance_type: {
+            "accelerator": r.accelerator,
+            "accelerator_count": r.accelerator_count,
+            "vcpus": r.vcpus,
+            "memory_gb": r.memory_gb,
+        }
+        for r in azure.itertuples(index=False)
+    }
 
 
 def _azure_login() -> tuple:

@@ -60,7 +60,9 @@ def overview(jobs: list[Job], now: datetime) -> dict:
     }
 
 
-def spend_over_time(jobs: list[Job], now: datetime, buckets: int = 60, times: pd.DatetimeIndex | None = None) -> pd.DataFrame:
+def spend_over_time(
+    jobs: list[Job], now: datetime, buckets: int = 60, times: pd.DatetimeIndex | None = None
+) -> pd.DataFrame:
     """Cumulative spend by tier (columns) over time (index, `buckets` steps to now unless `times` are given):
     each run accrues evenly over its hours."""
     utc = lambda t: pd.Timestamp(t).tz_convert("UTC")  # noqa: E731 (stored times carry pydantic's UTC tzinfo)
