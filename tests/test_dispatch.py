@@ -282,3 +282,16 @@ def test_a_failed_save_is_kept_on_the_run_until_a_good_one(system):
     system.server.apply([{**report, "type": "checkpoint", "data": {"step": 8, "url": url}}])
     run = system.job(job.id).current_run
     assert run.checkpoint_error is None and run.checkpoint_step == 8
+
+
+def test_the_round_budget_limits_what_the_server_dispatches(redis_url, tmp_path, catalog):
+    system = System(redis_url, tmp_path, catalog)
+    for name in system.offers:
+        system.agent(name)
+    jobs = [system.broker.submit(train_spec()) for _ in range(2)]
+    one_job_usd = max(j.quote.chosen.expected_cost_usd for j in jobs)
+    system.server.policy = planning.get("costslo", budget_usd=1.5 * one_job_usd)  # room for one job, not two
+    dispatched = system.server.dispatch()
+    assert len(dispatched) == 1
+    waiting = next(j for j in jobs if j.id not in {job for job, _ in dispatched})
+    assert system.store.get_job(waiting.id).state == JobState.queued

@@ -243,3 +243,47 @@ def test_apply_without_terraform_says_how_to_install_it(store, catalog, redis_ur
 def test_deprovision_of_an_unknown_pool_is_refused(tmp_path):
     result = CliRunner().invoke(app, ["agents", "deprovision", "nope", "--out", str(tmp_path)])
     assert result.exit_code == 2 and f"pool: no Terraform root at {tmp_path / 'nope'}" in result.stderr
+
+
+def write_pending_jobs_and_site(store, catalog, tmp_path, count=1):
+    spec = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 1})
+    quote = get().quote(spec, catalog.offers, NOW)
+    for i in range(count):
+        store.add_job(Job(id=f"j{i}", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote))
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump(SITE))
+    return quote, site
+
+
+def test_provision_prints_a_table_of_the_pools_it_wrote(store, catalog, redis_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    quote, site = write_pending_jobs_and_site(store, catalog, tmp_path, count=2)
+    result = CliRunner().invoke(app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools")])
+    assert result.exit_code == 0, result.output
+    assert f"2 x {quote.chosen.offer.id}" in result.stdout and "terraform -chdir=" in result.stdout
+
+
+def test_provision_without_pending_jobs_says_so_in_a_table(redis_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump(SITE))
+    result = CliRunner().invoke(app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools")])
+    assert result.exit_code == 0, result.output
+    assert "no pending jobs: nothing to provision" in result.stdout
+
+
+def test_deprovision_runs_terraform_destroy_and_reports_the_pool_gone(store, catalog, redis_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    _, site = write_pending_jobs_and_site(store, catalog, tmp_path)
+    pools = tmp_path / "pools"
+    written = CliRunner().invoke(app, ["agents", "provision", "--site", str(site), "--out", str(pools), "--json"])
+    [row] = json.loads(written.stdout)
+    calls = tmp_path / "calls"
+    stand_in = tmp_path / "terraform"  # records how it was called; real destroy needs the clouds
+    stand_in.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(terraform, "terraform_binary", lambda: str(stand_in))
+    result = CliRunner().invoke(app, ["agents", "deprovision", row["pool"], "--out", str(pools)])
+    assert result.exit_code == 0, result.output
+    assert f"pool {row['pool']} destroyed" in result.stdout
+    assert calls.read_text().split() == [f"-chdir={pools / row['pool']}", "destroy", "-input=false", "-auto-approve"]

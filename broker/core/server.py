@@ -280,8 +280,8 @@ class BrokerServer:
     def dispatch(self) -> list[tuple[str, str]]:
         """Plan the most urgent pending jobs onto idle agents with the policy; returns (job, agent) pairs.
 
-        A job the policy cannot place on time or within budget still runs where it finishes first
-        (it is late either way); one that only lacks capacity waits for the next round.
+        A job the policy cannot place within its own deadline or budget still runs where it finishes first
+        (it is late or over either way); one that lacks capacity, or the round's budget, waits for the next round.
         """
         if not self.lead():
             return []
@@ -303,7 +303,8 @@ class BrokerServer:
         done = []
         for job in jobs:
             offer_id = plan.assignments.get(job.id)
-            if offer_id is None and plan.unplaced.get(job.id) in ("deadline", "budget"):
+            why = plan.unplaced.get(job.id)
+            if offer_id is None and why is not None and why.own_constraint:
                 agent = self._choose(job, [a for group in by_offer.values() for a in group])
                 offer_id = agent.offer.id if agent else None
             if offer_id is None or not by_offer.get(offer_id):

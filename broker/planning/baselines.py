@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from broker.domain.model import JobSpec, Offer, Option, Plan, Tier
+from broker.domain.model import JobSpec, Offer, Option, Plan, Tier, Unplaced
 from broker.models.risk import fits
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
@@ -47,7 +47,7 @@ class EagerNextRegion(CheapestFeasible):
             elsewhere = [o for o in room if o.region != item.preempted_in]
             chosen = (elsewhere or room or [None])[0]
             if chosen is None:
-                plan.unplaced[item.id] = "waiting for spot"
+                plan.unplaced[item.id] = Unplaced.waiting
                 continue
             plan.assignments[item.id] = chosen.id
             left[chosen.id] -= 1

@@ -6,7 +6,7 @@ import math
 from datetime import datetime
 
 from broker.domain.errors import InfeasibleError
-from broker.domain.model import JobSpec, Offer, Option, Plan, Quote, Tier
+from broker.domain.model import JobSpec, Offer, Option, Plan, Quote, Tier, Unplaced
 from broker.models.risk import evaluate, fits
 from broker.planning import register
 from broker.planning.options import PlanItem
@@ -46,7 +46,8 @@ class CheapestFeasible:
             feasible = [o for o in options if o.feasible]
             if not feasible:
                 on_time = any(o.meets_deadline for o in options)
-                plan.unplaced[item.id] = ("budget" if on_time else "deadline") if options else "capacity"
+                own = Unplaced.budget if on_time else Unplaced.deadline
+                plan.unplaced[item.id] = own if options else Unplaced.capacity
                 continue
             chosen = feasible[0]
             plan.assignments[item.id] = chosen.offer.id

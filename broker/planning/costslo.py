@@ -24,7 +24,7 @@ from datetime import datetime
 import highspy
 import numpy as np
 
-from broker.domain.model import Offer, Option, Plan, Tier, relative_gap
+from broker.domain.model import Offer, Option, Plan, Tier, Unplaced, relative_gap
 from broker.models.risk import evaluate_with_fallback, window_hours
 from broker.planning import register
 from broker.planning.auction import auction_prices
@@ -86,7 +86,7 @@ class CostSLO(CheapestFeasible):
             if table.fallback[row] >= 0:
                 plan.fallbacks[items[j].id] = offers[table.fallback[row]].id
         for j in roomless:
-            pending[j] = "capacity"
+            pending[j] = Unplaced.capacity
             objective, bound = objective + penalty[j], bound + penalty[j]
         plan.unplaced.update({items[j].id: why for j, why in pending.items()})
         plan.expected_cost_usd = float(sum(table.cost[r] for r in chosen.values()))
@@ -298,9 +298,8 @@ class _Program:
         by_job = _groups(t.job[rows])
         for j in jobs:
             if placed_share[j] < 1e-6:  # the LP left it pending outright
-                pending[j] = (
-                    "budget" if self.budget_row is not None and self.duals[self.budget_row] < -1e-9 else "capacity"
-                )
+                spent = self.budget_row is not None and self.duals[self.budget_row] < -1e-9
+                pending[j] = Unplaced.round_budget if spent else Unplaced.capacity
                 continue
             for r in sorted(rows[by_job[j]], key=lambda r: t.cost[r]):
                 if used[t.offer[r]] + 1 <= self.cap[t.offer[r]] and t.cost[r] <= left_usd:
@@ -308,7 +307,7 @@ class _Program:
                     used[t.offer[r]] += 1
                     break
             else:
-                pending[j] = "capacity" if left_usd == math.inf else "budget"
+                pending[j] = Unplaced.capacity if left_usd == math.inf else Unplaced.round_budget
         return chosen, pending
 
 

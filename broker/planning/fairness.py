@@ -15,7 +15,7 @@ from datetime import datetime
 
 import pulp
 
-from broker.domain.model import Offer, Plan
+from broker.domain.model import Offer, Plan, Unplaced
 from broker.models.risk import exclusive_hours, fits
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
@@ -35,7 +35,7 @@ class _Allocation(CheapestFeasible):
         }
         plan = Plan(
             policy=self.name,
-            unplaced={i.id: "resources" for j, i in enumerate(items) if not any(k[0] == j for k in pairs)},
+            unplaced={i.id: Unplaced.resources for j, i in enumerate(items) if not any(k[0] == j for k in pairs)},
         )
         if not pairs:
             return plan
@@ -67,7 +67,7 @@ class _Allocation(CheapestFeasible):
                 plan.assignments[item.id], left[offer.id] = offer.id, left[offer.id] - 1
         for item in items:
             if item.id not in plan.assignments and item.id not in plan.unplaced:
-                plan.unplaced[item.id] = "capacity"
+                plan.unplaced[item.id] = Unplaced.capacity
         return plan
 
     def weight(self, throughput: float, best: float) -> float:

@@ -14,7 +14,7 @@ from datetime import datetime
 
 import numpy as np
 
-from broker.domain.model import Job, JobSpec, Offer, Tier
+from broker.domain.model import Job, JobSpec, Offer, Tier, Unplaced
 from broker.models import risk
 
 TIERS = list(Tier)
@@ -71,7 +71,7 @@ class OptionTable:
     feasible: np.ndarray
     fallback: np.ndarray
     current: np.ndarray  # per job: offer index of its run under way, or -1
-    unfit: dict[int, str] = field(default_factory=dict)  # job index -> why no row is feasible
+    unfit: dict[int, Unplaced] = field(default_factory=dict)  # job index -> why no row is feasible
 
     def __len__(self) -> int:
         return len(self.job)
@@ -198,16 +198,16 @@ def _cheapest_per_job(job: np.ndarray, cost: np.ndarray, n_jobs: int) -> np.ndar
     return best
 
 
-def _reasons(n_jobs: int, job, shaped, tiered, on_time, feasible) -> dict[int, str]:
+def _reasons(n_jobs: int, job, shaped, tiered, on_time, feasible) -> dict[int, Unplaced]:
     fitting = np.bincount(job, minlength=n_jobs) > 0
     timely = np.bincount(job[on_time], minlength=n_jobs) > 0
     ok = np.bincount(job[feasible], minlength=n_jobs) > 0
     reasons = {}
     for row in np.flatnonzero(~ok):
         if not shaped[row] or not tiered[row]:
-            reasons[int(row)] = "resources"
+            reasons[int(row)] = Unplaced.resources
         elif not fitting[row]:
-            reasons[int(row)] = "memory"
+            reasons[int(row)] = Unplaced.memory
         else:
-            reasons[int(row)] = "budget" if timely[row] else "deadline"
+            reasons[int(row)] = Unplaced.budget if timely[row] else Unplaced.deadline
     return reasons

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
-from broker.domain.model import Offer, Plan, Tier
+from broker.domain.model import Offer, Plan, Tier, Unplaced
 from broker.models.risk import STARTUP_H, evaluate, fits, restart_hours, window_hours
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
@@ -95,7 +95,7 @@ class UniformProgress(CheapestFeasible):
             elif move == Move.on_demand and od:
                 chosen = min(od, key=lambda o: o.expected_cost_usd).offer
             else:
-                plan.unplaced[item.id] = "capacity" if move != Move.wait else "waiting for spot"
+                plan.unplaced[item.id] = Unplaced.capacity if move != Move.wait else Unplaced.waiting
                 continue
             plan.assignments[item.id] = chosen.id
             left[chosen.id] -= 1

@@ -1,0 +1,124 @@
+"""`broker agents provision|token|deprovision`: agents on real clouds through Terraform."""
+
+from __future__ import annotations
+
+from datetime import UTC
+from pathlib import Path
+
+import typer
+
+from broker.app.cli.common import (
+    JsonOpt,
+    make_broker,
+    out,
+    print_json,
+    user_errors,
+)
+from broker.app.settings import Settings
+from broker.domain.errors import BrokerError
+
+agents_app = typer.Typer(
+    help="Provision agents for the current plan with Terraform (infra/terraform).", no_args_is_help=True
+)
+POOLS_DIR = Path("infra/terraform/pools")
+
+
+@agents_app.command("provision")
+@user_errors
+def agents_provision(
+    site: Path = typer.Option(
+        ..., help="YAML with per-cloud site values (ami_id, checkpoint_bucket, secret references, redis_url, ...)."
+    ),
+    plan: bool = typer.Option(
+        True, "--plan/--apply", help="--plan writes the Terraform roots; --apply also runs terraform."
+    ),
+    pools_dir: Path = typer.Option(POOLS_DIR, "--out", help="Where the pools' Terraform roots go."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Write <pool>.auto.tfvars.json for each pool of the current plan (pending jobs by chosen offer)."""
+    import subprocess
+
+    import yaml
+
+    from broker.agents import terraform
+
+    try:
+        site_values = yaml.safe_load(site.read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise BrokerError(
+            f"site: cannot read {site} ({error}); give a YAML file with aws:, gcp:, azure: sections"
+        ) from None
+    broker = make_broker()
+    pools = terraform.pools_from_jobs(broker.jobs())
+    if not pools:
+        if as_json:
+            print_json([])
+        else:
+            out.print("no pending jobs: nothing to provision (submit jobs first)")
+        return
+    written = []
+    for pool in pools:
+        values = terraform.pool_values(pool, site_values, broker.catalog)
+        root = terraform.write_pool(pool, values, pools_dir)
+        written.append({"pool": pool.name, "offer": pool.offer.id, "count": pool.count, "dir": str(root)})
+    binary = terraform.terraform_binary()
+    for row in written:
+        row["command"] = f"terraform -chdir={row['dir']} init && terraform -chdir={row['dir']} apply"
+        if not plan:
+            if binary is None:
+                raise BrokerError(
+                    "terraform: not installed; install Terraform >= 1.5 or OpenTofu, then rerun with "
+                    "--apply (or run the printed commands)"
+                )
+            for step in (["init", "-input=false"], ["apply", "-input=false", "-auto-approve"]):
+                if subprocess.run([binary, f"-chdir={row['dir']}", *step]).returncode != 0:
+                    raise BrokerError(f"terraform {step[0]} failed for pool {row['pool']}; see its output above")
+    if as_json:
+        print_json(written)
+        return
+    for row in written:
+        out.print(f"[bold]{row['pool']}[/]: {row['count']} x {row['offer']}\n  {row['command']}")
+
+
+@agents_app.command("token")
+@user_errors
+def agents_token(
+    agent_id: str = typer.Option(..., "--id", help="The agent the token is for."),
+    ttl_hours: float = typer.Option(24.0, help="Hours until the token expires."),
+) -> None:
+    """Print a registration token for one agent (needs BROKER_AGENT_SECRET, the broker's secret)."""
+    from datetime import datetime, timedelta
+
+    from broker.agents.tokens import issue
+
+    settings = Settings.from_env()
+    if not settings.agent_secret:
+        raise BrokerError("BROKER_AGENT_SECRET: not set; set the broker's secret (the server checks tokens against it)")
+    if ttl_hours <= 0:
+        raise BrokerError("--ttl-hours: must be > 0")
+    typer.echo(issue(settings.agent_secret, agent_id, datetime.now(UTC) + timedelta(hours=ttl_hours)))
+
+
+@agents_app.command("deprovision")
+@user_errors
+def agents_deprovision(
+    pool: str = typer.Argument(..., help="The pool's name (a directory under --out)."),
+    pools_dir: Path = typer.Option(POOLS_DIR, "--out", help="Where the pools' Terraform roots are."),
+) -> None:
+    """Destroy a pool's instances with terraform destroy."""
+    import subprocess
+
+    from broker.agents import terraform
+
+    root = pools_dir / pool
+    if not (root / "main.tf.json").exists():
+        raise BrokerError(f"pool: no Terraform root at {root}; `ls {pools_dir}` shows the pools")
+    binary = terraform.terraform_binary()
+    command = f"terraform -chdir={root} destroy"
+    if binary is None:
+        raise BrokerError(
+            f"terraform: not installed; install Terraform >= 1.5 or OpenTofu, or run `{command}` where it is"
+        )
+    if subprocess.run([binary, f"-chdir={root}", "destroy", "-input=false", "-auto-approve"]).returncode != 0:
+        raise BrokerError(f"terraform destroy failed for pool {pool}; see its output above")
+    out.print(f"pool {pool} destroyed")

@@ -1,0 +1,105 @@
+"""`broker demo [--bubbles]`: the product end to end on this machine, with a summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.progress import Progress
+
+from broker.app import render
+from broker.app.cli.common import (
+    JsonOpt,
+    err,
+    make_broker,
+    out,
+    print_json,
+    redis_url,
+    user_errors,
+)
+from broker.app.settings import Settings
+from broker.domain.errors import BrokerError, InfeasibleError
+from broker.domain.model import Quote
+from broker.domain.specfile import load_spec
+
+
+@user_errors
+def demo(
+    examples: Path = typer.Option(Path("examples"), help="Directory of example job specs (runnable ones in demo/)."),
+    speedup: float = typer.Option(60.0, help="Time compression: simulated seconds per wall-clock second."),
+    timeout: float = typer.Option(150.0, help="Give up after this many wall-clock seconds."),
+    bubbles: bool = typer.Option(
+        False, "--bubbles", help="Instead: a fill job in a real DeepSpeed pipeline's bubbles (about 2 minutes)."
+    ),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Quote the example jobs, then run the runnable ones end to end: dispatch, preemption, migration."""
+    from broker.app.demo import run_demo
+
+    if bubbles:
+        return demo_bubbles(examples, max(timeout, 300.0), as_json)
+
+    files = sorted(examples.glob("*.yaml"))
+    if not files or not (examples / "demo").is_dir():
+        raise BrokerError(
+            f"examples: no *.yaml and demo/ in {examples}; run from the project root or pass --examples DIR"
+        )
+    settings = Settings.from_env()
+    broker = make_broker(with_store=False)
+    quotes = []
+    for path in files:
+        spec = load_spec(path, broker.clock.now())
+        try:
+            quotes.append({"file": str(path), **render.quote_dict(broker.quote(spec), None, False)})
+        except InfeasibleError as refusal:
+            quotes.append({"file": str(path), "refused": str(refusal)})
+    if not as_json:
+        for q in quotes:
+            if "quote" in q:
+                out.print(render.quote_table(Quote.model_validate(q["quote"]), f"{q['file']}: quote"))
+            else:
+                out.print(f"[bold]{q['file']}[/]: [yellow]refused[/] {q['refused']}\n")
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("running the demo jobs", total=None)
+
+        def show(jobs):
+            bar.update(task, description="  ".join(f"{j.spec.name}: {j.state.value}" for j in jobs))
+
+        summary = run_demo(
+            redis_url(settings), settings.home, examples, broker.catalog, broker.policy, speedup, timeout, show
+        )
+    if as_json:
+        print_json({"quotes": quotes, **summary})
+        return
+    out.print(render.run_summary(summary))
+
+
+def demo_bubbles(examples: Path, timeout: float, as_json: bool) -> None:
+    from broker.app.demo_bubbles import run_bubbles_demo
+
+    if not (examples / "bubbles" / "train_gpt.py").exists():
+        raise BrokerError(
+            f"examples: no bubbles/train_gpt.py in {examples}; run from the project root or pass --examples DIR"
+        )
+    settings = Settings.from_env()
+    broker = make_broker(with_store=False)
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("starting the training job (DeepSpeed, 4 ranks)", total=None)
+
+        def show(job, training):
+            run = job.runs[-1] if job.runs else None
+            where = f"{run.offer.tier.value}@{run.agent}" if run else "waiting"
+            bar.update(
+                task,
+                description=(
+                    f"training {'running' if training else 'ended'}; {job.spec.name}: {job.state.value} {where}"
+                ),
+            )
+
+        summary = run_bubbles_demo(
+            redis_url(settings), settings.home, examples, broker.catalog, broker.policy, timeout, progress=show
+        )
+    if as_json:
+        print_json(summary)
+        return
+    out.print(render.bubbles_summary(summary))

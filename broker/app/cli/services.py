@@ -1,0 +1,174 @@
+"""The long-running parts: `broker server`, `broker agent`, `broker dashboard`, and `broker stop`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+import typer
+
+from broker import planning
+from broker.app.cli.common import (
+    err,
+    make_broker,
+    out,
+    redis_url,
+    store_for,
+    user_errors,
+)
+from broker.app.settings import Settings
+from broker.domain.errors import BrokerError
+from broker.store import embedded
+
+
+@user_errors
+def stop() -> None:
+    """Stop the embedded private redis-server (its data stays on disk)."""
+    settings = Settings.from_env()
+    if settings.redis_url:
+        raise BrokerError("stop: BROKER_REDIS_URL is set; broker only stops the private server it started")
+    stopped = embedded.stop(settings.home)
+    out.print("stopped private redis-server" if stopped else "no private redis-server running")
+
+
+@user_errors
+def agent(
+    agent_id: str = typer.Option(..., "--id", help="This agent's unique name."),
+    offer_id: str = typer.Option(
+        ..., "--offer", help="The offer this instance is (cloud/zone/type/tier, see `broker prices`)."
+    ),
+    notices: str = typer.Option(
+        "none", help="Preemption notices: aws, gcp, azure (optionally =URL), trace=PATH[@TICK], none."
+    ),
+    speedup: float = typer.Option(1.0, help="Time compression for trace notices."),
+    lease_s: float = typer.Option(5.0, help="Heartbeat lease; the broker moves the job when it lapses."),
+    checkpoints: str | None = typer.Option(None, help="Checkpoint store URL (default BROKER_CHECKPOINTS)."),
+    runs: Path | None = typer.Option(None, help="Where job logs and events go (default $BROKER_HOME/runs)."),
+    metrics_port: int = typer.Option(0, help="Serve Prometheus metrics on this loopback port (0: off)."),
+    token: str | None = typer.Option(
+        None, envvar="BROKER_AGENT_TOKEN", help="Registration token (`broker agents token`)."
+    ),
+) -> None:
+    """Run the agent of one instance: take assignments, run jobs, report, checkpoint on notices."""
+    from broker.agents.agent import Agent
+    from broker.agents.notices import watcher
+
+    settings = Settings.from_env()
+    try:
+        catalog = make_broker(
+            live=True
+        ).catalog  # the newest prices and the hazard with every piece of evidence the store has
+    except redis.exceptions.NoPermissionError:  # an agent's ACL user reads no prices or jobs: the snapshot's offer
+        catalog = make_broker(with_store=False).catalog
+    try:
+        source = watcher(notices, speedup)
+    except ValueError as error:
+        raise BrokerError(str(error)) from None
+    from broker.app.metrics import AgentMetrics, serve
+
+    metrics = AgentMetrics()
+    if metrics_port:
+        serve(metrics.registry, metrics_port)
+    worker = Agent(
+        store_for(settings, daemon=True),
+        agent_id,
+        catalog.offer(offer_id),
+        checkpoints or settings.checkpoints,
+        runs or settings.home / "runs",
+        notices=source,
+        lease_s=lease_s,
+        metrics=metrics,
+        token=token,
+    )
+    err.print(f"agent {agent_id} ended: {worker.run()}")
+
+
+@user_errors
+def server(
+    speedup: float = typer.Option(1.0, help="Clock compression (demos and tests)."),
+    consumer: str = typer.Option(None, help="This replica's name (consumer group, planning lease); default host-pid."),
+    metrics_port: int = typer.Option(9464, help="Serve Prometheus metrics on this loopback port (0: off)."),
+    policy: str = typer.Option(None, help="Planning policy (see `broker policies`); default BROKER_POLICY or costslo."),
+    leader_lease_s: float = typer.Option(
+        5.0, min=0.1, help="Planning lease: a standby replica takes over this long after the leader stops."
+    ),
+) -> None:
+    """Run the broker's control loop: apply agent reports, reclaim lost agents, dispatch. Run several for
+    fail-over: one plans (the lease holder), the others stand by."""
+    import os
+    import socket
+
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.core.clock import ScaledClock
+    from broker.core.server import BrokerServer
+
+    settings = Settings.from_env()
+    broker = make_broker(daemon=True)
+    from broker.app.metrics import ServerMetrics, serve
+
+    metrics = ServerMetrics(broker.store)
+    if metrics_port:
+        serve(metrics.registry, metrics_port)
+    chosen = planning.get(policy, **settings.policy_options()) if policy else broker.policy
+    consumer = consumer or f"server-{socket.gethostname()}-{os.getpid()}"
+    loop = BrokerServer(
+        broker.store,
+        chosen,
+        ScaledClock(speedup),
+        CheckpointStore(settings.checkpoints),
+        consumer,
+        metrics=metrics,
+        agent_secret=settings.agent_secret,
+        leader_lease_s=leader_lease_s,
+    )
+    err.print(f"broker server {consumer} running; Ctrl-C stops it")
+    try:
+        loop.serve()
+    except KeyboardInterrupt:
+        pass
+
+
+@user_errors
+def dashboard(
+    port: int = typer.Option(8501, help="Port to serve on."),
+    address: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
+    backtest_dir: Path | None = typer.Option(
+        None, "--backtest", help="A `broker backtest --out` directory for the Backtest page."
+    ),
+) -> None:
+    """Serve the Streamlit dashboard on the live store (read-only)."""
+    import os
+    import subprocess
+    import sys
+
+    import broker
+
+    app_path = Path(broker.__file__).resolve().parent.parent / "dashboards" / "app.py"
+    if not app_path.exists():
+        raise BrokerError(f"dashboard: {app_path} not found; run broker from its source checkout (pip install -e .)")
+    settings = Settings.from_env()
+    env = {**os.environ, "BROKER_REDIS_URL": redis_url(settings), "BROKER_PREFIX": settings.prefix}
+    if backtest_dir:
+        env["BROKER_BACKTEST_DIR"] = str(backtest_dir.resolve())
+    argv = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(app_path),
+        "--server.headless",
+        "true",
+        "--server.address",
+        address,
+        "--server.port",
+        str(port),
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "viewer",
+    ]
+    err.print(f"dashboard on http://{address}:{port} (Ctrl-C stops it)")
+    try:
+        subprocess.run(argv, env=env, check=False)
+    except KeyboardInterrupt:
+        pass
