@@ -6,7 +6,7 @@ import pytest
 
 from broker.bubbles.capacity import bubble_offer
 from broker.bubbles.plan import Node, best_configuration, fill_plan, fill_throughput
-from broker.bubbles.profiler import BubbleProfile, DoublingProbe, WindowStats, load_profiles, profile, save_profile
+from broker.bubbles.profiler import BubbleProfile, WindowStats, load_profiles, profile, save_profile
 from broker.domain.model import Tier
 from broker.planning.costslo import CostSLO
 from broker.planning.options import PlanItem
@@ -46,12 +46,6 @@ def test_a_stored_profile_is_replaced_only_when_the_iteration_time_drifts(store)
     assert not save_profile(store, first.model_copy(update={"iteration_s": 1.05}))
     assert save_profile(store, first.model_copy(update={"iteration_s": 1.2}))
     assert [p.iteration_s for p in load_profiles(store)] == [1.2]
-
-
-def test_the_doubling_probe_stops_at_the_first_slowdown():
-    probe = DoublingProbe(baseline_s=1.0)
-    assert [probe.after_iteration(1.0), probe.after_iteration(1.01), probe.after_iteration(1.0)] == [0.2, 0.4, 0.8]
-    assert probe.after_iteration(1.3) is None and probe.safe_s == 0.4 and probe.done
 
 
 def test_fill_plan_packs_nodes_into_bubbles_cyclically_within_time_and_memory():

@@ -124,27 +124,6 @@ def forecast(
     ]
 
 
-def forecast_layout(main_job: str, model, layout, hw, memory_gb: float, at: datetime) -> list[BubbleProfile]:
-    """Forecast profiles of a main job registered with its layout (TransformerSpec, Layout, Hardware): per-stage
-    forward and backward times from the FLOPs model, free memory = the GPU's less the stage's estimate."""
-    from broker.models.transformer import exchange_seconds, stage_memory_bytes, stage_seconds
-
-    t_f, t_b = stage_seconds(model, layout, hw)
-    free = [max(0, int(memory_gb * 1e9 - used)) for used in stage_memory_bytes(model, layout)]
-    return forecast(
-        main_job,
-        model.schedule,
-        layout.p,
-        layout.microbatches(model),
-        t_f,
-        t_b,
-        free,
-        FORECAST,
-        at,
-        exchange_s=exchange_seconds(model, layout, hw),
-    )
-
-
 def save_profile(store: Store, bubble: BubbleProfile) -> bool:
     """Store the profile unless the stored one still holds (a measured one within 10% of this iteration time;
     a forecast is always replaced by a measurement); True if written."""
@@ -194,20 +173,3 @@ def load_fill_stats(store: Store) -> dict[tuple[str, int], FillStats]:
     keys = sorted(store.redis.scan_iter(store.key("bubble-fill", "*")))
     found = [FillStats.model_validate_json(v) for v in store.redis.mget(keys) if v] if keys else []
     return {(f.main_job, f.stage): f for f in found}
-
-
-class DoublingProbe:
-    """PipeFill's probe: how long a fill job may hold a window before the main job slows down."""
-
-    def __init__(self, baseline_s: float, start_s: float = 0.1, tolerance: float = 0.02):
-        self.baseline_s, self.tolerance = baseline_s, tolerance
-        self.probe_s, self.safe_s, self.done = start_s, 0.0, False
-
-    def after_iteration(self, iteration_s: float) -> float | None:
-        """Record the iteration measured with the current probe; the next wait, or None once found."""
-        if iteration_s > self.baseline_s * (1 + self.tolerance):
-            self.done = True
-            return None
-        self.safe_s = self.probe_s
-        self.probe_s *= 2
-        return self.probe_s

@@ -14,7 +14,6 @@ instances unless a bandwidth matrix is given.
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -89,48 +88,3 @@ def exclusive_hours(spec: JobSpec, accelerator: str, count: int) -> float:
 
 def usd_per_step(choice: Choice, price_usd_per_h: float) -> float:
     return price_usd_per_h * choice.iteration_s / 3600
-
-
-def should_switch(current_s: float, candidate_s: float, remaining_steps: int, switch_cost_s: float) -> bool:
-    """AutoPipe's rule: re-configure only when the time saved over the rest of the job exceeds the
-    cost of switching (a checkpoint and a restart)."""
-    return (current_s - candidate_s) * remaining_steps > switch_cost_s
-
-
-def pipeline_seconds(order: list[int], p: int, bandwidth: list[list[float]], message_bytes: float) -> float:
-    """T_pp of a placement: nodes in `order` form consecutive pipelines of p stages; the slowest pipeline's
-    sum over hops of 2 messages over the hop's bandwidth (bytes/s)."""
-    worst = 0.0
-    for start in range(0, len(order), p):
-        chain = order[start : start + p]
-        worst = max(worst, sum(2 * message_bytes / bandwidth[a][b] for a, b in zip(chain, chain[1:])))
-    return worst
-
-
-def anneal(
-    p: int, bandwidth: list[list[float]], message_bytes: float, steps: int = 4000, seed: int = 0
-) -> tuple[list[int], float]:
-    """Pipette's simulated annealing over the placement of nodes into pipelines (moves: swap, insert,
-    reverse a segment); returns (order, T_pp)."""
-    rng = random.Random(seed)
-    order = list(range(len(bandwidth)))
-    cost = pipeline_seconds(order, p, bandwidth, message_bytes)
-    best_order, best_cost = order[:], cost
-    temperature = max(cost, 1e-12)
-    for k in range(steps):
-        candidate = order[:]
-        i, j = sorted(rng.sample(range(len(order)), 2))
-        move = rng.randrange(3)
-        if move == 0:
-            candidate[i], candidate[j] = candidate[j], candidate[i]
-        elif move == 1:
-            candidate.insert(j, candidate.pop(i))
-        else:
-            candidate[i : j + 1] = reversed(candidate[i : j + 1])
-        new = pipeline_seconds(candidate, p, bandwidth, message_bytes)
-        heat = temperature * (1 - k / steps) + 1e-15
-        if new <= cost or rng.random() < math.exp((cost - new) / heat):
-            order, cost = candidate, new
-            if cost < best_cost:
-                best_order, best_cost = order[:], cost
-    return best_order, best_cost
