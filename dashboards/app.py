@@ -14,13 +14,13 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from broker.bubbles.profiler import load_fill_stats, load_profiles
 from broker.domain.errors import BrokerError
 from broker.models import accounting
 from broker.pricing.catalog import PriceCatalog
-from broker.pricing.history import PriceHistory
 from broker.sim import results
 from broker.store.jobs import Store
+from broker.store.prices import PriceHistory
+from broker.store.profiles import load_fill_stats, load_profiles
 
 REFRESH_S = 5
 PAGES = ["Overview", "Jobs", "Prices and risk", "Bubbles", "Backtest"]

@@ -10,8 +10,8 @@ from botocore.stub import ANY, Stubber
 from moto import mock_aws
 
 from broker.pricing.aws import RETRIES, AwsPrices
-from broker.pricing.history import PriceHistory
 from broker.pricing.refresh import refresh
+from broker.store.prices import PriceHistory
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}

@@ -12,8 +12,8 @@ from azure.core.credentials import AccessToken
 
 from broker.pricing.azure import AzurePrices
 from broker.pricing.hazard import HazardModel
-from broker.pricing.history import PriceHistory
 from broker.pricing.refresh import refresh
+from broker.store.prices import PriceHistory
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 KNOWN = {

@@ -14,13 +14,13 @@ import torch
 from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
-from broker.bubbles.profiler import load_fill_stats, load_profiles
 from broker.core.broker import Broker
 from broker.core.clock import SystemClock
 from broker.core.server import BrokerServer
 from broker.domain.model import JobState, Tier
 from broker.domain.specfile import load_spec
 from broker.store.jobs import Store
+from broker.store.profiles import load_fill_stats, load_profiles
 from conftest import EXAMPLES, NOW, assert_same_weights, make_spec, run_to_end
 
 SCRIPT = EXAMPLES / "bubbles" / "train_gpt.py"

@@ -6,10 +6,12 @@ import pytest
 
 from broker.bubbles.capacity import bubble_offer
 from broker.bubbles.plan import Node, best_configuration, fill_plan, fill_throughput
-from broker.bubbles.profiler import BubbleProfile, WindowStats, load_profiles, profile, save_profile
+from broker.bubbles.profiler import profile
+from broker.domain.bubbles import BubbleProfile, WindowStats
 from broker.domain.model import Tier
 from broker.planning.costslo import CostSLO
 from broker.planning.options import PlanItem
+from broker.store.profiles import load_profiles, save_profile
 from conftest import NOW, make_spec
 
 T = datetime(2026, 11, 22, tzinfo=UTC)

@@ -162,7 +162,7 @@ def test_prices_page_shows_the_cheapest_spot_and_on_demand_and_the_hazard(app, r
 
 
 def test_prices_page_charts_recorded_price_history_and_uses_the_newest_price(app, redis_url, store, catalog):
-    from broker.pricing.history import PriceHistory
+    from broker.store.prices import PriceHistory
 
     spot = next(o for o in catalog.offers if o.accelerator == "L4" and o.tier == Tier.spot)
     t0 = datetime(2025, 7, 1, tzinfo=UTC)
@@ -182,7 +182,8 @@ def test_prices_page_charts_recorded_price_history_and_uses_the_newest_price(app
 
 
 def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis_url, store):
-    from broker.bubbles.profiler import BubbleProfile, FillStats, WindowStats, save_fill_stats, save_profile
+    from broker.domain.bubbles import BubbleProfile, FillStats, WindowStats
+    from broker.store.profiles import save_fill_stats, save_profile
 
     measured = datetime(2026, 11, 22, tzinfo=UTC)
     for stage, (fill_drain, fwd_bwd) in enumerate([(0.0, 0.9), (0.3, 0.6), (0.6, 0.3), (0.9, 0.0)]):

@@ -12,8 +12,8 @@ from google.cloud import billing_v1, compute_v1
 
 from broker.domain.errors import SourceUnavailable
 from broker.pricing.gcp import GcpPrices
-from broker.pricing.history import PriceHistory
 from broker.pricing.refresh import refresh
+from broker.store.prices import PriceHistory
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 SKUS = re.compile(r"https://cloudbilling\.googleapis\.com/v1/services/6F81-5844-456A/skus.*")

@@ -135,7 +135,9 @@ def test_a_transformer_spec_is_checked_field_by_field():
 
 
 def test_a_measured_profile_replaces_a_forecast_even_when_close(store):
-    from broker.bubbles.profiler import FORECAST, forecast, load_profiles, save_profile
+    from broker.bubbles.profiler import forecast
+    from broker.domain.bubbles import FORECAST
+    from broker.store.profiles import load_profiles, save_profile
 
     forecast = forecast("llm", "1f1b", 4, 8, [0.1] * 4, [0.2] * 4, [8 * 10**9] * 4, FORECAST, NOW)[0]
     assert save_profile(store, forecast)

@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from broker.app.cli.main import app
-from broker.pricing.history import PriceHistory, points_from_rows, points_from_spot_tsv
+from broker.pricing.points import points_from_rows, points_from_spot_tsv
+from broker.store.prices import PriceHistory
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "prices"
 TSV = SHARED / "aws_spot_price_history_2022-05-31.tsv"

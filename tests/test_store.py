@@ -98,3 +98,12 @@ def test_a_redis_password_never_shows_in_errors():
     with pytest.raises(StoreUnavailableError) as err:
         Store(f"redis://agent:s3cret-pass@127.0.0.1:{free_port()}/0")
     assert "s3cret-pass" not in str(err.value) and "redis://agent:***@127.0.0.1:" in str(err.value)
+
+
+def test_clearing_a_namespace_deletes_only_its_own_keys(redis_url, catalog):
+    demo, live = Store(redis_url, prefix="demo-ns:"), Store(redis_url)
+    for i in range(3):
+        demo.add_job(new_job(catalog, f"d{i}"))
+    live.add_job(new_job(catalog, "keep"))
+    assert demo.clear_namespace() > 3
+    assert demo.list_jobs() == [] and [j.id for j in live.list_jobs()] == ["keep"]

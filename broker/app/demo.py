@@ -81,8 +81,7 @@ def run_demo(
 ) -> dict:
     """Run the demo jobs to the end (or the timeout) and return the summary."""
     store = Store(redis_url, prefix=PREFIX)
-    for key in store.redis.scan_iter(f"{PREFIX}*"):  # the demo's own namespace: start clean
-        store.redis.delete(key)
+    store.clear_namespace()  # the demo's own namespace: start clean
     work = home / "demo"
     shutil.rmtree(work, ignore_errors=True)
     checkpoints = f"{work}/checkpoints"

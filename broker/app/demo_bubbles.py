@@ -19,7 +19,6 @@ from pathlib import Path
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.provision import LocalProvisioner
 from broker.app.demo import job_summary, totals, wait_for_agents
-from broker.bubbles.profiler import load_profiles
 from broker.core.broker import Broker
 from broker.core.clock import SystemClock
 from broker.core.server import BrokerServer
@@ -27,6 +26,7 @@ from broker.domain.model import Tier
 from broker.domain.specfile import load_spec
 from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
+from broker.store.profiles import load_profiles
 
 PREFIX = "broker-demo-bubbles:"
 MAIN_JOB = "demo-llm"
@@ -45,8 +45,7 @@ def run_bubbles_demo(
 ) -> dict:
     """Run the training job and the fill job to the end (or the timeout); the summary."""
     store = Store(redis_url, prefix=PREFIX)
-    for key in store.redis.scan_iter(f"{PREFIX}*"):
-        store.redis.delete(key)
+    store.clear_namespace()  # the demo's own namespace: start clean
     work = home / "demo-bubbles"
     shutil.rmtree(work, ignore_errors=True)
     checkpoints = f"{work}/checkpoints"

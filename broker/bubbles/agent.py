@@ -22,10 +22,11 @@ from datetime import UTC, datetime
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.bubbles.executor import FillExecutor
-from broker.bubbles.profiler import BubbleProfile, FillStats, save_fill_stats
+from broker.domain.bubbles import BubbleProfile, FillStats
 from broker.domain.model import AgentInfo, Job, Offer
 from broker.sdk import STATE_FILE
 from broker.store.jobs import Store
+from broker.store.profiles import save_fill_stats
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ When a fill job's step profile is known, `plan.fill_throughput` refines its spee
 
 from __future__ import annotations
 
-from broker.bubbles.profiler import BubbleProfile
+from broker.domain.bubbles import BubbleProfile
 from broker.domain.model import Offer, Tier
 
 FILL_EFFICIENCY = 0.9  # share of a usable window spent in fill steps (step granularity, pause latency)

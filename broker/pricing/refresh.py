@@ -13,7 +13,8 @@ from datetime import datetime
 import pandas as pd
 
 from broker.domain.errors import SourceUnavailable
-from broker.pricing.history import PriceHistory, points_from_rows
+from broker.pricing.points import points_from_rows
+from broker.store.prices import PriceHistory
 
 
 def check_rows(rows: pd.DataFrame, known_regions: set[str], skipped: Counter) -> pd.DataFrame:

@@ -96,7 +96,7 @@ def run_policy(
     base, bubbles = name.removesuffix(BUBBLES), name.endswith(BUBBLES)
     prefix = f"backtest:{seed}:{name}:"
     store = Store(redis_url, prefix=prefix)
-    _clear(store)
+    store.clear_namespace()
     clock = SimulatedClock(market.start)
     policy = planning.get(base)
     broker = Broker(store, OfferBook(market.offers(bubbles)), policy, clock)
@@ -140,7 +140,7 @@ def run_policy(
     finally:
         fleet.close()
         checkpoints.fs.rm(checkpoints.root, recursive=True) if checkpoints.fs.exists(checkpoints.root) else None
-        _clear(store)
+        store.clear_namespace()
 
 
 def horizon(market: Market, arrivals: list[Arrival]) -> int:
@@ -148,12 +148,6 @@ def horizon(market: Market, arrivals: list[Arrival]) -> int:
     return min(
         market.ticks, math.ceil(max(a.at_h + 3 * (a.window_h or 72.0) for a in arrivals) / (market.tick_s / 3600))
     )
-
-
-def _clear(store: Store) -> None:
-    keys = list(store.redis.scan_iter(store.prefix + "*", count=1000))
-    for i in range(0, len(keys), 500):
-        store.redis.delete(*keys[i : i + 500])
 
 
 def summary(outcomes: list[Outcome], bound: dict[str, Bound] | None, reference: Outcome | None = None) -> list[dict]:

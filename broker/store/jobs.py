@@ -19,8 +19,8 @@ Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis):
     {p}leader-token      STRING  fencing token, incremented each time the lease changes hands
     {p}agent-events      STREAM  what agents report: agent, job, fence, type, data (JSON), key (the agent's);
                                  consumer group "broker", stale pending entries reclaimed
-    price:{offer}, priced, refreshed, evictions   price history: see broker/pricing/history.py
-    bubbles:{main job}:{stage}         bubble profiles: see broker/bubbles/profiler.py
+    price:{offer}, priced, refreshed, evictions   price history: see prices.py
+    bubbles:{main job}:{stage}         bubble profiles: see profiles.py
     (both event streams are capped at about STREAM_MAXLEN entries; agents send progress at most once a second)
 
 A change to a job writes the job, its event and whatever must go with it (an assignment,
@@ -85,7 +85,14 @@ class Store:
     def _key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
 
-    key = _key  # for the modules that keep their own keys beside the store's (pricing/history.py)
+    key = _key  # for the store's other modules, which keep their keys beside these (prices.py, profiles.py)
+
+    def clear_namespace(self) -> int:
+        """Delete every key under this store's prefix (a demo's or a backtest's own); returns how many."""
+        keys = list(self.redis.scan_iter(self.prefix + "*", count=1000))
+        for i in range(0, len(keys), 500):
+            self.redis.delete(*keys[i : i + 500])
+        return len(keys)
 
     def _ensure_durable(self) -> None:
         try:

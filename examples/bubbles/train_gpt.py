@@ -259,8 +259,9 @@ def register(main_job: str, accelerator: str, stage: int, recorder, iterations):
     from broker.app.settings import Settings
     from broker.bubbles.agent import FillAgent
     from broker.bubbles.capacity import bubble_offer
-    from broker.bubbles.profiler import profile, save_profile
+    from broker.bubbles.profiler import profile
     from broker.store.jobs import Store
+    from broker.store.profiles import save_profile
 
     settings = Settings.from_env()
     if not settings.redis_url:

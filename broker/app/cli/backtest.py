@@ -16,7 +16,7 @@ from broker import sim
 from broker.app.cli.common import JsonOpt, err, out, print_json, user_errors
 from broker.app.settings import Settings
 from broker.bubbles.capacity import bubble_offer
-from broker.bubbles.profiler import BubbleProfile
+from broker.domain.bubbles import BubbleProfile
 from broker.domain.errors import BrokerError
 from broker.pricing.catalog import PriceCatalog
 from broker.sim import backtest, results

@@ -17,9 +17,9 @@ from broker.core.clock import SystemClock
 from broker.domain.errors import BrokerError
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.hazard import HazardModel, observed
-from broker.pricing.history import PriceHistory
 from broker.store import embedded
 from broker.store.jobs import Store
+from broker.store.prices import PriceHistory
 
 # Tables are wide: when output is not a terminal (pipes, CI logs) give rich room for them.
 _WIDTH = shutil.get_terminal_size((200, 24)).columns

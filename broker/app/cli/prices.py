@@ -12,8 +12,9 @@ from broker.app.cli.common import JsonOpt, make_broker, out, print_json, user_er
 from broker.domain.accelerators import lookup
 from broker.domain.errors import BrokerError
 from broker.domain.model import parse_deadline
-from broker.pricing import history
+from broker.pricing.points import points_from_rows, points_from_spot_tsv
 from broker.pricing.snapshot import load_aws
+from broker.store.prices import PriceHistory
 
 prices_app = typer.Typer(help="GPU instance prices and their preemption risk.")
 
@@ -94,14 +95,14 @@ def import_prices(
     if not path.is_file():
         raise BrokerError(f"path: no file {path}; give an AWS spot price history .tsv or a catalog .csv")
     if path.suffix == ".tsv":
-        points = history.points_from_spot_tsv(path)
+        points = points_from_spot_tsv(path)
     else:
         if at is None:
             raise BrokerError(
                 f"--at: {path.name} has no times in it; say when its prices were seen, e.g. --at 2025-06-01"
             )
-        points = history.points_from_rows(load_aws(path), parse_deadline(at, datetime.now(UTC)))
-    prices = history.PriceHistory(make_broker().store)
+        points = points_from_rows(load_aws(path), parse_deadline(at, datetime.now(UTC)))
+    prices = PriceHistory(make_broker().store)
     appended = prices.record(points)
     prices.mark_refreshed(f"file:{path.name}", datetime.now(UTC))
     result = {"file": str(path), "points": len(points), "appended": appended, "offers": points["offer"].nunique()}
@@ -119,7 +120,7 @@ def price_history(
     as_json: bool = JsonOpt,
 ) -> None:
     """Recorded price changes of an instance type: a table and a sparkline per zone."""
-    prices = history.PriceHistory(make_broker().store)
+    prices = PriceHistory(make_broker().store)
     wanted = [
         o
         for o in prices.offers()
@@ -164,7 +165,7 @@ def refresh_prices(
     unknown = [c for c in cloud if c not in builders]
     if unknown:
         raise BrokerError(f"--cloud: no live source for {', '.join(unknown)} yet; choose from {', '.join(builders)}")
-    reports = refresh([builders[c]() for c in cloud], history.PriceHistory(broker.store), known, datetime.now(UTC))
+    reports = refresh([builders[c]() for c in cloud], PriceHistory(broker.store), known, datetime.now(UTC))
     if as_json:
         print_json(reports)
         return
