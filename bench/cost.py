@@ -19,12 +19,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from broker.app.cli.backtest import trace_start
+from broker.app.wiring import backtest_market, backtest_workload
 from broker.domain.errors import BrokerError
-from broker.pricing.catalog import PriceCatalog
 from broker.sim import backtest
-from broker.sim.market import from_traces
-from broker.sim.workloads import FREERIDE_MAIN_JOBS, ml_mix
 from broker.store import embedded
 
 POLICIES = [*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT]
@@ -36,13 +33,11 @@ def leaf_directories(root: Path) -> list[Path]:
 
 def one(directory: str, seed: int, jobs: int) -> dict:
     """One backtest; its rows, or why the directory has no GPU offers."""
-    catalog = PriceCatalog.from_snapshot()
     try:
-        market = from_traces(Path(directory), catalog, trace_start(Path(directory)))
+        market = backtest_market(Path(directory))
     except BrokerError as err:
         return {"traces": directory, "seed": seed, "skipped": str(err)}
-    market = market.with_bubbles([o for main in FREERIDE_MAIN_JOBS for o in main.offers(market.start)])
-    arrivals = ml_mix(seed, jobs, min(o.price_usd_per_h for o in market.on_demand), market.spot[0].offer.accelerator)
+    arrivals = backtest_workload(market, seed, jobs)
     with embedded.scratch() as url:
         result = backtest.run(market, arrivals, POLICIES, seed, url)
     bound_status = sorted({b.status for b in result.bound.values()})

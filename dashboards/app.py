@@ -14,6 +14,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from broker.app import wiring
+from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
 from broker.models import accounting
 from broker.pricing.catalog import PriceCatalog
@@ -31,10 +33,10 @@ def store() -> Store:
     return Store(os.environ["BROKER_REDIS_URL"], prefix=os.environ.get("BROKER_PREFIX", "broker:"))
 
 
-@st.cache_resource
+@st.cache_resource(ttl=60)
 def catalog() -> PriceCatalog:
-    prices = os.environ.get("BROKER_PRICES_DIR")
-    return PriceCatalog.from_snapshot(prices or None)
+    """Priced as quotes and dispatch price it (newest prices, hazard with our agents' evidence); a minute old."""
+    return wiring.live_catalog(store(), Settings.from_env())
 
 
 def now() -> datetime:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from broker.app.cli.backtest import PACKAGED_TRACES, trace_start
 from broker.app.cli.main import app
+from broker.app.wiring import PACKAGED_TRACES, trace_start
 from broker.core import broker as core_broker
 from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import JobState
@@ -272,3 +272,38 @@ def test_cli_backtest_takes_measured_bubble_profiles_and_refuses_a_bad_file(tmp_
     (tmp_path / "bad.json").write_text('[{"stage": 1}]')
     bad = CliRunner().invoke(app, ["backtest", "--profiles", str(tmp_path / "bad.json")])
     assert bad.exit_code == 2 and "profiles: " in bad.output and "is not a JSON list of bubble profiles" in bad.output
+
+
+def test_simulated_agents_learn_of_a_guard_move_from_their_view_and_hand_the_job_back(market, redis_url):
+    from datetime import timedelta
+
+    from broker import planning
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.core.broker import Broker
+    from broker.core.clock import SimulatedClock
+    from broker.core.server import BrokerServer
+    from broker.sim.fleet import SimFleet
+    from broker.sim.market import OfferBook
+    from broker.store.jobs import Store
+
+    store, clock = Store(redis_url, prefix="fleet-move:"), SimulatedClock(market.start)
+    policy = planning.get("cbl-greedy")  # spot when there is some: the guard is what moves it
+    checkpoints = CheckpointStore("memory://fleet-move")
+    server = BrokerServer(store, policy, clock, checkpoints, consumer="test")
+    fleet = SimFleet(store, checkpoints, market, bubbles=False)
+    [arrival] = ml_mix(0, 1, 3.06, arrival_h=0)
+    spec = arrival.spec.model_copy(update={"deadline": clock.now() + timedelta(hours=arrival.window_h)})
+    Broker(store, OfferBook(market.offers(False)), policy, clock).submit(spec, job_id="j")
+    fleet.provision(0, clock.now(), store.pending_count())
+    fleet.take(server.step(), clock.now())
+    [(agent, run)] = fleet.runs.items()
+    assert run.offer.tier.value == "spot"
+    assert fleet.obey(clock.now()) == 0  # nothing asked yet
+    clock.advance(hours=arrival.window_h * 0.9)  # no progress reported: far behind, so the guard moves it
+    server.step()
+    assert fleet.obey(clock.now()) == 1 and agent not in fleet.runs
+    server.step()
+    job = store.get_job("j")
+    assert job.runs[0].end_reason == "moved" and job.runs[0].checkpoint_step is not None
+    assert job.runs[-1].offer.tier.value == "on_demand"  # the server re-dispatched it, on-demand only
+    fleet.close()

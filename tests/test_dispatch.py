@@ -295,3 +295,16 @@ def test_the_round_budget_limits_what_the_server_dispatches(redis_url, tmp_path,
     assert len(dispatched) == 1
     waiting = next(j for j in jobs if j.id not in {job for job, _ in dispatched})
     assert system.store.get_job(waiting.id).state == JobState.queued
+
+
+def test_dispatch_plans_agents_at_the_newest_prices_not_those_they_registered_with(redis_url, tmp_path, catalog):
+    system = System(redis_url, tmp_path, catalog)
+    system.server.policy = planning.get("cheapest")
+    for name in ("spot-a", "spot-b"):
+        system.agent(name)
+    cheap, dear = system.offers["spot-a"], system.offers["spot-b"]
+    assert cheap.price_usd_per_h < dear.price_usd_per_h  # as the agents registered
+    repriced = cheap.model_copy(update={"price_usd_per_h": dear.price_usd_per_h * 3})  # since then: spot-a's price rose
+    system.server.prices = lambda: [repriced, dear]
+    job = system.broker.submit(train_spec())
+    assert system.server.dispatch() == [(job.id, "spot-b")]

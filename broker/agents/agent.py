@@ -3,26 +3,22 @@ a heartbeat lease, takes assignments from its stream, runs each job through the 
 contract, forwards the job's events, and on a preemption notice has the job checkpoint
 and leaves. It acknowledges an assignment only once the job process has started, and
 runs an assignment only while its fence token is the job's newest. It reads nothing of jobs but its
-assignments and its view of them (Store.ownership), so its Redis user can be limited to those
-(broker/acl.py).
+assignments and its view of them: the contract every agent keeps (broker/agents/contract.py).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import socket
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import redis
-from pydantic import ValidationError
 
+from broker.agents.contract import Contract, Verdict
 from broker.agents.runner import JobProcess
-from broker.domain.jobspec import JobSpec
-from broker.domain.model import AgentInfo, Offer
+from broker.domain.model import Offer
 from broker.store.jobs import Store
 
 log = logging.getLogger(__name__)
@@ -56,9 +52,9 @@ class Agent:
         self.notices = notices
         self.metrics = metrics  # a broker.app.metrics.AgentMetrics, or None
         self.heartbeat_s, self.lease_ms, self.grace_s = heartbeat_s, int(lease_s * 1000), grace_s
+        self.contract = Contract(store, agent_id)
         self.job: JobProcess | None = None
         self.fence: int | None = None
-        self.started_fences: set[tuple[str, int]] = set()
         self._last_beat = 0.0
         self._stopping = False
         self._progress: dict | None = None  # the newest progress event not yet reported
@@ -66,18 +62,8 @@ class Agent:
         self._notice_polled = 0.0
 
     def register(self) -> None:
-        now = datetime.now(UTC)
-        info = AgentInfo(
-            id=self.id,
-            offer=self.offer,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            registered_at=now,
-            token=self.token,
-        )
-        self.store.register_agent(info, self.lease_ms)
+        self.contract.register(self.offer, self.lease_ms, token=self.token)
         self._last_beat = time.monotonic()
-        log.info("agent=%s registered offer=%s", self.id, self.offer.id)
 
     def run(self) -> str:
         """Serve assignments until preempted or stopped; returns why it ended."""
@@ -97,7 +83,7 @@ class Agent:
         """One turn of the loop; a string when the agent must end (preempted, stopped)."""
         if time.monotonic() - self._last_beat >= self.heartbeat_s:
             self._last_beat = time.monotonic()
-            if not self.store.renew_lease(self.id, self.lease_ms):  # lapsed (a pause, a partition): the broker
+            if not self.contract.renew(self.lease_ms):  # lapsed (a pause, a partition): the broker
                 self._end_job("lost", kill=True)  # may have moved our job, so drop it and start afresh
                 log.warning("agent=%s lease lapsed; re-registering", self.id)
                 self.register()
@@ -123,48 +109,29 @@ class Agent:
 
     def _check_ownership(self) -> None:
         """Stop the job when it moved on (fence, cancel), or checkpoint and hand it back when the broker asks."""
-        view = self.store.ownership(self.id, self.job.job_id)
-        if view is None or view["fence"] != self.fence or not view["mine"] or view["terminal"]:
-            self._end_job("fenced")
-        elif view["move"]:
-            self._end_job("moved")
+        verdict = self.contract.verdict(self.job.job_id, self.fence)
+        if verdict != Verdict.run:
+            self._end_job(verdict.value)
 
     def _take_assignment(self, block_ms: int) -> None:
-        entry = self.store.read_assignment(self.id, block_ms)
-        if entry is None:
+        assignment = self.contract.take(block_ms)
+        if assignment is None:
             return
-        entry_id, fields = entry
-        try:
-            job_id, fence, run_id = fields["job"], int(fields["fence"]), fields["run"]
-            spec = JobSpec.model_validate_json(fields["spec"])
-        except (KeyError, ValueError, ValidationError):  # not an assignment the broker wrote: drop it, loudly
-            log.warning("agent=%s dropped malformed assignment %s", self.id, entry_id)
-            self.store.ack_assignment(self.id, entry_id)
-            return
-        view = self.store.ownership(self.id, job_id)  # only the broker writes it: an entry it did not send is stale
-        stale = view is None or view["fence"] != fence or not view["mine"]
-        if stale or (job_id, fence) in self.started_fences or view["started"]:
-            log.info("agent=%s skip job=%s fence=%d (stale or already started)", self.id, job_id, fence)
-            self.store.ack_assignment(self.id, entry_id)
-            return
-        if view["terminal"]:  # cancelled between dispatch and now: close the run so the broker frees us
-            self.store.report(self.id, job_id, fence, "exited", reason="cancelled", code=None, log_tail=[])
-            self.store.ack_assignment(self.id, entry_id)
-            return
-        resume_from = fields.get("resume_from") or None
+        job_id = assignment.job
         process = JobProcess(
-            spec, job_id, f"{self.checkpoint_root}/{job_id}", self.run_root / job_id / run_id, resume_from
+            assignment.spec,
+            job_id,
+            f"{self.checkpoint_root}/{job_id}",
+            self.run_root / job_id / assignment.run,
+            assignment.resume_from,
         )
-        self.started_fences.add((job_id, fence))
         try:
             process.start()
         except OSError as err:
-            self.store.report(self.id, job_id, fence, "exited", reason="failed", code=None, log_tail=[str(err)])
-            self.store.ack_assignment(self.id, entry_id)
+            self.contract.refuse(assignment, str(err))
             return
-        self.job, self.fence = process, fence
-        self.store.report(self.id, job_id, fence, "started", pid=process.pid, resume_from=resume_from)
-        self.store.ack_assignment(self.id, entry_id)  # only now: a crash before this redelivers it
+        self.job, self.fence = process, assignment.fence
+        self.contract.started(assignment, pid=process.pid)  # acked only now: a crash before this redelivers it
 
     def _forward(self, flush: bool = False) -> None:
         """Report the job's events; progress at most once per PROGRESS_EVERY_S (the latest wins), in order."""
@@ -193,7 +160,7 @@ class Agent:
 
     def _send(self, event: dict) -> None:
         data = {k: v for k, v in event.items() if k not in ("type", "job")}
-        self.store.report(self.id, self.job.job_id, self.fence, event["type"], **data)
+        self.contract.report(self.job.job_id, self.fence, event["type"], **data)
 
     def _end_job(self, reason: str, code: int | None = None, kill: bool = False) -> None:
         if self.job is None:
@@ -203,7 +170,7 @@ class Agent:
         self._forward(flush=True)
         code = self.job.poll() if code is None else code
         tail = self.job.log_tail() if reason == "failed" else []
-        self.store.report(self.id, self.job.job_id, self.fence, "exited", reason=reason, code=code, log_tail=tail)
+        self.contract.exited(self.job.job_id, self.fence, reason, code=code, log_tail=tail)
         self.job, self.fence = None, None
 
     def _leave(self, notice) -> str:
@@ -211,13 +178,11 @@ class Agent:
 
         The lease is left to lapse, not deleted, so the broker applies the exit report first.
         """
-        self.store.mark_leaving(self.id)
+        self.contract.leave()
         if notice and self.metrics:
             self.metrics.notices.inc()
         if self.job:
-            self.store.report(
-                self.id, self.job.job_id, self.fence, "notice", deadline=notice.deadline if notice else None
-            )
+            self.contract.report(self.job.job_id, self.fence, "notice", deadline=notice.deadline if notice else None)
             grace = self.grace_s
             if notice:
                 left = (notice.deadline - datetime.now(UTC)).total_seconds()

@@ -1,10 +1,11 @@
 """A stage's fill executor as a broker agent of tier `bubble`.
 
 An instrumented training rank publishes its BubbleProfile, registers the stage's windows as an
-Offer of tier bubble and serves fill jobs through the same contract as every agent: it takes
-assignments from its stream (acked after the start), resumes from the checkpoint the broker chose,
-reports started, progress, checkpoint and exited, obeys the fence and the deadline guard's
-move request, and keeps a heartbeat lease. A job runs only inside the windows: each bubble signal
+Offer of tier bubble and serves fill jobs through the contract every agent keeps
+(broker/agents/contract.py): assignments from its stream (acked after the start), the checkpoint the
+broker chose, started, progress, checkpoint and exited reports, the fence and the deadline guard's
+move request read from its views (never a job record), and a heartbeat lease.
+A job runs only inside the windows: each bubble signal
 from the engine becomes an executor window as long as that kind of window nearly always is (its
 p10, less a 10% margin); the engine never waits for it. When training ends, the running fill job
 is checkpointed and handed back (end reason `preempted`), so the broker moves it elsewhere.
@@ -13,17 +14,16 @@ is checkpointed and handed back (end reason `preempted`), so the broker moves it
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import socket
 import threading
 import time
 from datetime import UTC, datetime
 
 from broker.agents.checkpoints import CheckpointStore
+from broker.agents.contract import Assignment, Contract, Verdict
 from broker.bubbles.executor import FillExecutor
 from broker.domain.bubbles import BubbleProfile, FillStats
-from broker.domain.model import AgentInfo, Job, Offer
+from broker.domain.model import Offer
 from broker.sdk import STATE_FILE
 from broker.store.jobs import Store
 from broker.store.profiles import save_fill_stats
@@ -52,8 +52,9 @@ class FillAgent:
         self.iterations: list[float] = []  # the main job's iteration times while a fill job ran
         self.lease_ms = int(lease_s * 1000)
         self.signals: queue.Queue = queue.Queue()
+        self.contract = Contract(store, self.id)
         self.executor: FillExecutor | None = None
-        self.job: Job | None = None
+        self.job: Assignment | None = None
         self.total_steps = 0
         self.served: list[str] = []  # job ids it ran, in order
         self._thread = threading.Thread(target=self._serve, name=f"fill-agent-{self.id}", daemon=True)
@@ -73,15 +74,7 @@ class FillAgent:
             self.iterations.append(seconds)
 
     def start(self) -> None:
-        info = AgentInfo(
-            id=self.id,
-            offer=self.offer,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            registered_at=datetime.now(UTC),
-        )
-        self.store.register_agent(info, self.lease_ms)
-        log.info("agent=%s registered offer=%s", self.id, self.offer.id)
+        self.contract.register(self.offer, self.lease_ms)
         self._thread.start()
 
     def leaving(self) -> None:
@@ -113,17 +106,17 @@ class FillAgent:
             if self.executor is not None:
                 self._end("preempted", checkpoint=True)
             self._publish()
-            self.store.remove_agent(self.id)
+            self.contract.remove()
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
         if self._leaving.is_set():  # here, on the serving thread, so no heartbeat runs after the mark
             if not self._left.is_set():
-                self.store.mark_leaving(self.id)
+                self.contract.leave()
                 self._left.set()
         elif now - self._beat >= self.lease_ms / 4000:
             self._beat = now
-            self.store.renew_lease(self.id, self.lease_ms)
+            self.contract.renew(self.lease_ms)
         if now - self._published >= STATS_EVERY_S:
             self._publish()
         if self.executor is None:
@@ -132,48 +125,31 @@ class FillAgent:
                 self._take_assignment()
         elif now - self._owned >= OWNERSHIP_EVERY_S:
             self._owned = now
-            job = self.store.get_job(self.job.id)
-            if job.fence != self.job.fence or job.state.terminal:
-                self._end("fenced", checkpoint=False)
-            elif job.move_requested:
-                self._end("moved", checkpoint=True)
+            verdict = self.contract.verdict(self.job.job, self.job.fence)
+            if verdict != Verdict.run:
+                self._end(verdict.value, checkpoint=verdict == Verdict.moved)
 
     def _take_assignment(self) -> None:
-        entry = self.store.read_assignment(self.id, block_ms=None)
-        if entry is None:
-            return
-        entry_id, fields = entry
-        job = self.store.get_job(fields["job"])
-        run = job.current_run
-        if job.fence != int(fields["fence"]) or run is None or run.agent != self.id or run.started_at is not None:
-            self.store.ack_assignment(self.id, entry_id)
+        job = self.contract.take(block_ms=None)
+        if job is None:
             return
         if not job.spec.fill_task:
-            self.store.report(
-                self.id,
-                job.id,
-                job.fence,
-                "exited",
-                reason="failed",
-                code=None,
-                log_tail=["fill job has no fill_task (module:Class of its FillTask); it cannot run in bubbles"],
+            self.contract.refuse(
+                job, "fill job has no fill_task (module:Class of its FillTask); it cannot run in bubbles"
             )
-            self.store.ack_assignment(self.id, entry_id)
             return
         executor = FillExecutor(job.spec.fill_task, {**job.spec.env, "step_s": 0.0})
-        executor.state = self._resume(job.id, run.resume_from)
+        executor.state = self._resume(job.job, job.resume_from)
         try:
             executor.start()
         except (RuntimeError, OSError) as err:
-            self.store.report(self.id, job.id, job.fence, "exited", reason="failed", code=None, log_tail=[str(err)])
-            self.store.ack_assignment(self.id, entry_id)
+            self.contract.refuse(job, str(err))
             return
         self.executor, self.job, self.total_steps = executor, job, int(job.spec.work.steps)
         self._owned = self._saved = time.monotonic()
-        self.served.append(job.id)
+        self.served.append(job.job)
         self.stats.jobs += 1
-        self.store.report(self.id, job.id, job.fence, "started", pid=executor.process.pid, resume_from=run.resume_from)
-        self.store.ack_assignment(self.id, entry_id)
+        self.contract.started(job, pid=executor.process.pid)
 
     def _resume(self, job_id: str, url: str | None) -> dict | None:
         """The state in the checkpoint the broker chose (verified), or None to start afresh."""
@@ -196,7 +172,7 @@ class FillAgent:
         self.stats.fill_s += sum(end - start for start, end in report["steps"]) if report else length
         done = report["done"] if report else (self.executor.state or {}).get("step", 0)
         if done >= self.total_steps or time.monotonic() - self._reported >= PROGRESS_EVERY_S:
-            self.store.report(self.id, self.job.id, self.job.fence, "progress", done=done, total=self.total_steps)
+            self.contract.report(self.job.job, self.job.fence, "progress", done=done, total=self.total_steps)
             self._reported = time.monotonic()
         if done >= self.total_steps:
             self._end("finished", checkpoint=True)
@@ -211,22 +187,14 @@ class FillAgent:
         self._published = time.monotonic()
 
     def _checkpoint(self) -> None:
-        url = self.executor.checkpoint(self.checkpoints, self.job.id)
+        url = self.executor.checkpoint(self.checkpoints, self.job.job)
         step = int((self.executor.state or {}).get("step", 0))
-        self.store.report(self.id, self.job.id, self.job.fence, "checkpoint", url=url, step=step)
+        self.contract.report(self.job.job, self.job.fence, "checkpoint", url=url, step=step)
         self._saved = time.monotonic()
 
     def _end(self, reason: str, checkpoint: bool) -> None:
         if checkpoint:
             self._checkpoint()
         self.executor.stop()
-        self.store.report(
-            self.id,
-            self.job.id,
-            self.job.fence,
-            "exited",
-            reason=reason,
-            code=0 if reason == "finished" else None,
-            log_tail=[],
-        )
+        self.contract.exited(self.job.job, self.job.fence, reason, code=0 if reason == "finished" else None)
         self.executor, self.job = None, None

@@ -20,7 +20,7 @@ import redis
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.tokens import refusal
 from broker.domain.errors import InfeasibleError, NotFoundError
-from broker.domain.model import AgentInfo, Job, JobState, Run, Tier
+from broker.domain.model import AgentInfo, Job, JobState, Offer, Run, Tier
 from broker.models.risk import fits
 from broker.planning.options import PlanItem
 from broker.planning.uniform_progress import Move, decide, progress_of
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 END_REASONS = {"finished", "failed", "preempted", "lost", "fenced", "cancelled", "moved"}
 PLAN_PAGE = 1000  # pending jobs planned per round, most urgent first
 GUARD_EVERY_S = 1.0
+PRICES_EVERY_S = 60.0  # the catalog changes when prices are refreshed or our agents see preemptions
 
 
 class BrokerServer:
@@ -47,6 +48,7 @@ class BrokerServer:
         metrics=None,
         agent_secret: str | None = None,
         leader_lease_s: float = 5.0,
+        prices=None,
     ):
         self.store, self.policy, self.clock, self.checkpoints = store, policy, clock, checkpoints
         self.metrics = metrics  # a broker.app.metrics.ServerMetrics, or None
@@ -58,6 +60,9 @@ class BrokerServer:
         self.leader_lease_ms = int(leader_lease_s * 1000)
         self.token: int | None = None  # our fencing token while we hold the planning lease
         self._led_at = 0.0
+        self.prices = prices  # () -> the newest Offers (the catalog quotes use), or None: agents keep theirs
+        self._newest: dict[str, Offer] = {}
+        self._priced_at = -float("inf")
 
     def lead(self) -> bool:
         """Hold the planning lease (one replica plans at a time); False while another replica holds it.
@@ -89,15 +94,16 @@ class BrokerServer:
         if self.metrics:
             self.metrics.round_seconds.observe(time.monotonic() - started)
 
-    def step(self) -> tuple[list[str], list[tuple[str, str]]]:
-        """One round on a simulated clock (the backtest): every report folded, the guard, dispatch; nothing
-        throttled by wall time; returns (jobs the guard moved, (job, agent) dispatched). Lease expiry is not
-        simulated: simulated agents report every end themselves."""
+    def step(self) -> list[tuple[str, str]]:
+        """One round on a simulated clock (the backtest): what round() does, nothing throttled by wall time;
+        returns the (job, agent) pairs dispatched. Agents learn of guard moves from their views, as live ones."""
         if not self.lead():
-            return [], []
+            return []
         while self.fold_reports(block_ms=None):
             pass
-        return self.guard(), self.dispatch()
+        self.reclaim_lost()
+        self.guard()
+        return self.dispatch()
 
     def fold_reports(self, block_ms: int | None) -> int:
         """Apply one batch of agent reports (one transaction per job), then ack them; returns how many."""
@@ -296,7 +302,8 @@ class BrokerServer:
         by_offer: dict[str, list[AgentInfo]] = {}
         for agent in idle:
             by_offer.setdefault(agent.offer.id, []).append(agent)
-        offers = [agents_here[0].offer for agents_here in by_offer.values()]
+        newest = self.newest_offers()
+        offers = [newest.get(offer_id, group[0].offer) for offer_id, group in by_offer.items()]
         plan = self.policy.plan(
             [PlanItem.from_job(j) for j in jobs], offers, {k: len(v) for k, v in by_offer.items()}, self.clock.now()
         )
@@ -313,6 +320,14 @@ class BrokerServer:
             if self._assign(job, agent):
                 done.append((job.id, agent.id))
         return done
+
+    def newest_offers(self) -> dict[str, Offer]:
+        """Offers by id as the catalog prices them now (refreshed every PRICES_EVERY_S): an agent registered
+        at start-up is planned at today's price and hazard, not at those of the day it started."""
+        if self.prices is not None and time.monotonic() - self._priced_at >= PRICES_EVERY_S:
+            self._newest = {o.id: o for o in self.prices()}
+            self._priced_at = time.monotonic()
+        return self._newest
 
     def _admitted(self, agent: AgentInfo) -> bool:
         """Whether the agent may get work: its registration token verifies (when the broker asks for one)."""

@@ -122,10 +122,9 @@ def run_policy(
                 except InfeasibleError:
                     refused.append(spec.name)
             fleet.provision(tick, now, store.pending_count())
-            moved, dispatched = server.step()
-            if moved:  # a live agent hands a moved job back within a second: the server re-dispatches it at once
-                fleet.hand_back(moved, now)
-                dispatched += server.step()[1]
+            dispatched = server.step()
+            if fleet.obey(now):  # a live agent hands a moved job back within a second: re-dispatched at once
+                dispatched += server.step()
             fleet.take(dispatched, now)
             fleet.advance(now, tick_h)
             clock.advance(hours=tick_h)

@@ -1,8 +1,9 @@
 """The simulated fleet of a backtest: agents that keep the live contract with the real store.
 
-Each agent stands for one instance of a market offer. It registers in the store, takes its
-assignments from its own stream (acked after the start), resumes from the checkpoint the server
-chose, runs the job at the speed the money model gives for that offer, writes real checkpoints
+Each agent stands for one instance of a market offer and keeps the contract every agent keeps
+(broker/agents/contract.py): it registers, takes its assignments from its own stream (acked after
+the start), learns of fences and the deadline guard's moves from its views, resumes from the
+checkpoint the server chose, runs the job at the speed the money model gives for that offer, writes real checkpoints
 (to an in-memory fsspec store, verified by the server) at Young's interval, and reports started,
 progress, checkpoint and exited with the simulated time of each. A run pays the restart time
 (a new instance and the restore) before it progresses and the checkpoint write time each time it
@@ -18,13 +19,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from broker.agents.checkpoints import CheckpointStore
-from broker.domain.model import AgentInfo, JobSpec, Offer
+from broker.agents.contract import Contract, Verdict, judge
+from broker.domain.model import JobSpec, Offer
 from broker.models.risk import checkpoint_hours, exclusive_hours, restart_hours, young_interval_h
 from broker.sim.market import Market
 from broker.store.jobs import Store
 
 PROGRESS_UNITS = 1_000_000  # a job's work in progress units (checkpoint steps)
-LEASE_MS = 10**10  # simulated agents end their runs themselves; a lease never lapses in a backtest
+LEASE_MS = 10**10  # a simulated agent is alive until the fleet removes it: its lease outlasts any backtest
 EPS = 1e-9
 
 
@@ -51,6 +53,7 @@ class SimFleet:
         self.bubble_offers = market.bubbles if bubbles else []
         self.on_offer: dict[str, list[str]] = {}  # offer id -> its agents, oldest first
         self.offer_of: dict[str, Offer] = {}  # agent id -> offer
+        self.contracts: dict[str, Contract] = {}  # agent id -> its side of the contract
         self.runs: dict[str, SimRun] = {}  # agent id -> the run it holds
         self._scratch = Path(tempfile.mkdtemp(prefix="broker-backtest-"))
         self._count = 0
@@ -76,13 +79,12 @@ class SimFleet:
             if agent in self.runs:
                 self._end(agent, now, "preempted")
             agents.remove(agent)
-            self.store.remove_agent(agent)
+            self.contracts.pop(agent).remove()
         while len(agents) < target:
             self._count += 1
             agent = f"sim-{self._count:06d}"
-            self.store.register_agent(
-                AgentInfo(id=agent, offer=offer, host="backtest", pid=0, registered_at=now), LEASE_MS
-            )
+            self.contracts[agent] = Contract(self.store, agent)
+            self.contracts[agent].register(offer, LEASE_MS, host="backtest", pid=0, at=now)
             agents.append(agent)
             self.offer_of[agent] = offer
 
@@ -91,30 +93,23 @@ class SimFleet:
     def take(self, dispatched: list[tuple[str, str]], now: datetime) -> None:
         """Start the assignments the server just sent: read, resume from the checkpoint, report, ack."""
         for _job, agent in dispatched:
-            entry = self.store.read_assignment(agent, block_ms=None)
-            if entry is None:
-                continue
-            entry_id, fields = entry
-            job = self.store.get_job(fields["job"])
-            run = job.current_run
-            if run is None or run.agent != agent or job.fence != int(fields["fence"]):
-                self.store.ack_assignment(agent, entry_id)
+            job = self.contracts[agent].take(block_ms=None)
+            if job is None:
                 continue
             offer = self.offer_of[agent]
             exclusive_h = exclusive_hours(job.spec, offer)
             self.runs[agent] = SimRun(
-                job.id,
+                job.job,
                 job.fence,
                 offer,
                 job.spec,
                 PROGRESS_UNITS / exclusive_h,
-                self._resume(job.id, run.resume_from),
+                self._resume(job.job, job.resume_from),
                 restart_hours(job.spec),
                 0.0,
                 young_interval_h(checkpoint_hours(job.spec), offer.hazard_per_h, exclusive_h),
             )
-            self.store.report(agent, job.id, job.fence, "started", at=now.timestamp(), resume_from=run.resume_from)
-            self.store.ack_assignment(agent, entry_id)
+            self.contracts[agent].started(job, at=now.timestamp())
 
     def _resume(self, job_id: str, url: str | None) -> float:
         """Progress saved in the checkpoint at `url` (0 without one), read from the store after verifying it."""
@@ -126,13 +121,20 @@ class SimFleet:
         with self.checkpoints.open_file(manifest, "state.json") as f:
             return float(json.load(f)["done"])
 
-    def hand_back(self, job_ids: list[str], now: datetime) -> None:
-        """The deadline guard asked for these jobs: checkpoint and give them back (end reason `moved`)."""
-        wanted = set(job_ids)
-        for agent, run in list(self.runs.items()):
-            if run.job in wanted:
+    def obey(self, now: datetime) -> int:
+        """Act on the views of the running jobs, as live agents do between steps: hand back (checkpoint, end
+        `moved`) the jobs the deadline guard moves, stop those fenced; returns how many ended."""
+        running = list(self.runs.items())
+        views = self.store.ownerships([(agent, run.job) for agent, run in running])
+        ended = 0
+        for (agent, run), view in zip(running, views):
+            verdict = judge(view, run.fence)
+            if verdict == Verdict.moved:
                 self._checkpoint(agent, run, now)
-                self._end(agent, now, "moved")
+            if verdict != Verdict.run:
+                self._end(agent, now, verdict.value)
+                ended += 1
+        return ended
 
     def advance(self, start: datetime, hours: float) -> None:
         """Run every job for `hours` from `start`: restart and checkpoint time first, then progress;
@@ -164,35 +166,20 @@ class SimFleet:
                 self._progress(agent, run, start + timedelta(hours=hours))
 
     def _progress(self, agent: str, run: SimRun, at: datetime) -> None:
-        self.store.report(
-            agent,
-            run.job,
-            run.fence,
-            "progress",
-            at=at.timestamp(),
-            done=min(run.done, PROGRESS_UNITS),
-            total=PROGRESS_UNITS,
-        )
+        done = min(run.done, PROGRESS_UNITS)
+        self.contracts[agent].report(run.job, run.fence, "progress", at=at.timestamp(), done=done, total=PROGRESS_UNITS)
 
     def _checkpoint(self, agent: str, run: SimRun, at: datetime) -> None:
         (self._scratch / "state.json").write_text(json.dumps({"done": run.done}))
         manifest = self.checkpoints.publish(run.job, int(run.done), self._scratch)
-        self.store.report(
-            agent, run.job, run.fence, "checkpoint", at=at.timestamp(), url=manifest.url, step=int(run.done)
+        self.contracts[agent].report(
+            run.job, run.fence, "checkpoint", at=at.timestamp(), url=manifest.url, step=int(run.done)
         )
 
     def _end(self, agent: str, at: datetime, reason: str) -> None:
         run = self.runs.pop(agent)
-        self.store.report(
-            agent,
-            run.job,
-            run.fence,
-            "exited",
-            at=at.timestamp(),
-            reason=reason,
-            code=0 if reason == "finished" else None,
-            log_tail=[],
-        )
+        code = 0 if reason == "finished" else None
+        self.contracts[agent].exited(run.job, run.fence, reason, code=code, at=at.timestamp())
 
     def close(self) -> None:
         for path in self._scratch.iterdir():

@@ -235,12 +235,12 @@ class Store:
 
     def ownership(self, agent_id: str, job_id: str) -> dict | None:
         """The agent's view of a job (see _tell_agents), or None when it was never given the job."""
-        raw = self.redis.get(self._key("own", agent_id, job_id))
-        try:
-            view = json.loads(raw) if raw else None
-            return view if isinstance(view, dict) and isinstance(view.get("fence"), int) else None
-        except ValueError:
-            return None
+        return _view(self.redis.get(self._key("own", agent_id, job_id)))
+
+    def ownerships(self, pairs: list[tuple[str, str]]) -> list[dict | None]:
+        """The views of many (agent, job) pairs in one round trip (a simulated fleet's agents)."""
+        raws = self.redis.mget([self._key("own", agent, job) for agent, job in pairs]) if pairs else []
+        return [_view(raw) for raw in raws]
 
     def set_state(self, job_id: str, state: JobState, now: datetime, reason: str | None = None) -> Job:
         """Move a job to `state` with its event, atomically; a terminal job cannot move."""
@@ -426,3 +426,11 @@ def _parse_report(fields: dict) -> dict | None:
     except (KeyError, TypeError, ValueError):
         return None
     return report if isinstance(data, dict) else None
+
+
+def _view(raw: str | None) -> dict | None:
+    try:
+        view = json.loads(raw) if raw else None
+        return view if isinstance(view, dict) and isinstance(view.get("fence"), int) else None
+    except ValueError:
+        return None

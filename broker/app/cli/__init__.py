@@ -1,0 +1,1 @@
+"""The `broker` command, one module per command group; main.py assembles them."""

@@ -3,52 +3,18 @@ missed deadlines, against every baseline and the omniscient bound."""
 
 from __future__ import annotations
 
-import json
-import re
-from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from broker import sim
 from broker.app.cli.common import JsonOpt, err, out, print_json, user_errors
 from broker.app.settings import Settings
-from broker.bubbles.capacity import bubble_offer
-from broker.domain.bubbles import BubbleProfile
+from broker.app.wiring import PACKAGED_TRACES, backtest_market, backtest_workload
 from broker.domain.errors import BrokerError
-from broker.pricing.catalog import PriceCatalog
 from broker.sim import backtest, results
-from broker.sim.market import from_traces
-from broker.sim.workloads import FREERIDE_MAIN_JOBS, ml_mix
 from broker.store import embedded
-
-PACKAGED_TRACES = Path(sim.__file__).parent / "data" / "traces"
-
-
-def trace_start(directory: Path) -> datetime:
-    """When the traces begin: the date in a `<cloud>-MM-DD-YYYY` directory name, else 2023-01-01."""
-    for part in [directory.name, *(p.name for p in directory.iterdir() if p.is_dir())]:
-        found = re.search(r"(\d{2})-(\d{2})-(\d{4})$", part)
-        if found:
-            month, day, year = (int(g) for g in found.groups())
-            return datetime(year, month, day, tzinfo=UTC)
-    return datetime(2023, 1, 1, tzinfo=UTC)
-
-
-def measured_bubbles(path: Path, market) -> list:
-    """Bubble offers from a file of measured profiles, on the traces' accelerator in the first on-demand region."""
-    try:
-        found = [BubbleProfile.model_validate(p) for p in json.loads(path.read_text())]
-    except (OSError, ValueError, TypeError) as err:
-        raise BrokerError(
-            f"profiles: {path} is not a JSON list of bubble profiles ({str(err).splitlines()[0]}); "
-            "write one from `broker.bubbles.profiler.load_profiles`"
-        ) from None
-    home = market.on_demand[0]
-    offers = (bubble_offer(p, home.cloud, home.region, home.accelerator) for p in found)
-    return [o for o in offers if o is not None]
 
 
 def command(
@@ -81,15 +47,8 @@ def command(
     backtest.check_policies(names)
     if not traces.is_dir():
         raise BrokerError(f"traces: {traces} is not a directory; point --traces at a directory of trace JSON files")
-    catalog = PriceCatalog.from_snapshot(Settings.from_env().prices_dir)
-    market = from_traces(traces, catalog, trace_start(traces), tick_minutes * 60, spot_instances)
-    market = market.with_bubbles(
-        measured_bubbles(profiles, market)
-        if profiles
-        else [o for main in FREERIDE_MAIN_JOBS for o in main.offers(market.start)]
-    )
-    od_price = min(o.price_usd_per_h for o in market.on_demand)
-    arrivals = ml_mix(seed, jobs, od_price, market.spot[0].offer.accelerator, arrival_hours)
+    market = backtest_market(traces, Settings.from_env().prices_dir, tick_minutes * 60, spot_instances, profiles)
+    arrivals = backtest_workload(market, seed, jobs, arrival_hours)
     setting = {
         "traces": str(traces),
         "jobs": jobs,

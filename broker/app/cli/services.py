@@ -8,6 +8,7 @@ import redis
 import typer
 
 from broker import planning
+from broker.app import wiring
 from broker.app.cli.common import (
     err,
     make_broker,
@@ -120,6 +121,7 @@ def server(
         metrics=metrics,
         agent_secret=settings.agent_secret,
         leader_lease_s=leader_lease_s,
+        prices=lambda: wiring.live_catalog(broker.store, settings).offers,
     )
     err.print(f"broker server {consumer} running; Ctrl-C stops it")
     try:

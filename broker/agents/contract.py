@@ -1,0 +1,151 @@
+"""The agent side of the broker's contract, written once for every kind of agent: the process agent on an
+instance, a training stage's fill agent, and the backtest's simulated fleet.
+
+An agent registers the capacity it stands for and keeps a lease. It takes assignments from its own
+stream and acknowledges one only after the job started, so a crash before that redelivers it. It starts
+an assignment only while the broker's view of the job says the fence is the newest and the job is its
+own; it stops a job when the view moves on (a newer fence, a cancel) and checkpoints and hands it back
+when the view asks for a move. It reports with its own key. It reads nothing of jobs but its
+assignments and those views, so its Redis user can be limited to them (broker/store/acl.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from pydantic import ValidationError
+
+from broker.domain.jobspec import JobSpec
+from broker.domain.model import AgentInfo, Offer
+from broker.store.jobs import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One dispatch of a job to this agent, as the broker wrote it on the agent's stream."""
+
+    entry_id: str
+    job: str
+    fence: int
+    run: str
+    spec: JobSpec
+    resume_from: str | None
+
+
+class Verdict(StrEnum):
+    """What the broker's view says of a job an agent runs."""
+
+    run = "run"  # carry on
+    fenced = "fenced"  # stop it: the job moved on (a newer dispatch) or was cancelled
+    moved = "moved"  # checkpoint it and hand it back: the deadline guard moves it
+
+
+def judge(view: dict | None, fence: int) -> Verdict:
+    """The verdict of one view (Store.ownership) on the run with `fence`."""
+    if view is None or view["fence"] != fence or not view["mine"] or view["terminal"]:
+        return Verdict.fenced
+    return Verdict.moved if view["move"] else Verdict.run
+
+
+class Contract:
+    """One agent's dealings with the broker through the store."""
+
+    def __init__(self, store: Store, agent_id: str):
+        self.store, self.id = store, agent_id
+        self._started: set[tuple[str, int]] = set()  # (job, fence) this agent started: never twice
+
+    def register(
+        self,
+        offer: Offer,
+        lease_ms: int,
+        token: str | None = None,
+        host: str | None = None,
+        pid: int | None = None,
+        at: datetime | None = None,
+    ) -> None:
+        info = AgentInfo(
+            id=self.id,
+            offer=offer,
+            host=host or socket.gethostname(),
+            pid=os.getpid() if pid is None else pid,
+            registered_at=at or datetime.now(UTC),
+            token=token,
+        )
+        self.store.register_agent(info, lease_ms)
+        log.info("agent=%s registered offer=%s", self.id, offer.id)
+
+    def renew(self, lease_ms: int) -> bool:
+        """Extend the lease; False when it had lapsed (the broker may have moved this agent's job)."""
+        return self.store.renew_lease(self.id, lease_ms)
+
+    def leave(self) -> None:
+        """The instance is going away: no new work. The lease is left to lapse, so the exit report comes first."""
+        self.store.mark_leaving(self.id)
+
+    def remove(self) -> None:
+        self.store.remove_agent(self.id)
+
+    def take(self, block_ms: int | None) -> Assignment | None:
+        """The next assignment to start, or None. Entries not to start are settled here: a malformed one is
+        dropped, a stale or repeated one skipped, and a job cancelled since its dispatch closed with `exited`."""
+        entry = self.store.read_assignment(self.id, block_ms)
+        if entry is None:
+            return None
+        entry_id, fields = entry
+        try:
+            job, fence, run = fields["job"], int(fields["fence"]), fields["run"]
+            spec = JobSpec.model_validate_json(fields["spec"])
+        except (KeyError, ValueError, ValidationError):  # not an assignment the broker wrote: drop it, loudly
+            log.warning("agent=%s dropped malformed assignment %s", self.id, entry_id)
+            self.store.ack_assignment(self.id, entry_id)
+            return None
+        view = self.store.ownership(self.id, job)  # only the broker writes it: an entry it did not send is stale
+        if (
+            view is None
+            or view["fence"] != fence
+            or not view["mine"]
+            or view["started"]
+            or (job, fence) in self._started
+        ):
+            log.info("agent=%s skip job=%s fence=%d (stale or already started)", self.id, job, fence)
+            self.store.ack_assignment(self.id, entry_id)
+            return None
+        if view["terminal"]:  # cancelled between dispatch and now: close the run so the broker frees us
+            self.exited(job, fence, "cancelled")
+            self.store.ack_assignment(self.id, entry_id)
+            return None
+        return Assignment(entry_id, job, fence, run, spec, fields.get("resume_from") or None)
+
+    def started(self, assignment: Assignment, at: float | None = None, **data) -> None:
+        """The job runs: report it, then acknowledge the assignment."""
+        self._started.add((assignment.job, assignment.fence))
+        self.report(assignment.job, assignment.fence, "started", at=at, resume_from=assignment.resume_from, **data)
+        self.store.ack_assignment(self.id, assignment.entry_id)
+
+    def refuse(self, assignment: Assignment, why: str) -> None:
+        """The job could not start here: it failed with `why`, and the assignment is done."""
+        self._started.add((assignment.job, assignment.fence))
+        self.exited(assignment.job, assignment.fence, "failed", log_tail=[why])
+        self.store.ack_assignment(self.id, assignment.entry_id)
+
+    def verdict(self, job: str, fence: int) -> Verdict:
+        """What the broker's view says of the job this agent runs with `fence`."""
+        return judge(self.store.ownership(self.id, job), fence)
+
+    def report(self, job: str, fence: int, kind: str, at: float | None = None, **data) -> None:
+        """Tell the broker what happened; `at` (epoch seconds) for a simulated clock, else the broker's now."""
+        if at is not None:
+            data["at"] = at
+        self.store.report(self.id, job, fence, kind, **data)
+
+    def exited(
+        self, job: str, fence: int, reason: str, code: int | None = None, log_tail=(), at: float | None = None
+    ) -> None:
+        self.report(job, fence, "exited", at=at, reason=reason, code=code, log_tail=list(log_tail))
