@@ -43,6 +43,14 @@ def pick_agents(catalog: PriceCatalog) -> list[tuple[str, object, str]]:
     ]
 
 
+def start_clean(redis_url: str, prefix: str, work: Path) -> tuple[Store, Path, str]:
+    """A demo's own store namespace and work directory, emptied; (store, work dir, checkpoint root)."""
+    store = Store(redis_url, prefix=prefix)
+    store.clear_namespace()
+    shutil.rmtree(work, ignore_errors=True)
+    return store, work, f"{work}/checkpoints"
+
+
 def job_summary(job: Job) -> dict:
     """Tiers, cost, what the same work costs on on-demand, migrations and work lost."""
     on_demand = on_demand_equivalent_usd(job, job.updated_at)
@@ -80,11 +88,7 @@ def run_demo(
     progress=None,
 ) -> dict:
     """Run the demo jobs to the end (or the timeout) and return the summary."""
-    store = Store(redis_url, prefix=PREFIX)
-    store.clear_namespace()  # the demo's own namespace: start clean
-    work = home / "demo"
-    shutil.rmtree(work, ignore_errors=True)
-    checkpoints = f"{work}/checkpoints"
+    store, work, checkpoints = start_clean(redis_url, PREFIX, home / "demo")
     clock = ScaledClock(speedup)
     broker = Broker(store, catalog, policy, clock)
     server = BrokerServer(store, policy, clock, CheckpointStore(checkpoints), lease_s=3.0)

@@ -10,7 +10,6 @@ on the on-demand agent from that checkpoint. Real time (no compressed clock).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,14 +17,13 @@ from pathlib import Path
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.provision import LocalProvisioner
-from broker.app.demo import job_summary, totals, wait_for_agents
+from broker.app.demo import job_summary, start_clean, totals, wait_for_agents
 from broker.core.broker import Broker
 from broker.core.clock import SystemClock
 from broker.core.server import BrokerServer
 from broker.domain.model import Tier
 from broker.domain.specfile import load_spec
 from broker.pricing.catalog import PriceCatalog
-from broker.store.jobs import Store
 from broker.store.profiles import load_profiles
 
 PREFIX = "broker-demo-bubbles:"
@@ -44,11 +42,7 @@ def run_bubbles_demo(
     progress=None,
 ) -> dict:
     """Run the training job and the fill job to the end (or the timeout); the summary."""
-    store = Store(redis_url, prefix=PREFIX)
-    store.clear_namespace()  # the demo's own namespace: start clean
-    work = home / "demo-bubbles"
-    shutil.rmtree(work, ignore_errors=True)
-    checkpoints = f"{work}/checkpoints"
+    store, work, checkpoints = start_clean(redis_url, PREFIX, home / "demo-bubbles")
     clock = SystemClock()
     server = BrokerServer(store, policy, clock, CheckpointStore(checkpoints))
     provisioner = LocalProvisioner(redis_url, checkpoints, work / "runs", prefix=PREFIX)

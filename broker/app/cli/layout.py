@@ -14,6 +14,8 @@ from broker.domain.model import Tier
 from broker.domain.specfile import load_spec
 from broker.models import parallel
 
+COLUMNS = ("shape", "layout", "iteration_s", "memory_gb", "hours", "spot_usd_per_step", "spot_usd", "on_demand_usd")
+
 
 def rows(spec, offers) -> list[dict]:
     """Per accepted (accelerator, count): the fastest layout that fits, its memory, and the cheapest prices."""
@@ -60,31 +62,13 @@ def command(
         print_json(found)
         return
     table = Table(title=f"{spec.name}: {spec.work.steps} steps", title_justify="left")
-    for column in (
-        "shape",
-        "layout",
-        "iteration_s",
-        "memory_gb",
-        "hours",
-        "spot_usd_per_step",
-        "spot_usd",
-        "on_demand_usd",
-    ):
+    for column in COLUMNS:
         table.add_column(column)
     for row in found:
         table.add_row(
             *(
                 "does not fit" if row["layout"] is None and c == "layout" else "-" if row[c] is None else str(row[c])
-                for c in (
-                    "shape",
-                    "layout",
-                    "iteration_s",
-                    "memory_gb",
-                    "hours",
-                    "spot_usd_per_step",
-                    "spot_usd",
-                    "on_demand_usd",
-                )
+                for c in COLUMNS
             )
         )
     out.print(table)
