@@ -25,7 +25,7 @@ from rich.table import Table
 from broker.domain.model import Offer, Tier
 from broker.domain.specfile import validate_spec
 from broker.planning.costslo import CostSLO
-from broker.planning.options import PlanItem
+from broker.planning.option_table import PlanItem
 from broker.pricing.catalog import PriceCatalog
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)

@@ -9,7 +9,7 @@ from broker.domain.model import Offer, Tier
 from broker.models.risk import STARTUP_H, Expectation, fallback_expectation
 from broker.planning import get
 from broker.planning.costslo import CostSLO, may_wait
-from broker.planning.options import PlanItem
+from broker.planning.option_table import PlanItem
 from broker.planning.uniform_progress import UniformProgress
 from conftest import NOW, make_spec
 

@@ -5,12 +5,12 @@ from datetime import UTC, datetime
 import pytest
 
 from broker.bubbles.capacity import bubble_offer
-from broker.bubbles.plan import Node, best_configuration, fill_plan, fill_throughput
+from broker.bubbles.fill_plan import Node, best_configuration, fill_plan, fill_throughput
 from broker.bubbles.profiler import profile
 from broker.domain.bubbles import BubbleProfile, WindowStats
 from broker.domain.model import Tier
 from broker.planning.costslo import CostSLO
-from broker.planning.options import PlanItem
+from broker.planning.option_table import PlanItem
 from broker.store.profiles import load_profiles, save_profile
 from conftest import NOW, make_spec
 

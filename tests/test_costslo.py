@@ -12,7 +12,7 @@ from broker.domain.model import Offer, Tier
 from broker.models.risk import evaluate, fits
 from broker.planning import get, names
 from broker.planning.costslo import CostSLO
-from broker.planning.options import PlanItem, option_table
+from broker.planning.option_table import PlanItem, option_table
 from conftest import NOW, make_spec
 
 

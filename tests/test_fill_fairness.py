@@ -3,7 +3,7 @@
 from broker.domain.model import Offer, Tier
 from broker.planning.fairness import MaxMinFairness, MinMakespan
 from broker.planning.fill import FillJob, next_fill_job
-from broker.planning.options import PlanItem
+from broker.planning.option_table import PlanItem
 from conftest import NOW, make_spec
 
 INF = float("inf")

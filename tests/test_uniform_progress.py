@@ -5,7 +5,7 @@ import random
 import pytest
 
 from broker.domain.model import Offer, Tier
-from broker.planning.options import PlanItem
+from broker.planning.option_table import PlanItem
 from broker.planning.uniform_progress import Move, Progress, UniformProgress, decide
 from conftest import NOW, make_spec
 

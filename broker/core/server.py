@@ -13,22 +13,21 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime
 
 import redis
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.tokens import refusal
+from broker.core.reports import end_run, fold
 from broker.domain.errors import InfeasibleError, NotFoundError
 from broker.domain.model import AgentInfo, Job, JobState, Offer, Run, Tier
 from broker.models.risk import fits
-from broker.planning.options import PlanItem
+from broker.planning.option_table import PlanItem
 from broker.planning.uniform_progress import Move, decide, progress_of
 from broker.store.jobs import Store
 
 log = logging.getLogger(__name__)
 
-END_REASONS = {"finished", "failed", "preempted", "lost", "fenced", "cancelled", "moved"}
 PLAN_PAGE = 1000  # pending jobs planned per round, most urgent first
 GUARD_EVERY_S = 1.0
 PRICES_EVERY_S = 60.0  # the catalog changes when prices are refreshed or our agents see preemptions
@@ -182,69 +181,10 @@ class BrokerServer:
             self.metrics.preemptions.inc()
 
     def _fold(self, job: Job, report: dict) -> Job | None:
-        """The job after one report, or None when the report does not apply (stale, repeated, unknown)."""
-        kind, data = report["type"], report["data"]
+        """The job after one report (core/reports.py), at the agent's time mapped through our clock."""
+        data = report["data"]
         now = self.clock.at(data["at"]) if "at" in data else self.clock.now()
-        run = job.current_run
-        if run is None or report["fence"] != job.fence or run.agent != report["agent"]:
-            return None
-        run = run.model_copy()
-        update: dict = {"updated_at": now}
-        if kind == "started":
-            if run.started_at is not None:
-                return None
-            run.started_at = now
-            update.update(state=JobState.running, reason=f"running on {run.agent}")
-        elif (
-            kind == "progress"
-        ):  # coerce every field: model_copy does not validate, and a bad value stored would poison the job
-            total = data.get("total")
-            run.progress_done, run.progress_total = float(data["done"]), None if total is None else float(total)
-            run.last_progress_at = now
-        elif kind == "checkpoint":
-            if not self.checkpoints.owns(str(data["url"]), job.id):
-                raise ValueError(
-                    f"checkpoint url {str(data['url'])[:200]!r} is outside the job's directory in the store"
-                )
-            run.checkpoint_url, run.checkpoint_step, run.checkpoint_at = str(data["url"]), int(data["step"]), now
-            run.checkpoint_error = None
-        elif kind == "checkpoint_failed":
-            run.checkpoint_error = f"step {int(data['step'])}: {str(data['reason'])[:300]}"
-        elif kind == "notice":
-            update.update(state=JobState.migrating, reason=f"preemption notice on {run.agent}")
-        elif kind == "exited":
-            if data["reason"] not in END_REASONS:
-                raise ValueError(f"unknown end reason {data['reason']!r}")
-            code = data.get("code")
-            _end_run(run, now, data["reason"], None if code is None else int(code))
-            update.update(self._after_run(job, run, [str(line) for line in data.get("log_tail") or []][-50:]))
-        else:
-            return None
-        return job.model_copy(update={**update, "runs": job.runs[:-1] + [run]})
-
-    def _after_run(self, job: Job, run: Run, log_tail: list[str]) -> dict:
-        reason = run.end_reason
-        if reason == "finished":
-            return {"state": JobState.done, "reason": "finished"}
-        if reason == "failed":
-            restarts = job.restarts + 1
-            if restarts > job.spec.max_restarts:
-                why = f"failed {restarts} times (exit code {run.exit_code}); last output below"
-                return {"state": JobState.failed, "reason": why, "restarts": restarts, "log_tail": log_tail}
-            return {
-                "state": JobState.queued,
-                "reason": f"restart {restarts} after exit code {run.exit_code}",
-                "restarts": restarts,
-            }
-        if reason in ("preempted", "lost"):
-            return {"state": JobState.migrating, "reason": f"{reason} on {run.agent}"}
-        if reason == "moved":
-            return {
-                "state": JobState.migrating,
-                "reason": f"moved off {run.agent} by the deadline guard",
-                "move_requested": False,
-            }
-        return {}  # fenced or cancelled: the job already moved on
+        return fold(job, report, now, self.checkpoints)
 
     # -- lost agents ----------------------------------------------------------------------
 
@@ -263,7 +203,7 @@ class BrokerServer:
                 if live is None or current.fence != fence:
                     return None
                 live = live.model_copy()
-                _end_run(live, now, "lost", None)
+                end_run(live, now, "lost", None)
                 return current.model_copy(
                     update={
                         "state": JobState.migrating,
@@ -420,12 +360,3 @@ class BrokerServer:
         if assigned and self.metrics and job.runs and job.runs[-1].end_reason in ("preempted", "lost", "moved"):
             self.metrics.migrations.inc()
         return assigned
-
-
-def _end_run(run: Run, now: datetime, reason: str, code: int | None) -> None:
-    """Close a run: its cost, and the work done since its last checkpoint when it did not finish."""
-    run.ended_at, run.end_reason, run.exit_code = now, reason, code
-    run.cost_usd = run.offer.price_usd_per_h * run.hours(now)
-    if reason != "finished" and run.last_progress_at is not None:
-        since = run.checkpoint_at or run.started_at or run.dispatched_at
-        run.work_lost_s = max(0.0, (run.last_progress_at - since).total_seconds())

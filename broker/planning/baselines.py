@@ -9,7 +9,7 @@ from broker.domain.model import JobSpec, Offer, Option, Plan, Tier, Unplaced
 from broker.models.risk import fits
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
-from broker.planning.options import PlanItem
+from broker.planning.option_table import PlanItem
 
 
 @register("on-demand")

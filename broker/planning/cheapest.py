@@ -9,7 +9,7 @@ from broker.domain.errors import InfeasibleError
 from broker.domain.model import JobSpec, Offer, Option, Plan, Quote, Tier, Unplaced
 from broker.models.risk import evaluate, fits
 from broker.planning import register
-from broker.planning.options import PlanItem
+from broker.planning.option_table import PlanItem
 
 ALTERNATIVES = 4
 

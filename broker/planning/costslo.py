@@ -29,7 +29,7 @@ from broker.models.risk import evaluate_with_fallback, window_hours
 from broker.planning import register
 from broker.planning.auction import auction_prices
 from broker.planning.cheapest import CheapestFeasible, cost_order
-from broker.planning.options import OptionTable, PlanItem, option_table, smallest_per_job
+from broker.planning.option_table import OptionTable, PlanItem, option_table, smallest_per_job
 from broker.planning.uniform_progress import Move, decide, progress_of
 
 COLUMNS_PER_JOB = 4  # the most options added per job in one pricing pass

@@ -19,7 +19,7 @@ from broker.domain.model import Offer, Plan, Unplaced
 from broker.models.risk import exclusive_hours, fits
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
-from broker.planning.options import PlanItem
+from broker.planning.option_table import PlanItem
 
 
 class _Allocation(CheapestFeasible):

@@ -19,7 +19,7 @@ from broker.domain.model import Offer, Plan, Tier, Unplaced
 from broker.models.risk import STARTUP_H, evaluate, fits, restart_hours, window_hours
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
-from broker.planning.options import PlanItem
+from broker.planning.option_table import PlanItem
 
 
 class Move(str, Enum):

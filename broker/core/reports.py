@@ -1,0 +1,119 @@
+"""How one agent report changes its job: one small handler per kind of report, looked up in HANDLERS, the way
+DeepSpeed's pipeline engine maps each instruction type to one method. A new kind of report is one handler
+and one entry; the server folds reports through `fold` and nothing else.
+
+Reports are untrusted: every field is coerced here (a pydantic model_copy does not validate, and a bad value
+stored would poison the job), and a handler that raises leaves the job unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from broker.agents.checkpoints import CheckpointStore
+from broker.domain.model import Job, JobState, Run
+
+END_REASONS = {"finished", "failed", "preempted", "lost", "fenced", "cancelled", "moved"}
+
+# (job, its current run (a copy to change), the report's data, the report's time, the checkpoint store)
+#   -> the job's other fields to update, or None when the report changes nothing
+Handler = Callable[[Job, Run, dict, datetime, CheckpointStore], dict | None]
+
+
+def started(job: Job, run: Run, data: dict, now: datetime, checkpoints: CheckpointStore) -> dict | None:
+    if run.started_at is not None:  # a repeat
+        return None
+    run.started_at = now
+    return {"state": JobState.running, "reason": f"running on {run.agent}"}
+
+
+def progress(job: Job, run: Run, data: dict, now: datetime, checkpoints: CheckpointStore) -> dict | None:
+    total = data.get("total")
+    run.progress_done, run.progress_total = float(data["done"]), None if total is None else float(total)
+    run.last_progress_at = now
+    return {}
+
+
+def checkpoint(job: Job, run: Run, data: dict, now: datetime, checkpoints: CheckpointStore) -> dict | None:
+    url = str(data["url"])
+    if not checkpoints.owns(url, job.id):
+        raise ValueError(f"checkpoint url {url[:200]!r} is outside the job's directory in the store")
+    run.checkpoint_url, run.checkpoint_step, run.checkpoint_at = url, int(data["step"]), now
+    run.checkpoint_error = None
+    return {}
+
+
+def checkpoint_failed(job: Job, run: Run, data: dict, now: datetime, checkpoints: CheckpointStore) -> dict | None:
+    run.checkpoint_error = f"step {int(data['step'])}: {str(data['reason'])[:300]}"
+    return {}
+
+
+def notice(job: Job, run: Run, data: dict, now: datetime, checkpoints: CheckpointStore) -> dict | None:
+    return {"state": JobState.migrating, "reason": f"preemption notice on {run.agent}"}
+
+
+def exited(job: Job, run: Run, data: dict, now: datetime, checkpoints: CheckpointStore) -> dict | None:
+    if data["reason"] not in END_REASONS:
+        raise ValueError(f"unknown end reason {data['reason']!r}")
+    code = data.get("code")
+    end_run(run, now, data["reason"], None if code is None else int(code))
+    return after_run(job, run, [str(line) for line in data.get("log_tail") or []][-50:])
+
+
+HANDLERS: dict[str, Handler] = {
+    "started": started,
+    "progress": progress,
+    "checkpoint": checkpoint,
+    "checkpoint_failed": checkpoint_failed,
+    "notice": notice,
+    "exited": exited,
+}
+
+
+def fold(job: Job, report: dict, now: datetime, checkpoints: CheckpointStore) -> Job | None:
+    """The job after one report, or None when the report does not apply (stale fence, another agent, a repeat,
+    an unknown kind)."""
+    run, handler = job.current_run, HANDLERS.get(report["type"])
+    if run is None or handler is None or report["fence"] != job.fence or run.agent != report["agent"]:
+        return None
+    run = run.model_copy()
+    update = handler(job, run, report["data"], now, checkpoints)
+    if update is None:
+        return None
+    return job.model_copy(update={"updated_at": now, **update, "runs": job.runs[:-1] + [run]})
+
+
+def end_run(run: Run, now: datetime, reason: str, code: int | None) -> None:
+    """Close a run: its cost, and the work done since its last checkpoint when it did not finish."""
+    run.ended_at, run.end_reason, run.exit_code = now, reason, code
+    run.cost_usd = run.offer.price_usd_per_h * run.hours(now)
+    if reason != "finished" and run.last_progress_at is not None:
+        since = run.checkpoint_at or run.started_at or run.dispatched_at
+        run.work_lost_s = max(0.0, (run.last_progress_at - since).total_seconds())
+
+
+def after_run(job: Job, run: Run, log_tail: list[str]) -> dict:
+    """What a job becomes when its run ended: done, failed or queued again, or migrating elsewhere."""
+    reason = run.end_reason
+    if reason == "finished":
+        return {"state": JobState.done, "reason": "finished"}
+    if reason == "failed":
+        restarts = job.restarts + 1
+        if restarts > job.spec.max_restarts:
+            why = f"failed {restarts} times (exit code {run.exit_code}); last output below"
+            return {"state": JobState.failed, "reason": why, "restarts": restarts, "log_tail": log_tail}
+        return {
+            "state": JobState.queued,
+            "reason": f"restart {restarts} after exit code {run.exit_code}",
+            "restarts": restarts,
+        }
+    if reason in ("preempted", "lost"):
+        return {"state": JobState.migrating, "reason": f"{reason} on {run.agent}"}
+    if reason == "moved":
+        return {
+            "state": JobState.migrating,
+            "reason": f"moved off {run.agent} by the deadline guard",
+            "move_requested": False,
+        }
+    return {}  # fenced or cancelled: the job already moved on
