@@ -63,6 +63,7 @@ def loss_fn(logits, labels):
     return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
 
 
+REGISTER_RETRY_STEPS = 20  # a stage without a usable window measures this many more steps, then tries again
 MEMORY_STEPS = 3  # iterations measured with saved-tensor hooks (Python per saved tensor: too slow to time)
 
 
@@ -278,7 +279,7 @@ def register(main_job: str, accelerator: str, stage: int, recorder, iterations):
     save_profile(store, measured)
     offer = bubble_offer(measured, "local", "local", accelerator, min_window_s=0.001)  # CPU windows last milliseconds
     if offer is None:
-        print(f"stage {stage}: no window long enough to fill; not registering", flush=True)
+        print(f"stage {stage}: no window long enough to fill yet; not registering", flush=True)
         return None
     agent = FillAgent(store, CheckpointStore(settings.checkpoints), measured, offer)
     recorder.signal = agent.signal
@@ -386,7 +387,9 @@ def main() -> None:
                 profile_between(profiles, args.micro_batch)
         if args.fill and step == args.profile_steps:
             filler = Filler(args.fill, recorder, engine.stage_id)
-        if args.broker and step == args.profile_steps:
+        retry = step >= args.profile_steps and (step - args.profile_steps) % REGISTER_RETRY_STEPS == 0
+        if args.broker and fill_agent is None and retry:
+            # a stage that measured no usable window yet (a busy CPU) keeps measuring and tries again
             fill_agent = register(args.broker, args.accelerator, engine.stage_id, recorder, iterations)
         started = time.monotonic()
         if args.measure_memory and step < MEMORY_STEPS:  # the steady state is reached by then; later steps run clean
