@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,3 +176,28 @@ def write_pool(pool: Pool, values: dict, out_dir: Path) -> Path:
 def terraform_binary() -> str | None:
     """terraform or tofu from PATH."""
     return shutil.which("terraform") or shutil.which("tofu")
+
+
+def apply_pool(root: Path, pool: str) -> None:
+    """terraform init and apply in a pool's root; a BrokerError says what to do when either fails."""
+    binary = terraform_binary()
+    if binary is None:
+        raise BrokerError(
+            "terraform: not installed; install Terraform >= 1.5 or OpenTofu, then rerun with "
+            "--apply (or run the printed commands)"
+        )
+    for step in (["init", "-input=false"], ["apply", "-input=false", "-auto-approve"]):
+        if subprocess.run([binary, f"-chdir={root}", *step]).returncode != 0:
+            raise BrokerError(f"terraform {step[0]} failed for pool {pool}; see its output above")
+
+
+def destroy_pool(root: Path, pool: str) -> None:
+    """terraform destroy in a pool's root."""
+    binary = terraform_binary()
+    if binary is None:
+        raise BrokerError(
+            "terraform: not installed; install Terraform >= 1.5 or OpenTofu, "
+            f"or run `terraform -chdir={root} destroy` where it is"
+        )
+    if subprocess.run([binary, f"-chdir={root}", "destroy", "-input=false", "-auto-approve"]).returncode != 0:
+        raise BrokerError(f"terraform destroy failed for pool {pool}; see its output above")

@@ -15,9 +15,11 @@ from pathlib import Path
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.provision import LocalProvisioner
+from broker.app import render
 from broker.core.broker import Broker
 from broker.core.clock import ScaledClock
 from broker.core.server import BrokerServer
+from broker.domain.errors import InfeasibleError
 from broker.domain.model import Job, Tier
 from broker.domain.specfile import load_spec
 from broker.models.accounting import on_demand_equivalent_usd
@@ -41,6 +43,18 @@ def pick_agents(catalog: PriceCatalog) -> list[tuple[str, object, str]]:
         ("spot-b", second, f"{TRACE}@{STAYS_TICK}"),
         ("ondemand-a", on_demand, "none"),
     ]
+
+
+def quote_examples(broker: Broker, files: list[Path]) -> list[dict]:
+    """Each example spec's quote (as `broker submit --json` gives it) or why it is refused."""
+    quotes = []
+    for path in files:
+        spec = load_spec(path, broker.clock.now())
+        try:
+            quotes.append({"file": str(path), **render.quote_dict(broker.quote(spec), None, False)})
+        except InfeasibleError as refusal:
+            quotes.append({"file": str(path), "refused": str(refusal)})
+    return quotes
 
 
 def start_clean(redis_url: str, prefix: str, work: Path) -> tuple[Store, Path, str]:

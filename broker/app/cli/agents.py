@@ -36,8 +36,6 @@ def agents_provision(
     as_json: bool = JsonOpt,
 ) -> None:
     """Write <pool>.auto.tfvars.json for each pool of the current plan (pending jobs by chosen offer)."""
-    import subprocess
-
     import yaml
 
     from broker.agents import terraform
@@ -61,18 +59,10 @@ def agents_provision(
         values = terraform.pool_values(pool, site_values, broker.catalog)
         root = terraform.write_pool(pool, values, pools_dir)
         written.append({"pool": pool.name, "offer": pool.offer.id, "count": pool.count, "dir": str(root)})
-    binary = terraform.terraform_binary()
     for row in written:
         row["command"] = f"terraform -chdir={row['dir']} init && terraform -chdir={row['dir']} apply"
         if not plan:
-            if binary is None:
-                raise BrokerError(
-                    "terraform: not installed; install Terraform >= 1.5 or OpenTofu, then rerun with "
-                    "--apply (or run the printed commands)"
-                )
-            for step in (["init", "-input=false"], ["apply", "-input=false", "-auto-approve"]):
-                if subprocess.run([binary, f"-chdir={row['dir']}", *step]).returncode != 0:
-                    raise BrokerError(f"terraform {step[0]} failed for pool {row['pool']}; see its output above")
+            terraform.apply_pool(Path(row["dir"]), row["pool"])
     if as_json:
         print_json(written)
         return
@@ -106,19 +96,10 @@ def agents_deprovision(
     pools_dir: Path = typer.Option(POOLS_DIR, "--out", help="Where the pools' Terraform roots are."),
 ) -> None:
     """Destroy a pool's instances with terraform destroy."""
-    import subprocess
-
     from broker.agents import terraform
 
     root = pools_dir / pool
     if not (root / "main.tf.json").exists():
         raise BrokerError(f"pool: no Terraform root at {root}; `ls {pools_dir}` shows the pools")
-    binary = terraform.terraform_binary()
-    command = f"terraform -chdir={root} destroy"
-    if binary is None:
-        raise BrokerError(
-            f"terraform: not installed; install Terraform >= 1.5 or OpenTofu, or run `{command}` where it is"
-        )
-    if subprocess.run([binary, f"-chdir={root}", "destroy", "-input=false", "-auto-approve"]).returncode != 0:
-        raise BrokerError(f"terraform destroy failed for pool {pool}; see its output above")
+    terraform.destroy_pool(root, pool)
     out.print(f"pool {pool} destroyed")

@@ -18,9 +18,8 @@ from broker.app.cli.common import (
     user_errors,
 )
 from broker.app.settings import Settings
-from broker.domain.errors import BrokerError, InfeasibleError
+from broker.domain.errors import BrokerError
 from broker.domain.model import Quote
-from broker.domain.specfile import load_spec
 
 
 @user_errors
@@ -34,7 +33,7 @@ def demo(
     as_json: bool = JsonOpt,
 ) -> None:
     """Quote the example jobs, then run the runnable ones end to end: dispatch, preemption, migration."""
-    from broker.app.demo import run_demo
+    from broker.app.demo import quote_examples, run_demo
 
     if bubbles:
         return demo_bubbles(examples, max(timeout, 300.0), as_json)
@@ -46,13 +45,7 @@ def demo(
         )
     settings = Settings.from_env()
     broker = make_broker(with_store=False)
-    quotes = []
-    for path in files:
-        spec = load_spec(path, broker.clock.now())
-        try:
-            quotes.append({"file": str(path), **render.quote_dict(broker.quote(spec), None, False)})
-        except InfeasibleError as refusal:
-            quotes.append({"file": str(path), "refused": str(refusal)})
+    quotes = quote_examples(broker, files)
     if not as_json:
         for q in quotes:
             if "quote" in q:
