@@ -19,9 +19,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from broker.app.wiring import backtest_market, backtest_workload
 from broker.domain.errors import BrokerError
 from broker.sim import backtest
+from broker.sim.market import backtest_market
+from broker.sim.workloads import backtest_workload
 from broker.store import embedded
 
 POLICIES = [*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT]

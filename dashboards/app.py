@@ -118,7 +118,7 @@ def jobs_page() -> None:
 
 def prices_page() -> None:
     history = PriceHistory(store())
-    live = catalog().with_history(history.latest())  # refreshed and imported prices replace the snapshot's
+    live = catalog().with_history(history.latest())  # the catalog is a minute old; its prices need not be
     offers = pd.DataFrame([o.model_dump() | {"offer": o.id} for o in live.offers])
     gpus = sorted(offers["accelerator"].unique())
     gpu = st.selectbox("Accelerator", gpus, index=gpus.index("A100") if "A100" in gpus else 0)

@@ -9,7 +9,6 @@ import pytest
 from typer.testing import CliRunner
 
 from broker.app.cli.main import app
-from broker.app.wiring import PACKAGED_TRACES, trace_start
 from broker.core import broker as core_broker
 from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import JobState
@@ -17,7 +16,7 @@ from broker.models.risk import exclusive_hours, restart_hours
 from broker.pricing.traces import Trace
 from broker.sim import backtest
 from broker.sim.fleet import PROGRESS_UNITS
-from broker.sim.market import from_traces, resample
+from broker.sim.market import PACKAGED_TRACES, from_traces, resample, trace_start
 from broker.sim.workloads import FREERIDE_MAIN_JOBS, ml_mix
 
 START = datetime(2023, 2, 15, tzinfo=UTC)

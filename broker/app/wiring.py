@@ -1,25 +1,17 @@
-"""How broker's parts are put together, once: the store, the catalog as quotes and dispatch price it, the core,
-and a backtest's market. The CLI, the dashboard, the server and the benches all come through here."""
+"""How broker's parts are put together, once: the store, the catalog as quotes, dispatch and the dashboard price
+it, and the core. The CLI, the dashboard and the server all come through here."""
 
 from __future__ import annotations
 
-import json
-import re
-from datetime import UTC, datetime
-from pathlib import Path
 from urllib.parse import urlsplit
 
-from broker import planning, sim
+from broker import planning
 from broker.app.settings import Settings
-from broker.bubbles.capacity import bubble_offer
 from broker.core.broker import Broker
 from broker.core.clock import SystemClock
-from broker.domain.bubbles import BubbleProfile
 from broker.domain.errors import BrokerError
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.hazard import HazardModel, observed
-from broker.sim.market import Market, from_traces
-from broker.sim.workloads import FREERIDE_MAIN_JOBS, ml_mix
 from broker.store import embedded
 from broker.store.jobs import Store
 from broker.store.prices import PriceHistory
@@ -63,54 +55,3 @@ def live_catalog(store: Store, settings: Settings) -> PriceCatalog:
     history = PriceHistory(store)
     hazard = HazardModel.packaged().with_bands(history.bands()).observe(observed(store.list_jobs()))
     return PriceCatalog(catalog.rows, hazard, catalog.source).with_history(history.latest())
-
-
-PACKAGED_TRACES = Path(sim.__file__).parent / "data" / "traces"
-
-
-def trace_start(directory: Path) -> datetime:
-    """When the traces begin: the date in a `<cloud>-MM-DD-YYYY` directory name, else 2023-01-01."""
-    for part in [directory.name, *(p.name for p in directory.iterdir() if p.is_dir())]:
-        found = re.search(r"(\d{2})-(\d{2})-(\d{4})$", part)
-        if found:
-            month, day, year = (int(g) for g in found.groups())
-            return datetime(year, month, day, tzinfo=UTC)
-    return datetime(2023, 1, 1, tzinfo=UTC)
-
-
-def measured_bubbles(path: Path, market) -> list:
-    """Bubble offers from a file of measured profiles, on the traces' accelerator in the first on-demand region."""
-    try:
-        found = [BubbleProfile.model_validate(p) for p in json.loads(path.read_text())]
-    except (OSError, ValueError, TypeError) as err:
-        raise BrokerError(
-            f"profiles: {path} is not a JSON list of bubble profiles ({str(err).splitlines()[0]}); "
-            "write one from `broker.bubbles.profiler.load_profiles`"
-        ) from None
-    home = market.on_demand[0]
-    offers = (bubble_offer(p, home.cloud, home.region, home.accelerator) for p in found)
-    return [o for o in offers if o is not None]
-
-
-def backtest_market(
-    traces: Path,
-    prices_dir: Path | None = None,
-    tick_s: float = 600.0,
-    spot_instances: int = 4,
-    profiles: Path | None = None,
-) -> Market:
-    """The market a backtest runs in: spot offers from the traces, on-demand from the catalog, and bubbles from
-    measured profiles or, without them, two FreeRide-like main jobs."""
-    catalog = PriceCatalog.from_snapshot(prices_dir)
-    market = from_traces(traces, catalog, trace_start(traces), tick_s, spot_instances)
-    return market.with_bubbles(
-        measured_bubbles(profiles, market)
-        if profiles
-        else [o for main in FREERIDE_MAIN_JOBS for o in main.offers(market.start)]
-    )
-
-
-def backtest_workload(market: Market, seed: int, jobs: int, arrival_hours: float = 48.0) -> list:
-    """The seeded ML mix, priced against the market's cheapest on-demand offer."""
-    od_price = min(o.price_usd_per_h for o in market.on_demand)
-    return ml_mix(seed, jobs, od_price, market.spot[0].offer.accelerator, arrival_hours)

@@ -12,18 +12,23 @@ least `spot_instances` instances (a 1-node trace says whether spot could be had,
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import yaml
 
+from broker.bubbles.capacity import bubble_offer
+from broker.domain.bubbles import BubbleProfile
 from broker.domain.errors import BrokerError
 from broker.domain.model import Offer, Tier
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.traces import Trace, load_trace, read_ticks
+from broker.sim.workloads import FREERIDE_MAIN_JOBS
 
 UNLIMITED = 10**6
 
@@ -185,3 +190,48 @@ def _on_demand(catalog: PriceCatalog, regions: set[tuple[str, str, str]]) -> lis
         ):
             best[key] = offer.model_copy(update={"zone": None})
     return sorted(best.values(), key=lambda o: o.id)
+
+
+PACKAGED_TRACES = Path(__file__).parent / "data" / "traces"  # the default --traces
+
+
+def trace_start(directory: Path) -> datetime:
+    """When the traces begin: the date in a `<cloud>-MM-DD-YYYY` directory name, else 2023-01-01."""
+    for part in [directory.name, *(p.name for p in directory.iterdir() if p.is_dir())]:
+        found = re.search(r"(\d{2})-(\d{2})-(\d{4})$", part)
+        if found:
+            month, day, year = (int(g) for g in found.groups())
+            return datetime(year, month, day, tzinfo=UTC)
+    return datetime(2023, 1, 1, tzinfo=UTC)
+
+
+def measured_bubbles(path: Path, market) -> list:
+    """Bubble offers from a file of measured profiles, on the traces' accelerator in the first on-demand region."""
+    try:
+        found = [BubbleProfile.model_validate(p) for p in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError) as err:
+        raise BrokerError(
+            f"profiles: {path} is not a JSON list of bubble profiles ({str(err).splitlines()[0]}); "
+            "write one from `broker.bubbles.profiler.load_profiles`"
+        ) from None
+    home = market.on_demand[0]
+    offers = (bubble_offer(p, home.cloud, home.region, home.accelerator) for p in found)
+    return [o for o in offers if o is not None]
+
+
+def backtest_market(
+    traces: Path,
+    prices_dir: Path | None = None,
+    tick_s: float = 600.0,
+    spot_instances: int = 4,
+    profiles: Path | None = None,
+) -> Market:
+    """The market a backtest runs in: spot offers from the traces, on-demand from the catalog, and bubbles from
+    measured profiles or, without them, two FreeRide-like main jobs."""
+    catalog = PriceCatalog.from_snapshot(prices_dir)
+    market = from_traces(traces, catalog, trace_start(traces), tick_s, spot_instances)
+    return market.with_bubbles(
+        measured_bubbles(profiles, market)
+        if profiles
+        else [o for main in FREERIDE_MAIN_JOBS for o in main.offers(market.start)]
+    )

@@ -106,3 +106,9 @@ def ml_mix(
         )
         out.append(Arrival(float(at_h), spec, float(window_h)))
     return out
+
+
+def backtest_workload(market, seed: int, jobs: int, arrival_hours: float = 48.0) -> list:
+    """The seeded ML mix, priced against the market's cheapest on-demand offer."""
+    od_price = min(o.price_usd_per_h for o in market.on_demand)
+    return ml_mix(seed, jobs, od_price, market.spot[0].offer.accelerator, arrival_hours)

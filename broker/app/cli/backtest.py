@@ -11,9 +11,10 @@ from rich.table import Table
 
 from broker.app.cli.common import JsonOpt, err, out, print_json, user_errors
 from broker.app.settings import Settings
-from broker.app.wiring import PACKAGED_TRACES, backtest_market, backtest_workload
 from broker.domain.errors import BrokerError
 from broker.sim import backtest, results
+from broker.sim.market import PACKAGED_TRACES, backtest_market
+from broker.sim.workloads import backtest_workload
 from broker.store import embedded
 
 
