@@ -1,0 +1,202 @@
+"""The store's side of the agent channel: agent records and their leases, each agent's assignment stream,
+the report stream the broker reads (reports authenticated by the key the agent registered), and agents'
+views of their jobs. Store inherits it; the key schema is at the top of jobs.py."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import secrets
+import time
+
+import redis
+
+from broker.domain.model import AgentInfo, Job
+
+log = logging.getLogger(__name__)
+
+AGENT_GROUP = "agent"
+BROKER_GROUP = "broker"
+STREAM_MAXLEN = 1_000_000  # the event streams are capped (approximately) so Redis memory stays bounded
+
+
+class AgentChannels:
+    """Agents, leases, assignments, reports and views; needs the Store's `redis`, `_key` and `_report_keys`."""
+
+    def ownership(self, agent_id: str, job_id: str) -> dict | None:
+        """The agent's view of a job (see _tell_agents), or None when it was never given the job."""
+        return _view(self.redis.get(self._key("own", agent_id, job_id)))
+
+    def ownerships(self, pairs: list[tuple[str, str]]) -> list[dict | None]:
+        """The views of many (agent, job) pairs in one round trip (a simulated fleet's agents)."""
+        raws = self.redis.mget([self._key("own", agent, job) for agent, job in pairs]) if pairs else []
+        return [_view(raw) for raw in raws]
+
+    # -- agents -------------------------------------------------------------------------
+
+    def register_agent(self, agent: AgentInfo, lease_ms: int) -> None:
+        """Record the agent, its lease and its assignment stream's consumer group. The record gets the key
+        this process's reports will carry: agent-events names no writer, so the broker checks the key."""
+        key = self._report_keys.setdefault(agent.id, secrets.token_hex(16))
+        agent = agent.model_copy(update={"report_key": key})
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._key("agent", agent.id), agent.model_dump_json())
+            pipe.sadd(self._key("agents"), agent.id)
+            pipe.set(self._key("lease", agent.id), agent.pid, px=lease_ms)
+            pipe.execute()
+        try:
+            self.redis.xgroup_create(self._key("assign", agent.id), AGENT_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as err:  # BUSYGROUP: it exists (a restarted agent)
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    def renew_lease(self, agent_id: str, lease_ms: int) -> bool:
+        """Extend the agent's lease; False if it had already expired (the broker may have moved its job)."""
+        return bool(self.redis.set(self._key("lease", agent_id), 1, px=lease_ms, xx=True))
+
+    def lease_alive(self, agent_id: str) -> bool:
+        return bool(self.redis.exists(self._key("lease", agent_id)))
+
+    def leases(self, agent_ids: list[str]) -> dict[str, str | None]:
+        """Each agent's lease value in one round trip: None when lapsed, "leaving" when going away."""
+        values = self.redis.mget([self._key("lease", i) for i in agent_ids]) if agent_ids else []
+        return dict(zip(agent_ids, values))
+
+    def mark_leaving(self, agent_id: str) -> None:
+        """The agent's instance is going away: keep its lease (its reports still count) but give it no work."""
+        self.redis.set(self._key("lease", agent_id), "leaving", xx=True, keepttl=True)
+
+    def agents(self) -> list[AgentInfo]:
+        """Every registered agent (alive or not: check lease_alive)."""
+        ids = sorted(self.redis.smembers(self._key("agents")))
+        raws = self.redis.mget([self._key("agent", i) for i in ids]) if ids else []
+        return [agent for agent in map(_agent_info, raws) if agent is not None]
+
+    def get_agent(self, agent_id: str) -> AgentInfo | None:
+        """The agent's record; None when there is none or it does not parse (an agent writes its own)."""
+        return _agent_info(self.redis.get(self._key("agent", agent_id)))
+
+    def put_agent(self, pipe, agent: AgentInfo) -> None:
+        """Queue an agent record update on a transaction pipeline (with its job's change)."""
+        pipe.set(self._key("agent", agent.id), agent.model_dump_json())
+
+    def remove_agent(self, agent_id: str) -> None:
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self._key("agent", agent_id), self._key("lease", agent_id), self._key("assign", agent_id))
+            pipe.srem(self._key("agents"), agent_id)
+            pipe.execute()
+
+    # -- streams ------------------------------------------------------------------------
+
+    def assign(self, pipe, agent_id: str, job: Job) -> None:
+        """Queue an assignment on a transaction pipeline (with the job's new run): all the agent needs to run it."""
+        run = job.current_run
+        fields = {
+            "job": job.id,
+            "fence": job.fence,
+            "run": run.id,
+            "resume_from": run.resume_from or "",
+            "spec": job.spec.model_dump_json(),
+        }
+        pipe.xadd(self._key("assign", agent_id), fields)
+
+    def read_assignment(self, agent_id: str, block_ms: int) -> tuple[str, dict] | None:
+        """The next assignment for the agent: redelivered pending ones first, then new ones."""
+        stream = self._key("assign", agent_id)
+        for start in ("0", ">"):
+            reply = self.redis.xreadgroup(
+                AGENT_GROUP, agent_id, {stream: start}, count=1, block=None if start == "0" else block_ms
+            )
+            entries = reply[0][1] if reply else []
+            if entries and entries[0][1]:
+                return entries[0]
+        return None
+
+    def ack_assignment(self, agent_id: str, entry_id: str) -> None:
+        self.redis.xack(self._key("assign", agent_id), AGENT_GROUP, entry_id)
+
+    def report(self, agent_id: str, job_id: str, fence: int, kind: str, **data) -> str:
+        """An agent's event for the broker (started, progress, checkpoint, notice, exited); `at` is when it happened."""
+        data.setdefault("at", time.time())
+        fields = {"agent": agent_id, "job": job_id, "fence": fence, "type": kind, "data": json.dumps(data, default=str)}
+        if agent_id in self._report_keys:
+            fields["key"] = self._report_keys[agent_id]
+        return self.redis.xadd(self._key("agent-events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
+
+    def _ensure_broker_group(self) -> None:
+        try:
+            self.redis.xgroup_create(self._key("agent-events"), BROKER_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    def read_reports(
+        self, consumer: str, count: int = 200, block_ms: int | None = None, reclaim_idle_ms: int = 30_000
+    ) -> list[tuple[str, dict]]:
+        """Agent events for this broker replica: its own unacked ones, stale ones of dead replicas, then new ones."""
+        self._ensure_broker_group()
+        stream = self._key("agent-events")
+        mine = self.redis.xreadgroup(BROKER_GROUP, consumer, {stream: "0"}, count=count)
+        entries = [e for e in (mine[0][1] if mine else []) if e[1]]
+        _, claimed, _ = self.redis.xautoclaim(stream, BROKER_GROUP, consumer, reclaim_idle_ms, "0-0", count=count)
+        entries += [e for e in claimed if e[1] and e[0] not in {x[0] for x in entries}]
+        if not entries:
+            new = self.redis.xreadgroup(BROKER_GROUP, consumer, {stream: ">"}, count=count, block=block_ms)
+            entries = new[0][1] if new else []
+        parsed = [(entry_id, _parse_report(fields)) for entry_id, fields in entries]
+        named = sorted({report["agent"] for _, report in parsed if report is not None})
+        records = (
+            dict(zip(named, map(_agent_info, self.redis.mget([self._key("agent", i) for i in named])))) if named else {}
+        )
+        reports, dropped = [], []
+        for entry_id, report in parsed:
+            if report is not None and _authentic(report, records[report["agent"]]):
+                reports.append((entry_id, report))
+            else:
+                dropped.append(entry_id)
+        if dropped:  # broken, hostile or forged (another agent's name without its key): drop it, loudly
+            log.warning("reports=dropped (malformed or forged) count=%d ids=%s", len(dropped), dropped[:5])
+            self.ack_reports(dropped)
+        return reports
+
+    def ack_reports(self, entry_ids: list[str]) -> None:
+        self.redis.xack(self._key("agent-events"), BROKER_GROUP, *entry_ids)
+
+
+def _agent_info(raw: str | None) -> AgentInfo | None:
+    try:
+        return AgentInfo.model_validate_json(raw) if raw else None
+    except ValueError:
+        log.warning("agent record malformed: %.80r", raw)
+        return None
+
+
+def _authentic(report: dict, agent: AgentInfo | None) -> bool:
+    """Whether the report carries the key of the agent it names (records without a key predate keys)."""
+    return agent is None or agent.report_key is None or hmac.compare_digest(report.get("key", ""), agent.report_key)
+
+
+def _parse_report(fields: dict) -> dict | None:
+    """An agent report with its fence as int and data as a dict, or None when malformed."""
+    try:
+        data = json.loads(fields["data"])
+        report = {
+            "agent": fields["agent"],
+            "job": fields["job"],
+            "type": fields["type"],
+            "fence": int(fields["fence"]),
+            "data": data,
+            "key": str(fields.get("key", "")),
+        }
+    except (KeyError, TypeError, ValueError):
+        return None
+    return report if isinstance(data, dict) else None
+
+
+def _view(raw: str | None) -> dict | None:
+    try:
+        view = json.loads(raw) if raw else None
+        return view if isinstance(view, dict) and isinstance(view.get("fence"), int) else None
+    except ValueError:
+        return None
