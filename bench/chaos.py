@@ -7,9 +7,12 @@ lost machine would, and starts a fresh one in its place; and it kills the server
 it again; with `--redis-restart-at-s` it also restarts redis-server (AOF on, same port) under load; with
 `--notice-every-s` a local metadata service (one per instance, each cloud's own format) announces a
 preemption to a busy instance, 120 s ahead for AWS and 30 s for GCP and Azure, and the instance is
-reclaimed once its agent has left. At the end: how many jobs finished, how many were lost, whether any job ever had two
-runs at once, and the most work a run lost, in steps since its last checkpoint (goal: at most one
-checkpoint interval) and as the server measures it in seconds (that includes a run's start-up).
+reclaimed once its agent has left. After `--kills` kills and `--notices` notices the fleet drains; the
+run waits while jobs advance, not for a wall-clock total.
+
+At the end: how many jobs finished, how many were lost, whether any job ever had two runs at once, and
+the most work a run lost, in steps since its last checkpoint (goal: at most one checkpoint interval) and
+as the server measures it in seconds (that includes a run's start-up).
 
     python bench/chaos.py --json [--jobs 50 --agents 10]
 """
@@ -119,14 +122,19 @@ def run(
     agents: int = 10,
     kill_every_s: float = 4.0,
     server_kill_at_s: float = 8.0,
-    timeout_s: float = 600.0,
+    instance_kills: int = 12,
     seed: int = 0,
     restart_redis=None,
     redis_restart_at_s: float = 12.0,
     notice_every_s: float | None = None,
+    notices_wanted: int = 3,
+    stall_s: float = 120.0,
 ) -> dict:
-    """`restart_redis`: a callable that stops redis-server and starts it again on the same port and data;
-    `notice_every_s`: announce a preemption to a busy instance this often (clouds in turn)."""
+    """The chaos lasts until `instance_kills` instances were killed, the server once, Redis restarted (with
+    `restart_redis`: a callable that stops redis-server and starts it on the same port and data) and, with
+    `notice_every_s`, `notices_wanted` preemptions were announced to busy instances (clouds in turn). Then
+    the fleet drains: the run waits while any job advances (a new run, state, progress or checkpoint) and
+    gives up only when none has for `stall_s` seconds, so a slow machine makes it slower, never red."""
     from broker import planning
     from broker.agents.checkpoints import CheckpointStore
     from broker.agents.provision import LocalProvisioner
@@ -183,12 +191,23 @@ def run(
         for _ in range(agents):
             start_instance()
         ids = [broker.submit(validate_spec({**spec, "name": f"chaos-{i:03d}"}, clock.now())).id for i in range(jobs)]
-        began = last_kill = last_notice = time.monotonic()
-        while time.monotonic() - began < timeout_s:
+        began = last_kill = last_notice = last_change = time.monotonic()
+        seen = None
+        while True:
             current = [store.get_job(i) for i in ids]
             if all(j.state.terminal for j in current):
                 break
             now = time.monotonic()
+            if _advance(current) != seen:
+                seen, last_change = _advance(current), now
+            elif now - last_change >= stall_s:
+                break  # nothing moved for stall_s: the result's not_done says what each job was doing
+            chaotic = (
+                kills < instance_kills
+                or server_kills == 0
+                or (restart_redis and redis_restarts == 0)
+                or (metadata and len(notices) < notices_wanted)
+            )
             if server_kills == 0 and now - began >= server_kill_at_s:
                 server.kill()
                 server.wait()
@@ -197,18 +216,17 @@ def run(
                 restart_redis()
                 redis_restarts = 1
             noticed = {n["agent"] for n in notices}
-            if now - last_kill >= kill_every_s:
+            if kills < instance_kills and now - last_kill >= kill_every_s:
                 victim = rng.choice(sorted(set(provisioner.agents) - noticed))
                 _kill_instance(store, provisioner, victim)
                 kills, last_kill = kills + 1, now
                 start_instance()
-            if metadata and now - last_notice >= notice_every_s:
-                busy = [
-                    a for a in sorted(set(provisioner.agents) - noticed) if _has_work_to_save(store, store.get_agent(a))
-                ]
+            if chaotic and metadata and now - last_notice >= notice_every_s:
+                infos = {a: store.get_agent(a) for a in sorted(set(provisioner.agents) - noticed)}
+                busy = [a for a, info in infos.items() if _has_work_to_save(store, info)]
                 if busy:
                     agent_id = rng.choice(busy)
-                    info, posted = store.get_agent(agent_id), datetime.now(UTC)
+                    info, posted = infos[agent_id], datetime.now(UTC)  # the run that had work to save
                     deadline = metadata.announce(agent_id, CLOUDS[clouds[agent_id]])
                     notices.append(
                         {
@@ -259,21 +277,40 @@ def run(
         "redis_restarts": redis_restarts,
         "duplicate_terminal": sum(terminal_events(store, j.id) > 1 for j in final),
         **timing,
-        "not_done": [_why_not_done(j) for j in final if j.state.value != "done"],
+        "stalled": not all(j.state.terminal for j in final),
+        "not_done": [_why_not_done(store, j) for j in final if j.state.value != "done"],
     }
 
 
-def _why_not_done(job) -> dict:
-    """What a job that did not finish was doing: its state, runs, and how its runs ended."""
+def _advance(jobs) -> tuple:
+    """What changes while a job moves on: its state, its runs, its newest run's progress and checkpoint."""
+    return tuple(
+        (j.state, len(j.runs), j.runs[-1].progress_done if j.runs else 0, j.runs[-1].checkpoint_step if j.runs else 0)
+        for j in jobs
+    )
+
+
+def _why_not_done(store, job) -> dict:
+    """What a job that did not finish was doing: its state and reason, fence, how its runs ended, its newest
+    run's agent (and whether that agent still holds a lease), progress, checkpoint, and its last report."""
     ends = Counter(r.end_reason or "open" for r in job.runs)
     last = job.current_run or (job.runs[-1] if job.runs else None)
+    reports = [
+        fields for _, fields in store.redis.xrevrange(store.key("agent-events"), count=5000) if fields["job"] == job.id
+    ]
     return {
         "job": job.id,
         "state": job.state.value,
+        "reason": job.reason,
+        "fence": job.fence,
         "runs": len(job.runs),
-        "ends": ends,
+        "ends": dict(ends),
         "last_agent": last.agent if last else None,
+        "last_agent_lease": store.leases([last.agent])[last.agent] if last else None,
         "last_started": last.started_at is not None if last else None,
+        "last_progress": last.progress_done if last else None,
+        "last_checkpoint_step": last.checkpoint_step if last else None,
+        "last_report": {k: reports[0][k] for k in ("type", "fence", "data") if k in reports[0]} if reports else None,
     }
 
 
@@ -285,11 +322,14 @@ def _notice_timing(notices: list[dict], jobs: dict, checkpoints) -> dict:
     verifies now; p50/p99 over them."""
     import numpy as np
 
-    seconds, missed, finished_first = [], 0, 0
+    seconds, missed, finished_first, lost_first = [], [], 0, 0
     for notice in notices:
         run = next((r for r in jobs[notice["job"]].runs if r.fence == notice["fence"]), None)
         if run is not None and run.end_reason == "finished":
             finished_first += 1  # the job ended on its own before it had to checkpoint
+            continue
+        if run is not None and run.end_reason == "lost":
+            lost_first += 1  # the instance was killed (or its lease lapsed) before the notice reached it
             continue
         saved = (
             run
@@ -303,17 +343,34 @@ def _notice_timing(notices: list[dict], jobs: dict, checkpoints) -> dict:
         if saved and (resumed or checkpoints.verified_at(notice["job"], run.checkpoint_url)[0] is not None):
             seconds.append(max(0.0, (run.checkpoint_at - notice["posted"]).total_seconds()))
         else:
-            missed += 1
+            missed.append(_notice_outcome(notice, run))
     by_cloud = {c: sum(n["cloud"] == c for n in notices) for c in CLOUDS}
     percentile = (lambda q: round(float(np.percentile(seconds, q)), 3)) if seconds else (lambda q: None)
     return {
         "notices": len(notices),
         "notices_by_cloud": by_cloud,
         "notices_checkpointed_in_time": len(seconds),
-        "notices_missed": missed,
+        "notices_missed": len(missed),
+        "missed": missed,
         "notices_job_finished_first": finished_first,
+        "notices_run_lost_first": lost_first,
         "notice_to_checkpoint_p50_s": percentile(50),
         "notice_to_checkpoint_p99_s": percentile(99),
+    }
+
+
+def _notice_outcome(notice: dict, run) -> dict:
+    """What became of a notice's run, for a notice whose checkpoint did not count."""
+    return {
+        "agent": notice["agent"],
+        "job": notice["job"],
+        "fence": notice["fence"],
+        "deadline": notice["deadline"].isoformat(),
+        "end_reason": run.end_reason if run else None,
+        "progress": run.progress_done if run else None,
+        "checkpoint_step": run.checkpoint_step if run else None,
+        "checkpoint_at": run.checkpoint_at.isoformat() if run and run.checkpoint_at else None,
+        "checkpoint_error": run.checkpoint_error if run else None,
     }
 
 
@@ -322,6 +379,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument("--agents", type=int, default=10)
     parser.add_argument("--kill-every-s", type=float, default=4.0)
+    parser.add_argument("--kills", type=int, default=40, help="Instances killed before the fleet drains.")
+    parser.add_argument("--notices", type=int, default=10, help="Preemptions announced before the fleet drains.")
     parser.add_argument(
         "--notice-every-s", type=float, default=3.0, help="Announce a timed preemption this often (0: never)."
     )
@@ -345,6 +404,8 @@ def main() -> None:
             args.jobs,
             args.agents,
             args.kill_every_s,
+            instance_kills=args.kills,
+            notices_wanted=args.notices,
             restart_redis=restart_redis if args.redis_restart_at_s else None,
             redis_restart_at_s=args.redis_restart_at_s,
             notice_every_s=args.notice_every_s or None,

@@ -23,7 +23,6 @@ import json
 from dataclasses import dataclass
 
 import pandas as pd
-from scipy import stats
 
 from broker.pricing.snapshot import packaged_dir
 
@@ -71,6 +70,8 @@ def gamma_band(shape: float, rate: float, dispersion: float, level: float = 0.90
     if mean <= 0:
         return 0.0, 0.0
     tail = (1 - level) / 2
+    from scipy import stats  # here: scipy.stats takes a second to import, and agents start often
+
     dist = stats.gamma(a=1 / cv2, scale=mean * cv2)
     return float(dist.ppf(tail)), float(dist.ppf(1 - tail))
 

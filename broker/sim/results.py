@@ -6,15 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from broker.domain.errors import BrokerError  # noqa: E402
-from broker.models.accounting import missed_deadline, spend_over_time  # noqa: E402
-from broker.sim.backtest import OMNISCIENT, Result, tier_hours  # noqa: E402
+from broker.domain.errors import BrokerError
+from broker.models.accounting import missed_deadline, spend_over_time
+from broker.sim.backtest import OMNISCIENT, Result, tier_hours
 
 POLICIES_CSV, JOBS_CSV, SPEND_CSV, SUMMARY_JSON = "policies.csv", "jobs.csv", "spend.csv", "summary.json"
 TIERS = ("bubble", "spot", "on_demand")
@@ -73,6 +69,11 @@ def write(result: Result, directory: Path) -> list[Path]:
 
 
 def _plots(table: pd.DataFrame, spend: pd.DataFrame, directory: Path) -> list[Path]:
+    import matplotlib  # here, not at the top: importing it costs every `broker` command half a second
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
     paths = [directory / "cost_by_policy.png", directory / "spend_over_time.png", directory / "tier_mix.png"]
     fig, ax = plt.subplots(figsize=(8, 4))
     colors = ["#888888" if p == OMNISCIENT else "#1f77b4" for p in table.policy]

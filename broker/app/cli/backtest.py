@@ -12,21 +12,21 @@ from rich.table import Table
 from broker.app.cli.common import JsonOpt, err, out, print_json, user_errors
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
-from broker.sim import backtest, results
-from broker.sim.market import PACKAGED_TRACES, backtest_market
-from broker.sim.workloads import backtest_workload
 from broker.store import embedded
 
 
 def command(
-    traces: Path = typer.Option(
-        PACKAGED_TRACES, help="Directory of spot traces (JSON, Can't Be Late format), optionally with offers.yaml."
+    traces: Path | None = typer.Option(
+        None,
+        help="Directory of spot traces (JSON, Can't Be Late format), optionally with offers.yaml; default the "
+        "packaged AWS traces.",
     ),
     jobs: int = typer.Option(40, min=1, max=2000, help="Jobs in the seeded ML mix."),
     seed: int = typer.Option(0, help="Workload seed: the same seed gives the same result."),
-    policies: str = typer.Option(
-        ",".join([*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT]),
-        help="Comma-separated: registered policies, NAME+bubbles, omniscient.",
+    policies: str | None = typer.Option(
+        None,
+        help="Comma-separated: registered policies, NAME+bubbles, omniscient; default the baselines, "
+        "costslo, costslo+bubbles and omniscient.",
     ),
     out_dir: Path | None = typer.Option(
         None, "--out", help="Write policies.csv, jobs.csv, spend.csv, summary.json and PNG plots here."
@@ -42,6 +42,12 @@ def command(
     as_json: bool = JsonOpt,
 ) -> None:
     """Run the live core on a simulated clock and cloud over real spot traces, for every policy."""
+    from broker.sim import backtest, results  # here: the simulator's imports would slow every `broker` command
+    from broker.sim.market import PACKAGED_TRACES, backtest_market
+    from broker.sim.workloads import backtest_workload
+
+    traces = traces or PACKAGED_TRACES
+    policies = policies or ",".join([*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT])
     names = [n.strip() for n in policies.split(",") if n.strip()]
     if not names:
         raise BrokerError("policies: give at least one, e.g. --policies costslo,uniform-progress,omniscient")
