@@ -15,6 +15,7 @@ import json
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -54,7 +55,7 @@ def aggregate(runs: list[dict]) -> list[dict]:
         od = sum(row["cost_usd"] for r in done for row in r["rows"] if row["policy"] == "on-demand")
         best = sum(row["cost_usd"] for r in done for row in r["rows"] if row["policy"] == backtest.OMNISCIENT)
         cost = sum(row["cost_usd"] for row in rows)
-        errors = [row["quote_error_pct"] for row in rows if row["quote_error_pct"] is not None]
+        errors = [row["median_abs_cost_error_pct"] for row in rows if row["median_abs_cost_error_pct"] is not None]
         out.append(
             {
                 "policy": policy,
@@ -64,7 +65,7 @@ def aggregate(runs: list[dict]) -> list[dict]:
                 "cost_vs_omniscient": round(cost / best, 3),
                 "migrations": sum(row["migrations"] for row in rows),
                 "work_lost_h": round(sum(row["work_lost_h"] for row in rows), 1),
-                "quote_error_pct": round(sum(errors) / len(errors), 1) if errors else None,
+                "median_abs_cost_error_pct": round(float(np.median(errors)), 1) if errors else None,
             }
         )
     return out

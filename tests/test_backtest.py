@@ -204,7 +204,9 @@ def test_cli_backtest_json_and_output_directory(tmp_path):
             "cost_vs_omniscient",
             "migrations",
             "work_lost_h",
-            "quote_error_pct",
+            "median_abs_cost_error_pct",
+            "p90_abs_cost_error_pct",
+            "brier",
         } <= row.keys()
         assert row["cost_usd"] > 0 and not math.isnan(row["cost_usd"])
     for name in (

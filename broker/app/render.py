@@ -64,8 +64,21 @@ def quote_table(quote: Quote, title: str) -> Table:
             f"+od: the deadline guard moves the job to {quote.chosen.fallback.instance_type} "
             "on-demand if it falls behind"
         )
+    if quote.forecast is not None:
+        notes.append(forecast_line(quote.forecast))
     table.caption = "\n".join(notes) or None
     return table
+
+
+def forecast_line(f) -> str:
+    """The quote's forecast in a line: cost and finish percentiles and the odds, over how many futures."""
+    finish = " - ".join(_when(t) if t else "after the horizon" for t in (f.finish_p50, f.finish_p90))
+    return (
+        f"forecast over {f.futures:,} futures ({f.rule}): cost p10/p50/p90 {_money(f.cost_p10_usd)} / "
+        f"{_money(f.cost_p50_usd)} / {_money(f.cost_p90_usd)}; finish p50-p90 {finish}; "
+        f"P(meet deadline) {f.p_meet_deadline:.2f}, P(within budget) {f.p_within_budget:.2f}; "
+        f"{f.spot_share:.0%} on spot; market: {f.evidence}"
+    )
 
 
 def policies_table(rows: list[dict]) -> Table:
@@ -206,8 +219,14 @@ def risk_table(rows: list[dict], total: int) -> Table:
         "avail",
         "band",
         "evidence",
+        "up h",
+        "down h",
+        "P(launch)",
+        "λ by run age 0-1/1-4/4-12 h",
+        "market evidence",
     ):
-        table.add_column(col, justify="right" if col in ("λ /h", "avail") else "left", no_wrap=col != "evidence")
+        right = col in ("λ /h", "avail", "up h", "down h", "P(launch)")
+        table.add_column(col, justify="right" if right else "left", no_wrap="evidence" not in col)
     for r in rows:
         mttp = 1 / r["hazard_per_h"] if r["hazard_per_h"] > 0 else float("inf")
         table.add_row(
@@ -221,6 +240,11 @@ def risk_table(rows: list[dict], total: int) -> Table:
             f"{r['availability']:.0%}",
             r["band"],
             r["evidence"],
+            f"{r['mean_up_h']:.1f}",
+            f"{r['mean_down_h']:.1f}",
+            f"{r['p_launch_now']:.0%}",
+            "/".join("-" if h != h else f"{h:.2f}" for h in r["hazard_by_age_per_h"][:3]),
+            r["market_evidence"],
         )
     return table
 

@@ -10,8 +10,11 @@ from broker.app.settings import Settings
 from broker.core.broker import Broker
 from broker.core.clock import SystemClock
 from broker.domain.errors import BrokerError
+from broker.pricing.availability import MarketModel
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.hazard import HazardModel, observed
+from broker.pricing.traces import load_traces
+from broker.sim.market import PACKAGED_TRACES
 from broker.store import embedded
 from broker.store.jobs import Store
 from broker.store.prices import PriceHistory
@@ -45,7 +48,14 @@ def make_broker(with_store: bool = True, live: bool = False, daemon: bool = Fals
     settings = Settings.from_env()
     store = store_for(settings, daemon, say) if with_store else None
     catalog = live_catalog(store, settings) if store and live else PriceCatalog.from_snapshot(settings.prices_dir)
-    return Broker(store, catalog, planning.get(settings.policy, **settings.policy_options()), SystemClock())
+    policy = planning.get(settings.policy, **settings.policy_options())
+    return Broker(store, catalog, policy, SystemClock(), market_model())
+
+
+def market_model() -> MarketModel:
+    """The market model quotes are simulated on: learned from the packaged spot traces (AWS p3.2xlarge in nine
+    zones); offers without a trace are modelled from the catalog's hazard."""
+    return MarketModel.fit(load_traces(PACKAGED_TRACES))
 
 
 def live_catalog(store: Store, settings: Settings) -> PriceCatalog:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import secrets
 
+from broker.core.forecast import forecast
 from broker.domain.errors import BrokerError
 from broker.domain.model import Job, JobSpec, JobState, Offer, Quote, Tier
+from broker.pricing.availability import MarketModel
 from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
 
@@ -13,11 +15,12 @@ from broker.store.jobs import Store
 class Broker:
     """Jobs in, quotes and stored jobs out; the clock, store, catalog and policy are passed in."""
 
-    def __init__(self, store: Store | None, catalog: PriceCatalog, policy, clock):
+    def __init__(self, store: Store | None, catalog: PriceCatalog, policy, clock, market: MarketModel | None = None):
         self.store = store
         self.catalog = catalog
         self.policy = policy
         self.clock = clock
+        self.market = market  # when given, quotes carry a forecast: the choice simulated on its futures
 
     def offers(self) -> list[Offer]:
         """The catalog's offers and the bubble offers of the fill executors registered now."""
@@ -33,8 +36,14 @@ class Broker:
         return offers
 
     def quote(self, spec: JobSpec) -> Quote:
-        """Price the job on every offer and pick one; raises InfeasibleError when none fits."""
-        return self.policy.quote(spec, self.offers(), self.clock.now())
+        """Price the job on every offer and pick one, then simulate the choice by the policy's rule on the market
+        model's futures; raises InfeasibleError when none fits."""
+        offers, now = self.offers(), self.clock.now()
+        quote = self.policy.quote(spec, offers, now)
+        if self.market is None:
+            return quote
+        rule = getattr(self.policy, "rule", "greedy")
+        return quote.model_copy(update={"forecast": forecast(spec, quote, offers, self.market, rule, now)})
 
     def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
         """Quote the job and store it as queued; an infeasible job is refused and nothing is stored.

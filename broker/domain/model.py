@@ -87,14 +87,35 @@ class Option(BaseModel):
         return self.meets_deadline and self.within_budget
 
 
+class Forecast(BaseModel):
+    """The chosen option played out by the policy's rule on sampled futures of the market model
+    (core/forecast.py): what the job may cost and when it may finish, with the odds."""
+
+    futures: int
+    rule: str  # the policy's rule the futures were run with (greedy, uniform, spot-only, on-demand)
+    zones: list[str]  # the spot offers the job may launch in, cheapest first
+    cost_p10_usd: float
+    cost_p50_usd: float
+    cost_p90_usd: float
+    cost_mean_usd: float
+    finish_p50: datetime | None  # None: later than the futures' horizon
+    finish_p90: datetime | None
+    p_meet_deadline: float
+    p_within_budget: float
+    spot_share: float  # mean share of the job's instance hours on spot
+    evidence: str  # what the market model of its zones rests on
+
+
 class Quote(BaseModel):
-    """The broker's answer to a submit: the chosen option, alternatives, and the savings."""
+    """The broker's answer to a submit: the chosen option, alternatives, and the savings; `forecast` is the
+    chosen option simulated on the market model's futures (None where no market model was given)."""
 
     policy: str
     created_at: datetime
     chosen: Option
     alternatives: list[Option]
     on_demand_baseline: Option | None
+    forecast: Forecast | None = None
 
     @computed_field
     @property

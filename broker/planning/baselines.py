@@ -29,6 +29,7 @@ class EagerNextRegion(CheapestFeasible):
 
     name = "skypilot-eager"
     deadline_guard = False  # SkyPilot knows no deadlines or budgets
+    rule = "spot-only"
 
     def options(self, spec: JobSpec, offers: list[Offer], now: datetime) -> list[Option]:
         """Spot offers by catalog price; the deadline and budget are not part of its model."""

@@ -32,6 +32,7 @@ class CheapestFeasible:
     """Minimum expected cost subject to P(meet deadline) >= target and expected cost <= budget."""
 
     name = "cheapest"
+    rule = "greedy"  # how the job then runs (models/futures.py): wait for spot until the guard's safety net
 
     def options(self, spec: JobSpec, offers: list[Offer], now: datetime) -> list[Option]:
         """Every offer the job fits, priced, cheapest first."""

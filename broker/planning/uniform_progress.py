@@ -76,6 +76,7 @@ class UniformProgress(CheapestFeasible):
 
     name = "uniform-progress"
     uniform = True
+    rule = "uniform"
 
     def plan(self, items: list[PlanItem], offers: list[Offer], capacity: dict[str, int], now: datetime) -> Plan:
         """Place each job (in the given order) on the cheapest fitting spot offer, or on-demand when behind."""
@@ -108,3 +109,4 @@ class GreedySafetyNet(UniformProgress):
 
     name = "cbl-greedy"
     uniform = False
+    rule = "greedy"

@@ -15,8 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-import numpy as np
-
 from broker import planning
 from broker.agents.checkpoints import CheckpointStore
 from broker.core.broker import Broker
@@ -25,6 +23,8 @@ from broker.core.server import BrokerServer
 from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import Job, JobState
 from broker.models.accounting import missed_deadline, spend_usd
+from broker.pricing.availability import MarketModel
+from broker.sim.calibration import cost_errors_pct, job_rows, reliability
 from broker.sim.fleet import SimFleet
 from broker.sim.market import Market, OfferBook
 from broker.sim.omniscient import Bound, omniscient
@@ -91,18 +91,20 @@ def run_policy(
     arrivals: list[Arrival],
     seed: int,
     on_tick: Callable[[int], None] | None = None,
+    model: MarketModel | None = None,
 ) -> Outcome:
-    """Run one policy over the workload on the simulated clock; its keys are deleted afterwards."""
+    """Run one policy over the workload on the simulated clock; its keys are deleted afterwards. With a
+    market `model` every quote carries a forecast (simulated on the model's futures, not the traces')."""
     base, bubbles = name.removesuffix(BUBBLES), name.endswith(BUBBLES)
     prefix = f"backtest:{seed}:{name}:"
     store = Store(redis_url, prefix=prefix)
     store.clear_namespace()
     clock = SimulatedClock(market.start)
     policy = planning.get(base)
-    broker = Broker(store, OfferBook(market.offers(bubbles)), policy, clock)
+    broker = Broker(store, OfferBook(market.offers(bubbles)), policy, clock, model)
     checkpoints = CheckpointStore(f"memory://backtest/{seed}/{name}")
     server = BrokerServer(store, policy, clock, checkpoints, consumer="backtest")
-    fleet = SimFleet(store, checkpoints, market, bubbles)
+    fleet = SimFleet(store, checkpoints, market, bubbles, {a.spec.name: a.true_speed for a in arrivals})
     tick_h = market.tick_s / 3600
     queue, refused = list(arrivals), []
     last_tick = horizon(market, arrivals)
@@ -158,8 +160,8 @@ def summary(outcomes: list[Outcome], bound: dict[str, Bound] | None, reference: 
     rows = []
     for out in outcomes:
         cost = out.cost_usd()
-        done = [j for j in out.jobs if j.state == JobState.done and j.quote.chosen.expected_cost_usd > 0]
-        errors = [abs(j.cost_usd - j.quote.chosen.expected_cost_usd) / j.quote.chosen.expected_cost_usd for j in done]
+        quotes = job_rows(out.jobs, out.end)
+        median_error, p90_error = cost_errors_pct(quotes)
         rows.append(
             {
                 "policy": out.policy,
@@ -169,7 +171,9 @@ def summary(outcomes: list[Outcome], bound: dict[str, Bound] | None, reference: 
                 "cost_vs_omniscient": round(cost / optimum, 3) if optimum else None,
                 "migrations": sum(j.migrations for j in out.jobs),
                 "work_lost_h": round(sum(r.work_lost_s for j in out.jobs for r in j.runs) / 3600, 2),
-                "quote_error_pct": round(100 * float(np.mean(errors)), 1) if errors else None,
+                "median_abs_cost_error_pct": median_error,
+                "p90_abs_cost_error_pct": p90_error,
+                "brier": reliability(quotes)["brier"],
                 "unfinished": sum(1 for j in out.jobs if j.state != JobState.done),
                 **{f"{tier}_h": round(h, 1) for tier, h in out.tier_hours().items()},
             }
@@ -187,7 +191,9 @@ def summary(outcomes: list[Outcome], bound: dict[str, Bound] | None, reference: 
                 "cost_vs_omniscient": 1.0,
                 "migrations": 0,
                 "work_lost_h": 0.0,
-                "quote_error_pct": None,
+                "median_abs_cost_error_pct": None,
+                "p90_abs_cost_error_pct": None,
+                "brier": None,
                 "unfinished": 0,
                 **{f"{tier}_h": round(h, 1) for tier, h in hours.items()},
             }
@@ -214,6 +220,7 @@ def run(
     redis_url: str,
     progress: Callable[[str, int, int], None] | None = None,
     setting: dict | None = None,
+    model: MarketModel | None = None,
 ) -> Result:
     """Every requested policy over the workload (all on-demand too: savings are measured against it), then
     the omniscient bound when asked for; `progress(what, done, total)` is called as it goes."""
@@ -225,7 +232,7 @@ def run(
     for name in simulated:
         last = horizon(market, arrivals)
         tick = (lambda t, n=name, last=last: progress(n, t + 1, last)) if progress else None
-        outcomes.append(run_policy(name, redis_url, market, arrivals, seed, tick))
+        outcomes.append(run_policy(name, redis_url, market, arrivals, seed, tick, model))
         if progress:
             progress(name, last, last)
     bound: dict[str, Bound] = {}

@@ -3,7 +3,8 @@
 Each agent stands for one instance of a market offer and keeps the contract every agent keeps
 (broker/agents/contract.py): it registers, takes its assignments from its own stream (acked after
 the start), learns of fences and the deadline guard's moves from its views, resumes from the
-checkpoint the server chose, runs the job at the speed the money model gives for that offer, writes real checkpoints
+checkpoint the server chose, runs the job at its true speed (the workload's truth: the money model's estimate
+for the offer, off by the job's own factor, which no policy sees), writes real checkpoints
 (to an in-memory fsspec store, verified by the server) at Young's interval, and reports started,
 progress, checkpoint and exited with the simulated time of each. A run pays the restart time
 (a new instance and the restore) before it progresses and the checkpoint write time each time it
@@ -48,8 +49,11 @@ class SimRun:
 class SimFleet:
     """The agents of every offer in the market, provisioned to its capacity at each tick."""
 
-    def __init__(self, store: Store, checkpoints: CheckpointStore, market: Market, bubbles: bool):
+    def __init__(
+        self, store: Store, checkpoints: CheckpointStore, market: Market, bubbles: bool, speed: dict | None = None
+    ):
         self.store, self.checkpoints, self.market = store, checkpoints, market
+        self.speed = speed or {}  # job id -> its true speed over the money model's estimate (1 when not given)
         self.bubble_offers = market.bubbles if bubbles else []
         self.on_offer: dict[str, list[str]] = {}  # offer id -> its agents, oldest first
         self.offer_of: dict[str, Offer] = {}  # agent id -> offer
@@ -97,7 +101,7 @@ class SimFleet:
             if job is None:
                 continue
             offer = self.offer_of[agent]
-            exclusive_h = exclusive_hours(job.spec, offer)
+            exclusive_h = exclusive_hours(job.spec, offer) / self.speed.get(job.job, 1.0)
             self.runs[agent] = SimRun(
                 job.job,
                 job.fence,

@@ -26,6 +26,7 @@ from broker.bubbles.capacity import bubble_offer
 from broker.domain.bubbles import BubbleProfile
 from broker.domain.errors import BrokerError
 from broker.domain.model import Offer, Tier
+from broker.pricing.availability import tick_minimum
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.traces import Trace, load_trace, read_ticks
 from broker.sim.workloads import FREERIDE_MAIN_JOBS
@@ -78,12 +79,7 @@ class Market:
 def resample(trace: Trace, tick_s: float) -> np.ndarray:
     """The trace's count per simulated tick: the least count seen during the tick (a tick is survived
     only when capacity lasted all of it); a tick finer than the trace repeats its values."""
-    count = int(trace.hours * 3600 // tick_s)
-    if count == 0:
-        return np.zeros(0, dtype=int)
-    first = (np.arange(count) * tick_s // trace.gap_s).astype(int)
-    last = np.minimum(((np.arange(count) + 1) * tick_s - 1e-9) // trace.gap_s, len(trace.data) - 1).astype(int)
-    return np.asarray([trace.data[a : b + 1].min() for a, b in zip(first, last)], dtype=int)
+    return tick_minimum(trace.data, trace.gap_s, tick_s)
 
 
 def _placement(path: Path, mapping: dict) -> dict:

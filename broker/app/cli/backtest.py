@@ -39,14 +39,25 @@ def command(
     profiles: Path | None = typer.Option(
         None, help="Measured bubble profiles (a JSON list of BubbleProfile) instead of the FreeRide-like forecasts."
     ),
+    fit_traces: Path | None = typer.Option(
+        None,
+        help="Trace directory the market model is learned from (quotes are forecast on it); default the packaged "
+        "traces. Give other traces than --traces to evaluate quotes out of sample.",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Run the live core on a simulated clock and cloud over real spot traces, for every policy."""
+    from broker.pricing.availability import MarketModel
+    from broker.pricing.traces import load_traces
     from broker.sim import backtest, results  # here: the simulator's imports would slow every `broker` command
     from broker.sim.market import PACKAGED_TRACES, backtest_market
     from broker.sim.workloads import backtest_workload
 
     traces = traces or PACKAGED_TRACES
+    fit_traces = fit_traces or PACKAGED_TRACES
+    if not fit_traces.is_dir():
+        raise BrokerError(f"fit-traces: {fit_traces} is not a directory; point --fit-traces at trace JSON files")
+    model = MarketModel.fit(load_traces(fit_traces), tick_minutes * 60)
     policies = policies or ",".join([*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT])
     names = [n.strip() for n in policies.split(",") if n.strip()]
     if not names:
@@ -58,6 +69,7 @@ def command(
     arrivals = backtest_workload(market, seed, jobs, arrival_hours)
     setting = {
         "traces": str(traces),
+        "fit_traces": str(fit_traces),
         "jobs": jobs,
         "seed": seed,
         "tick_minutes": tick_minutes,
@@ -85,7 +97,7 @@ def command(
                 tasks[name] = bar.add_task(name, total=total)
             bar.update(tasks[name], completed=done)
 
-        result = backtest.run(market, arrivals, names, seed, url, progress, setting)
+        result = backtest.run(market, arrivals, names, seed, url, progress, setting, model)
     if out_dir:
         results.write(result, out_dir)
     if as_json:
@@ -100,7 +112,8 @@ def command(
         "cost_vs_omniscient",
         "migrations",
         "work_lost_h",
-        "quote_error_pct",
+        "median_abs_cost_error_pct",
+        "brier",
     ]
     for column in columns:
         table.add_column(column, justify="left" if column == "policy" else "right")

@@ -11,7 +11,7 @@ from broker.app import render
 from broker.app.cli.common import JsonOpt, make_broker, out, print_json, user_errors
 from broker.domain.accelerators import lookup
 from broker.domain.errors import BrokerError
-from broker.domain.model import parse_deadline
+from broker.domain.model import Tier, parse_deadline
 from broker.pricing.points import points_from_rows, points_from_spot_tsv
 from broker.pricing.snapshot import load_aws
 from broker.store.prices import PriceHistory
@@ -53,13 +53,16 @@ def risk(
     limit: int = Limit,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Preemption hazard per spot instance type and region: lambda per hour, its 90% band, availability, evidence."""
+    """Preemption hazard per spot instance type and region: lambda per hour, its 90% band, availability, evidence;
+    and the market model quotes are simulated on: mean up/down spells, P(launch now), hazard by run age."""
     broker = make_broker(live=True)  # preemptions our agents saw count as evidence
     rows = broker.catalog.table(gpu=lookup(gpu).name if gpu else None, cloud=cloud, region=region, spot_only=True)
     rows = rows.drop_duplicates(["cloud", "region", "instance_type"])
     records = []
+    spot = {(o.cloud, o.region, o.instance_type): o for o in broker.catalog.offers if o.tier == Tier.spot}
     for row in rows.itertuples(index=False):
         h = broker.catalog.hazard.spot(row.cloud, row.region, row.instance_type)
+        market = broker.market.for_offer(spot[(row.cloud, row.region, row.instance_type)])
         records.append(
             {
                 "cloud": row.cloud,
@@ -72,6 +75,11 @@ def risk(
                 "availability": h.availability,
                 "band": h.band,
                 "evidence": h.source,
+                "mean_up_h": round(market.mean_up_h, 3),
+                "mean_down_h": round(market.mean_down_h, 3),
+                "p_launch_now": round(market.p_launch, 4),
+                "hazard_by_age_per_h": [round(rate, 4) for _, _, rate in market.hazard_by_age()],
+                "market_evidence": market.evidence,
             }
         )
     records.sort(key=lambda r: (-("observed" in r["evidence"]), r["hazard_per_h"]))

@@ -1,0 +1,154 @@
+"""Forecast benchmark: are quotes true? Quotes made on a market model learned from some traces, checked against
+what the jobs really cost and when they really finished in backtests on other traces.
+
+For every shared trace directory that maps to GPU offers (the p3.2xlarge ones) and every seed, one backtest
+of the ML mix: the market model is fitted on all the *other* GPU trace directories (leave one out: the
+evaluated traces are never seen by the model), each policy's quotes carry a forecast (1,000 futures of
+that model, run by the policy's rule), and the simulated world takes its truth from the evaluated traces
+and from each job's true speed (off the planner's estimate by a log-normal factor no policy sees).
+
+Prints one JSON object: `jobs`, the quote figures pooled over every job of the forecasting policies
+(`median_abs_cost_error_pct`, `p90_abs_cost_error_pct` of |realised / quoted p50 - 1|,
+`calibration_max_gap_pts` of the reliability diagram of P(meet) in 10-point bins with >= 20 jobs,
+`brier`), and per policy the same plus `savings_pct` (vs all on-demand in the same backtests),
+`deadline_misses`, and `cost_vs_joint_omniscient` (null: the joint bound is not built yet); and the seconds a
+quote with its forecast takes (`quote_seconds`).
+
+    python bench/forecast.py [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from cost import leaf_directories  # bench/cost.py, beside this file
+from rich.console import Console
+from rich.progress import Progress
+
+from broker.domain.errors import BrokerError
+from broker.pricing.availability import MarketModel
+from broker.pricing.traces import load_traces
+from broker.sim import backtest
+from broker.sim.calibration import cost_errors_pct, job_rows, reliability
+from broker.sim.market import backtest_market
+from broker.sim.workloads import backtest_workload
+from broker.store import embedded
+
+POLICIES = ["on-demand", "uniform-progress", "cbl-greedy", "costslo"]
+FORECASTING = ["uniform-progress", "cbl-greedy", "costslo"]  # on-demand quotes are certain: left out of the figures
+
+
+def gpu_directories(root: Path) -> list[Path]:
+    """Trace directories whose traces map to GPU offers (the backtest skips the others)."""
+    out = []
+    for directory in leaf_directories(root):
+        try:
+            backtest_market(directory)
+        except BrokerError:
+            continue
+        out.append(directory)
+    return out
+
+
+def one(directory: str, fit: list[str], seed: int, jobs: int) -> dict:
+    """One backtest on `directory` with quotes forecast on a model fitted on `fit`; per policy its row and jobs."""
+    market = backtest_market(Path(directory))
+    model = MarketModel.fit([t for d in fit for t in load_traces(Path(d))], market.tick_s)
+    arrivals = backtest_workload(market, seed, jobs)
+    with embedded.scratch() as url:
+        result = backtest.run(market, arrivals, POLICIES, seed, url, model=model)
+    return {
+        "traces": directory,
+        "fit_on": fit,
+        "seed": seed,
+        "rows": result.rows,
+        "jobs": {o.policy: job_rows(o.jobs, o.end) for o in result.outcomes},
+    }
+
+
+def figures(rows: list[dict]) -> dict:
+    median, p90 = cost_errors_pct(rows)
+    calibration = reliability(rows)
+    return {
+        "jobs": len(rows),
+        "median_abs_cost_error_pct": median,
+        "p90_abs_cost_error_pct": p90,
+        "calibration_max_gap_pts": calibration["calibration_max_gap_pts"],
+        "brier": calibration["brier"],
+        "reliability": calibration["bins"],
+    }
+
+
+def aggregate(runs: list[dict]) -> dict:
+    od = sum(row["cost_usd"] for r in runs for row in r["rows"] if row["policy"] == "on-demand")
+    policies = {}
+    for policy in POLICIES:
+        rows = [row for r in runs for row in r["rows"] if row["policy"] == policy]
+        cost = sum(row["cost_usd"] for row in rows)
+        policies[policy] = {
+            "cost_usd": round(cost, 2),
+            "savings_pct": round(100 * (1 - cost / od), 1) if od else None,
+            "deadline_misses": sum(row["deadline_misses"] for row in rows),
+            "cost_vs_joint_omniscient": None,
+            **figures([j for r in runs for j in r["jobs"].get(policy, [])]),
+        }
+    pooled = figures([j for r in runs for p in FORECASTING for j in r["jobs"].get(p, [])])
+    return {**pooled, "policies": policies}
+
+
+def quote_seconds(directory: str, fit: list[str], jobs: int) -> dict:
+    """Seconds per quote with its forecast (1,000 futures), costslo, over one workload's jobs."""
+    import time
+    from datetime import timedelta
+
+    from broker import planning
+    from broker.core.broker import Broker
+    from broker.core.clock import SimulatedClock
+    from broker.sim.market import OfferBook
+
+    market = backtest_market(Path(directory))
+    model = MarketModel.fit([t for d in fit for t in load_traces(Path(d))], market.tick_s)
+    clock = SimulatedClock(market.start)
+    broker = Broker(None, OfferBook(market.offers()), planning.get("costslo"), clock, model)
+    seconds = []
+    for arrival in backtest_workload(market, 0, jobs):
+        spec = arrival.spec.model_copy(update={"deadline": clock.now() + timedelta(hours=arrival.window_h)})
+        began = time.perf_counter()
+        broker.quote(spec)
+        seconds.append(time.perf_counter() - began)
+    return {"quotes": len(seconds), "mean_s": round(sum(seconds) / len(seconds), 3), "max_s": round(max(seconds), 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+    )
+    parser.add_argument("--jobs", type=int, default=40)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    directories = [str(d) for d in gpu_directories(args.traces)]
+    tasks = [(d, [f for f in directories if f != d], s) for d in directories for s in args.seeds]
+    runs = []
+    with Progress(console=Console(stderr=True)) as bar, ProcessPoolExecutor(args.workers) as pool:
+        task = bar.add_task("backtests", total=len(tasks))
+        for run in pool.map(one, *zip(*tasks), [args.jobs] * len(tasks)):
+            runs.append(run)
+            bar.advance(task)
+    body = {
+        "seeds": args.seeds,
+        "jobs_per_run": args.jobs,
+        "split": "leave one trace directory out: each is evaluated with the model fitted on the others",
+        **aggregate(runs),
+        "quote_seconds": quote_seconds(tasks[0][0], tasks[0][1], args.jobs),
+        "runs": [{k: r[k] for k in ("traces", "fit_on", "seed", "rows")} for r in runs],
+    }
+    print(json.dumps(body, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Quotes against what happened: per job the quoted cost and P(meet) beside the realised cost and whether it met
+its deadline, and the figures that say whether quotes can be trusted (cost error, reliability, Brier score)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from broker.domain.model import Job, JobState
+from broker.models.accounting import missed_deadline, spend_usd
+
+BINS = 10  # reliability diagram: P(meet) in 10-point bins
+MIN_PER_BIN = 20  # a bin counts toward the calibration gap only with this many jobs
+
+
+def quoted(job: Job) -> tuple[float, float]:
+    """(cost, P(meet)) the job was quoted at submit: the forecast's median and odds when it has one, else the money
+    model's expectation."""
+    if job.quote.forecast is not None:
+        return job.quote.forecast.cost_p50_usd, job.quote.forecast.p_meet_deadline
+    return job.quote.chosen.expected_cost_usd, job.quote.chosen.p_meet_deadline
+
+
+def job_rows(jobs: list[Job], end) -> list[dict]:
+    """One row per job with a deadline or a cost: quoted and realised cost, quoted P(meet), and whether it met."""
+    rows = []
+    for job in jobs:
+        cost, p_meet = quoted(job)
+        rows.append(
+            {
+                "job": job.id,
+                "quoted_cost_usd": cost,
+                "cost_usd": spend_usd(job, end),
+                "p_meet": p_meet,
+                "met": job.state == JobState.done and not missed_deadline(job, end),
+                "forecast": job.quote.forecast is not None,
+            }
+        )
+    return rows
+
+
+def cost_errors_pct(rows: list[dict]) -> tuple[float | None, float | None]:
+    """Median and 90th percentile of |realised / quoted - 1|, in percent, over jobs with a quoted cost."""
+    errors = [abs(r["cost_usd"] / r["quoted_cost_usd"] - 1) for r in rows if r["quoted_cost_usd"] > 0]
+    if not errors:
+        return None, None
+    return round(100 * float(np.median(errors)), 1), round(100 * float(np.percentile(errors, 90)), 1)
+
+
+def reliability(rows: list[dict]) -> dict:
+    """P(meet) against the share that met, in BINS bins: per bin (from, to, jobs, predicted, observed), the
+    largest |predicted - observed| in points over bins with MIN_PER_BIN jobs, and the Brier score."""
+    if not rows:
+        return {"bins": [], "calibration_max_gap_pts": None, "brier": None}
+    p = np.array([r["p_meet"] for r in rows], dtype=float)
+    y = np.array([r["met"] for r in rows], dtype=float)
+    which = np.minimum((p * BINS).astype(int), BINS - 1)
+    bins, gaps = [], []
+    for b in range(BINS):
+        here = which == b
+        if not here.any():
+            continue
+        predicted, observed = float(p[here].mean()), float(y[here].mean())
+        bins.append(
+            {
+                "from": b / BINS,
+                "to": (b + 1) / BINS,
+                "jobs": int(here.sum()),
+                "predicted": round(predicted, 4),
+                "observed": round(observed, 4),
+            }
+        )
+        if here.sum() >= MIN_PER_BIN:
+            gaps.append(abs(predicted - observed))
+    return {
+        "bins": bins,
+        "calibration_max_gap_pts": round(100 * max(gaps), 1) if gaps else None,
+        "brier": round(float(np.mean((p - y) ** 2)), 4),
+    }
