@@ -29,8 +29,10 @@ def market(catalog):
     return market.with_bubbles([o for main in FREERIDE_MAIN_JOBS for o in main.offers(START)])
 
 
-def workload(seed, jobs=6):
-    return ml_mix(seed, jobs, 3.06, arrival_h=12)
+def workload(seed, jobs=6, speed_sigma=0.0):
+    """The policies' logic is specified where the planner's speed estimate is the truth; the honest world
+    (jobs off their estimate) has its own test below."""
+    return ml_mix(seed, jobs, 3.06, arrival_h=12, speed_sigma=speed_sigma)
 
 
 @pytest.fixture(scope="module")
@@ -308,3 +310,15 @@ def test_simulated_agents_learn_of_a_guard_move_from_their_view_and_hand_the_job
     assert job.runs[0].end_reason == "moved" and job.runs[0].checkpoint_step is not None
     assert job.runs[-1].offer.tier.value == "on_demand"  # the server re-dispatched it, on-demand only
     fleet.close()
+
+
+def test_jobs_run_at_their_true_speed_which_the_quote_does_not_know(market, redis_server):
+    arrivals = workload(0, jobs=3, speed_sigma=0.3)
+    assert len({round(a.true_speed, 3) for a in arrivals}) == 3
+    result = backtest.run(market, arrivals, ["on-demand"], 0, redis_server)
+    speed = {a.spec.name: a.true_speed for a in arrivals}
+    for job in result.outcomes[0].jobs:
+        run = job.runs[-1]
+        planned_h = exclusive_hours(job.spec, run.offer) + restart_hours(job.spec)
+        real_h = exclusive_hours(job.spec, run.offer) / speed[job.id] + restart_hours(job.spec)
+        assert run.hours(run.ended_at) == pytest.approx(real_h, rel=1e-3) != pytest.approx(planned_h, rel=1e-3)

@@ -240,7 +240,7 @@ def run(
         tick_h = market.tick_s / 3600
         for i, a in enumerate(arrivals):
             bound[a.spec.name] = omniscient(
-                a.spec, a.window_h or 72.0, market, math.ceil(a.at_h / tick_h - 1e-9), bubbles=True
+                a.spec, a.window_h or 72.0, market, math.ceil(a.at_h / tick_h - 1e-9), bubbles=True, speed=a.true_speed
             )
             if progress:
                 progress(OMNISCIENT, i + 1, len(arrivals))

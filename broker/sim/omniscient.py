@@ -34,7 +34,7 @@ class Bound:
 
 
 def _candidates(
-    spec: JobSpec, market: Market, start_tick: int, ticks: int, bubbles: bool
+    spec: JobSpec, market: Market, start_tick: int, ticks: int, bubbles: bool, speed: float
 ) -> list[tuple[Offer, list[bool]]]:
     """Offers worth a variable: spot offers with their availability, those of equal price and speed merged
     into one available when any of them is (moving between them then costs no restart: the bound only gets
@@ -44,7 +44,7 @@ def _candidates(
     for series in market.spot:
         if fits(spec, series.offer):
             available = np.array([series.at(start_tick + t) > 0 for t in range(ticks)])
-            key = (series.offer.price_usd_per_h, exclusive_hours(spec, series.offer))
+            key = (series.offer.price_usd_per_h, exclusive_hours(spec, series.offer) / speed)
             merged[key] = (merged[key][0], merged[key][1] | available) if key in merged else (series.offer, available)
     out = [(offer, available.tolist()) for offer, available in merged.values() if available.any()]
     for group in (market.on_demand, market.bubbles if bubbles else []):
@@ -56,13 +56,20 @@ def _candidates(
 
 
 def omniscient(
-    spec: JobSpec, window_h: float, market: Market, start_tick: int, bubbles: bool = True, time_limit_s: float = 5.0
+    spec: JobSpec,
+    window_h: float,
+    market: Market,
+    start_tick: int,
+    bubbles: bool = True,
+    time_limit_s: float = 5.0,
+    speed: float = 1.0,
 ) -> Bound:
-    """The least cost of finishing the job within `window_h` of tick `start_tick`, knowing every trace."""
+    """The least cost of finishing the job within `window_h` of tick `start_tick`, knowing every trace and the
+    job's true `speed` (the same truth the backtest's fleet runs it at)."""
     dt = market.tick_s / 3600
     ticks = max(1, math.ceil(window_h / dt - 1e-9))
     last_share = window_h / dt - (ticks - 1)
-    offers = _candidates(spec, market, start_tick, ticks, bubbles)
+    offers = _candidates(spec, market, start_tick, ticks, bubbles, speed)
     d = restart_hours(spec)
     prob = pulp.LpProblem("omniscient", pulp.LpMinimize)
     u, f, x = {}, {}, {}
@@ -79,7 +86,7 @@ def omniscient(
         here = [u[k, t] for k in range(len(offers)) if (k, t) in u]
         if len(here) > 1:
             prob += pulp.lpSum(here) <= 1
-    prob += pulp.lpSum((dt * f[k, t] - d * x[k, t]) / exclusive_hours(spec, offers[k][0]) for (k, t) in f) >= 1
+    prob += pulp.lpSum((dt * f[k, t] - d * x[k, t]) * speed / exclusive_hours(spec, offers[k][0]) for (k, t) in f) >= 1
     prob.solve(pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=MIP_GAP))
     if pulp.LpStatus[prob.status] == "Infeasible" or not f:
         return Bound(math.inf, "infeasible", {})

@@ -83,8 +83,10 @@ def ml_mix(
     accelerator: str = "V100",
     arrival_h: float = 48.0,
     fill_share: float = 0.4,
+    speed_sigma: float = TRUE_SPEED_SIGMA,
 ) -> list[Arrival]:
-    """`jobs` seeded arrivals of the ML mix on one accelerator type, oldest first."""
+    """`jobs` seeded arrivals of the ML mix on one accelerator type, oldest first; each job's true speed is off
+    the planner's estimate by a log-normal factor of `speed_sigma` (0: the estimate is the truth)."""
     rng = np.random.default_rng(seed)
     truth = np.random.default_rng([seed, 1])  # its own stream: the jobs drawn do not depend on it
     speed = ACCELERATORS[accelerator].speed("training")
@@ -110,7 +112,7 @@ def ml_mix(
             work={"gpu_hours": round(hours * speed, 4), "kind": "training"},
             checkpoint={"size_gb": round(size_gb, 2), "restore_minutes": round(restore_min, 2)},
         )
-        true_speed = float(np.clip(truth.lognormal(0.0, TRUE_SPEED_SIGMA), 0.7, 1.4))
+        true_speed = float(np.clip(truth.lognormal(0.0, speed_sigma), 0.7, 1.4))
         out.append(Arrival(float(at_h), spec, float(window_h), true_speed))
     return out
 
