@@ -81,6 +81,7 @@ def _server(redis_url: str, checkpoints: str, home: Path) -> subprocess.Popen:
         "BROKER_CHECKPOINTS": checkpoints,
         "BROKER_HOME": str(home),
     }
+    log = open(home.parent / "server.log", "ab")  # noqa: SIM115  (the process keeps it; read when a run stalls)
     return subprocess.Popen(
         [
             sys.executable,
@@ -96,7 +97,7 @@ def _server(redis_url: str, checkpoints: str, home: Path) -> subprocess.Popen:
         ],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=log,
     )
 
 
@@ -247,6 +248,7 @@ def run(
             time.sleep(0.2)
         elapsed = time.monotonic() - began
         final = [store.get_job(i) for i in ids]
+        server_exit = server.poll()  # None: still running, as it should be
     finally:
         server.kill()
         provisioner.stop_all()
@@ -278,8 +280,14 @@ def run(
         "duplicate_terminal": sum(terminal_events(store, j.id) > 1 for j in final),
         **timing,
         "stalled": not all(j.state.terminal for j in final),
+        "server_exited": server_exit,
+        "server_log_tail": _tail(work / "server.log") if not all(j.state.terminal for j in final) else "",
         "not_done": [_why_not_done(store, j) for j in final if j.state.value != "done"],
     }
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
 def _advance(jobs) -> tuple:

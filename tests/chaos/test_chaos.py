@@ -52,5 +52,43 @@ def test_jobs_survive_a_redis_restart_under_load(tmp_path):
     finally:
         embedded.stop(tmp_path)
     assert result["redis_restarts"] == 1
-    assert result["finished"] == result["submitted"] == 8 and result["lost"] == 0, result["not_done"]
+    why = (result["not_done"], result["server_exited"], result["server_log_tail"])
+    assert result["finished"] == result["submitted"] == 8 and result["lost"] == 0, why
     assert result["duplicated"] == 0 and result["duplicate_terminal"] == 0
+
+
+def test_an_agent_started_while_redis_is_down_waits_for_it_and_registers(tmp_path):
+    """The CI run that lost all 8 jobs: the three agents started while Redis restarted, read prices with a
+    command's store (no retries) and exited, so nothing was ever dispatched."""
+    import os
+    import subprocess
+
+    from broker.store import embedded
+    from broker.store.jobs import Store
+
+    url = embedded.ensure(tmp_path).url
+    embedded.stop(tmp_path)
+    env = {
+        **os.environ,
+        "BROKER_REDIS_URL": url,
+        "BROKER_PREFIX": "down:",
+        "BROKER_HOME": str(tmp_path / "home"),
+        "BROKER_CHECKPOINTS": str(tmp_path / "checkpoints"),
+    }
+    offer = "aws/use1-az1/p3.2xlarge/on_demand"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "broker", "agent", "--id", "late", "--offer", offer],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        time.sleep(5)
+        embedded.ensure(tmp_path)
+        store, deadline = Store(url, prefix="down:"), time.monotonic() + 60
+        while time.monotonic() < deadline and agent.poll() is None and not store.agents():
+            time.sleep(0.2)
+        assert agent.poll() is None, agent.stderr.read().decode()
+        assert [a.id for a in store.agents()] == ["late"]
+    finally:
+        agent.kill()
+        embedded.stop(tmp_path)

@@ -56,9 +56,9 @@ def agent(
 
     settings = Settings.from_env()
     try:
-        catalog = make_broker(
-            live=True
-        ).catalog  # the newest prices and the hazard with every piece of evidence the store has
+        # the newest prices and the hazard with every piece of evidence the store has; as a daemon it rides out a
+        # Redis restart (an agent started while Redis was down for a few seconds used to exit at once)
+        catalog = make_broker(live=True, daemon=True).catalog
     except redis.exceptions.NoPermissionError:  # an agent's ACL user reads no prices or jobs: the snapshot's offer
         catalog = make_broker(with_store=False).catalog
     try:
