@@ -78,7 +78,7 @@ def _server(redis_url: str, checkpoints: str, home: Path) -> subprocess.Popen:
         "BROKER_CHECKPOINTS": checkpoints,
         "BROKER_HOME": str(home),
     }
-    log = open(home.parent / "server.log", "ab")  # noqa: SIM115  (the process keeps it; read when a run stalls)
+    log = open(home.parent / "server.log", "ab")  # the process keeps it; read when a run stalls
     return subprocess.Popen(
         [
             sys.executable,

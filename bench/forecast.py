@@ -21,19 +21,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from concurrent.futures import ProcessPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 
 from cost import leaf_directories  # bench/cost.py, beside this file
 from rich.console import Console
 from rich.progress import Progress
 
+from broker import planning
+from broker.core.broker import Broker
+from broker.core.clock import SimulatedClock
 from broker.domain.errors import BrokerError
 from broker.pricing.availability import MarketModel
 from broker.pricing.traces import load_traces
 from broker.sim import backtest
 from broker.sim.calibration import cost_errors_pct, job_rows, reliability
-from broker.sim.market import backtest_market
+from broker.sim.market import OfferBook, backtest_market
 from broker.sim.workloads import backtest_workload
 from broker.store import embedded
 
@@ -101,14 +106,6 @@ def aggregate(runs: list[dict]) -> dict:
 
 def quote_seconds(directory: str, fit: list[str], jobs: int) -> dict:
     """Seconds per quote with its forecast (1,000 futures), costslo, over one workload's jobs."""
-    import time
-    from datetime import timedelta
-
-    from broker import planning
-    from broker.core.broker import Broker
-    from broker.core.clock import SimulatedClock
-    from broker.sim.market import OfferBook
-
     market = backtest_market(Path(directory))
     model = MarketModel.fit([t for d in fit for t in load_traces(Path(d))], market.tick_s)
     clock = SimulatedClock(market.start)

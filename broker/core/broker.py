@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
+from functools import cached_property
 
 from broker.core.forecast import forecast
 from broker.domain.errors import BrokerError
@@ -15,12 +17,24 @@ from broker.store.jobs import Store
 class Broker:
     """Jobs in, quotes and stored jobs out; the clock, store, catalog and policy are passed in."""
 
-    def __init__(self, store: Store | None, catalog: PriceCatalog, policy, clock, market: MarketModel | None = None):
+    def __init__(
+        self,
+        store: Store | None,
+        catalog: PriceCatalog,
+        policy,
+        clock,
+        market: MarketModel | Callable[[], MarketModel] | None = None,
+    ):
         self.store = store
         self.catalog = catalog
         self.policy = policy
         self.clock = clock
-        self.market = market  # when given, quotes carry a forecast: the choice simulated on its futures
+        self._market = market  # when given, quotes carry a forecast: the choice simulated on its futures
+
+    @cached_property
+    def market(self) -> MarketModel | None:
+        """The market model, learned on first use: commands that never quote (list, agent, server) skip the fit."""
+        return self._market() if callable(self._market) else self._market
 
     def offers(self) -> list[Offer]:
         """The catalog's offers and the bubble offers of the fill executors registered now."""

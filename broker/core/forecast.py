@@ -69,7 +69,7 @@ def forecast(
         od_price=od_offer.price_usd_per_h,
         restart_h=restart_hours(spec),
         checkpoint_h=checkpoint_hours(spec),
-        interval_h=young_interval_h(checkpoint_hours(spec), max(chosen.hazard_per_h, 1e-3), work_h),
+        interval_h=young_interval_h(checkpoint_hours(spec), chosen.hazard_per_h, work_h),  # as the agents run it
         window_h=window,
         rule=rule if fallback is not None else "spot-only",
     )

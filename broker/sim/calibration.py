@@ -32,7 +32,6 @@ def job_rows(jobs: list[Job], end) -> list[dict]:
                 "cost_usd": spend_usd(job, end),
                 "p_meet": p_meet,
                 "met": job.state == JobState.done and not missed_deadline(job, end),
-                "forecast": job.quote.forecast is not None,
             }
         )
     return rows
