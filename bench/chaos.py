@@ -175,6 +175,8 @@ def run(
     metadata = Metadata() if notice_every_s else None
     clouds: dict[str, str] = {}
     notices: list[dict] = []  # one per announced preemption: agent, cloud, job, fence, posted, deadline
+    failures: list[dict] = []  # agents that exited with an error (and were restarted): id, exit code, log tail
+    logs = work / "runs"
 
     def start_instance() -> None:
         nonlocal count
@@ -242,10 +244,21 @@ def run(
                 if process and (process.poll() is not None or datetime.now(UTC) >= notice["deadline"]):
                     _kill_instance(store, provisioner, notice["agent"])
                     start_instance()
+            noticed = {n["agent"] for n in notices}
+            for agent_id, process in list(provisioner.agents.items()):  # systemd's Restart=on-failure, as on
+                if agent_id not in noticed and process.poll() not in (None, 0):  # the Terraform-made instances
+                    failures.append(
+                        {"agent": agent_id, "code": process.poll(), "log": tail(logs / f"agent-{agent_id}.log", 8)}
+                    )
+                    provisioner.agents.pop(agent_id)
+                    provisioner.start(
+                        agent_id, offer, notices=f"{clouds[agent_id]}={metadata.url(agent_id)}" if metadata else "none"
+                    )
             time.sleep(0.2)
         elapsed = time.monotonic() - began
         final = [store.get_job(i) for i in ids]
         server_exit = server.poll()  # None: still running, as it should be
+        agents_alive = {a: p.poll() is None for a, p in provisioner.agents.items()}
     finally:
         server.kill()
         provisioner.stop_all()
@@ -279,6 +292,11 @@ def run(
         "stalled": not all(j.state.terminal for j in final),
         "server_exited": server_exit,
         "server_log_tail": tail(work / "server.log") if not all(j.state.terminal for j in final) else "",
+        "agents_alive": agents_alive,
+        "agent_failures": failures,
+        "agent_log_tails": {a: tail(work / "runs" / f"agent-{a}.log", 8) for a in agents_alive}
+        if not all(j.state.terminal for j in final)
+        else {},
         "not_done": [why_not_done(store, j) for j in final if j.state.value != "done"],
     }
 

@@ -52,7 +52,7 @@ def test_jobs_survive_a_redis_restart_under_load(tmp_path):
     finally:
         embedded.stop(tmp_path)
     assert result["redis_restarts"] == 1
-    why = (result["not_done"], result["server_exited"], result["server_log_tail"])
+    why = (result["not_done"], result["server_log_tail"], result["agent_log_tails"], result["agent_failures"])
     assert result["finished"] == result["submitted"] == 8 and result["lost"] == 0, why
     assert result["duplicated"] == 0 and result["duplicate_terminal"] == 0
 
