@@ -11,8 +11,8 @@ Prints one JSON object: `jobs`, the quote figures pooled over every job of the f
 (`median_abs_cost_error_pct`, `p90_abs_cost_error_pct` of |realised / quoted p50 - 1|,
 `calibration_max_gap_pts` of the reliability diagram of P(meet) in 10-point bins with >= 20 jobs,
 `brier`), and per policy the same plus `savings_pct` (vs all on-demand in the same backtests),
-`deadline_misses`, and `cost_vs_joint_omniscient` (null: the joint bound is not built yet); and the seconds a
-quote with its forecast takes (`quote_seconds`).
+`deadline_misses`, and `cost_vs_joint_omniscient` (null here: `broker backtest` with omniscient reports it);
+and the seconds a quote with its forecast takes (`quote_seconds`).
 
     python bench/forecast.py [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
 """

@@ -16,8 +16,10 @@ from broker.models.risk import exclusive_hours, restart_hours
 from broker.pricing.traces import Trace
 from broker.sim import backtest
 from broker.sim.fleet import PROGRESS_UNITS
-from broker.sim.market import PACKAGED_TRACES, from_traces, resample, trace_start
+from broker.sim.market import PACKAGED_TRACES, Market, SpotSeries, from_traces, resample, trace_start
+from broker.sim.omniscient import joint, omniscient
 from broker.sim.workloads import FREERIDE_MAIN_JOBS, ml_mix
+from conftest import make_spec
 
 START = datetime(2023, 2, 15, tzinfo=UTC)
 POLICIES = [*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT]
@@ -49,9 +51,27 @@ def test_omniscient_costs_no_more_than_any_policy_for_every_job_it_finishes_on_t
                 assert bound.status in ("optimal", "dual bound")
                 assert bound.cost_usd <= cost * (1 + 1e-6) + 1e-6, (outcome.policy, name, bound, cost)
         optimum = next(r for r in result.rows if r["policy"] == backtest.OMNISCIENT)
+        joint = next(r for r in result.rows if r["policy"] == backtest.JOINT)
         for row in result.rows:
-            if row["deadline_misses"] == 0:
+            if row["deadline_misses"] == 0 and row["policy"] not in (backtest.OMNISCIENT, backtest.JOINT):
                 assert optimum["cost_usd"] <= row["cost_usd"] + 0.01, row
+                assert joint["cost_usd"] <= row["cost_usd"] + 0.01, row
+                assert row["cost_vs_joint_omniscient"] >= 1.0 - 1e-3, row
+
+
+def test_the_joint_bound_counts_the_capacity_jobs_share(market):
+    """Two jobs, one spot instance, too little time to take turns: per job each has it to itself; together
+    they must pay on-demand for the work the one instance cannot do, and the joint bound says so."""
+    spot = market.spot[0].offer
+    od = next(o for o in market.on_demand if o.instance_type == spot.instance_type)
+    alone = Market(START, market.tick_s, [SpotSeries(spot, np.ones(100, dtype=int), "one")], [od])
+    spec = make_spec(now=START, resources={"accelerators": ["V100:1"]}, work={"gpu_hours": 1.0})
+    window_h = 1.5 * (exclusive_hours(spec, od) + restart_hours(spec))
+    each = omniscient(spec, window_h, alone, 0, bubbles=False)
+    both = joint([(spec, window_h, 0, 1.0), (spec, window_h, 0, 1.0)], alone, bubbles=False)
+    assert each.tier_hours["on_demand"] == 0 and both.status == "LP relaxation"
+    assert both.cost_usd > 2 * each.cost_usd * 1.5  # one of the two pays on-demand for much of its work
+    assert both.tier_hours["on_demand"] >= 2 * exclusive_hours(spec, od) - window_h - 1e-6  # spot: one at a time
 
 
 def test_all_on_demand_and_uniform_progress_meet_every_feasible_deadline(results):
@@ -89,7 +109,8 @@ def test_the_same_seed_gives_the_same_result_and_another_seed_another(results, m
     again = backtest.run(market, workload(0), ["costslo", "skypilot-eager"], 0, redis_server)
     first = {r["policy"]: r for r in results[0].rows}
     for row in again.rows:  # (no bound asked for this time)
-        assert {**row, "cost_vs_omniscient": None} == {**first[row["policy"]], "cost_vs_omniscient": None}
+        bounds = {"cost_vs_omniscient": None, "cost_vs_joint_omniscient": None}
+        assert {**row, **bounds} == {**first[row["policy"]], **bounds}
     assert [r["cost_usd"] for r in results[0].rows] != [r["cost_usd"] for r in results[1].rows]
 
 
@@ -196,7 +217,7 @@ def test_cli_backtest_json_and_output_directory(tmp_path):
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     names = [row["policy"] for row in body["policies"]]
-    assert names == ["uniform-progress", "costslo+bubbles", "omniscient"]
+    assert names == ["uniform-progress", "costslo+bubbles", "omniscient", backtest.JOINT]
     for row in body["policies"]:
         assert {
             "policy",

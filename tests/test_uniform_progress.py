@@ -2,9 +2,12 @@
 
 import random
 
+import numpy as np
 import pytest
 
 from broker.domain.model import Offer, Tier
+from broker.models import futures
+from broker.models.futures import Setting
 from broker.planning.option_table import PlanItem
 from broker.planning.uniform_progress import Move, Progress, UniformProgress, decide
 from conftest import NOW, make_spec
@@ -48,8 +51,9 @@ def test_on_demand_is_left_only_once_ahead_of_the_expected_progress_two_changeov
 
 def simulate(trace: list[bool], total_h=48.0, window_h=72.0, step_h=0.1):
     """Run one job under the guard on an availability trace; returns (finish hour or None, spot hours, od hours)."""
-    on, done, t, busy_until, spot_h, od_h = None, 0.0, 0.0, 0.0, 0.0, 0.0
-    for available in trace:
+    on, done, busy, spot_h, od_h = None, 0.0, 0, 0.0, 0.0
+    for step, available in enumerate(trace):
+        t = step * step_h
         if done >= total_h - 1e-9:
             return t, spot_h, od_h
         if on == Tier.spot and not available:
@@ -58,14 +62,15 @@ def simulate(trace: list[bool], total_h=48.0, window_h=72.0, step_h=0.1):
         target = {Move.spot: Tier.spot, Move.on_demand: Tier.on_demand, Move.wait: None}[move]
         if target != on:
             on = target
-            busy_until = t + D if target else t  # a changeover makes no progress
+            busy = round(D / step_h) if target else 0  # a changeover makes no progress
         if on is not None:
             spot_h += step_h * (on == Tier.spot)
             od_h += step_h * (on == Tier.on_demand)
-            if t >= busy_until:
+            if busy > 0:
+                busy -= 1
+            else:
                 done += step_h
-        t += step_h
-    return (t if done >= total_h - 1e-9 else None), spot_h, od_h
+    return (len(trace) * step_h if done >= total_h - 1e-9 else None), spot_h, od_h
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -78,6 +83,23 @@ def test_the_guard_never_misses_a_deadline_on_demand_alone_could_meet(seed):
         trace.append(available)
     finish, spot_h, od_h = simulate(trace)
     assert finish is not None and finish <= 72 + 1e-6
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_quotes_simulate_the_same_uniform_progress_the_server_runs(seed):
+    """models/futures.py plays Uniform Progress vectorised over futures; on the same trace it must do what
+    decide() does step by step: same finish, same hours on spot and on-demand."""
+    rng = random.Random(100 + seed)
+    trace, available = [], True
+    for _ in range(720):
+        if rng.random() < rng.choice([0.02, 0.1, 0.3]):
+            available = not available
+        trace.append(available)
+    finish, spot_h, od_h = simulate(trace)
+    setting = Setting(48.0, 48.0, (1.0,), 3.0, D, 0.0, None, 72.0, rule="uniform", keeps_progress=True)
+    out = futures.simulate(setting, np.array(trace, dtype=bool)[None, None, :], 0.1)
+    assert od_h > 1.0 and spot_h > 1.0  # the trace makes it move both ways
+    assert (out.finish_h[0], out.spot_h[0], out.od_h[0]) == pytest.approx((finish, spot_h, od_h), abs=1e-6)
 
 
 def test_with_spot_always_there_the_guard_never_pays_on_demand():

@@ -2,17 +2,20 @@
 
 The analytic money model (models/risk.py) assumes spot can always be launched and preemptions
 are a constant-rate Poisson process; the traces say neither. Here the job is played out tick by
-tick on each of many sampled availability futures (one bool array per zone: futures x ticks), the
-way the broker would run it:
-- waiting: launch in the first (cheapest) zone with capacity, paying the restart time d first;
-  Uniform Progress (`rule="uniform"`) also goes on-demand when idle and behind ep(t);
+tick on each of many availability futures (one bool array per zone: futures x ticks), sampled
+from the market model for a quote or cut from the traces for a backtest, the way the broker runs it:
 - on spot: progress at 1 / work_h per hour, less the checkpoint writes (delta every Young interval
-  tau); when the zone loses capacity the run is preempted and the work since its last checkpoint is lost;
-- the safety net of Can't Be Late (time left < on-demand work left + 2d): the guard checkpoints the
-  job and moves it to on-demand, where it stays to the end (the server never moves it back);
-- `rule="spot-only"` has no guard (SkyPilot's managed spot): it waits for spot however late it gets.
-All futures advance together (numpy over the futures axis): 1,000 futures of a few hundred ticks
-take tens of milliseconds. Pure: no clock, no I/O.
+  tau); when the zone loses capacity the run is preempted and the work since its last checkpoint is
+  lost (none with `keeps_progress`: a checkpoint on the notice, Can't Be Late's assumption);
+- every start, on spot or on-demand, pays the changeover d before progress;
+- the safety net of Can't Be Late (time left < on-demand work left + 2d): on-demand to the end;
+- what an idle job does, and when it leaves on-demand, is the rule's (each one a policy's):
+  `greedy` waits for spot; `uniform` is Uniform Progress exactly as planning/uniform_progress.decide
+  runs it (on-demand when idle and behind ep(t), back once ahead of ep(t + 2d)); `hedge` waits out
+  the short no-capacity spells and pays on-demand through the long ones, the split set by what the
+  market model says of spell lengths (Hedge below); `spot-only` (SkyPilot's managed spot) has no guard.
+Launches go to the first (cheapest) zone with capacity. All futures advance together (numpy over
+the futures axis): 1,000 futures of a few hundred ticks take tens of milliseconds. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-RULES = ("greedy", "uniform", "spot-only")
-WAIT, SPOT, DONE = 0, 1, 2
+RULES = ("greedy", "uniform", "hedge", "spot-only")
+WAIT, SPOT, OD, DONE = 0, 1, 2, 3
+TIE_H = 1e-9  # exactly on a threshold is not past it (planning/uniform_progress.TIE_H)
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,172 @@ class Setting:
     interval_h: float | None  # tau: hours of progress between checkpoints (None: no checkpoints)
     window_h: float  # hours to the deadline (inf: none)
     rule: str = "greedy"
+    keeps_progress: bool = False  # a preemption loses no work
+
+
+@dataclass(frozen=True)
+class Hedge:
+    """What the hedge rule knows of the market, from the model's spells (no-capacity spells of every zone
+    the job may use, together): idle_h[a] = E[min(D, a ticks)] hours, the idle time a job spends in one
+    no-capacity spell D when it waits at most `a` ticks before paying on-demand; and the mean up-spell.
+
+    With slack S (time left beyond on-demand work and the safety net's 2d) and about N more no-capacity
+    spells before the work is done (spot work left / mean up-spell), the job can afford to wait
+    a* = the longest wait with N (idle_h[a*] + d) <= S in each; past a* the spell is a long one
+    (spells are heavy-tailed: the longer one has lasted, the longer it goes on) and on-demand is cheaper
+    than the slack it would burn. On-demand is left for spot when spot returns, if a mean up-spell on spot
+    saves more than the two changeovers cost. A run on spot moves to a cheaper zone that has capacity when
+    the saving over that zone's mean up-spell (`zone_up_h`, one per zone) beats the changeover (SpotHedge's
+    idea: the cheap zones come and go, follow them)."""
+
+    idle_h: np.ndarray
+    mean_up_h: float
+    zone_up_h: tuple[float, ...] = ()
+
+    @classmethod
+    def from_spells(
+        cls, up: np.ndarray, down: np.ndarray, tick_h: float, max_ticks: int, zone_up_h: tuple[float, ...] = ()
+    ) -> Hedge:
+        """From up and down spell lengths in ticks (e.g. pricing.availability.ZoneModel's, or those of
+        several zones' sampled futures together)."""
+        down = np.asarray(down, dtype=float)
+        waits = np.arange(max_ticks + 1)
+        idle = np.minimum(down[None, :], waits[:, None]).mean(axis=1) if len(down) else np.zeros(len(waits))
+        mean_up = float(np.mean(up)) * tick_h if len(up) else 0.0
+        return cls(idle * tick_h, mean_up, tuple(zone_up_h))
+
+
+def simulate(setting: Setting, available: np.ndarray, tick_h: float, hedge: Hedge | None = None) -> Outcomes:
+    """Play the job out on `available` (zones x futures x ticks, bool); the horizon is the ticks given."""
+    s = setting
+    if s.rule not in RULES:
+        raise ValueError(f"rule: {s.rule!r}; one of {', '.join(RULES)}")
+    if s.rule == "hedge" and hedge is None:
+        raise ValueError("rule 'hedge' needs the market's Hedge (Hedge.from_spells)")
+    zones, n, ticks = available.shape
+    prices = np.asarray(s.spot_prices, dtype=float)
+    state = np.full(n, WAIT)
+    zone = np.zeros(n, dtype=int)
+    done = np.zeros(n)  # share of the work done (0-1), checkpointed or not
+    saved = np.zeros(n)  # share of the work in the newest checkpoint
+    dead = np.zeros(n)  # hours of changeover still to pay before progress
+    down_age = 0  # ticks since no zone had capacity
+    cost, spot_h, od_h = np.zeros(n), np.zeros(n), np.zeros(n)
+    finish = np.full(n, math.inf)
+    writes = 1 + (s.checkpoint_h / s.interval_h if s.interval_h else 0.0)  # wall hours per hour of spot progress
+    guard = s.rule != "spot-only" and math.isfinite(s.window_h)
+    idx = np.arange(n)
+    for t in range(ticks):
+        now = t * tick_h
+        up = available[:, :, t]  # zones x futures
+        any_up = up.any(axis=0)
+        down_age = np.where(any_up, 0, down_age + 1)
+        lost = (state == SPOT) & ~up[zone, idx]
+        done = np.where(lost, saved, done)  # preempted: back to the last checkpoint
+        state = np.where(lost, WAIT, state)
+        if guard:
+            net = (state != DONE) & (s.window_h - now < (1 - done) * s.od_work_h + 2 * s.restart_h - TIE_H)
+            # on-demand to the end: a running job is checkpointed first, a waiting one resumes from its checkpoint
+            kept = np.where(state == WAIT, saved, done)
+            hours = np.where(state == OD, dead, s.restart_h) + (1 - kept) * s.od_work_h
+            finish = np.where(net, now + hours, finish)
+            cost = np.where(net, cost + s.od_price * hours, cost)
+            od_h = np.where(net, od_h + hours, od_h)
+            state = np.where(net, DONE, state)
+            to_od, leave_od = _rule_moves(s, hedge, now, done, state, any_up, down_age, zone, prices)
+            saved = np.where(leave_od, done, saved)  # on-demand is left at a checkpoint
+            state = np.where(leave_od, WAIT, state)
+            dead = np.where(to_od, s.restart_h, dead)
+            state = np.where(to_od, OD, state)
+        if s.rule == "hedge" and zones > 1:
+            move = _cheaper_zone(s, hedge, now, done, state, up, zone, prices)
+            saved = np.where(move, done, saved)  # a voluntary move checkpoints first
+            state = np.where(move, WAIT, state)
+        launch = (state == WAIT) & any_up
+        zone = np.where(launch, np.argmax(up, axis=0), zone)
+        dead = np.where(launch, s.restart_h, dead)
+        state = np.where(launch, SPOT, state)
+        running = (state == SPOT) | (state == OD)
+        if not running.any():
+            if (state == DONE).all():
+                break
+            continue
+        on_od = state == OD
+        paid = np.minimum(dead, tick_h)
+        per_h = np.where(on_od, 1.0, writes)  # on-demand is not preempted: no periodic checkpoints
+        progress_h = (tick_h - paid) / per_h  # hours of exclusive progress this tick
+        need_h = (1 - done) * np.where(on_od, s.od_work_h, s.work_h)
+        finishing = running & (progress_h >= need_h)
+        used = np.where(finishing, paid + need_h * per_h, tick_h)
+        price = np.where(on_od, s.od_price, prices[zone])
+        cost = np.where(running, cost + price * used, cost)
+        spot_h = np.where(running & ~on_od, spot_h + used, spot_h)
+        od_h = np.where(on_od, od_h + used, od_h)
+        finish = np.where(finishing, now + used, finish)
+        new_done = np.where(running, np.minimum(1.0, done + progress_h / np.where(on_od, s.od_work_h, s.work_h)), done)
+        if s.keeps_progress:
+            saved = new_done
+        elif s.interval_h:
+            step = s.interval_h / s.work_h  # share of the work between checkpoints
+            saved = np.where(running & ~on_od, np.maximum(saved, np.floor(new_done / step + 1e-9) * step), saved)
+        saved = np.where(on_od, new_done, saved)
+        done = new_done
+        dead = np.where(running, dead - paid, dead)
+        state = np.where(finishing, DONE, state)
+        if (state == DONE).all():
+            break
+    rest = state == OD  # on on-demand at the horizon: it runs to the end there
+    hours = dead + (1 - done) * s.od_work_h
+    finish = np.where(rest, ticks * tick_h + hours, finish)
+    cost = np.where(rest, cost + s.od_price * hours, cost)
+    od_h = np.where(rest, od_h + hours, od_h)
+    return Outcomes(cost, finish, spot_h, od_h)
+
+
+def _rule_moves(s: Setting, hedge: Hedge | None, now, done, state, any_up, down_age, zone, prices):
+    """(to on-demand, leave on-demand) per future under the rule, after the safety net."""
+    idle = (state == WAIT) & ~any_up
+    nothing = np.zeros_like(idle)
+    if s.rule == "uniform":
+
+        def behind(at_h: float) -> np.ndarray:  # done < ep(at), as planning/uniform_progress.decide has it
+            expected = min(1.0, at_h / s.window_h) if s.window_h > 0 else 1.0
+            return done * s.od_work_h < expected * s.od_work_h - TIE_H
+
+        return idle & behind(now), (state == OD) & ~behind(now + 2 * s.restart_h)
+    if s.rule != "hedge":
+        return nothing, nothing
+    slack, spells_left, restarts = _slack(s, hedge, now, done, zone)
+    per_spell = (slack - restarts) / spells_left
+    longest_wait = np.searchsorted(hedge.idle_h, per_spell, side="right") - 1  # ticks; -1: none affordable
+    spot_price = prices[zone]
+    worth = hedge.mean_up_h * (s.od_price - spot_price) > s.restart_h * (s.od_price + spot_price)
+    back = (state == OD) & any_up & worth & (slack >= s.restart_h)
+    return idle & (down_age > longest_wait), back
+
+
+def _cheaper_zone(s: Setting, hedge: Hedge, now, done, state, up, zone, prices) -> np.ndarray:
+    """Runs on spot that should move to the cheapest zone with capacity: it is cheaper by more, over its mean
+    up-spell (at most the work left), than the changeover there costs, and the slack pays this changeover and
+    still one for each no-capacity spell to come."""
+    best = np.argmax(up, axis=0)
+    stay_h = np.minimum(np.asarray(hedge.zone_up_h)[best], (1 - done) * s.work_h)
+    gain = (prices[zone] - prices[best]) * stay_h
+    slack, _, restarts = _slack(s, hedge, now, done, best)
+    affordable = slack >= restarts + s.restart_h
+    return (state == SPOT) & up.any(axis=0) & (gain > s.restart_h * prices[best]) & affordable
+
+
+def _slack(s: Setting, hedge: Hedge, now: float, done: np.ndarray, zone: np.ndarray):
+    """Hours the job can still lose beyond on-demand work and the safety net's 2d; about how many more
+    no-capacity spells (of all its zones together) it will meet before its work is done; and the hours the
+    changeovers after preemptions in `zone` will take (spot work left / a mean up-spell, at least one each)."""
+    slack = s.window_h - now - (1 - done) * s.od_work_h - 2 * s.restart_h
+    left_h = (1 - done) * s.work_h
+    spells_left = np.maximum(1.0, left_h / max(hedge.mean_up_h - s.restart_h, 1e-6))
+    zone_up = np.asarray(hedge.zone_up_h)[zone] if hedge.zone_up_h else hedge.mean_up_h
+    preemptions = np.maximum(1.0, left_h / np.maximum(zone_up - s.restart_h, 1e-6))
+    return slack, spells_left, preemptions * s.restart_h
 
 
 @dataclass(frozen=True)
@@ -50,67 +220,3 @@ class Outcomes:
     finish_h: np.ndarray
     spot_h: np.ndarray
     od_h: np.ndarray
-
-
-def simulate(setting: Setting, available: np.ndarray, tick_h: float) -> Outcomes:
-    """Play the job out on `available` (zones x futures x ticks, bool); the horizon is the ticks given."""
-    s = setting
-    if s.rule not in RULES:
-        raise ValueError(f"rule: {s.rule!r}; one of {', '.join(RULES)}")
-    zones, n, ticks = available.shape
-    prices = np.asarray(s.spot_prices, dtype=float)
-    state = np.full(n, WAIT)
-    zone = np.zeros(n, dtype=int)
-    done = np.zeros(n)  # share of the work done (0-1), checkpointed or not
-    saved = np.zeros(n)  # share of the work in the newest checkpoint
-    dead = np.zeros(n)  # hours of restart still to pay before progress
-    cost, spot_h, od_h = np.zeros(n), np.zeros(n), np.zeros(n)
-    finish = np.full(n, math.inf)
-    writes = 1 + (s.checkpoint_h / s.interval_h if s.interval_h else 0.0)  # wall hours per hour of progress
-    guard = s.rule != "spot-only" and math.isfinite(s.window_h)
-    for t in range(ticks):
-        now = t * tick_h
-        up = available[:, :, t]  # zones x futures
-        lost = (state == SPOT) & ~up[zone, np.arange(n)]
-        done = np.where(lost, saved, done)  # preempted: back to the last checkpoint
-        state = np.where(lost, WAIT, state)
-        if guard:
-            left_od = (1 - done) * s.od_work_h
-            time_left = s.window_h - now
-            to_od = (state != DONE) & (time_left < left_od + 2 * s.restart_h)
-            if s.rule == "uniform":
-                behind = done < min(1.0, now / s.window_h) if s.window_h > 0 else True
-                to_od |= (state == WAIT) & ~up.any(axis=0) & behind
-            # on-demand to the end: a running job is checkpointed first, a waiting one resumes from its checkpoint
-            kept = np.where(state == SPOT, done, saved)
-            hours = s.restart_h + (1 - kept) * s.od_work_h
-            finish = np.where(to_od, now + hours, finish)
-            cost = np.where(to_od, cost + s.od_price * hours, cost)
-            od_h = np.where(to_od, hours, od_h)
-            state = np.where(to_od, DONE, state)
-        launch = (state == WAIT) & up.any(axis=0)
-        zone = np.where(launch, np.argmax(up, axis=0), zone)
-        dead = np.where(launch, s.restart_h, dead)
-        state = np.where(launch, SPOT, state)
-        running = state == SPOT
-        if not running.any():
-            continue
-        paid = np.minimum(dead, tick_h)
-        progress_h = (tick_h - paid) / writes  # hours of exclusive progress this tick
-        need_h = (1 - done) * s.work_h
-        finishing = running & (progress_h >= need_h)
-        used = np.where(finishing, paid + need_h * writes, tick_h)
-        price = prices[zone]
-        cost = np.where(running, cost + price * used, cost)
-        spot_h = np.where(running, spot_h + used, spot_h)
-        finish = np.where(finishing, now + used, finish)
-        new_done = np.where(running, np.minimum(1.0, done + progress_h / s.work_h), done)
-        if s.interval_h:
-            step = s.interval_h / s.work_h  # share of the work between checkpoints
-            saved = np.where(running, np.maximum(saved, np.floor(new_done / step + 1e-9) * step), saved)
-        done = new_done
-        dead = np.where(running, dead - paid, dead)
-        state = np.where(finishing, DONE, state)
-        if (state == DONE).all():
-            break
-    return Outcomes(cost, finish, spot_h, od_h)

@@ -21,6 +21,8 @@ from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
 from broker.planning.option_table import PlanItem
 
+TIE_H = 1e-9  # exactly on a threshold (ep(t), the safety net) is not past it: float sums of equal steps land there
+
 
 class Move(str, Enum):
     spot = "spot"
@@ -47,15 +49,15 @@ def decide(p: Progress, on: Tier | None, spot_available: bool, uniform: bool = T
     """The guard's rule for a job now on `on` (None: idle, e.g. just preempted). With uniform=False it is
     Can't Be Late's Greedy: an idle job waits for spot however far behind, until the safety net."""
     left_h, time_left_h = p.total_h - p.done_h, p.window_h - p.elapsed_h
-    if time_left_h < left_h + 2 * p.changeover_h:
+    if time_left_h < left_h + 2 * p.changeover_h - TIE_H:
         return Move.on_demand  # safety net
     if on == Tier.on_demand:
-        if p.done_h < p.expected_done_h(p.elapsed_h + 2 * p.changeover_h):
+        if p.done_h < p.expected_done_h(p.elapsed_h + 2 * p.changeover_h) - TIE_H:
             return Move.on_demand  # hysteresis: not far enough ahead to give it up yet
         return Move.spot if spot_available else Move.wait
     if on in (Tier.spot, Tier.bubble) or spot_available:
         return Move.spot
-    return Move.on_demand if uniform and p.done_h < p.expected_done_h(p.elapsed_h) else Move.wait
+    return Move.on_demand if uniform and p.done_h < p.expected_done_h(p.elapsed_h) - TIE_H else Move.wait
 
 
 def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now: datetime) -> Progress:

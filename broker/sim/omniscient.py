@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pulp
 
-from broker.domain.model import JobSpec, Offer, Tier
+from broker.domain.model import JobSpec, Tier
 from broker.models.risk import exclusive_hours, fits, restart_hours
 from broker.sim.market import Market
 
@@ -33,25 +33,40 @@ class Bound:
     tier_hours: dict[str, float]
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One way to run the job: a price, the hours the whole job takes there, and when it can be had."""
+
+    tier: str
+    price_usd_per_h: float
+    work_h: float
+    available: np.ndarray  # bool per tick
+
+
 def _candidates(
     spec: JobSpec, market: Market, start_tick: int, ticks: int, bubbles: bool, speed: float
-) -> list[tuple[Offer, list[bool]]]:
+) -> list[Choice]:
     """Offers worth a variable: spot offers with their availability, those of equal price and speed merged
     into one available when any of them is (moving between them then costs no restart: the bound only gets
     lower, and the program several times smaller); on-demand and bubble offers, always available, only the
     cheapest per hour of work (a dearer one of the same kind never helps)."""
-    out, merged = [], {}
+    merged: dict[tuple[float, float], Choice] = {}
     for series in market.spot:
         if fits(spec, series.offer):
             available = np.array([series.at(start_tick + t) > 0 for t in range(ticks)])
-            key = (series.offer.price_usd_per_h, exclusive_hours(spec, series.offer) / speed)
-            merged[key] = (merged[key][0], merged[key][1] | available) if key in merged else (series.offer, available)
-    out = [(offer, available.tolist()) for offer, available in merged.values() if available.any()]
+            work_h = exclusive_hours(spec, series.offer) / speed
+            key = (series.offer.price_usd_per_h, work_h)
+            if key in merged:
+                available = available | merged[key].available
+            merged[key] = Choice(Tier.spot.value, series.offer.price_usd_per_h, work_h, available)
+    out = [c for c in merged.values() if c.available.any()]
     for group in (market.on_demand, market.bubbles if bubbles else []):
         fitting = [o for o in group if fits(spec, o)]
         if fitting:
             best = min(fitting, key=lambda o: (o.price_usd_per_h * exclusive_hours(spec, o), exclusive_hours(spec, o)))
-            out.append((best, [True] * ticks))
+            out.append(
+                Choice(best.tier.value, best.price_usd_per_h, exclusive_hours(spec, best) / speed, np.ones(ticks, bool))
+            )
     return out
 
 
@@ -68,25 +83,32 @@ def omniscient(
     job's true `speed` (the same truth the backtest's fleet runs it at)."""
     dt = market.tick_s / 3600
     ticks = max(1, math.ceil(window_h / dt - 1e-9))
+    choices = _candidates(spec, market, start_tick, ticks, bubbles, speed)
+    return cheapest(choices, restart_hours(spec), window_h, dt, time_limit_s)
+
+
+def cheapest(choices: list[Choice], restart_h: float, window_h: float, dt: float, time_limit_s: float = 5.0) -> Bound:
+    """Can't Be Late's ILP over `choices` (each with its availability from now, one tick of `dt` hours each):
+    the least cost of the whole job's work within `window_h`, paying `restart_h` at each start."""
+    ticks = max(1, math.ceil(window_h / dt - 1e-9))
     last_share = window_h / dt - (ticks - 1)
-    offers = _candidates(spec, market, start_tick, ticks, bubbles, speed)
-    d = restart_hours(spec)
+    d = restart_h
     prob = pulp.LpProblem("omniscient", pulp.LpMinimize)
     u, f, x = {}, {}, {}
-    for k, (_offer, available) in enumerate(offers):
+    for k, choice in enumerate(choices):
         for t in range(ticks):
-            if available[t]:
+            if choice.available[t]:
                 u[k, t] = prob.add_variable(f"u_{k}_{t}", cat=pulp.LpBinary)
                 f[k, t] = prob.add_variable(f"f_{k}_{t}", 0, last_share if t == ticks - 1 else 1)
                 x[k, t] = prob.add_variable(f"x_{k}_{t}", 0)
                 prob += f[k, t] <= u[k, t]
                 prob += x[k, t] >= u[k, t] - u.get((k, t - 1), 0)
-    prob += pulp.lpSum(offers[k][0].price_usd_per_h * dt * var for (k, _), var in f.items())
+    prob += pulp.lpSum(choices[k].price_usd_per_h * dt * var for (k, _), var in f.items())
     for t in range(ticks):
-        here = [u[k, t] for k in range(len(offers)) if (k, t) in u]
+        here = [u[k, t] for k in range(len(choices)) if (k, t) in u]
         if len(here) > 1:
             prob += pulp.lpSum(here) <= 1
-    prob += pulp.lpSum((dt * f[k, t] - d * x[k, t]) * speed / exclusive_hours(spec, offers[k][0]) for (k, t) in f) >= 1
+    prob += pulp.lpSum((dt * f[k, t] - d * x[k, t]) / choices[k].work_h for (k, t) in f) >= 1
     prob.solve(pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=MIP_GAP))
     if pulp.LpStatus[prob.status] == "Infeasible" or not f:
         return Bound(math.inf, "infeasible", {})
@@ -94,6 +116,101 @@ def omniscient(
     proved = info.mip_gap <= 10 * MIP_GAP or info.mip_gap != info.mip_gap  # NaN: solved at the root
     hours: dict[str, float] = {tier.value: 0.0 for tier in Tier}
     for (k, _), var in f.items():
-        hours[offers[k][0].tier.value] += dt * (var.value() or 0.0)
+        hours[choices[k].tier] += dt * (var.value() or 0.0)
     cost = float(pulp.value(prob.objective) or 0.0) if proved else float(info.mip_dual_bound)
     return Bound(cost, "optimal" if proved else "dual bound", hours)
+
+
+def cheapest_by_steps(
+    prices: np.ndarray, available: np.ndarray, work_ticks: int, restart_ticks: int, dt: float
+) -> np.ndarray:
+    """The same program as `cheapest` for choices of equal speed (one instance type: Can't Be Late's setting),
+    solved exactly by dynamic programming over (progress, choice, changeover ticks left) for a batch of windows
+    at once: `prices` (choices,), `available` (windows x choices x ticks); the least cost per window (inf when
+    the work cannot be done). Whole ticks only (work and restart in ticks). Hundreds of 52-hour windows take
+    seconds where the ILP takes seconds each."""
+    batch, choices, ticks = available.shape
+    q_max, r_max = work_ticks, restart_ticks
+    step_cost = np.asarray(prices, dtype=float)[None, :, None, None] * dt  # per window, choice, r, q
+    idle = np.full((batch, q_max + 1), np.inf)
+    idle[:, 0] = 0.0
+    run = np.full((batch, choices, r_max + 1, q_max + 1), np.inf)  # on a choice after a tick, r changeover ticks owed
+    best = np.full(batch, np.inf)
+    for t in range(ticks):
+        start_from = np.minimum(idle, run.min(axis=(1, 2)))  # stopping is free; a start may follow anything
+        new = np.full_like(run, np.inf)
+        if r_max > 0:
+            new[:, :, r_max - 1, :] = start_from[:, None, :]  # the first tick of a start pays the changeover
+            new[:, :, : r_max - 1, :] = np.minimum(new[:, :, : r_max - 1, :], run[:, :, 1:r_max, :])
+        else:
+            new[:, :, 0, 1:] = start_from[:, None, :-1]
+        new[:, :, 0, 1:] = np.minimum(new[:, :, 0, 1:], run[:, :, 0, :-1])  # a tick of progress
+        new += step_cost
+        new[~available[:, :, t]] = np.inf
+        run, idle = new, start_from
+        best = np.minimum(best, run[:, :, 0, q_max].min(axis=1))
+    return best
+
+
+def joint(
+    jobs: list[tuple[JobSpec, float, int, float]], market: Market, bubbles: bool = True, time_limit_s: float = 60.0
+) -> Bound:
+    """The least cost of all the backtest's jobs together, `jobs` as (spec, window_h, start tick, true speed): the
+    per-job program for each, with spot and bubble capacity shared per tick (a zone's instances, one per bubble
+    executor). Offers of equal price and hardware are pooled (their capacities added: the bound only gets lower);
+    on-demand is unlimited. Solved as its LP relaxation (the ILP of 40 jobs does not finish in minutes here):
+    still a lower bound on what any policy can pay for the same jobs in the same market, and, unlike the sum of
+    per-job bounds, one that counts the contention no policy can avoid."""
+    dt = market.tick_s / 3600
+    pools: dict[tuple, tuple] = {}  # key -> (an offer, capacity per market tick)
+    shared = [(s.offer, s.capacity) for s in market.spot]
+    shared += [(o, np.ones(market.ticks, dtype=int)) for o in (market.bubbles if bubbles else [])]
+    for offer, capacity in shared:
+        key = (offer.tier, offer.price_usd_per_h, offer.accelerator, offer.accelerator_count, offer.gpu_memory_gb)
+        capacity = np.asarray(capacity[: market.ticks], dtype=int)
+        pools[key] = (pools[key][0], pools[key][1] + capacity) if key in pools else (offer, capacity)
+    prob = pulp.LpProblem("joint_omniscient", pulp.LpMinimize)
+    cost, users, hours = [], {}, []
+    for j, (spec, window_h, start, speed) in enumerate(jobs):
+        ticks = max(1, math.ceil(window_h / dt - 1e-9))
+        last_share = window_h / dt - (ticks - 1)
+        d = restart_hours(spec)
+        choices = [(key, offer) for key, (offer, _) in pools.items() if fits(spec, offer)]
+        od = [o for o in market.on_demand if fits(spec, o)]
+        if od:
+            choices.append((None, min(od, key=lambda o: o.price_usd_per_h * exclusive_hours(spec, o))))
+        work, busy = [], {}
+        for k, (key, offer) in enumerate(choices):
+            work_h = exclusive_hours(spec, offer) / speed
+            prev = None
+            for t in range(ticks):
+                if key is not None and (start + t >= market.ticks or pools[key][1][start + t] <= 0):
+                    prev = None
+                    continue
+                u = prob.add_variable(f"u_{j}_{k}_{t}", 0, last_share if t == ticks - 1 else 1)
+                x = prob.add_variable(f"x_{j}_{k}_{t}", 0)
+                prob += x >= u - (prev if prev is not None else 0)
+                prev = u
+                cost.append(offer.price_usd_per_h * dt * u)
+                work.append((dt * u - d * x) / work_h)
+                busy.setdefault(t, []).append(u)
+                hours.append((offer.tier.value, u))
+                if key is not None:
+                    users.setdefault((key, start + t), []).append(u)
+        if not work:
+            return Bound(math.inf, "infeasible", {})
+        prob += pulp.lpSum(work) >= 1
+        for here in busy.values():
+            if len(here) > 1:
+                prob += pulp.lpSum(here) <= 1
+    for (key, t), here in users.items():
+        prob += pulp.lpSum(here) <= int(pools[key][1][t])
+    prob += pulp.lpSum(cost)
+    prob.solve(pulp.HiGHS(msg=False, timeLimit=time_limit_s))
+    status = pulp.LpStatus[prob.status]
+    if status != "Optimal":
+        return Bound(math.inf if status == "Infeasible" else 0.0, status.lower(), {})
+    by_tier: dict[str, float] = {tier.value: 0.0 for tier in Tier}
+    for tier, var in hours:
+        by_tier[tier] += dt * (var.value() or 0.0)
+    return Bound(float(pulp.value(prob.objective) or 0.0), "LP relaxation", by_tier)

@@ -44,9 +44,19 @@ def command(
         help="Trace directory the market model is learned from (quotes are forecast on it); default the packaged "
         "traces. Give other traces than --traces to evaluate quotes out of sample.",
     ),
+    single_job: bool = typer.Option(
+        False,
+        "--single-job",
+        help="Can't Be Late's setting instead: one 48 h job, deadlines 52 h and 70 h, changeover 0.2 h, started every "
+        "--stride-hours over the traces' last half (the market model learns from the first), each zone alone and "
+        "all together.",
+    ),
+    stride_hours: float = typer.Option(6.0, min=0.5, help="With --single-job: hours between two windows' starts."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Run the live core on a simulated clock and cloud over real spot traces, for every policy."""
+    if single_job:
+        return _single_job(traces, stride_hours, as_json)
     from broker.pricing.availability import MarketModel
     from broker.pricing.traces import load_traces
     from broker.sim import backtest, results  # here: the simulator's imports would slow every `broker` command
@@ -125,6 +135,27 @@ def command(
             f"wrote {out_dir}/: policies.csv, jobs.csv, spend.csv, summary.json, cost_by_policy.png, "
             "spend_over_time.png, tier_mix.png"
         )
+
+
+def _single_job(traces: Path | None, stride_h: float, as_json: bool) -> None:
+    from broker.sim import single_job
+    from broker.sim.market import PACKAGED_TRACES
+
+    traces = traces or PACKAGED_TRACES
+    if not traces.is_dir():
+        raise BrokerError(f"traces: {traces} is not a directory; point --traces at a directory of trace JSON files")
+    with err.status("playing every rule on every window of the traces"):
+        rows = single_job.run(traces, stride_h=stride_h, prices_dir=Settings.from_env().prices_dir)
+    if as_json:
+        print_json({"traces": str(traces), "rows": rows})
+        return
+    table = Table(title=f"Can't Be Late's single job ({single_job.WORK_H:g} h of work) on {traces}")
+    columns = list(rows[0])
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("setting", "policy") else "right")
+    for row in rows:
+        table.add_row(*(str(row[c]) for c in columns))
+    out.print(table)
 
 
 backtest_command = user_errors(command)
