@@ -69,7 +69,7 @@ def test_the_joint_bound_counts_the_capacity_jobs_share(market):
     window_h = 1.5 * (exclusive_hours(spec, od) + restart_hours(spec))
     each = omniscient(spec, window_h, alone, 0, bubbles=False)
     both = joint([(spec, window_h, 0, 1.0), (spec, window_h, 0, 1.0)], alone, bubbles=False)
-    assert each.tier_hours["on_demand"] == 0 and both.status == "LP relaxation"
+    assert each.tier_hours["on_demand"] < 1e-9 and both.status == "LP relaxation"
     assert both.cost_usd > 2 * each.cost_usd * 1.5  # one of the two pays on-demand for much of its work
     assert both.tier_hours["on_demand"] >= 2 * exclusive_hours(spec, od) - window_h - 1e-6  # spot: one at a time
 

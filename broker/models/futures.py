@@ -52,9 +52,10 @@ class Hedge:
     the job may use, together): idle_h[a] = E[min(D, a ticks)] hours, the idle time a job spends in one
     no-capacity spell D when it waits at most `a` ticks before paying on-demand; and the mean up-spell.
 
-    With slack S (time left beyond on-demand work and the safety net's 2d) and about N more no-capacity
-    spells before the work is done (spot work left / mean up-spell), the job can afford to wait
-    a* = the longest wait with N (idle_h[a*] + d) <= S in each; past a* the spell is a long one
+    With slack S (time left beyond on-demand work and the safety net's 2d), about N more no-capacity
+    spells before the work is done (spot work left / mean up-spell) and P more preemptions in its zone
+    (spot work left / that zone's mean up-spell), the job can afford to wait a* = the longest wait with
+    N idle_h[a*] + P d <= S in each spell; past a* the spell is a long one
     (spells are heavy-tailed: the longer one has lasted, the longer it goes on) and on-demand is cheaper
     than the slack it would burn. On-demand is left for spot when spot returns, if a mean up-spell on spot
     saves more than the two changeovers cost. A run on spot moves to a cheaper zone that has capacity when
