@@ -41,6 +41,7 @@ class Choice:
     price_usd_per_h: float
     work_h: float
     available: np.ndarray  # bool per tick
+    pool: tuple | None = None  # the capacity it draws on when jobs share the market (None: unlimited)
 
 
 def _candidates(
@@ -87,38 +88,62 @@ def omniscient(
     return cheapest(choices, restart_hours(spec), window_h, dt, time_limit_s)
 
 
+def _job(
+    prob: pulp.LpProblem, tag: str, choices: list[Choice], restart_h: float, window_h: float, dt: float, binary: bool
+) -> dict[tuple[int, int], tuple]:
+    """One job's part of Can't Be Late's program in `prob`: per choice and tick it can be had, u (holds an
+    instance; binary, or relaxed to the billed share itself) and f (the billed share of the tick, <= u; the last
+    tick before the deadline is partial), a changeover x >= u[t] - u[t-1] paying `restart_h`; at most one
+    choice a tick; the work done, sum (f dt - d x) / work_h, reaches the whole job. Returns {(k, t): (u, f)}."""
+    ticks = max(1, math.ceil(window_h / dt - 1e-9))
+    last_share = window_h / dt - (ticks - 1)
+    held, work = {}, []
+    for k, choice in enumerate(choices):
+        prev = 0
+        for t in range(ticks):
+            if not choice.available[t]:
+                prev = 0
+                continue
+            top = last_share if t == ticks - 1 else 1
+            f = prob.add_variable(f"f_{tag}_{k}_{t}", 0, top)
+            u = prob.add_variable(f"u_{tag}_{k}_{t}", cat=pulp.LpBinary) if binary else f
+            if binary:
+                prob += f <= u
+            x = prob.add_variable(f"x_{tag}_{k}_{t}", 0)
+            prob += x >= u - prev
+            prev = u
+            held[k, t] = (u, f)
+            work.append((dt * f - restart_h * x) / choice.work_h)
+    for t in range(ticks):
+        here = [held[k, t][0] for k in range(len(choices)) if (k, t) in held]
+        if len(here) > 1:
+            prob += pulp.lpSum(here) <= 1
+    if work:
+        prob += pulp.lpSum(work) >= 1
+    return held
+
+
+def _tier_hours(parts: list[tuple[list[Choice], dict]], dt: float) -> dict[str, float]:
+    hours: dict[str, float] = {tier.value: 0.0 for tier in Tier}
+    for choices, held in parts:
+        for (k, _), (_, f) in held.items():
+            hours[choices[k].tier] += dt * (f.value() or 0.0)
+    return hours
+
+
 def cheapest(choices: list[Choice], restart_h: float, window_h: float, dt: float, time_limit_s: float = 5.0) -> Bound:
     """Can't Be Late's ILP over `choices` (each with its availability from now, one tick of `dt` hours each):
     the least cost of the whole job's work within `window_h`, paying `restart_h` at each start."""
-    ticks = max(1, math.ceil(window_h / dt - 1e-9))
-    last_share = window_h / dt - (ticks - 1)
-    d = restart_h
     prob = pulp.LpProblem("omniscient", pulp.LpMinimize)
-    u, f, x = {}, {}, {}
-    for k, choice in enumerate(choices):
-        for t in range(ticks):
-            if choice.available[t]:
-                u[k, t] = prob.add_variable(f"u_{k}_{t}", cat=pulp.LpBinary)
-                f[k, t] = prob.add_variable(f"f_{k}_{t}", 0, last_share if t == ticks - 1 else 1)
-                x[k, t] = prob.add_variable(f"x_{k}_{t}", 0)
-                prob += f[k, t] <= u[k, t]
-                prob += x[k, t] >= u[k, t] - u.get((k, t - 1), 0)
-    prob += pulp.lpSum(choices[k].price_usd_per_h * dt * var for (k, _), var in f.items())
-    for t in range(ticks):
-        here = [u[k, t] for k in range(len(choices)) if (k, t) in u]
-        if len(here) > 1:
-            prob += pulp.lpSum(here) <= 1
-    prob += pulp.lpSum((dt * f[k, t] - d * x[k, t]) / choices[k].work_h for (k, t) in f) >= 1
+    held = _job(prob, "j", choices, restart_h, window_h, dt, binary=True)
+    prob += pulp.lpSum(choices[k].price_usd_per_h * dt * f for (k, _), (_, f) in held.items())
     prob.solve(pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=MIP_GAP))
-    if pulp.LpStatus[prob.status] == "Infeasible" or not f:
+    if pulp.LpStatus[prob.status] == "Infeasible" or not held:
         return Bound(math.inf, "infeasible", {})
     info = prob.solverModel.getInfo()
     proved = info.mip_gap <= 10 * MIP_GAP or info.mip_gap != info.mip_gap  # NaN: solved at the root
-    hours: dict[str, float] = {tier.value: 0.0 for tier in Tier}
-    for (k, _), var in f.items():
-        hours[choices[k].tier] += dt * (var.value() or 0.0)
     cost = float(pulp.value(prob.objective) or 0.0) if proved else float(info.mip_dual_bound)
-    return Bound(cost, "optimal" if proved else "dual bound", hours)
+    return Bound(cost, "optimal" if proved else "dual bound", _tier_hours([(choices, held)], dt))
 
 
 def cheapest_by_steps(
@@ -170,39 +195,28 @@ def joint(
         capacity = np.asarray(capacity[: market.ticks], dtype=int)
         pools[key] = (pools[key][0], pools[key][1] + capacity) if key in pools else (offer, capacity)
     prob = pulp.LpProblem("joint_omniscient", pulp.LpMinimize)
-    cost, users, hours = [], {}, []
+    cost, users, parts = [], {}, []
     for j, (spec, window_h, start, speed) in enumerate(jobs):
         ticks = max(1, math.ceil(window_h / dt - 1e-9))
-        last_share = window_h / dt - (ticks - 1)
-        d = restart_hours(spec)
-        choices = [(key, offer) for key, (offer, _) in pools.items() if fits(spec, offer)]
+        choices = []
+        for key, (offer, capacity) in pools.items():
+            if fits(spec, offer):
+                available = np.r_[capacity[start : start + ticks] > 0, np.zeros(ticks, dtype=bool)][:ticks]
+                work_h = exclusive_hours(spec, offer) / speed
+                choices.append(Choice(offer.tier.value, offer.price_usd_per_h, work_h, available, key))
         od = [o for o in market.on_demand if fits(spec, o)]
         if od:
-            choices.append((None, min(od, key=lambda o: o.price_usd_per_h * exclusive_hours(spec, o))))
-        work, busy = [], {}
-        for k, (key, offer) in enumerate(choices):
-            work_h = exclusive_hours(spec, offer) / speed
-            prev = None
-            for t in range(ticks):
-                if key is not None and (start + t >= market.ticks or pools[key][1][start + t] <= 0):
-                    prev = None
-                    continue
-                u = prob.add_variable(f"u_{j}_{k}_{t}", 0, last_share if t == ticks - 1 else 1)
-                x = prob.add_variable(f"x_{j}_{k}_{t}", 0)
-                prob += x >= u - (prev if prev is not None else 0)
-                prev = u
-                cost.append(offer.price_usd_per_h * dt * u)
-                work.append((dt * u - d * x) / work_h)
-                busy.setdefault(t, []).append(u)
-                hours.append((offer.tier.value, u))
-                if key is not None:
-                    users.setdefault((key, start + t), []).append(u)
-        if not work:
+            best = min(od, key=lambda o: o.price_usd_per_h * exclusive_hours(spec, o))
+            work_h = exclusive_hours(spec, best) / speed
+            choices.append(Choice(best.tier.value, best.price_usd_per_h, work_h, np.ones(ticks, dtype=bool)))
+        held = _job(prob, str(j), choices, restart_hours(spec), window_h, dt, binary=False)
+        if not held:
             return Bound(math.inf, "infeasible", {})
-        prob += pulp.lpSum(work) >= 1
-        for here in busy.values():
-            if len(here) > 1:
-                prob += pulp.lpSum(here) <= 1
+        parts.append((choices, held))
+        for (k, t), (u, f) in held.items():
+            cost.append(choices[k].price_usd_per_h * dt * f)
+            if choices[k].pool is not None:
+                users.setdefault((choices[k].pool, start + t), []).append(u)
     for (key, t), here in users.items():
         prob += pulp.lpSum(here) <= int(pools[key][1][t])
     prob += pulp.lpSum(cost)
@@ -210,7 +224,4 @@ def joint(
     status = pulp.LpStatus[prob.status]
     if status != "Optimal":
         return Bound(math.inf if status == "Infeasible" else 0.0, status.lower(), {})
-    by_tier: dict[str, float] = {tier.value: 0.0 for tier in Tier}
-    for tier, var in hours:
-        by_tier[tier] += dt * (var.value() or 0.0)
-    return Bound(float(pulp.value(prob.objective) or 0.0), "LP relaxation", by_tier)
+    return Bound(float(pulp.value(prob.objective) or 0.0), "LP relaxation", _tier_hours(parts, dt))
