@@ -142,7 +142,13 @@ def main() -> None:
         "split": "leave one trace directory out: each is evaluated with the model fitted on the others",
         **aggregate(runs),
         "quote_seconds": quote_seconds(tasks[0][0], tasks[0][1], args.jobs),
-        "runs": [{k: r[k] for k in ("traces", "fit_on", "seed", "rows")} for r in runs],
+        "runs": [
+            {
+                **{k: r[k] for k in ("traces", "fit_on", "seed", "rows")},
+                "median_abs_cost_error_pct": cost_errors_pct([j for p in FORECASTING for j in r["jobs"].get(p, [])])[0],
+            }
+            for r in runs
+        ],
     }
     print(json.dumps(body, indent=1))
 

@@ -71,7 +71,7 @@ def overview() -> None:
         long = spend.reset_index(names="time").melt("time", var_name="tier", value_name="spend $")
         chart = alt.Chart(long).mark_area().encode(x="time:T", y=alt.Y("spend $:Q", stack=True), color="tier:N")
         st.subheader("Spend over time by tier")
-        st.altair_chart(chart, use_container_width=True)
+        st.altair_chart(chart, width="stretch")
 
 
 @st.fragment(run_every=REFRESH_S)
@@ -80,7 +80,7 @@ def jobs_page() -> None:
     if not jobs:
         st.info("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
         return
-    st.dataframe(accounting.jobs_frame(jobs, now()), hide_index=True, use_container_width=True)
+    st.dataframe(accounting.jobs_frame(jobs, now()), hide_index=True, width="stretch")
     chosen = st.selectbox("Job", [j.id for j in jobs], index=len(jobs) - 1)
     job = next(j for j in jobs if j.id == chosen)
     cols = st.columns(3)
@@ -105,7 +105,7 @@ def jobs_page() -> None:
             }
             for r in job.runs
         ]
-        st.dataframe(pd.DataFrame(runs), hide_index=True, use_container_width=True)
+        st.dataframe(pd.DataFrame(runs), hide_index=True, width="stretch")
         progress = pd.DataFrame(store().progress(job.id), columns=["time", "done"])
         if not progress.empty:
             progress["time"] = pd.to_datetime(progress["time"], unit="s", utc=True)
@@ -122,24 +122,26 @@ def prices_page() -> None:
     offers = pd.DataFrame([o.model_dump() | {"offer": o.id} for o in live.offers])
     gpus = sorted(offers["accelerator"].unique())
     gpu = st.selectbox("Accelerator", gpus, index=gpus.index("A100") if "A100" in gpus else 0)
-    rows = offers[offers["accelerator"] == gpu]
-    cheapest = rows.groupby(["cloud", "tier"])["price_usd_per_h"].min().unstack("tier")
-    st.subheader(f"Cheapest {gpu} price per hour by cloud")
-    st.dataframe(cheapest, use_container_width=True)
-    by_region = rows.groupby(["cloud", "region", "tier"])["price_usd_per_h"].min().reset_index()
+    rows = offers[offers["accelerator"] == gpu].assign(
+        usd_per_gpu_h=lambda f: f["price_usd_per_h"] / f["accelerator_count"]  # an 8-GPU instance is not 8x dearer
+    )
+    cheapest = rows.groupby(["cloud", "tier"])["usd_per_gpu_h"].min().unstack("tier")
+    st.subheader(f"Cheapest {gpu} price per GPU-hour by cloud")
+    st.dataframe(cheapest, width="stretch")
+    by_region = rows.groupby(["cloud", "region", "tier"])["usd_per_gpu_h"].min().reset_index()
     chart = (
         alt.Chart(by_region)
         .mark_bar()
         .encode(
             x=alt.X("region:N", sort="y"),
-            y="price_usd_per_h:Q",
+            y=alt.Y("usd_per_gpu_h:Q", title="$ per GPU-hour"),
             color="tier:N",
             xOffset="tier:N",
-            tooltip=["cloud", "region", "tier", "price_usd_per_h"],
+            tooltip=["cloud", "region", "tier", "usd_per_gpu_h"],
         )
     )
-    st.subheader("Spot vs on-demand by region")
-    st.altair_chart(chart, use_container_width=True)
+    st.subheader("Spot vs on-demand by region, per GPU-hour")
+    st.altair_chart(chart, width="stretch")
     st.subheader("Preemption hazard per spot offer (per hour, with its 90% band)")
     spot = rows[rows["tier"] == "spot"][
         [
@@ -156,7 +158,7 @@ def prices_page() -> None:
     bands = [catalog().hazard.spot(c, r, i) for c, r, i in zip(spot["cloud"], spot["region"], spot["instance_type"])]
     spot = spot.assign(hazard_low=[b.low for b in bands], hazard_high=[b.high for b in bands])
     columns = ["offer", "price_usd_per_h", "hazard_per_h", "hazard_low", "hazard_high", "availability", "hazard_source"]
-    st.dataframe(spot[columns].sort_values("price_usd_per_h"), hide_index=True, use_container_width=True)
+    st.dataframe(spot[columns].sort_values("price_usd_per_h"), hide_index=True, width="stretch")
     price_history(history, gpu, set(rows["offer"]))
 
 
@@ -176,8 +178,8 @@ def price_history(history: PriceHistory, gpu: str, offer_ids: set[str]) -> None:
         .mark_line(point=True, interpolate="step-after")
         .encode(x="at:T", y=alt.Y("usd:Q", title="USD per hour"))
     )
-    st.altair_chart(chart, use_container_width=True)
-    st.dataframe(series, hide_index=True, use_container_width=True)
+    st.altair_chart(chart, width="stretch")
+    st.dataframe(series, hide_index=True, width="stretch")
 
 
 def bubbles_page() -> None:
@@ -215,7 +217,7 @@ def bubbles_page() -> None:
                     "measured": p.measured_at,
                 }
             )
-        st.dataframe(pd.DataFrame(rows), hide_index=True, use_container_width=True)
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
         windows = pd.DataFrame(
             [
                 {"stage": f"stage {p.stage}", "kind": w.kind, "start": w.offset_s, "end": w.offset_s + w.median_s}
@@ -234,7 +236,7 @@ def bubbles_page() -> None:
                 tooltip=["stage", "kind", "start", "end"],
             )
         )
-        st.altair_chart(chart, use_container_width=True)
+        st.altair_chart(chart, width="stretch")
 
 
 def backtest_page() -> None:
@@ -264,7 +266,7 @@ def backtest_page() -> None:
     cols[2].metric("Deadline misses", int(rows.loc[best, "deadline_misses"]))
     ratio = rows.loc[best, "cost_vs_omniscient"]
     cols[3].metric("Cost / omniscient", "-" if pd.isna(ratio) else f"{ratio:.2f}x")
-    st.dataframe(table, hide_index=True, use_container_width=True)
+    st.dataframe(table, hide_index=True, width="stretch")
     st.subheader("Cost by policy")
     bars = (
         alt.Chart(table)
@@ -276,17 +278,15 @@ def backtest_page() -> None:
             tooltip=["policy", "cost_usd", "savings_pct", "deadline_misses", "cost_vs_omniscient"],
         )
     )
-    st.altair_chart(bars, use_container_width=True)
+    st.altair_chart(bars, width="stretch")
     st.subheader("Cumulative spend")
     long = spend.reset_index().melt("hours", var_name="policy", value_name="spend $")
-    st.altair_chart(
-        alt.Chart(long).mark_line().encode(x="hours:Q", y="spend $:Q", color="policy:N"), use_container_width=True
-    )
+    st.altair_chart(alt.Chart(long).mark_line().encode(x="hours:Q", y="spend $:Q", color="policy:N"), width="stretch")
     st.subheader("Tier mix (instance hours)")
     mix = table.melt("policy", value_vars=["bubble_h", "spot_h", "on_demand_h"], var_name="tier", value_name="hours")
     st.altair_chart(
         alt.Chart(mix).mark_bar().encode(x=alt.X("hours:Q", stack=True), y="policy:N", color="tier:N"),
-        use_container_width=True,
+        width="stretch",
     )
 
 

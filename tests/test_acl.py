@@ -79,6 +79,7 @@ def test_broker_and_agents_run_jobs_on_their_own_users_and_an_agent_reaches_only
     for name, job_id in jobs.items():
         job = store.get_job(job_id)
         assert job.state == JobState.done and [r.agent for r in job.runs] == [name]
+        assert store.read_log(name, job_id, job.runs[0].fence)[1] == ["ok"]  # its output, by its own user
 
     alpha = redis.Redis.from_url(urls["alpha"], decode_responses=True)
     assert alpha.xreadgroup(
@@ -97,6 +98,8 @@ def test_broker_and_agents_run_jobs_on_their_own_users_and_an_agent_reaches_only
         lambda: alpha.srem(f"{P}agents", "beta"),
         lambda: alpha.set(f"{P}lease:beta", "1"),
         lambda: alpha.xadd(f"{P}events", {"job": jobs["beta"]}),
+        lambda: alpha.xadd(f"{P}log:beta", {"job": jobs["beta"], "fence": 1, "lines": "forged"}),
+        lambda: alpha.xrange(f"{P}log:alpha"),  # its own log: write only
         lambda: alpha.keys("*"),
         lambda: alpha.config_set("appendonly", "no"),
         lambda: alpha.flushall(),

@@ -206,3 +206,21 @@ def test_a_good_refresh_records_the_prices_and_the_bands_reach_quotes(store):
     [report] = refresh([AzurePrices(["eastus"], KNOWN)], history, {"azure": {"eastus"}}, NOW)
     assert report["status"] == "ok" and report["recorded"] == 4
     assert history.latest()["azure/eastus/Standard_NC6s_v3/spot"] == (0.3672, NOW)
+
+
+@responses.activate
+def test_cli_refresh_without_a_network_says_so_in_one_line_and_fails(redis_url, monkeypatch):
+    """Nothing answers (responses refuses every call with requests' multi-line ConnectionError)."""
+    from typer.testing import CliRunner
+
+    from broker.app.cli.main import app
+
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    monkeypatch.delenv("AZURE_SUBSCRIPTION_ID", raising=False)
+    result = CliRunner().invoke(app, ["prices", "refresh", "--cloud", "azure", "--region", "eastus", "--json"])
+    assert result.exit_code == 2 and "prices refresh: azure failed" in result.stderr
+    [report] = json.loads(result.stdout)
+    assert report["status"] == "failed" and "\n" not in report["message"] and len(report["message"]) < 300
+    assert report["message"].startswith("azure: ConnectionError: ") and "previous prices stay" in report["message"]
+    shown = CliRunner().invoke(app, ["prices", "refresh", "--cloud", "azure", "--region", "eastus"])
+    assert shown.exit_code == 2 and "the previous prices stay" in " ".join(shown.stdout.split())

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import UTC
@@ -152,8 +153,9 @@ def test_bad_deadline_flag_is_refused(env, tmp_path):
     assert result.exit_code == 2 and "deadline: 'tomorrow' is not a time" in result.stderr
 
 
-def test_demo_runs_the_product_end_to_end_with_a_migration(env):
-    result = run("demo", "--examples", EXAMPLES, "--json")
+def test_demo_runs_the_product_end_to_end_with_a_migration(env, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # started elsewhere: the project's examples, their paths resolved from the project
+    result = run("demo", "--json")
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     quotes = {Path(q["file"]).name: q for q in body["quotes"]}
@@ -167,6 +169,21 @@ def test_demo_runs_the_product_end_to_end_with_a_migration(env):
     assert train["work_lost_s"] <= 40 * 0.08 * body["speedup"]  # at most one checkpoint interval
     assert body["cost_usd"] < body["on_demand_cost_usd"] and body["savings_pct"] > 0
     assert body["cost_usd"] == pytest.approx(sum(j["cost_usd"] for j in jobs.values()), abs=1e-3)
+
+
+def test_a_demo_whose_job_fails_says_so_and_exits_non_zero(env, tmp_path):
+    examples = tmp_path / "examples"
+    (examples / "demo").mkdir(parents=True)
+    (examples / "traces").symlink_to(EXAMPLES / "traces")  # the demo's agents replay preemption notices from them
+    (examples / "one.yaml").write_text(job_file(tmp_path).read_text())
+    bad = yaml.safe_load(job_file(tmp_path).read_text())
+    bad.update(name="broken", run=[sys.executable, "-c", "raise SystemExit(3)"], max_restarts=0, budget_usd=5)
+    (examples / "demo" / "broken.yaml").write_text(yaml.safe_dump(bad))
+    result = run("demo", "--examples", examples, "--json")
+    assert result.exit_code == 2, result.output
+    body = json.loads(result.stdout)
+    assert body["savings_pct"] is None and body["unfinished"] == [body["jobs"][0]["id"]]
+    assert "1 of 1 jobs did not finish" in result.stderr and "failed" in result.stderr
 
 
 def test_embedded_redis_is_started_by_the_cli_and_stopped_by_broker_stop(monkeypatch, tmp_path):
@@ -291,3 +308,39 @@ def test_demo_bubbles_runs_a_fill_job_in_a_pipelines_bubbles_then_on_demand(env)
     )  # training ended: handed back with its checkpoint
     assert second["end"] == "finished" and second["resume_from"].endswith(f"step-{first['checkpoint_step']:012d}")
     assert job["cost_usd"] < job["on_demand_cost_usd"]  # the bubble part was free
+
+
+def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):
+    from rich.console import Console
+
+    from broker.app import render
+    from broker.domain.model import Job
+    from broker.planning import get
+
+    spec = load_spec(EXAMPLES / "finetune-lora.yaml", NOW)
+    quote = get("costslo").quote(spec, catalog.offers, NOW)
+    jobs = [
+        Job(id=f"finetune-llama3-8b-lora-{i:06x}", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote)
+        for i in range(3)
+    ]
+    for width in (80, 100):
+        console = Console(width=width, record=True)
+        console.print(render.quote_table(quote, "quote"))
+        console.print(render.jobs_table(jobs))
+        text = console.export_text()
+        assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
+        for option in [quote.chosen, *quote.alternatives, quote.on_demand_baseline]:
+            for shown in (f"{option.offer.price_usd_per_h:,.4f}", f"${option.expected_cost_usd:,.2f}"):
+                assert shown in text
+            assert f"{option.p_meet_deadline:.3f}" in text
+        assert all(job.id in text for job in jobs)  # whole, to copy into `broker status`
+
+
+def test_every_file_a_message_names_exists():
+    """Hints such as `broker submit examples/finetune-lora.yaml` must name files a fresh checkout has."""
+    root = EXAMPLES.parent
+    named = set()
+    for source in [*root.joinpath("broker").rglob("*.py"), *root.joinpath("dashboards").rglob("*.py")]:
+        named |= set(re.findall(r"(?:examples|infra)/[\w./-]+\.(?:yaml|py|tf)", source.read_text()))
+    assert "examples/finetune-lora.yaml" in named
+    assert [p for p in sorted(named) if not (root / p).exists()] == []

@@ -1,7 +1,10 @@
 """The dashboard: every page through streamlit.testing on a seeded real Redis, and once in headless Chromium."""
 
+import contextlib
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -138,14 +141,14 @@ def test_prices_page_shows_the_cheapest_spot_and_on_demand_and_the_hazard(app, r
     app.run()
     app.sidebar.radio[0].set_value("Prices and risk").run()
     assert not app.exception
-    app.selectbox[0].set_value("L4").run()
+    app.selectbox[0].set_value("A100").run()  # AWS sells A100s 8 to an instance, GCP one: compare per GPU
     cheapest = app.dataframe[0].value
     for cloud in ("aws", "gcp"):
         for tier in (Tier.spot, Tier.on_demand):
             expected = min(
-                o.price_usd_per_h
+                o.price_usd_per_h / o.accelerator_count
                 for o in catalog.offers
-                if o.accelerator == "L4" and o.cloud == cloud and o.tier == tier
+                if o.accelerator == "A100" and o.cloud == cloud and o.tier == tier
             )
             assert cheapest.loc[cloud, tier.value] == pytest.approx(expected)
     hazards = app.dataframe[1].value
@@ -276,8 +279,22 @@ CHROMIUM_FLAGS = [
 ]
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (make test installs it)")
-def test_broker_dashboard_renders_its_kpis_in_headless_chromium(seeded, redis_url, tmp_path):
+def healthy(port: int) -> bool:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).status == 200
+    except OSError:
+        return False
+
+
+def wait_until_healthy(server: subprocess.Popen, port: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not healthy(port):
+        assert time.monotonic() < deadline and server.poll() is None, "dashboard did not come up"
+        time.sleep(0.3)
+
+
+def start_dashboard(redis_url: str, tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    """`broker dashboard` in its own session (for clean-up), once it answers."""
     port = free_port()
     env = {**os.environ, "BROKER_REDIS_URL": redis_url, "BROKER_HOME": str(tmp_path)}
     broker = Path(sys.executable).parent / "broker"
@@ -289,14 +306,32 @@ def test_broker_dashboard_renders_its_kpis_in_headless_chromium(seeded, redis_ur
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                assert time.monotonic() < deadline and server.poll() is None, "dashboard did not come up"
-                time.sleep(0.3)
+        wait_until_healthy(server, port)
+    except BaseException:
+        os.killpg(server.pid, signal.SIGKILL)
+        raise
+    return server, port
+
+
+def test_a_sigterm_to_broker_dashboard_stops_the_streamlit_server(redis_url, tmp_path):
+    """As systemd or `kill PID` stop it: the signal goes to the broker process alone, not its group."""
+    server, port = start_dashboard(redis_url, tmp_path)
+    try:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=20)
+        deadline = time.monotonic() + 10
+        while healthy(port) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert not healthy(port), "the streamlit server outlived `broker dashboard`"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (make test installs it)")
+def test_broker_dashboard_renders_its_kpis_in_headless_chromium(seeded, redis_url, tmp_path):
+    server, port = start_dashboard(redis_url, tmp_path)
+    try:
         url = f"http://127.0.0.1:{port}/"
         profile = ["--user-data-dir=" + str(tmp_path / "chrome")]
         dom = ""
@@ -325,3 +360,24 @@ def test_broker_dashboard_renders_its_kpis_in_headless_chromium(seeded, redis_ur
     assert shot.exists() and shot.stat().st_size > 20_000
     if os.environ.get("BROKER_SCREENSHOT_DIR"):  # to look at it: the file tool shows PNGs
         shutil.copy(shot, Path(os.environ["BROKER_SCREENSHOT_DIR"]) / "dashboard.png")
+
+
+def test_cost_report_splits_each_jobs_spend_by_tier_and_totals_it(seeded, redis_url, monkeypatch):
+    from typer.testing import CliRunner
+
+    from broker.app.cli.main import app as cli
+
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    rows = {r["job"]: r for r in json.loads(CliRunner().invoke(cli, ["cost-report", "--json"]).stdout)}
+    assert set(rows) == {j.id for j in seeded["jobs"]}
+    migrated = {j.id: j for j in seeded["jobs"]}["migrated"]
+    spot_run, od_run = migrated.runs
+    assert rows["migrated"]["spot $"] == pytest.approx(spot_run.cost_usd)
+    assert rows["migrated"]["on_demand $"] == pytest.approx(od_run.cost_usd)
+    assert rows["migrated"]["spot h"] == pytest.approx(2.0) and rows["migrated"]["on_demand h"] == pytest.approx(1.0)
+    assert sum(r["total $"] for r in rows.values()) == pytest.approx(seeded["spend"])
+    assert sum(r["all on-demand $"] for r in rows.values()) == pytest.approx(seeded["baseline"])
+    assert rows["waiting"]["total $"] == 0 and rows["waiting"]["saved %"] is None
+    shown = CliRunner().invoke(cli, ["cost-report"], terminal_width=80)
+    total = next(line for line in shown.stdout.splitlines() if line.lstrip().startswith("total"))
+    assert f"${seeded['spend']:,.2f}" in total and "…" not in shown.stdout

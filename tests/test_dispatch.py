@@ -1,16 +1,21 @@
 """Agents and the broker server over a real Redis: dispatch, preemption, migration, faults."""
 
 import json
+import os
+import subprocess
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
+from broker.app.cli.main import app
 from broker.app.demo import pick_agents
 from broker.core.broker import Broker
 from broker.core.clock import ManualClock, SystemClock
@@ -308,3 +313,26 @@ def test_dispatch_plans_agents_at_the_newest_prices_not_those_they_registered_wi
     system.server.prices = lambda: [repriced, dear]
     job = system.broker.submit(train_spec())
     assert system.server.dispatch() == [(job.id, "spot-b")]
+
+
+def test_broker_logs_prints_each_runs_output_and_follows_a_running_job(system, redis_url, monkeypatch):
+    """The job's output reaches the store from the agent (its log stream), not only the agent's disk."""
+    system.agent("spot-a")
+    code = "import time\nfor i in range(40):\n    print(f'line {i}', flush=True)\n    time.sleep(0.05)"
+    job = system.broker.submit(l4_spec("talk", code))
+    system.drive(lambda: system.job(job.id).state == JobState.running)
+    env = {**os.environ, "BROKER_REDIS_URL": redis_url}
+    broker = Path(sys.executable).parent / "broker"
+    follower = subprocess.Popen(
+        [str(broker), "logs", job.id, "--follow"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    system.drive(lambda: system.job(job.id).state == JobState.done)
+    followed, errors = follower.communicate(timeout=60)  # it ends by itself once the job has ended
+    assert follower.returncode == 0, errors
+    expected = [f"line {i}" for i in range(40)]
+    assert [line for line in followed.splitlines() if line.startswith("line ")] == expected
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    shown = CliRunner().invoke(app, ["logs", job.id])
+    assert shown.exit_code == 0 and "run 1 on spot-a (spot" in shown.stdout
+    assert [line for line in shown.stdout.splitlines() if line.startswith("line ")] == expected
+    assert "no output" in CliRunner().invoke(app, ["logs", system.broker.submit(quick_spec()).id]).stdout

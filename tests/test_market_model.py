@@ -6,9 +6,13 @@ import numpy as np
 import pytest
 
 from broker import planning
+from broker.agents.contract import Contract
 from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
+from broker.domain.model import Job, Run
+from broker.models.contention import launchable
 from broker.models.futures import Setting, simulate
+from broker.planning.option_table import observed_speed
 from broker.pricing.availability import MarketModel, spells, tick_minimum
 from broker.pricing.traces import Trace
 from broker.sim.calibration import cost_errors_pct, reliability
@@ -102,6 +106,28 @@ def test_the_next_zone_takes_the_job_when_the_cheapest_has_no_capacity():
     assert out.cost_usd[0] == pytest.approx(2 * 10.1)
 
 
+def test_other_jobs_hold_the_cheapest_slots_for_the_hours_they_have_left():
+    available = np.ones((3, 1, 6), dtype=bool)
+    available[2, 0, :] = False  # the third zone has no spot
+    free = launchable(available, np.array([1, 2, 5]), np.array([4, 2]))
+    assert free[0, 0].tolist() == [False] * 4 + [True] * 2  # the first other job holds zone 0 for 4 ticks
+    assert free[1, 0].tolist() == [True] * 6  # the second takes one of zone 1's two slots
+    assert not free[2].any()  # slots where spot is down are no slots
+
+
+def test_a_job_starts_where_a_slot_is_free_and_is_not_evicted_when_others_want_it():
+    setting = _setting(spot_prices=(1.0, 2.0))
+    available = np.ones((2, 1, 200), dtype=bool)
+    alone = simulate(setting, available, 1 / 6)
+    crowded = launchable(available, np.array([1, 1]), np.array([30]))  # zone 0 taken for 5 h
+    late = simulate(setting, available, 1 / 6, launchable=crowded)
+    assert alone.cost_usd[0] == pytest.approx(10.1)
+    assert late.cost_usd[0] == pytest.approx(2 * 10.1)  # started in zone 1 and stayed: no eviction, no move
+    both_taken = launchable(available, np.array([1, 1]), np.array([30, 30]))
+    waited = simulate(setting, available, 1 / 6, launchable=both_taken)
+    assert waited.finish_h[0] == pytest.approx(5 + 10.1) and waited.cost_usd[0] == pytest.approx(10.1)
+
+
 def _offer(zone: str, tier: str = "spot", price: float = 0.9):
     from broker.domain.model import Offer
 
@@ -122,12 +148,10 @@ def _offer(zone: str, tier: str = "spot", price: float = 0.9):
     )
 
 
-def _quote(model: MarketModel, window_h: float):
+def _quote_spec(window_h: float):
     from broker.domain.jobspec import JobSpec
 
-    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
-    clock = SimulatedClock(NOW)
-    spec = JobSpec(
+    return JobSpec(
         name="train",
         run=["simulated"],
         resources={"accelerators": ["V100:1"]},
@@ -136,7 +160,12 @@ def _quote(model: MarketModel, window_h: float):
         deadline=NOW + timedelta(hours=window_h),
         budget_usd=12.0,
     )
-    return Broker(None, OfferBook(offers), planning.get("costslo"), clock, model).quote(spec)
+
+
+def _quote(model: MarketModel, window_h: float):
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    clock = SimulatedClock(NOW)
+    return Broker(None, OfferBook(offers), planning.get("costslo"), clock, model).quote(_quote_spec(window_h))
 
 
 def test_a_quote_on_a_flaky_zone_is_not_certain_and_on_a_calm_one_it_is_cheap():
@@ -158,3 +187,68 @@ def test_quote_figures_count_errors_and_calibration():
     assert cost_errors_pct(rows) == (10.0, 50.0)
     figures = reliability(rows)
     assert figures["calibration_max_gap_pts"] == pytest.approx(5.0) and figures["brier"] == pytest.approx(0.13)
+
+
+def test_a_quote_sees_the_jobs_ahead_of_it_in_the_fleet(store):
+    """One agent in a cheap zone and one in a dear one: the first job is quoted in the cheap zone, the second behind
+    it in the dear one (before the fleet was counted, both were quoted at the cheap zone's price)."""
+    cheap, dear, od = (
+        _offer("us-east-1a", price=0.9),
+        _offer("us-east-1b", price=1.8),
+        _offer("us-east-1z", "on_demand", 3.06),
+    )
+    for agent, offer in (("a", cheap), ("b", dear)):
+        Contract(store, agent).register(offer, 60_000, host="test", pid=0, at=NOW)
+    model = MarketModel.fit([trace(z, [1] * 300 + [0] * 1, 20) for z in ("us-east-1a", "us-east-1b")])
+    broker = Broker(store, OfferBook([cheap, dear, od]), planning.get("cbl-greedy"), SimulatedClock(NOW), model)
+    spec = _quote_spec(30.0)
+    first = broker.submit(spec).quote.forecast
+    second = broker.submit(spec).quote.forecast
+    assert first.cost_p50_usd == pytest.approx(0.9 * second.cost_p50_usd / 1.8, rel=0.05)
+    assert second.zones == first.zones and second.finish_p50 == first.finish_p50
+    third = broker.submit(spec).quote.forecast  # both slots held: it waits for one or pays on-demand
+    assert third.finish_p50 > first.finish_p50 or third.spot_share < 0.5
+
+
+def test_a_job_slower_than_estimated_is_seen_by_its_progress():
+    quote = _quote(MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)]), 30.0)
+    offer = quote.chosen.offer
+    spec = _quote_spec(30.0)
+    estimate_h = quote.chosen.exclusive_h
+    started = NOW + timedelta(hours=1)
+    run = Run(fence=1, agent="a", offer=offer, dispatched_at=started, started_at=started, progress_total=1000.0)
+    job = Job(id="slow", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, runs=[run])
+    assert observed_speed(job) == 1.0  # nothing measured yet
+    hours = 3.0  # productive hours after the restart; half the progress the estimate says
+    run.last_progress_at = started + timedelta(hours=hours + spec.checkpoint.restore_minutes / 60 + 0.05)
+    run.progress_done = 1000 * 0.5 * hours / estimate_h
+    assert observed_speed(job) == pytest.approx(0.5, rel=0.1)
+
+
+def _finished(quote, speed: float, name: str) -> Job:
+    """A finished job whose one run progressed at `speed` times the estimate for 3 productive hours."""
+    offer, spec = quote.chosen.offer, _quote_spec(30.0)
+    started = NOW + timedelta(hours=1)
+    run = Run(fence=1, agent="a", offer=offer, dispatched_at=started, started_at=started, progress_total=1000.0)
+    run.last_progress_at = started + timedelta(hours=3 + spec.checkpoint.restore_minutes / 60 + 0.05)
+    run.progress_done = 1000 * speed * 3 / quote.chosen.exclusive_h
+    return Job(id=name, spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, runs=[run])
+
+
+def test_quotes_learn_how_far_off_the_speed_estimate_is_from_finished_jobs():
+    from broker.core.forecast import Fleet, forecast
+
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    quote = _quote(model, 30.0)
+    speeds = [0.7, 0.85, 1.0, 1.15, 1.4]
+    finished = [_finished(quote, v, f"j{i}") for i, v in enumerate(speeds)]
+    assert Fleet.of([], [], NOW, finished[:4]).speed_sigma == 0.0  # too little evidence: the estimate is taken
+    learned = Fleet.of([], [], NOW, finished).speed_sigma
+    assert learned == pytest.approx(np.std(np.log(speeds), ddof=1), rel=0.1)
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    spec = _quote_spec(quote.chosen.expected_wall_h * 1.05)  # tight: 5% slack at the estimated speed
+    tight = Broker(None, OfferBook(offers), planning.get("costslo"), SimulatedClock(NOW), model).quote(spec)
+    exact = forecast(spec, tight, offers, model, "greedy", NOW, fleet=Fleet())
+    spread = forecast(spec, tight, offers, model, "greedy", NOW, fleet=Fleet(speed_sigma=learned))
+    assert exact.p_meet_deadline > 0.9 and 0.3 < spread.p_meet_deadline < 0.8
+    assert spread.cost_p90_usd - spread.cost_p10_usd > 3 * (exact.cost_p90_usd - exact.cost_p10_usd)

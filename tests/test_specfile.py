@@ -140,3 +140,59 @@ def test_a_job_cannot_set_broker_variables():
         SpecError, match=r"spec: env: BROKER_RESUME_FROM: BROKER_\* variables are set by the agent; rename it"
     ):
         validate_spec(base(env={"BROKER_RESUME_FROM": "/etc"}), NOW)
+
+
+@pytest.mark.parametrize(
+    "fields, field",
+    [
+        ({"work": {"gpu_hours": 1e308}}, "work.gpu_hours"),  # was: ValueError, cannot convert float NaN to integer
+        ({"deadline": "+99999999h"}, "deadline"),  # was: OverflowError
+        ({"deadline": "9999-12-31T00:00Z"}, "deadline"),
+        ({"budget_usd": float("inf")}, "budget_usd"),  # was: stored as "no budget"
+        ({"budget_usd": float("nan")}, "budget_usd"),
+        ({"checkpoint": {"size_gb": float("inf")}}, "checkpoint.size_gb"),
+    ],
+)
+def test_absurd_numbers_are_refused_naming_the_field(fields, field):
+    with pytest.raises(SpecError) as err:
+        validate_spec(base(**fields), NOW)
+    assert str(err.value).startswith(f"spec: {field}:") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("budget", [".inf", "1e400", "-.inf"])
+def test_an_infinite_budget_in_the_file_or_the_flag_is_refused(tmp_path, budget):
+    path = write(tmp_path, "name: j\nrun: python t.py\nresources: {accelerators: A100:1}\nwork: {gpu_hours: 2}\n")
+    with pytest.raises(
+        SpecError, match="budget_usd: Input should be a finite number|budget_usd: Input should be greater"
+    ):
+        load_spec(path, NOW, budget_usd=float(budget.replace(".inf", "inf")))
+    inline = write(tmp_path, path.read_text() + f"budget_usd: {budget}\n", "inline.yaml")
+    with pytest.raises(SpecError, match="budget_usd"):
+        load_spec(inline, NOW)
+
+
+def test_yaml_aliases_are_refused_before_they_expand(tmp_path):
+    """A billion laughs: 9 levels of 10 aliases each would be 10**9 strings in `env`."""
+    lines = ["name: j", "run: python t.py", "resources: {accelerators: A100:1}", "work: {gpu_hours: 2}", "x0: &a0 lol"]
+    lines += [f"x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    lines += ["env: {A: *a9}"]
+    path = write(tmp_path, "\n".join(lines))
+    with pytest.raises(SpecError, match=r"line 6, column \d+: aliases \(\*name\) are not allowed"):
+        load_spec(path, NOW)
+
+
+def test_env_nested_too_deep_is_refused_in_one_line(tmp_path):
+    path = write(
+        tmp_path,
+        "name: j\nrun: python t.py\nresources: {accelerators: A100:1}\nwork: {gpu_hours: 2}\n"
+        f"env: {{A: {'[' * 20000}{']' * 20000}}}\n",
+    )
+    with pytest.raises(SpecError, match="nested too deep"):
+        load_spec(path, NOW)
+
+
+@pytest.mark.parametrize("value", [[1, 2], {"a": 1}, None])
+def test_env_values_are_strings_not_lists_or_mappings(value):
+    with pytest.raises(SpecError, match="env: A: give a string, number or true/false"):
+        validate_spec(base(env={"A": value}), NOW)
+    assert validate_spec(base(env={"A": 1, "B": True}), NOW).env == {"A": "1", "B": "True"}

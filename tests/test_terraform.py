@@ -166,13 +166,23 @@ def test_tfvars_have_exactly_the_modules_variables_with_valid_types(cloud, catal
 def test_missing_or_mistyped_site_values_are_named(catalog):
     offer = offer_of(catalog, "aws")
     pool = Pool(pool_name(offer), offer, 1)
-    incomplete = {"aws": {k: v for k, v in SITE["aws"].items() if k != "ami_id"}}
-    with pytest.raises(BrokerError, match="site.aws.ami_id: required by agent-aws"):
-        pool_values(pool, incomplete, catalog)
+    incomplete = {"aws": {k: v for k, v in SITE["aws"].items() if k not in ("ami_id", "checkpoint_bucket")}}
+    with pytest.raises(BrokerError, match="site.aws: 2 required value.s. missing: ami_id, checkpoint_bucket;"):
+        pool_values(pool, incomplete, catalog)  # all of them at once, not one per run
+    with pytest.raises(BrokerError, match="site.aws: 4 required value.s. missing: .*examples/site.yaml has every one"):
+        pool_values(pool, {}, catalog)
     with pytest.raises(BrokerError, match="site.aws.root_volume_gb: 'big' is not a Terraform number"):
         pool_values(pool, {"aws": {**SITE["aws"], "root_volume_gb": "big"}}, catalog)
     with pytest.raises(BrokerError, match="site.aws.ami: not a variable of agent-aws"):
         pool_values(pool, {"aws": {**SITE["aws"], "ami": "x"}}, catalog)
+
+
+@pytest.mark.parametrize("cloud", MODULES)
+def test_the_shipped_example_site_file_has_every_required_value(cloud, catalog):
+    site = yaml.safe_load((ROOT / terraform.SITE_EXAMPLE).read_text())
+    offer = offer_of(catalog, cloud)
+    values = pool_values(Pool(pool_name(offer), offer, 1), site, catalog)
+    assert set(values) == set(module_variables(cloud)) and all(values[k] == v for k, v in site[cloud].items())
 
 
 def test_provision_plan_writes_one_pool_per_chosen_offer(store, catalog, redis_url, monkeypatch, tmp_path):
@@ -234,10 +244,23 @@ def test_apply_without_terraform_says_how_to_install_it(store, catalog, redis_ur
     site = tmp_path / "site.yaml"
     site.write_text(yaml.safe_dump(SITE))
     result = CliRunner().invoke(
-        app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools"), "--apply"]
+        app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools"), "--apply", "--yes"]
     )
     assert result.exit_code == 2 and "terraform: not installed; install Terraform >= 1.5 or OpenTofu" in result.stderr
     assert list((tmp_path / "pools").iterdir())  # the plan is written all the same, to apply by hand
+
+
+def test_apply_asks_before_it_creates_instances_and_a_no_creates_none(store, catalog, redis_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    applied = []
+    monkeypatch.setattr(terraform, "apply_pool", lambda root, pool: applied.append(pool))
+    quote, site = write_pending_jobs_and_site(store, catalog, tmp_path, count=3)
+    argv = ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools"), "--apply"]
+    for answer in ("n\n", ""):  # no, and no answer at all (not a terminal)
+        result = CliRunner().invoke(app, argv, input=answer)
+        assert result.exit_code == 1 and f"creates 3 x {quote.chosen.offer.id}; go ahead?" in result.stderr
+        assert applied == []
+    assert CliRunner().invoke(app, argv, input="y\n").exit_code == 0 and len(applied) == 1
 
 
 def test_deprovision_of_an_unknown_pool_is_refused(tmp_path):

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 FORWARDED = ("progress", "checkpoint", "restored", "checkpoint_skipped", "checkpoint_failed")
 PROGRESS_EVERY_S = 1.0
+OUTPUT_EVERY_S = 0.5  # how often the job's new output lines go to the log stream
 NOTICE_POLL_S = 1.0  # how often the metadata service is asked (AWS suggests every 5 s; leads are 30-120 s)
 NOTICE_MARGIN_S = 2.0  # stop the job this long before the instance goes away (less on a short notice)
 
@@ -59,6 +60,7 @@ class Agent:
         self._stopping = False
         self._progress: dict | None = None  # the newest progress event not yet reported
         self._progress_sent = 0.0
+        self._output_sent = 0.0
         self._notice_polled = 0.0
 
     def register(self) -> None:
@@ -152,6 +154,12 @@ class Agent:
                 self._send(event)
         if flush:
             self._send_progress()
+        if flush or time.monotonic() - self._output_sent >= OUTPUT_EVERY_S:
+            self._output_sent = time.monotonic()
+            while lines := self.job.output():  # the job's output, for `broker logs`
+                self.contract.log(self.job.job_id, self.fence, lines)
+                if not flush:
+                    break
 
     def _send_progress(self) -> None:
         if self._progress is not None:

@@ -145,6 +145,10 @@ class Contract:
             data["at"] = at
         self.store.report(self.id, job, fence, kind, **data)
 
+    def log(self, job: str, fence: int, lines: list[str]) -> None:
+        """The job's output lines, to this agent's log stream (`broker logs` reads them)."""
+        self.store.append_log(self.id, job, fence, lines)
+
     def exited(
         self, job: str, fence: int, reason: str, code: int | None = None, log_tail=(), at: float | None = None
     ) -> None:

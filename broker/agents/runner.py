@@ -59,6 +59,7 @@ class JobProcess:
         }
         self.proc: subprocess.Popen | None = None
         self._events_offset = 0
+        self._output_offset = 0
 
     @property
     def cwd(self) -> str | None:
@@ -129,6 +130,18 @@ class JobProcess:
 
     def wait(self, timeout: float | None = None) -> int:
         return self.proc.wait(timeout=timeout)
+
+    def output(self, limit_bytes: int = 64_000) -> list[str]:
+        """Whole lines the job printed since the last call (at most about `limit_bytes` a call: the rest next time)."""
+        try:
+            with open(self.log_file, "rb") as f:
+                f.seek(self._output_offset)
+                data = f.read(limit_bytes)
+        except FileNotFoundError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1] if len(data) < limit_bytes else data
+        self._output_offset += len(complete)
+        return complete.decode(errors="replace").splitlines()
 
     def log_tail(self, lines: int = 20) -> list[str]:
         """The last lines the job printed (for the failure report)."""

@@ -96,6 +96,9 @@ def _on_demand_price(catalog: PriceCatalog, offer: Offer) -> float | None:
     return twin.price_usd_per_h if twin else None
 
 
+SITE_EXAMPLE = "infra/terraform/examples/site.yaml"
+
+
 def pool_values(pool: Pool, site: dict, catalog: PriceCatalog) -> dict:
     """Exactly the module's variables for this pool: offer values, then site values, then defaults."""
     o, spot = pool.offer, pool.offer.tier == Tier.spot
@@ -117,14 +120,14 @@ def pool_values(pool: Pool, site: dict, catalog: PriceCatalog) -> dict:
             f"site.{o.cloud}.{unknown[0]}: not a variable of {MODULES[o.cloud]}; allowed: {', '.join(declared)}"
         )
     values = {**common, **by_cloud[o.cloud], **cloud_site}
+    missing = [name for name, var in declared.items() if name not in values and var.required]
+    if missing:
+        raise BrokerError(
+            f"site.{o.cloud}: {len(missing)} required value(s) missing: {', '.join(missing)}; add them to the site "
+            f"file ({SITE_EXAMPLE} has every one, with what each is)"
+        )
     for name, var in declared.items():
-        if name not in values:
-            if var.required:
-                raise BrokerError(
-                    f"site.{o.cloud}.{name}: required by {MODULES[o.cloud]} ({var.description}); add "
-                    "it to the site file"
-                )
-            values[name] = var.default
+        values.setdefault(name, var.default)
     for name, var in declared.items():
         check_type(f"site.{o.cloud}.{name}", var.type, values[name])
     return {name: values[name] for name in declared}

@@ -19,7 +19,7 @@ from broker.app import render
 from broker.core.broker import Broker
 from broker.core.clock import ScaledClock
 from broker.core.server import BrokerServer
-from broker.domain.errors import InfeasibleError
+from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import Job, Tier
 from broker.domain.specfile import load_spec
 from broker.models.accounting import on_demand_equivalent_usd
@@ -72,6 +72,7 @@ def job_summary(job: Job) -> dict:
         "name": job.spec.name,
         "id": job.id,
         "state": job.state.value,
+        "reason": job.reason,
         "tiers": [r.offer.tier.value for r in job.runs],
         "agents": [r.agent for r in job.runs],
         "cost_usd": round(job.cost_usd, 4),
@@ -82,13 +83,24 @@ def job_summary(job: Job) -> dict:
 
 
 def totals(rows: list[dict]) -> dict:
+    """Spend against on-demand; savings only when every job finished (a failed job's spend saves nothing)."""
     cost = sum(r["cost_usd"] for r in rows)
     base = sum(r["on_demand_cost_usd"] for r in rows)
+    unfinished = [r["id"] for r in rows if r["state"] != "done"]
     return {
         "cost_usd": round(cost, 4),
         "on_demand_cost_usd": round(base, 4),
-        "savings_pct": round(100 * (1 - cost / base), 1) if base else None,
+        "savings_pct": round(100 * (1 - cost / base), 1) if base and not unfinished else None,
+        "unfinished": unfinished,
     }
+
+
+def in_project(spec, examples: Path):
+    """The spec with its paths resolved from the project the examples belong to (their `run` names
+    examples/jobs/...), wherever the demo was started."""
+    if spec.workdir is not None:
+        return spec
+    return spec.model_copy(update={"workdir": str(examples.resolve().parent)})
 
 
 def run_demo(
@@ -114,8 +126,9 @@ def run_demo(
                 path, _, tick = notices.partition("@")
                 notices = f"trace={examples / path}@{tick}"
             provisioner.start(agent_id, offer, notices)
-        wait_for_agents(store, [a for a, _, _ in pool], timeout_s=60)
-        jobs = [broker.submit(load_spec(p, clock.now())) for p in sorted((examples / "demo").glob("*.yaml"))]
+        wait_for_agents(store, [a for a, _, _ in pool], 60, provisioner.run_root)
+        specs = [in_project(load_spec(p, clock.now()), examples) for p in sorted((examples / "demo").glob("*.yaml"))]
+        jobs = [broker.submit(spec) for spec in specs]
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             server.round(block_ms=50)
@@ -135,9 +148,14 @@ def run_demo(
     }
 
 
-def wait_for_agents(store: Store, agent_ids: list[str], timeout_s: float) -> None:
+def wait_for_agents(store: Store, agent_ids: list[str], timeout_s: float, logs: Path) -> None:
+    """Until every agent holds a lease; one that does not in time is named with its log (a failed start)."""
     deadline = time.monotonic() + timeout_s
     while not all(store.lease_alive(a) for a in agent_ids):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"agents {agent_ids} did not register within {timeout_s:.0f}s")
+            missing = [a for a in agent_ids if not store.lease_alive(a)]
+            raise BrokerError(
+                f"demo: agent(s) {', '.join(missing)} did not register within {timeout_s:.0f} s; "
+                f"see {logs / f'agent-{missing[0]}.log'}"
+            )
         time.sleep(0.1)

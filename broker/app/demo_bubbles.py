@@ -82,7 +82,7 @@ def run_bubbles_demo(
     try:
         provisioner.start("ondemand-t4", on_demand)
         stages = [f"{MAIN_JOB}-stage{s}" for s in range(STAGES)]
-        wait_for_agents(store, ["ondemand-t4", *stages], timeout_s=timeout_s)
+        wait_for_agents(store, ["ondemand-t4", *stages], timeout_s, provisioner.run_root)
         spec = load_spec(examples / "bubbles" / "fill-mlp.yaml", clock.now())
         job = Broker(store, catalog, policy, clock).submit(spec)
         deadline = time.monotonic() + timeout_s

@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pandas as pd
+from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from broker.domain.model import Job, Option, Quote
 
@@ -18,7 +20,7 @@ def _hours(value: float) -> str:
     return f"{value:,.1f} h" if value >= 1 else f"{value * 60:,.0f} min"
 
 
-def _when(value: datetime | None) -> str:
+def when(value: datetime | None) -> str:
     return "-" if value is None else f"{value:%Y-%m-%d %H:%M}"
 
 
@@ -30,6 +32,21 @@ def where(option: Option) -> str:
 
 def gpus(option: Option) -> str:
     return f"{option.offer.accelerator_count}x {option.offer.accelerator}"
+
+
+def narrow_safe(table: Table, *wrapping: str) -> Table:
+    """In a narrow terminal (80 columns) rich shrinks every column and cuts numbers and ids to "…". Here only the
+    `wrapping` columns (free text: offers, times) give way, folding onto more lines; every other column keeps
+    its widest cell whole; lines between columns are dropped to leave them the room."""
+    table.box, table.show_edge, table.padding = box.SIMPLE_HEAD, False, (0, 0)
+    for column in table.columns:
+        if column.header in wrapping:
+            column.no_wrap, column.overflow = False, "fold"
+            continue
+        cells = [Text.from_markup(c) if isinstance(c, str) else c for c in column.cells]
+        words = str(column.header).split() or [""]  # a header may wrap between its words
+        column.min_width = max([*(Text.from_markup(w).cell_len for w in words), *(c.cell_len for c in cells)])
+    return table
 
 
 def quote_dict(quote: Quote, job_id: str | None, stored: bool) -> dict:
@@ -54,7 +71,7 @@ def quote_table(quote: Quote, title: str) -> Table:
             _hours(option.expected_wall_h),
             _money(option.expected_cost_usd),
             f"{option.p_meet_deadline:.3f}",
-            _when(option.expected_finish),
+            when(option.expected_finish),
         )
     notes = []
     if quote.savings_usd is not None:
@@ -67,12 +84,12 @@ def quote_table(quote: Quote, title: str) -> Table:
     if quote.forecast is not None:
         notes.append(forecast_line(quote.forecast))
     table.caption = "\n".join(notes) or None
-    return table
+    return narrow_safe(table, "offer", "gpus", "finish UTC")
 
 
 def forecast_line(f) -> str:
     """The quote's forecast in a line: cost and finish percentiles and the odds, over how many futures."""
-    finish = " - ".join(_when(t) if t else "after the horizon" for t in (f.finish_p50, f.finish_p90))
+    finish = " - ".join(when(t) if t else "after the horizon" for t in (f.finish_p50, f.finish_p90))
     return (
         f"forecast over {f.futures:,} futures ({f.rule}): cost p10/p50/p90 {_money(f.cost_p10_usd)} / "
         f"{_money(f.cost_p50_usd)} / {_money(f.cost_p90_usd)}; finish p50-p90 {finish}; "
@@ -110,9 +127,30 @@ def jobs_table(jobs: list[Job]) -> Table:
             _money(job.cost_usd),
             _money(job.spec.budget_usd),
             str(len(job.runs)),
-            _when(job.spec.deadline),
+            when(job.spec.deadline),
         )
-    return table
+    return narrow_safe(table, "offer", "gpus", "deadline UTC")
+
+
+def cost_report_table(frame: pd.DataFrame) -> Table:
+    """`broker cost-report`: a row per job and the totals (spend per tier; the hours are in --json)."""
+    table = Table(title=f"cost report: {len(frame)} jobs", title_justify="left")
+    money = [c for c in frame.columns if c.endswith("$")]
+    for col in ["job", "state", *money, "saved %"]:
+        table.add_column(col, justify="left" if col in ("job", "state") else "right")
+
+    def cells(row) -> list[str]:
+        saved = row["saved %"]
+        return [*(f"${row[c]:,.2f}" for c in money), "-" if saved is None or pd.isna(saved) else f"{saved:.0f}%"]
+
+    for row in frame.to_dict(orient="records"):
+        table.add_row(row["job"], row["state"], *cells(row))
+    total = frame[money].sum().to_dict()
+    base = total["all on-demand $"]
+    total["saved %"] = 100 * (1 - total["total $"] / base) if base > 0 else None
+    table.add_section()
+    table.add_row("total", "", *cells(total))
+    return narrow_safe(table)
 
 
 def runs_table(job: Job) -> Table:
@@ -139,8 +177,8 @@ def runs_table(job: Job) -> Table:
             run.agent,
             run.offer.tier.value,
             f"{run.offer.cloud} {run.offer.instance_type}",
-            _when(run.started_at),
-            _when(run.ended_at),
+            when(run.started_at),
+            when(run.ended_at),
             run.end_reason or "running",
             f"{run.progress_done:g}{total}",
             ("-" if run.checkpoint_step is None else f"step {run.checkpoint_step}")
@@ -281,8 +319,8 @@ def history_table(series: dict[str, pd.DataFrame], now: datetime) -> Table:
         table.add_row(
             offer,
             str(len(s)),
-            _when(s["at"].iloc[0]),
-            _when(s["at"].iloc[-1]),
+            when(s["at"].iloc[0]),
+            when(s["at"].iloc[-1]),
             f"{s['usd'].min():.4f}",
             f"{s['usd'].max():.4f}",
             f"{s['usd'].iloc[-1]:.4f}",

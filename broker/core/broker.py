@@ -6,12 +6,14 @@ import secrets
 from collections.abc import Callable
 from functools import cached_property
 
-from broker.core.forecast import forecast
+from broker.core.forecast import Fleet, forecast
 from broker.domain.errors import BrokerError
-from broker.domain.model import Job, JobSpec, JobState, Offer, Quote, Tier
+from broker.domain.model import AgentInfo, Job, JobSpec, JobState, Offer, Quote, Tier
 from broker.pricing.availability import MarketModel
 from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
+
+OTHERS_SEEN = 1000  # jobs a quote looks at: those waiting ahead of it, and the finished ones it learns speed from
 
 
 class Broker:
@@ -36,28 +38,40 @@ class Broker:
         """The market model, learned on first use: commands that never quote (list, agent, server) skip the fit."""
         return self._market() if callable(self._market) else self._market
 
-    def offers(self) -> list[Offer]:
-        """The catalog's offers and the bubble offers of the fill executors registered now."""
+    def offers(self, agents: list[AgentInfo] | None = None) -> list[Offer]:
+        """The catalog's offers and the bubble offers of the fill executors registered now (`agents`, read from
+        the store when not given)."""
         offers = list(self.catalog.offers)
         if self.store is not None:
             known = {o.id for o in offers}
-            bubbles = {
-                a.offer.id: a.offer
-                for a in self.store.agents()
-                if a.offer.tier == Tier.bubble and a.offer.id not in known
-            }
+            agents = self.store.agents() if agents is None else agents
+            bubbles = {a.offer.id: a.offer for a in agents if a.offer.tier == Tier.bubble and a.offer.id not in known}
             offers += bubbles.values()
         return offers
 
+    def live_agents(self) -> list[AgentInfo]:
+        """The registered agents whose lease is alive and who take work."""
+        agents = self.store.agents()
+        leases = self.store.leases([a.id for a in agents])
+        return [a for a in agents if leases.get(a.id) not in (None, "leaving")]
+
     def quote(self, spec: JobSpec) -> Quote:
         """Price the job on every offer and pick one, then simulate the choice by the policy's rule on the market
-        model's futures; raises InfeasibleError when none fits."""
-        offers, now = self.offers(), self.clock.now()
+        model's futures, against the other jobs for the fleet's capacity; raises InfeasibleError when none fits."""
+        now = self.clock.now()
+        agents = self.live_agents() if self.store is not None else []
+        offers = self.offers(agents)
         quote = self.policy.quote(spec, offers, now)
         if self.market is None:
             return quote
         rule = getattr(self.policy, "rule", "greedy")
-        return quote.model_copy(update={"forecast": forecast(spec, quote, offers, self.market, rule, now)})
+        fleet = None
+        if self.store is not None:  # the jobs ahead of it (running, then the most urgent waiting), and the finished
+            others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)
+            finished = [j for j in self.store.recent_jobs(OTHERS_SEEN) if j.state == JobState.done]
+            fleet = Fleet.of(agents, others, now, finished)
+        update = {"forecast": forecast(spec, quote, offers, self.market, rule, now, fleet=fleet)}
+        return quote.model_copy(update=update)
 
     def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
         """Quote the job and store it as queued; an infeasible job is refused and nothing is stored.

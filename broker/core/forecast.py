@@ -5,23 +5,77 @@ the forecast then says what that choice may really cost: it samples `futures` av
 of every spot zone the job may launch in (pricing/availability.py, learned from the traces), runs
 the job through the policy's rule on each (models/futures.py: waits, launches, preemptions, lost
 work, the guard's move to on-demand) and reports percentiles and odds.
+
+The broker's own fleet is part of the market a job meets (`Fleet`): its agents are the capacity it can
+dispatch to, so a zone with an agent now has spot now and one without has none, and the other active jobs
+hold slots for the hours they have left (models/contention.py), so the job starts where one is free.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import numpy as np
 
-from broker.domain.model import Forecast, JobSpec, Offer, Quote, Tier
+from broker.domain.model import Forecast, Job, JobSpec, Offer, Quote, Tier
+from broker.models.contention import launchable
 from broker.models.futures import Setting, simulate
 from broker.models.risk import checkpoint_hours, exclusive_hours, fits, restart_hours, window_hours, young_interval_h
+from broker.planning.option_table import measured_speed
 from broker.pricing.availability import MarketModel
 
 FUTURES = 1000
+MIN_SPEED_EVIDENCE = 5  # finished jobs with a measured speed before their spread counts
 MAX_ZONES = 12  # offers the job may launch in
 NO_DEADLINE_H = 7 * 24.0  # horizon of a job without a deadline
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The broker's own capacity at quote time: live agents per offer id, and per other active job that may use
+    spot or bubble capacity, the offer ids it may use and the hours it has left."""
+
+    agents: dict[str, int] = field(default_factory=dict)
+    others: list[tuple[frozenset[str], float]] = field(default_factory=list)
+    speed_sigma: float = 0.0  # spread (log) of finished jobs' measured speed over their estimate
+
+    @classmethod
+    def of(cls, agents: list, jobs: list[Job], now: datetime, finished: list[Job] = ()) -> Fleet:
+        """From the live agents (AgentInfo), the active jobs and the finished ones; a job pinned to or running on
+        on-demand holds no spot slot. The estimate's error is learned from the finished jobs whose speed was
+        measured (at least MIN_SPEED_EVIDENCE of them; none: the estimate is taken as exact)."""
+        count: dict[str, int] = {}
+        for agent in agents:
+            count[agent.offer.id] = count.get(agent.offer.id, 0) + 1
+        others = []
+        for job in jobs:
+            run = job.current_run
+            if job.state.terminal or job.pinned_tier == Tier.on_demand or (run and run.offer.tier == Tier.on_demand):
+                continue
+            offers = set(job.quote.forecast.zones if job.quote.forecast else [job.quote.chosen.offer.id])
+            if run is not None:
+                offers.add(run.offer.id)
+            last = job.runs[-1] if job.runs else None
+            done = last.progress_done / last.progress_total if last and last.progress_total else 0.0
+            others.append((frozenset(offers), max(0.0, 1 - done) * job.quote.chosen.expected_wall_h))
+        speeds = [v for v in map(measured_speed, finished) if v is not None]
+        sigma = float(np.std(np.log(speeds), ddof=1)) if len(speeds) >= MIN_SPEED_EVIDENCE else 0.0
+        return cls(count, others, sigma)
+
+    def slots(self, zones: list[Offer]) -> np.ndarray | None:
+        """Slots per zone while up: its agents now, or for a zone with none now the most any of them has;
+        None when the fleet has no agent in any of them (nothing known: capacity is not the limit)."""
+        now = np.asarray([self.agents.get(o.id, 0) for o in zones])
+        if now.sum() == 0:
+            return None
+        return np.where(now > 0, now, now.max())
+
+    def held_ticks(self, zones: list[Offer], tick_h: float) -> np.ndarray:
+        """Ticks each other job that may use one of `zones` still holds a slot (at least one)."""
+        ids = {o.id for o in zones}
+        return np.asarray([max(1, math.ceil(h / tick_h)) for offers, h in self.others if offers & ids], dtype=int)
 
 
 def zones_for(spec: JobSpec, chosen: Offer, offers: list[Offer], ceiling_usd_per_h: float) -> list[Offer]:
@@ -45,26 +99,33 @@ def forecast(
     now: datetime,
     futures: int = FUTURES,
     seed: int = 0,
+    fleet: Fleet | None = None,
 ) -> Forecast:
     """The quote's chosen option on `futures` sampled futures of its zones (an offer without traces is modelled
-    from its own hazard and availability, which the catalog's hazard model set)."""
+    from its own hazard and availability, which the catalog's hazard model set), against the other jobs of
+    `fleet` where it has agents in those zones."""
     chosen = quote.chosen.offer
     fallback = quote.chosen.fallback or (quote.on_demand_baseline.offer if quote.on_demand_baseline else None)
     window = window_hours(spec, now)
+    rng = np.random.default_rng(seed)
+    # each future's true speed over the estimate, spread as our finished jobs' were (median 1)
+    speed = np.exp(rng.normal(0.0, fleet.speed_sigma, futures)) if fleet and fleet.speed_sigma > 0 else np.ones(1)
     if chosen.tier == Tier.on_demand:
-        return _certain(spec, quote, chosen, now, window)
+        return _on_demand(spec, quote, chosen, now, speed)
     od_offer = fallback or chosen
     zones = zones_for(spec, chosen, offers, od_offer.price_usd_per_h if fallback else float("inf"))
     tick_h = model.tick_h
     horizon_h = window if math.isfinite(window) else NO_DEADLINE_H
     ticks = max(1, math.ceil(horizon_h / tick_h))
-    rng = np.random.default_rng(seed)
     zone_models = [model.for_offer(o) for o in zones]
-    available = np.stack([z.sample(rng, futures, ticks) for z in zone_models])
+    slots = fleet.slots(zones) if fleet else None
+    up_now = [None] * len(zones) if slots is None else [fleet.agents.get(o.id, 0) > 0 for o in zones]
+    available = np.stack([z.sample(rng, futures, ticks, up) for z, up in zip(zone_models, up_now)])
+    free = None if slots is None else launchable(available, slots, fleet.held_ticks(zones, tick_h))
     work_h = exclusive_hours(spec, chosen)
     setting = Setting(
-        work_h=work_h,
-        od_work_h=exclusive_hours(spec, od_offer),
+        work_h=work_h / speed,
+        od_work_h=exclusive_hours(spec, od_offer) / speed,
         spot_prices=tuple(o.price_usd_per_h for o in zones),
         od_price=od_offer.price_usd_per_h,
         restart_h=restart_hours(spec),
@@ -73,31 +134,23 @@ def forecast(
         window_h=window,
         rule=rule if fallback is not None else "spot-only",
     )
-    out = simulate(setting, available, tick_h)
-    return _summary(spec, now, out.cost_usd, out.finish_h, out.spot_h, out.od_h, setting.rule, zones, zone_models)
+    out = simulate(setting, available, tick_h, launchable=free)
+    forecast = _summary(spec, now, out.cost_usd, out.finish_h, out.spot_h, out.od_h, setting.rule, zones, zone_models)
+    return forecast.model_copy(update={"evidence": forecast.evidence + _speed_note(speed)})
 
 
-def _certain(spec: JobSpec, quote: Quote, offer: Offer, now: datetime, window: float) -> Forecast:
-    """On-demand: no market randomness; the money model's time and cost are the forecast."""
+def _on_demand(spec: JobSpec, quote: Quote, offer: Offer, now: datetime, speed: np.ndarray) -> Forecast:
+    """On-demand: no market randomness; the money model's time and cost, at each future's speed."""
     option = quote.chosen
-    met = 1.0 if option.expected_wall_h <= window else 0.0
-    within = 1.0 if spec.budget_usd is None or option.expected_cost_usd <= spec.budget_usd else 0.0
-    finish = now + timedelta(hours=option.expected_wall_h)
-    cost = option.expected_cost_usd
-    return Forecast(
-        futures=1,
-        rule="on-demand",
-        zones=[offer.id],
-        cost_p10_usd=cost,
-        cost_p50_usd=cost,
-        cost_p90_usd=cost,
-        cost_mean_usd=cost,
-        finish_p50=finish,
-        finish_p90=finish,
-        p_meet_deadline=met,
-        p_within_budget=within,
-        spot_share=0.0,
-        evidence="on-demand: always available",
+    wall = option.expected_wall_h / speed
+    cost = option.expected_cost_usd / speed
+    forecast = _summary(spec, now, cost, wall, np.zeros_like(wall), wall, "on-demand", [offer], [])
+    return forecast.model_copy(update={"evidence": "on-demand: always available" + _speed_note(speed)})
+
+
+def _speed_note(speed: np.ndarray) -> str:
+    return (
+        f"; speed off the estimate by {np.std(np.log(speed)):.2f} (log sd, as finished jobs')" if len(speed) > 1 else ""
     )
 
 
@@ -126,5 +179,5 @@ def _summary(spec, now, cost, finish, spot_h, od_h, rule, zones, zone_models) ->
         p_meet_deadline=round(float(met.mean()), 4),
         p_within_budget=round(float(within.mean()), 4),
         spot_share=round(share, 4),
-        evidence=zone_models[0].evidence,
+        evidence=zone_models[0].evidence if zone_models else "",
     )

@@ -300,7 +300,8 @@ class BrokerServer:
                 continue
             if run.offer.tier == Tier.on_demand:
                 continue
-            progress = progress_of(PlanItem.from_job(job), baseline.exclusive_h, job.submitted_at, now)
+            item = PlanItem.from_job(job)  # its work on on-demand at the speed it has shown
+            progress = progress_of(item, item.on_demand_h, job.submitted_at, now)
             if decide(progress, run.offer.tier, spot_available=True) != Move.on_demand:
                 continue
             left_h, window_h = progress.total_h - progress.done_h, progress.window_h - progress.elapsed_h

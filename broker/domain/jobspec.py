@@ -4,6 +4,7 @@ and optionally the transformer model it trains. Validation gives one message per
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from datetime import UTC, datetime, timedelta
@@ -30,8 +31,13 @@ class Tier(str, Enum):
     on_demand = "on_demand"
 
 
+MAX_GPU_HOURS = 1e6  # a million A100-hours: far past any job a broker of small jobs takes, far from float trouble
+MAX_BUDGET_USD = 1e9
+MAX_DEADLINE_DAYS = 366  # deadlines further out are typos (+99999999h), and overflow datetimes
+
+
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class AcceleratorOption(_Spec):
@@ -74,8 +80,8 @@ class Resources(_Spec):
 class Work(_Spec):
     """How much work the job is: reference GPU-hours, or steps at a measured rate."""
 
-    gpu_hours: float | None = Field(None, gt=0, description="GPU-hours on an A100-40GB")
-    steps: int | None = Field(None, gt=0)
+    gpu_hours: float | None = Field(None, gt=0, le=MAX_GPU_HOURS, description="GPU-hours on an A100-40GB")
+    steps: int | None = Field(None, gt=0, le=10**15)
     steps_per_hour: dict[str, float] | None = None
     kind: Literal["training", "inference"] = "training"
 
@@ -86,8 +92,8 @@ class Work(_Spec):
             return None
         out = {}
         for name, rate in rates.items():
-            if rate <= 0:
-                raise ValueError(f"rate for {name} must be > 0 steps/hour")
+            if not 0 < rate < math.inf:
+                raise ValueError(f"rate for {name} must be a number > 0 steps/hour")
             out[_accelerator_name(name)] = rate
         return out
 
@@ -99,8 +105,8 @@ class Work(_Spec):
 
 
 class CheckpointSpec(_Spec):
-    size_gb: float = Field(1.0, ge=0)
-    restore_minutes: float = Field(2.0, ge=0)
+    size_gb: float = Field(1.0, ge=0, le=1e6)
+    restore_minutes: float = Field(2.0, ge=0, le=10_000)
 
 
 class TransformerSpec(_Spec):
@@ -137,13 +143,21 @@ def parse_deadline(value: Any, now: datetime) -> datetime:
         text = str(value).strip()
         relative = re.fullmatch(r"\+(\d+(?:\.\d+)?)\s*([mhd])", text)
         if relative:
-            unit = {"m": "minutes", "h": "hours", "d": "days"}[relative.group(2)]
-            return now + timedelta(**{unit: float(relative.group(1))})
+            unit = {"m": 60.0, "h": 3600.0, "d": 86400.0}[relative.group(2)]
+            seconds = float(relative.group(1)) * unit
+            if seconds > MAX_DEADLINE_DAYS * 86400:
+                raise ValueError(
+                    f"{text!r} is more than {MAX_DEADLINE_DAYS} days ahead; give a nearer deadline or none"
+                )
+            return now + timedelta(seconds=seconds)
         try:
             when = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
             raise ValueError(f"{text!r} is not a time; use ISO 8601 (2026-12-01T18:00Z) or +36h") from None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
+    when = when if when.tzinfo else when.replace(tzinfo=UTC)
+    if when - now > timedelta(days=MAX_DEADLINE_DAYS):
+        raise ValueError(f"{when:%Y-%m-%d} is more than {MAX_DEADLINE_DAYS} days ahead; give a nearer deadline or none")
+    return when
 
 
 class JobSpec(_Spec):
@@ -160,7 +174,7 @@ class JobSpec(_Spec):
     checkpoint: CheckpointSpec = CheckpointSpec()
     deadline: datetime | None = None
     deadline_probability: float = Field(0.95, gt=0, lt=1)
-    budget_usd: float | None = Field(None, gt=0)
+    budget_usd: float | None = Field(None, gt=0, le=MAX_BUDGET_USD, description="leave it out for no budget")
     tiers: list[Tier] = Field(default_factory=lambda: list(Tier), min_length=1)
     fill: bool = False
     fill_task: str | None = None  # module:Class of its FillTask: it can run inside pipeline bubbles
@@ -192,6 +206,9 @@ class JobSpec(_Spec):
         reserved = sorted(k for k in env if str(k).startswith("BROKER_"))
         if reserved:
             raise ValueError(f"{reserved[0]}: BROKER_* variables are set by the agent; rename it")
+        nested = sorted(str(k) for k, v in env.items() if isinstance(v, (dict, list)) or v is None)
+        if nested:
+            raise ValueError(f"{nested[0]}: give a string, number or true/false (quote a list or mapping as a string)")
         return {str(k): str(v) for k, v in env.items()}
 
     @field_validator("deadline", mode="before")

@@ -18,6 +18,17 @@ from broker.domain.model import JobSpec
 MAX_SPEC_BYTES = 1_000_000
 
 
+class _NoAliases(yaml.SafeLoader):
+    """YAML without aliases: a 1 KB spec of nested anchors expands to gigabytes (a billion laughs), and a job spec
+    has no need for them."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed; write the value out", mark)
+        return super().compose_node(parent, index)
+
+
 def _path(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -81,9 +92,11 @@ def load_spec(path: Path, now: datetime, deadline: str | None = None, budget_usd
     if size > MAX_SPEC_BYTES:
         raise SpecError(f"{path}: {size:,} bytes is over the 1 MB limit for a job spec; move data out of it")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_NoAliases)  # noqa: S506 (a SafeLoader)
     except UnicodeDecodeError:
         raise SpecError(f"{path}: not a text file; a job spec is YAML") from None
+    except RecursionError:
+        raise SpecError(f"{path}: nested too deep; a job spec is a few levels of mappings") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

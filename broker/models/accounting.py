@@ -11,12 +11,17 @@ from datetime import datetime
 
 import pandas as pd
 
-from broker.domain.model import Job, JobState
+from broker.domain.model import Job, JobState, Run
+
+
+def run_cost_usd(run: Run, now: datetime) -> float:
+    """An ended run at its cost, a running one up to `now`."""
+    return run.cost_usd if run.ended_at else run.offer.price_usd_per_h * run.hours(now)
 
 
 def spend_usd(job: Job, now: datetime) -> float:
-    """What the job has cost so far: ended runs at their cost, a running one up to `now`."""
-    return sum(r.cost_usd if r.ended_at else r.offer.price_usd_per_h * r.hours(now) for r in job.runs)
+    """What the job has cost so far."""
+    return sum(run_cost_usd(r, now) for r in job.runs)
 
 
 def productive_hours(job: Job, now: datetime) -> float:
@@ -74,7 +79,7 @@ def spend_over_time(
         times = pd.date_range(start, max(utc(now), start), periods=buckets)
     frame = pd.DataFrame(0.0, index=times, columns=["bubble", "spot", "on_demand"])
     for run, begin, end in runs:
-        cost = run.cost_usd if run.ended_at else run.offer.price_usd_per_h * run.hours(now)
+        cost = run_cost_usd(run, now)
         span = max((end - begin).total_seconds(), 1e-9)
         elapsed = ((times - begin).total_seconds()).to_numpy().clip(0, span)
         frame[run.offer.tier.value] += cost * elapsed / span
@@ -99,6 +104,29 @@ def jobs_frame(jobs: list[Job], now: datetime) -> pd.DataFrame:
                 "quote $": round(job.quote.chosen.expected_cost_usd, 4),
                 "budget used %": round(100 * spend / job.spec.budget_usd, 1) if job.spec.budget_usd else None,
                 "migrations": job.migrations,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def cost_report(jobs: list[Job], now: datetime) -> pd.DataFrame:
+    """Per job (`broker cost-report`, like `sky cost-report`): spend on each tier, the total, what the same
+    productive hours cost on on-demand, the share saved, and the hours on each tier."""
+    rows = []
+    for job in jobs:
+        by_tier = {
+            tier: [r for r in job.runs if r.offer.tier.value == tier] for tier in ("bubble", "spot", "on_demand")
+        }
+        total, base = spend_usd(job, now), on_demand_equivalent_usd(job, now)
+        rows.append(
+            {
+                "job": job.id,
+                "state": job.state.value,
+                **{f"{tier} $": sum(run_cost_usd(r, now) for r in runs) for tier, runs in by_tier.items()},
+                "total $": total,
+                "all on-demand $": base,
+                "saved %": 100 * (1 - total / base) if base > 0 else None,
+                **{f"{tier} h": sum(r.hours(now) for r in runs) for tier, runs in by_tier.items()},
             }
         )
     return pd.DataFrame(rows)

@@ -34,8 +34,8 @@ TIE_H = 1e-9  # exactly on a threshold is not past it (planning/uniform_progress
 class Setting:
     """One job on spot zones with an on-demand fallback, in hours and USD per hour."""
 
-    work_h: float  # exclusive hours on the spot offers
-    od_work_h: float  # exclusive hours on the on-demand fallback
+    work_h: float | np.ndarray  # exclusive hours on the spot offers (one per future: a speed spread)
+    od_work_h: float | np.ndarray  # exclusive hours on the on-demand fallback
     spot_prices: tuple[float, ...]  # per zone, in the order the zones' futures are given (cheapest first)
     od_price: float
     restart_h: float  # d: a new instance and the restore (paid at every start)
@@ -79,8 +79,16 @@ class Hedge:
         return cls(idle * tick_h, mean_up, tuple(zone_up_h))
 
 
-def simulate(setting: Setting, available: np.ndarray, tick_h: float, hedge: Hedge | None = None) -> Outcomes:
-    """Play the job out on `available` (zones x futures x ticks, bool); the horizon is the ticks given."""
+def simulate(
+    setting: Setting,
+    available: np.ndarray,
+    tick_h: float,
+    hedge: Hedge | None = None,
+    launchable: np.ndarray | None = None,
+) -> Outcomes:
+    """Play the job out on `available` (zones x futures x ticks, bool: a run there survives the tick); the horizon
+    is the ticks given. `launchable` (same shape, within `available`) is where the job can start or move to, when
+    other jobs hold some of the capacity (a slot free for it); everywhere available when not given."""
     s = setting
     if s.rule not in RULES:
         raise ValueError(f"rule: {s.rule!r}; one of {', '.join(RULES)}")
@@ -102,7 +110,8 @@ def simulate(setting: Setting, available: np.ndarray, tick_h: float, hedge: Hedg
     for t in range(ticks):
         now = t * tick_h
         up = available[:, :, t]  # zones x futures
-        any_up = up.any(axis=0)
+        free = up if launchable is None else launchable[:, :, t]
+        any_up = free.any(axis=0)
         down_age = np.where(any_up, 0, down_age + 1)
         lost = (state == SPOT) & ~up[zone, idx]
         done = np.where(lost, saved, done)  # preempted: back to the last checkpoint
@@ -122,11 +131,11 @@ def simulate(setting: Setting, available: np.ndarray, tick_h: float, hedge: Hedg
             dead = np.where(to_od, s.restart_h, dead)
             state = np.where(to_od, OD, state)
         if s.rule == "hedge" and zones > 1:
-            move = _cheaper_zone(s, hedge, now, done, state, up, zone, prices)
+            move = _cheaper_zone(s, hedge, now, done, state, free, zone, prices)
             saved = np.where(move, done, saved)  # a voluntary move checkpoints first
             state = np.where(move, WAIT, state)
         launch = (state == WAIT) & any_up
-        zone = np.where(launch, np.argmax(up, axis=0), zone)
+        zone = np.where(launch, np.argmax(free, axis=0), zone)
         dead = np.where(launch, s.restart_h, dead)
         state = np.where(launch, SPOT, state)
         running = (state == SPOT) | (state == OD)

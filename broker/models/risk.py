@@ -127,7 +127,7 @@ def expectation(t, delta, restart, hazard, price, window_h, availability=1.0) ->
     )
     waiting = STARTUP_H * (1 / availability - 1)
     restart = restart + waiting
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a hazard of 1e-300 divides to inf
         tau = np.where(hazard > 0, np.minimum(np.sqrt(2 * delta / hazard), t), np.nan)
         writes = np.where(tau > 0, delta / tau, 0.0)  # share of time spent checkpointing
         running = t * (1 + writes)

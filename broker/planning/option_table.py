@@ -31,7 +31,8 @@ class PlanItem:
     spent_usd: float = 0.0
     submitted_at: datetime | None = None
     preempted_in: str | None = None  # region of its last run when that run was preempted or lost
-    on_demand_h: float | None = None  # its whole work on the on-demand offer it was quoted against
+    on_demand_h: float | None = None  # its whole work on the on-demand offer it was quoted against, at `speed`
+    speed: float = 1.0  # its measured speed over the money model's estimate (observed_speed)
 
     @classmethod
     def from_job(cls, job: Job) -> PlanItem:
@@ -47,6 +48,7 @@ class PlanItem:
         last = job.runs[-1] if job.runs else None
         preempted_in = last.offer.region if last and last.end_reason in ("preempted", "lost") else None
         baseline = job.quote.on_demand_baseline
+        speed = observed_speed(job)
         return cls(
             job.id,
             spec,
@@ -55,8 +57,44 @@ class PlanItem:
             job.cost_usd,
             job.submitted_at,
             preempted_in,
-            baseline.exclusive_h if baseline else None,
+            baseline.exclusive_h / speed if baseline else None,
+            speed,
         )
+
+
+MIN_MEASURED_H = 0.5  # productive hours a run needs before its rate says more than noise
+SPEED_BOUNDS = (0.25, 4.0)
+
+
+def observed_speed(job: Job) -> float:
+    """How fast the job really progresses over the money model's estimate (measured_speed); 1 before it is
+    measured. A job slower than estimated needs more time on on-demand too, which the deadline guard must know
+    before it is too late."""
+    measured = measured_speed(job)
+    return 1.0 if measured is None else measured
+
+
+def measured_speed(job: Job) -> float | None:
+    """The job's speed over the estimate from its newest run that has progressed for MIN_MEASURED_H: the share of
+    work it did per productive hour (after the restart, less checkpoint writes) against the share the estimate
+    says; None before any such run."""
+    for index in range(len(job.runs) - 1, -1, -1):
+        run = job.runs[index]
+        if not run.progress_total or run.started_at is None or run.last_progress_at is None:
+            continue
+        start = 0.0
+        if run.resume_from is not None:
+            start = next((r.checkpoint_step or 0 for r in job.runs[:index] if r.checkpoint_url == run.resume_from), 0)
+        wall_h = (run.last_progress_at - run.started_at).total_seconds() / 3600 - risk.restart_hours(job.spec)
+        share = (run.progress_done - start) / run.progress_total
+        if wall_h < MIN_MEASURED_H or share <= 0:
+            continue
+        exclusive_h = risk.exclusive_hours(job.spec, run.offer)
+        interval = risk.young_interval_h(risk.checkpoint_hours(job.spec), run.offer.hazard_per_h, exclusive_h)
+        writes = 1 + (risk.checkpoint_hours(job.spec) / interval if interval else 0.0)
+        expected = wall_h / (exclusive_h * writes)
+        return min(max(share / expected, SPEED_BOUNDS[0]), SPEED_BOUNDS[1])
+    return None
 
 
 @dataclass

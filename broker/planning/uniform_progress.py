@@ -91,7 +91,7 @@ class UniformProgress(CheapestFeasible):
             if item.spec.deadline is None:
                 move = Move.spot if spot else Move.on_demand
             else:
-                od_h = min((o.exclusive_h for o in od), default=float("inf"))
+                od_h = min((o.exclusive_h for o in od), default=float("inf")) / item.speed
                 move = decide(progress_of(item, od_h, item.submitted_at or now, now), None, bool(spot), self.uniform)
             if move == Move.spot and spot:
                 chosen = spot[0]

@@ -107,13 +107,14 @@ class ZoneModel:
         share = int(round(len(own) * (1 - self.weight) / max(self.weight, 1e-9))) if len(own) else len(prior)
         return np.r_[own, np.resize(prior, share)]
 
-    def sample(self, rng: np.random.Generator, n: int, ticks: int) -> np.ndarray:
-        """`n` futures of `ticks` ticks from now: True where spot can be had (bool array n x ticks)."""
+    def sample(self, rng: np.random.Generator, n: int, ticks: int, up_now: bool | None = None) -> np.ndarray:
+        """`n` futures of `ticks` ticks from now: True where spot can be had (bool array n x ticks). When the
+        state now is known (`up_now`: the broker has an agent there or none), every future starts in it."""
         up_mean, down_mean = self.mean_up_h / self.tick_h, self.mean_down_h / self.tick_h
         if up_mean <= 0:
             return np.zeros((n, ticks), dtype=bool)
         per_path = int(2 * ticks / (up_mean + down_mean)) + 8
-        start_up = rng.random(n) < up_mean / (up_mean + down_mean)
+        start_up = rng.random(n) < up_mean / (up_mean + down_mean) if up_now is None else np.full(n, bool(up_now))
         up = self._draw(rng, self.up, self.prior_up, (n, per_path))
         down = self._draw(rng, self.down, self.prior_down, (n, per_path))
         first = np.where(

@@ -27,6 +27,12 @@ def check_rows(rows: pd.DataFrame, known_regions: set[str], skipped: Counter) ->
     return rows[~unknown & ~bad]
 
 
+def one_line(error: Exception, limit: int = 240) -> str:
+    """An SDK's error in one line (requests' ConnectionError spans three, with the pool's repr)."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def refresh(sources: list, history: PriceHistory, known_regions: dict[str, set[str]], now: datetime) -> list[dict]:
     """Refresh each source; one report per source: status, rows, changes recorded, what was skipped and why."""
     reports = []
@@ -40,7 +46,8 @@ def refresh(sources: list, history: PriceHistory, known_regions: dict[str, set[s
             report.update(status="unavailable", message=str(err))
         except Exception as err:  # network, API errors, malformed pages: the previous prices stay
             report.update(
-                status="failed", message=f"{source.cloud}: {type(err).__name__}: {err}; the previous prices stay"
+                status="failed",
+                message=f"{source.cloud}: {type(err).__name__}: {one_line(err)}; the previous prices stay",
             )
         else:
             skipped = Counter(getattr(source, "skipped", {}))

@@ -2,8 +2,9 @@
 
 An agent's user reaches its own assignment stream, lease and registration record, reads its own views of
 the jobs it was given ({p}own:{agent}:*), adds itself to the agent set and appends to the agent-events
-stream; it cannot read the event stream, any job, or another agent's keys. The last two rights are Redis
-7 selectors, so `SADD` and `XADD` work on those keys and nothing else does (no SET over the stream).
+stream and its own log stream; it cannot read the event stream, any job, or another agent's keys. The last
+three rights are Redis 7 selectors, so `SADD` and `XADD` work on those keys and nothing else does (no SET
+over the streams).
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ def agent_rules(prefix: str, agent_id: str) -> list[str]:
         f"~{prefix}agent:{agent_id}",
         f"%R~{prefix}own:{agent_id}:*",
     ]
-    selectors = [f"(+xadd %W~{prefix}agent-events)", f"(+sadd %W~{prefix}agents)"]
+    selectors = [
+        f"(+xadd %W~{prefix}agent-events)",
+        f"(+sadd %W~{prefix}agents)",
+        f"(+xadd %W~{prefix}log:{agent_id})",
+    ]
     return ["resetkeys", "resetchannels", "-@all", *CONNECT, *AGENT_COMMANDS, *keys, *selectors]
 
 

@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 AGENT_GROUP = "agent"
 BROKER_GROUP = "broker"
 STREAM_MAXLEN = 1_000_000  # the event streams are capped (approximately) so Redis memory stays bounded
+LOG_MAXLEN = 20_000  # batches of output lines kept per agent (approximately)
 
 
 class AgentChannels:
@@ -123,6 +124,30 @@ class AgentChannels:
         if agent_id in self._report_keys:
             fields["key"] = self._report_keys[agent_id]
         return self.redis.xadd(self._key("agent-events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
+
+    def append_log(self, agent_id: str, job_id: str, fence: int, lines: list[str]) -> None:
+        """A batch of the job's output lines, to the agent's own log stream (its ACL user may write nothing else)."""
+        if lines:
+            fields = {"job": job_id, "fence": fence, "lines": "\n".join(lines)}
+            self.redis.xadd(self._key("log", agent_id), fields, maxlen=LOG_MAXLEN, approximate=True)
+
+    def read_log(
+        self, agent_id: str, job_id: str, fence: int, after: str = "0", block_ms: int | None = None
+    ) -> tuple[str, list[str]]:
+        """Output lines of one run (the job's `fence` on this agent) logged after the entry id `after`; returns the
+        newest entry id read (to continue from) and the lines. With `block_ms`, waits that long for new ones."""
+        key = self._key("log", agent_id)
+        if block_ms is None:
+            entries = self.redis.xrange(key, f"({after}" if after != "0" else "-", "+")
+        else:
+            found = self.redis.xread({key: after}, block=block_ms)
+            entries = found[0][1] if found else []
+        lines = []
+        for entry_id, fields in entries:
+            after = entry_id
+            if fields.get("job") == job_id and fields.get("fence") == str(fence):
+                lines += fields.get("lines", "").split("\n")
+        return after, lines
 
     def _ensure_broker_group(self) -> None:
         try:

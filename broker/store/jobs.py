@@ -20,6 +20,8 @@ Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis):
     {p}leader-token      STRING  fencing token, incremented each time the lease changes hands
     {p}agent-events      STREAM  what agents report: agent, job, fence, type, data (JSON), key (the agent's);
                                  consumer group "broker", stale pending entries reclaimed
+    {p}log:{agent}       STREAM  the output of the jobs the agent ran, in batches: job, fence, lines (`broker logs`);
+                                 capped at about LOG_MAXLEN batches
     price:{offer}, priced, refreshed, evictions   price history: see prices.py
     bubbles:{main job}:{stage}         bubble profiles: see profiles.py
     (both event streams are capped at about STREAM_MAXLEN entries; agents send progress at most once a second)
@@ -144,6 +146,10 @@ class Store(AgentChannels):
 
     def pending_count(self) -> int:
         return self.redis.zcard(self._key("pending"))
+
+    def recent_jobs(self, count: int = 200) -> list[Job]:
+        """The `count` newest jobs, in submission order."""
+        return self._jobs(self.redis.zrange(self._key("jobs"), -count, -1))
 
     def active_jobs(self) -> list[Job]:
         """Jobs with a run under way."""

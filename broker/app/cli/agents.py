@@ -33,6 +33,7 @@ def agents_provision(
         True, "--plan/--apply", help="--plan writes the Terraform roots; --apply also runs terraform."
     ),
     pools_dir: Path = typer.Option(POOLS_DIR, "--out", help="Where the pools' Terraform roots go."),
+    yes: bool = typer.Option(False, "--yes", help="With --apply: create the instances without asking first."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Write <pool>.auto.tfvars.json for each pool of the current plan (pending jobs by chosen offer)."""
@@ -61,6 +62,10 @@ def agents_provision(
         written.append({"pool": pool.name, "offer": pool.offer.id, "count": pool.count, "dir": str(root)})
     for row in written:
         row["command"] = f"terraform -chdir={row['dir']} init && terraform -chdir={row['dir']} apply"
+    if not plan and not yes:  # instances cost money: say what will be created, and ask (no answer: no)
+        listing = ", ".join(f"{row['count']} x {row['offer']}" for row in written)
+        typer.confirm(f"terraform apply creates {listing}; go ahead?", abort=True, err=True)
+    for row in written:
         if not plan:
             terraform.apply_pool(Path(row["dir"]), row["pool"])
     if as_json:

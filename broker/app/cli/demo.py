@@ -24,7 +24,9 @@ from broker.domain.model import Quote
 
 @user_errors
 def demo(
-    examples: Path = typer.Option(Path("examples"), help="Directory of example job specs (runnable ones in demo/)."),
+    examples: Path = typer.Option(
+        None, help="Directory of example job specs (runnable ones in demo/); default: ./examples, else the project's."
+    ),
     speedup: float = typer.Option(60.0, help="Time compression: simulated seconds per wall-clock second."),
     timeout: float = typer.Option(150.0, help="Give up after this many wall-clock seconds."),
     bubbles: bool = typer.Option(
@@ -35,6 +37,7 @@ def demo(
     """Quote the example jobs, then run the runnable ones end to end: dispatch, preemption, migration."""
     from broker.app.demo import quote_examples, run_demo
 
+    examples = examples or default_examples()
     if bubbles:
         return demo_bubbles(examples, max(timeout, 300.0), as_json)
 
@@ -63,8 +66,23 @@ def demo(
         )
     if as_json:
         print_json({"quotes": quotes, **summary})
-        return
-    out.print(render.run_summary(summary))
+    else:
+        out.print(render.run_summary(summary))
+    if summary["unfinished"]:
+        first = next(r for r in summary["jobs"] if r["state"] != "done")
+        raise BrokerError(
+            f"demo: {len(summary['unfinished'])} of {len(summary['jobs'])} jobs did not finish "
+            f"({first['id']}: {first['state']}, {first['reason'] or 'no reason recorded'}); "
+            f"`broker status {first['id']}` shows its runs and log"
+        )
+
+
+def default_examples() -> Path:
+    """./examples when there is one, else the examples of the project this package was installed from."""
+    here = Path("examples")
+    if (here / "demo").is_dir():
+        return here
+    return Path(__file__).resolve().parents[3] / "examples"
 
 
 def demo_bubbles(examples: Path, timeout: float, as_json: bool) -> None:
@@ -94,5 +112,8 @@ def demo_bubbles(examples: Path, timeout: float, as_json: bool) -> None:
         )
     if as_json:
         print_json(summary)
-        return
-    out.print(render.bubbles_summary(summary))
+    else:
+        out.print(render.bubbles_summary(summary))
+    job = summary["fill_job"]
+    if job["state"] != "done":
+        raise BrokerError(f"demo: the fill job {job['id']} did not finish ({job['state']}); `broker status` shows why")

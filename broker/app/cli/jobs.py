@@ -53,7 +53,7 @@ def list_jobs(
     if as_json:
         print_json([render.job_dict(j) for j in jobs])
     elif not jobs:
-        out.print("no jobs yet: run `broker submit examples/finetune-l4.yaml`")
+        out.print("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
     else:
         out.print(render.jobs_table(jobs))
 
@@ -75,6 +75,53 @@ def status(job_id: str = typer.Argument(..., help="The job id (see `broker list`
         out.print(f"  | {line}", highlight=False, markup=False)
     for event in events:
         out.print(f"  {event['at']}  {event['state']:<10} {event['reason']}")
+
+
+@user_errors
+def logs(
+    job_id: str = typer.Argument(..., help="The job id (see `broker list`)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new output until the job ends."),
+) -> None:
+    """The job's output, run by run, as its agents sent it; --follow streams it until the job ends."""
+    import time
+
+    broker = make_broker()
+    read_to: dict[int, str] = {}  # run's fence -> the newest log entry read
+    printed = 0
+    while True:
+        job = broker.get(job_id)
+        ended = job.state.terminal  # read before the output: what was sent before the end is read below
+        for run in job.runs:
+            if run.fence not in read_to:
+                where = f"{run.offer.tier.value} {run.offer.cloud} {run.offer.instance_type}"
+                out.print(f"[dim]── run {run.fence} on {run.agent} ({where}), started {render.when(run.started_at)}[/]")
+                read_to[run.fence] = "0"
+            read_to[run.fence], lines = broker.store.read_log(run.agent, job.id, run.fence, read_to[run.fence])
+            for line in lines:
+                out.print(line, markup=False, highlight=False, soft_wrap=True)
+            printed += len(lines)
+        if not follow or ended:
+            break
+        time.sleep(0.5)
+    if not printed:
+        why = "it has not run yet" if not job.runs else "its agents sent no output"
+        out.print(f"no output from {job.id} ({job.state.value}): {why}")
+
+
+@user_errors
+def cost_report(as_json: bool = JsonOpt) -> None:
+    """Spend per job and tier (bubble, spot, on-demand) against what on-demand would have cost, oldest first."""
+    from datetime import UTC, datetime
+
+    from broker.models.accounting import cost_report as report
+
+    frame = report(make_broker().jobs(), datetime.now(UTC))
+    if as_json:
+        print_json(frame.astype(object).where(frame.notna(), None).to_dict(orient="records"))  # NaN is not JSON
+    elif frame.empty:
+        out.print("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
+    else:
+        out.print(render.cost_report_table(frame))
 
 
 @user_errors

@@ -27,6 +27,8 @@ app = typer.Typer(
 app.command()(jobs.submit)
 app.command("list")(jobs.list_jobs)
 app.command()(jobs.status)
+app.command()(jobs.logs)
+app.command("cost-report")(jobs.cost_report)
 app.command()(jobs.cancel)
 app.command("policies")(jobs.list_policies)
 app.command()(demo.demo)

@@ -174,9 +174,16 @@ def refresh_prices(
     if unknown:
         raise BrokerError(f"--cloud: no live source for {', '.join(unknown)} yet; choose from {', '.join(builders)}")
     reports = refresh([builders[c]() for c in cloud], PriceHistory(broker.store), known, datetime.now(UTC))
+    failed = [r["source"] for r in reports if r["status"] == "failed"]
     if as_json:
         print_json(reports)
-        return
+    else:
+        _print_refresh(reports)
+    if failed:
+        raise BrokerError(f"prices refresh: {', '.join(failed)} failed (above); check the network and retry")
+
+
+def _print_refresh(reports: list[dict]) -> None:
     for r in reports:
         skipped = ", ".join(f"{n} {why}" for why, n in r["skipped"].items()) or "none"
         out.print(

@@ -140,7 +140,6 @@ def dashboard(
 ) -> None:
     """Serve the Streamlit dashboard on the live store (read-only)."""
     import os
-    import subprocess
     import sys
 
     import broker
@@ -170,7 +169,5 @@ def dashboard(
         "viewer",
     ]
     err.print(f"dashboard on http://{address}:{port} (Ctrl-C stops it)")
-    try:
-        subprocess.run(argv, env=env, check=False)
-    except KeyboardInterrupt:
-        pass
+    err.file.flush()
+    os.execve(sys.executable, argv, env)  # streamlit in this process: a SIGTERM to it stops the server, no orphan
