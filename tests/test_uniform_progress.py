@@ -5,6 +5,7 @@ import random
 import numpy as np
 import pytest
 
+from broker import planning
 from broker.domain.model import Offer, Tier
 from broker.models import futures
 from broker.models.futures import Setting
@@ -136,3 +137,44 @@ def test_the_policy_places_on_spot_when_available_and_waits_when_ahead():
     assert waiting.assignments == {} and waiting.unplaced == {"j": "waiting for spot"}
     tight = PlanItem("t", make_spec(work={"gpu_hours": 10}, deadline="+10.3h"))  # R < C + 2d: safety net
     assert UniformProgress().plan([tight], [spot, od], {spot.id: 0}, NOW).assignments == {"t": od.id}
+
+
+@pytest.mark.parametrize("done, spot_agent, back", [(900, True, True), (900, False, False), (50, True, False)])
+def test_uniform_progress_takes_a_job_ahead_of_schedule_back_from_on_demand_to_spot(
+    redis_url, catalog, tmp_path, done, spot_agent, back
+):
+    """Can't Be Late's rule leaves on-demand once progress is past ep(t + 2d), and the server now runs it so (the
+    quote's forecast always did): only with an idle spot agent that fits, and only when that far ahead."""
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.agents.contract import Contract
+    from broker.core.broker import Broker
+    from broker.core.clock import SimulatedClock
+    from broker.core.server import BrokerServer
+    from broker.store.jobs import Store
+
+    store, clock = Store(redis_url, prefix=f"return-{done}-{spot_agent}:"), SimulatedClock(NOW)
+    policy = planning.get("uniform-progress")
+    server = BrokerServer(store, policy, clock, CheckpointStore(str(tmp_path)), consumer="test")
+    l4 = [o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1]
+    cheapest = {
+        t: min((o for o in l4 if o.tier == t), key=lambda o: o.price_usd_per_h) for t in (Tier.spot, Tier.on_demand)
+    }
+    on_demand = Contract(store, "od")
+    on_demand.register(cheapest[Tier.on_demand], 10**10, host="test", pid=0, at=clock.now())
+    spec = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 2}, deadline="+12h")
+    Broker(store, catalog, policy, clock).submit(spec, job_id="j")
+    clock.advance(hours=1)  # no spot at all, idle and behind ep(t): on-demand
+    assert server.step() == [("j", "od")]
+    assignment = on_demand.take(block_ms=None)
+    on_demand.started(assignment, at=clock.now().timestamp())
+    clock.advance(hours=1)
+    on_demand.report("j", assignment.fence, "progress", at=clock.now().timestamp(), done=done, total=1000)
+    if spot_agent:
+        Contract(store, "spot").register(cheapest[Tier.spot], 10**10, host="test", pid=0, at=clock.now())
+    server.step()
+    job = store.get_job("j")
+    assert job.move_requested == back and job.pinned_tier is None
+    if back:
+        assert "ahead of schedule: back to spot" in job.reason
+        on_demand.exited("j", assignment.fence, "moved", at=clock.now().timestamp())
+        assert server.step() == [("j", "spot")]  # re-dispatched to the idle spot agent

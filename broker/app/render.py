@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 import pandas as pd
 from rich import box
@@ -16,7 +16,7 @@ def _money(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
 
 
-def _hours(value: float) -> str:
+def duration(value: float) -> str:
     return f"{value:,.1f} h" if value >= 1 else f"{value * 60:,.0f} min"
 
 
@@ -68,7 +68,7 @@ def quote_table(quote: Quote, title: str) -> Table:
             where(option),
             gpus(option),
             f"{option.offer.price_usd_per_h:,.4f}",
-            _hours(option.expected_wall_h),
+            duration(option.expected_wall_h),
             _money(option.expected_cost_usd),
             f"{option.p_meet_deadline:.3f}",
             when(option.expected_finish),
@@ -153,6 +153,36 @@ def cost_report_table(frame: pd.DataFrame) -> Table:
     return narrow_safe(table)
 
 
+def agent_rows(agents: list, leases: dict[str, str | None], now: datetime) -> list[dict]:
+    """An agent per row: id, tier, offer, price, the job it runs, age, and its lease (alive, leaving, lapsed)."""
+    rows = []
+    for agent in sorted(agents, key=lambda a: a.id):
+        lease = leases.get(agent.id)
+        rows.append(
+            {
+                "id": agent.id,
+                "tier": agent.offer.tier.value,
+                "offer": agent.offer.id,
+                "usd_per_h": agent.offer.price_usd_per_h,
+                "job": agent.job,
+                "age_h": round((now - agent.registered_at).total_seconds() / 3600, 2),
+                "lease": "lapsed" if lease is None else ("leaving" if lease == "leaving" else "alive"),
+                "host": agent.host,
+            }
+        )
+    return rows
+
+
+def agents_table(rows: list[dict]) -> Table:
+    table = Table(title=f"{len(rows)} agents", title_justify="left")
+    for col in ("id", "tier", "offer", "$/h", "job", "age", "lease"):
+        table.add_column(col, justify="right" if col in ("$/h", "age") else "left")
+    for r in rows:
+        age = f"{r['age_h']:.1f} h" if r["age_h"] >= 1 else f"{r['age_h'] * 60:.0f} min"
+        table.add_row(r["id"], r["tier"], r["offer"], f"{r['usd_per_h']:,.4f}", r["job"] or "-", age, r["lease"])
+    return narrow_safe(table, "offer")
+
+
 def runs_table(job: Job) -> Table:
     """A job's runs across offers: where, when, why each ended, what it cost."""
     table = Table(title=f"runs of {job.id}", title_justify="left")
@@ -194,146 +224,6 @@ def job_dict(job: Job, events: list[dict] | None = None) -> dict:
     if events is not None:
         out["events"] = events
     return out
-
-
-PRICE_COLUMNS = {
-    "cloud": "cloud",
-    "region": "region",
-    "zone": "zone",
-    "instance_type": "instance",
-    "accelerator": "gpu",
-    "accelerator_count": "n",
-    "gpu_memory_gb": "GB/gpu",
-    "vcpus": "vCPU",
-    "memory_gb": "mem GB",
-    "on_demand_usd_per_h": "on-demand $/h",
-    "spot_usd_per_h": "spot $/h",
-    "spot_savings_pct": "spot saves",
-    "spot_band": "interruptions/month",
-    "as_of": "as of",
-}
-
-
-def prices_table(rows: pd.DataFrame, total: int) -> Table:
-    table = Table(title=f"{len(rows)} of {total} instance prices (USD per hour)", title_justify="left")
-    for col, label in PRICE_COLUMNS.items():
-        table.add_column(label, justify="right" if rows[col].dtype.kind in "fi" else "left")
-    for row in rows.itertuples(index=False):
-        cells = []
-        for col in PRICE_COLUMNS:
-            value = getattr(row, col)
-            if value is None or (isinstance(value, float) and pd.isna(value)):
-                cells.append("-")
-            elif col == "as_of":
-                cells.append(
-                    age(datetime.fromisoformat(value[5:]), datetime.now(UTC))
-                    if value.startswith("live ")
-                    else "snapshot"
-                )
-            elif col == "spot_savings_pct":
-                cells.append(f"{value:.0f}%")
-            elif col.endswith("usd_per_h"):
-                cells.append(f"{value:,.4f}")
-            elif isinstance(value, float):
-                cells.append(f"{value:g}")
-            else:
-                cells.append(str(value))
-        table.add_row(*cells)
-    return table
-
-
-def risk_table(rows: list[dict], total: int) -> Table:
-    table = Table(
-        title=f"spot preemption hazard ({len(rows)} of {total} instance types and regions)", title_justify="left"
-    )
-    for col in (
-        "cloud",
-        "region",
-        "instance",
-        "gpus",
-        "λ /h",
-        "90% band",
-        "mean time to preempt",
-        "avail",
-        "band",
-        "evidence",
-        "up h",
-        "down h",
-        "P(launch)",
-        "λ by run age 0-1/1-4/4-12 h",
-        "market evidence",
-    ):
-        right = col in ("λ /h", "avail", "up h", "down h", "P(launch)")
-        table.add_column(col, justify="right" if right else "left", no_wrap="evidence" not in col)
-    for r in rows:
-        mttp = 1 / r["hazard_per_h"] if r["hazard_per_h"] > 0 else float("inf")
-        table.add_row(
-            r["cloud"],
-            r["region"],
-            r["instance_type"],
-            r["gpus"],
-            f"{r['hazard_per_h']:.3f}",
-            f"{r['low']:.3f}-{r['high']:.3f}",
-            _hours(mttp) if mttp < 1e6 else "-",
-            f"{r['availability']:.0%}",
-            r["band"],
-            r["evidence"],
-            f"{r['mean_up_h']:.1f}",
-            f"{r['mean_down_h']:.1f}",
-            f"{r['p_launch_now']:.0%}",
-            "/".join("-" if h != h else f"{h:.2f}" for h in r["hazard_by_age_per_h"][:3]),
-            r["market_evidence"],
-        )
-    return table
-
-
-SPARKS = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(values) -> str:
-    """Unicode bars scaled between the series' min and max."""
-    values = list(values)
-    low, high = min(values), max(values)
-    if high == low:
-        return SPARKS[3] * len(values)
-    return "".join(SPARKS[round((v - low) / (high - low) * (len(SPARKS) - 1))] for v in values)
-
-
-def age(at: datetime, now: datetime) -> str:
-    """How old a price is, in words."""
-    hours = (now - at).total_seconds() / 3600
-    return (
-        f"{hours * 60:.0f} min ago"
-        if hours < 1
-        else f"{hours:.1f} h ago"
-        if hours < 48
-        else f"{hours / 24:.0f} days ago"
-    )
-
-
-def history_table(series: dict[str, pd.DataFrame], now: datetime) -> Table:
-    table = Table(title="price history (USD per hour): every recorded change", title_justify="left")
-    for col in ("offer", "changes", "first", "last", "min", "max", "now", "as of", "trend"):
-        table.add_column(col, justify="right" if col in ("changes", "min", "max", "now") else "left", no_wrap=True)
-    for offer, s in series.items():
-        table.add_row(
-            offer,
-            str(len(s)),
-            when(s["at"].iloc[0]),
-            when(s["at"].iloc[-1]),
-            f"{s['usd'].min():.4f}",
-            f"{s['usd'].max():.4f}",
-            f"{s['usd'].iloc[-1]:.4f}",
-            age(s["at"].iloc[-1], now),
-            sparkline(s["usd"].tail(40)),
-        )
-    return table
-
-
-def prices_records(rows: pd.DataFrame) -> list[dict]:
-    """Price rows as JSON-ready dicts (NaN becomes null)."""
-    clean = rows.astype(object).where(rows.notna(), None)
-    return clean.to_dict(orient="records")
 
 
 def run_summary(summary: dict) -> Table:

@@ -282,12 +282,16 @@ class BrokerServer:
 
     def guard(self) -> list[str]:
         """Uniform Progress between rounds: a spot or bubble job falling behind its deadline is asked to
-        checkpoint and move to on-demand now; returns the ids of the jobs it moved."""
+        checkpoint and move to on-demand now; under Uniform Progress's own rule a job on on-demand that is far
+        enough ahead (ep(t + 2d)) is asked back to spot when an idle spot agent fits it, as the paper's policy and
+        the quote's forecast (models/futures.py, rule `uniform`) have it. Returns the ids of the jobs it moved."""
         now, moved = self.clock.now(), []
         if (
             not getattr(self.policy, "deadline_guard", True) or not self.lead()
         ):  # baselines without deadlines (SkyPilot's)
             return moved
+        returns = getattr(self.policy, "rule", None) == "uniform"
+        spot_idle = self._idle_spot_agents() if returns else []
         for job in self.store.active_jobs():
             run, baseline = job.current_run, job.quote.on_demand_baseline
             if (
@@ -298,26 +302,39 @@ class BrokerServer:
                 or job.move_requested
             ):
                 continue
-            if run.offer.tier == Tier.on_demand:
+            on_demand = run.offer.tier == Tier.on_demand
+            spot_agent = next((a for a in spot_idle if fits(job.spec, a.offer)), None)
+            if on_demand and spot_agent is None:
                 continue
             item = PlanItem.from_job(job)  # its work on on-demand at the speed it has shown
             progress = progress_of(item, item.on_demand_h, job.submitted_at, now)
-            if decide(progress, run.offer.tier, spot_available=True) != Move.on_demand:
+            move = decide(progress, run.offer.tier, spot_available=True)
+            if move != (Move.spot if on_demand else Move.on_demand):
                 continue
             left_h, window_h = progress.total_h - progress.done_h, progress.window_h - progress.elapsed_h
             why = f"deadline guard: {left_h:.1f} h of work left, deadline in {window_h:.1f} h"
+            why += "; ahead of schedule: back to spot" if on_demand else ""
+            pin = None if on_demand else Tier.on_demand
 
-            def request(current: Job, fence=job.fence, why=why) -> Job | None:
+            def request(current: Job, fence=job.fence, why=why, pin=pin) -> Job | None:
                 if current.fence != fence or current.current_run is None or current.move_requested:
                     return None
                 return current.model_copy(
-                    update={"move_requested": True, "pinned_tier": Tier.on_demand, "reason": why, "updated_at": now}
+                    update={"move_requested": True, "pinned_tier": pin, "reason": why, "updated_at": now}
                 )
 
             if self.store.update_job(job.id, request, leader=self.consumer) is not None:
-                log.info("job=%s guard=on_demand %s", job.id, why)
+                log.info("job=%s guard=%s %s", job.id, "spot" if on_demand else "on_demand", why)
                 moved.append(job.id)
+                if on_demand:
+                    spot_idle.remove(spot_agent)  # one job back per idle spot agent: the others would only wait
         return moved
+
+    def _idle_spot_agents(self) -> list[AgentInfo]:
+        """Live, admitted agents of spot or bubble offers without a job."""
+        agents = [a for a in self.store.agents() if a.job is None and a.offer.tier != Tier.on_demand]
+        leases = self.store.leases([a.id for a in agents])
+        return [a for a in agents if leases[a.id] not in (None, "leaving") and self._admitted(a)]
 
     def _choose(self, job: Job, idle: list[AgentInfo]) -> AgentInfo | None:
         """The idle agent the policy prices cheapest for the job (the earliest finish if none is feasible)."""

@@ -1,4 +1,5 @@
-"""`broker agents provision|token|deprovision`: agents on real clouds through Terraform."""
+"""`broker agents list|provision|token|deprovision`: the agents the broker has, and agents on real clouds through
+Terraform."""
 
 from __future__ import annotations
 
@@ -18,9 +19,30 @@ from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
 
 agents_app = typer.Typer(
-    help="Provision agents for the current plan with Terraform (infra/terraform).", no_args_is_help=True
+    help="The agents the broker has (list); provision agents for the current plan with Terraform (infra/terraform).",
+    no_args_is_help=True,
 )
 POOLS_DIR = Path("infra/terraform/pools")
+
+
+@agents_app.command("list")
+@user_errors
+def agents_list(as_json: bool = JsonOpt) -> None:
+    """Every registered agent: its tier and offer, the job it runs, its age and whether its lease is alive."""
+    from datetime import datetime
+
+    from broker.app import render
+
+    broker = make_broker()
+    agents = broker.store.agents()
+    leases = broker.store.leases([a.id for a in agents])
+    rows = render.agent_rows(agents, leases, datetime.now(UTC))
+    if as_json:
+        print_json(rows)
+    elif not rows:
+        out.print("no agents: `broker demo` starts local ones; `broker agent --id ID --offer OFFER` starts one")
+    else:
+        out.print(render.agents_table(rows))
 
 
 @agents_app.command("provision")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from broker.app import render
+from broker.app import render_prices
 from broker.app.cli.common import JsonOpt, make_broker, out, print_json, user_errors
 from broker.domain.accelerators import lookup
 from broker.domain.errors import BrokerError
@@ -41,7 +41,9 @@ def prices(
     catalog = make_broker(live=True).catalog  # refreshed prices and their age
     rows = catalog.table(gpu=lookup(gpu).name if gpu else None, cloud=cloud, region=region, spot_only=spot)
     shown = rows.head(limit) if limit else rows
-    print_json(render.prices_records(shown)) if as_json else out.print(render.prices_table(shown, total=len(rows)))
+    print_json(render_prices.prices_records(shown)) if as_json else out.print(
+        render_prices.prices_table(shown, total=len(rows))
+    )
 
 
 @prices_app.command("risk")
@@ -84,7 +86,7 @@ def risk(
         )
     records.sort(key=lambda r: (-("observed" in r["evidence"]), r["hazard_per_h"]))
     shown = records[:limit] if limit else records
-    print_json(shown) if as_json else out.print(render.risk_table(shown, total=len(records)))
+    print_json(shown) if as_json else out.print(render_prices.risk_table(shown, total=len(records)))
 
 
 @prices_app.command("import")
@@ -145,7 +147,7 @@ def price_history(
             {o: [{"at": at.isoformat(), "usd": usd} for at, usd in zip(s["at"], s["usd"])] for o, s in series.items()}
         )
         return
-    out.print(render.history_table(series, datetime.now(UTC)))
+    out.print(render_prices.history_table(series, datetime.now(UTC)))
 
 
 @prices_app.command("refresh")
