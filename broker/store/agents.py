@@ -131,17 +131,10 @@ class AgentChannels:
             fields = {"job": job_id, "fence": fence, "lines": "\n".join(lines)}
             self.redis.xadd(self._key("log", agent_id), fields, maxlen=LOG_MAXLEN, approximate=True)
 
-    def read_log(
-        self, agent_id: str, job_id: str, fence: int, after: str = "0", block_ms: int | None = None
-    ) -> tuple[str, list[str]]:
+    def read_log(self, agent_id: str, job_id: str, fence: int, after: str = "0") -> tuple[str, list[str]]:
         """Output lines of one run (the job's `fence` on this agent) logged after the entry id `after`; returns the
-        newest entry id read (to continue from) and the lines. With `block_ms`, waits that long for new ones."""
-        key = self._key("log", agent_id)
-        if block_ms is None:
-            entries = self.redis.xrange(key, f"({after}" if after != "0" else "-", "+")
-        else:
-            found = self.redis.xread({key: after}, block=block_ms)
-            entries = found[0][1] if found else []
+        newest entry id read (to continue from) and the lines."""
+        entries = self.redis.xrange(self._key("log", agent_id), f"({after}" if after != "0" else "-", "+")
         lines = []
         for entry_id, fields in entries:
             after = entry_id
