@@ -22,7 +22,7 @@ from broker.core.server import BrokerServer
 from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import Job, Tier
 from broker.domain.specfile import load_spec
-from broker.models.accounting import on_demand_equivalent_usd
+from broker.models.accounting import on_demand_equivalent_usd, savings_pct
 from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
 
@@ -90,7 +90,7 @@ def totals(rows: list[dict]) -> dict:
     return {
         "cost_usd": round(cost, 4),
         "on_demand_cost_usd": round(base, 4),
-        "savings_pct": round(100 * (1 - cost / base), 1) if base and not unfinished else None,
+        "savings_pct": None if unfinished or not base else round(savings_pct(cost, base), 1),
         "unfinished": unfinished,
     }
 

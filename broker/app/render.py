@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.domain.model import Job, Option, Quote
+from broker.models.accounting import savings_pct
 
 
 def _money(value: float | None) -> str:
@@ -146,8 +147,7 @@ def cost_report_table(frame: pd.DataFrame) -> Table:
     for row in frame.to_dict(orient="records"):
         table.add_row(row["job"], row["state"], *cells(row))
     total = frame[money].sum().to_dict()
-    base = total["all on-demand $"]
-    total["saved %"] = 100 * (1 - total["total $"] / base) if base > 0 else None
+    total["saved %"] = savings_pct(total["total $"], total["all on-demand $"])
     table.add_section()
     table.add_row("total", "", *cells(total))
     return narrow_safe(table)

@@ -49,17 +49,11 @@ class Broker:
             offers += bubbles.values()
         return offers
 
-    def live_agents(self) -> list[AgentInfo]:
-        """The registered agents whose lease is alive and who take work."""
-        agents = self.store.agents()
-        leases = self.store.leases([a.id for a in agents])
-        return [a for a in agents if leases.get(a.id) not in (None, "leaving")]
-
     def quote(self, spec: JobSpec) -> Quote:
         """Price the job on every offer and pick one, then simulate the choice by the policy's rule on the market
         model's futures, against the other jobs for the fleet's capacity; raises InfeasibleError when none fits."""
         now = self.clock.now()
-        agents = self.live_agents() if self.store is not None else []
+        agents = self.store.working_agents() if self.store is not None else []
         offers = self.offers(agents)
         quote = self.policy.quote(spec, offers, now)
         if self.market is None:

@@ -23,7 +23,7 @@ from broker.domain.model import Forecast, Job, JobSpec, Offer, Quote, Tier
 from broker.models.contention import launchable
 from broker.models.futures import Setting, simulate
 from broker.models.risk import checkpoint_hours, exclusive_hours, fits, restart_hours, window_hours, young_interval_h
-from broker.planning.option_table import measured_speed
+from broker.planning.option_table import measured_speed, work_left
 from broker.pricing.availability import MarketModel
 
 FUTURES = 1000
@@ -57,9 +57,7 @@ class Fleet:
             offers = set(job.quote.forecast.zones if job.quote.forecast else [job.quote.chosen.offer.id])
             if run is not None:
                 offers.add(run.offer.id)
-            last = job.runs[-1] if job.runs else None
-            done = last.progress_done / last.progress_total if last and last.progress_total else 0.0
-            others.append((frozenset(offers), max(0.0, 1 - done) * job.quote.chosen.expected_wall_h))
+            others.append((frozenset(offers), work_left(job) * job.quote.chosen.expected_wall_h))
         speeds = [v for v in map(measured_speed, finished) if v is not None]
         sigma = float(np.std(np.log(speeds), ddof=1)) if len(speeds) >= MIN_SPEED_EVIDENCE else 0.0
         return cls(count, others, sigma)

@@ -231,9 +231,7 @@ class BrokerServer:
         """
         if not self.lead():
             return []
-        agents = self.store.agents()
-        leases = self.store.leases([a.id for a in agents])
-        idle = [a for a in agents if a.job is None and leases[a.id] not in (None, "leaving") and self._admitted(a)]
+        idle = self._idle_agents()
         if not idle:
             return []
         jobs = self.store.pending_jobs(0, PLAN_PAGE)  # most urgent first
@@ -291,7 +289,7 @@ class BrokerServer:
         ):  # baselines without deadlines (SkyPilot's)
             return moved
         returns = getattr(self.policy, "rule", None) == "uniform"
-        spot_idle = self._idle_spot_agents() if returns else []
+        spot_idle = [a for a in self._idle_agents() if a.offer.tier != Tier.on_demand] if returns else []
         for job in self.store.active_jobs():
             run, baseline = job.current_run, job.quote.on_demand_baseline
             if (
@@ -330,11 +328,9 @@ class BrokerServer:
                     spot_idle.remove(spot_agent)  # one job back per idle spot agent: the others would only wait
         return moved
 
-    def _idle_spot_agents(self) -> list[AgentInfo]:
-        """Live, admitted agents of spot or bubble offers without a job."""
-        agents = [a for a in self.store.agents() if a.job is None and a.offer.tier != Tier.on_demand]
-        leases = self.store.leases([a.id for a in agents])
-        return [a for a in agents if leases[a.id] not in (None, "leaving") and self._admitted(a)]
+    def _idle_agents(self) -> list[AgentInfo]:
+        """Agents that take work, admitted, without a job."""
+        return [a for a in self.store.working_agents() if a.job is None and self._admitted(a)]
 
     def _choose(self, job: Job, idle: list[AgentInfo]) -> AgentInfo | None:
         """The idle agent the policy prices cheapest for the job (the earliest finish if none is feasible)."""

@@ -19,6 +19,11 @@ def run_cost_usd(run: Run, now: datetime) -> float:
     return run.cost_usd if run.ended_at else run.offer.price_usd_per_h * run.hours(now)
 
 
+def savings_pct(spend_usd: float, on_demand_usd: float) -> float | None:
+    """The share saved against on-demand, in percent; None without an on-demand cost to compare with."""
+    return 100 * (1 - spend_usd / on_demand_usd) if on_demand_usd > 0 else None
+
+
 def spend_usd(job: Job, now: datetime) -> float:
     """What the job has cost so far."""
     return sum(run_cost_usd(r, now) for r in job.runs)
@@ -56,7 +61,7 @@ def overview(jobs: list[Job], now: datetime) -> dict:
         "spend_usd": spend,
         "on_demand_usd": baseline,
         "savings_usd": baseline - spend,
-        "savings_pct": 100 * (baseline - spend) / baseline if baseline > 0 else None,
+        "savings_pct": savings_pct(spend, baseline),
         **counts,
         "deadline_misses": sum(missed_deadline(j, now) for j in jobs),
         "budget_used_pct": 100 * sum(spend_usd(j, now) for j in budgeted) / sum(j.spec.budget_usd for j in budgeted)
@@ -125,7 +130,7 @@ def cost_report(jobs: list[Job], now: datetime) -> pd.DataFrame:
                 **{f"{tier} $": sum(run_cost_usd(r, now) for r in runs) for tier, runs in by_tier.items()},
                 "total $": total,
                 "all on-demand $": base,
-                "saved %": 100 * (1 - total / base) if base > 0 else None,
+                "saved %": savings_pct(total, base),
                 **{f"{tier} h": sum(r.hours(now) for r in runs) for tier, runs in by_tier.items()},
             }
         )

@@ -36,13 +36,8 @@ class PlanItem:
 
     @classmethod
     def from_job(cls, job: Job) -> PlanItem:
-        """The planner's view of a stored job: progress from its newest report, or its last checkpoint."""
-        remaining = 1.0
-        for run in reversed(job.runs):
-            if run.progress_total:
-                done = run.progress_done if run.ended_at is None else (run.checkpoint_step or 0)
-                remaining = min(1.0, max(0.0, 1 - done / run.progress_total))
-                break
+        """The planner's view of a stored job: the share of work left, its speed so far, where it runs."""
+        remaining = work_left(job)
         run = job.current_run
         spec = job.spec.model_copy(update={"tiers": [job.pinned_tier]}) if job.pinned_tier else job.spec
         last = job.runs[-1] if job.runs else None
@@ -60,6 +55,16 @@ class PlanItem:
             baseline.exclusive_h / speed if baseline else None,
             speed,
         )
+
+
+def work_left(job: Job) -> float:
+    """The share of the job's work still to do: from its newest progress report while a run is under way, else
+    from the last checkpoint (work since then is lost)."""
+    for run in reversed(job.runs):
+        if run.progress_total:
+            done = run.progress_done if run.ended_at is None else (run.checkpoint_step or 0)
+            return min(1.0, max(0.0, 1 - done / run.progress_total))
+    return 1.0
 
 
 MIN_MEASURED_H = 0.5  # productive hours a run needs before its rate says more than noise

@@ -74,6 +74,12 @@ class AgentChannels:
         raws = self.redis.mget([self._key("agent", i) for i in ids]) if ids else []
         return [agent for agent in map(_agent_info, raws) if agent is not None]
 
+    def working_agents(self) -> list[AgentInfo]:
+        """The registered agents that take work: lease alive and not leaving."""
+        agents = self.agents()
+        leases = self.leases([a.id for a in agents])
+        return [a for a in agents if leases[a.id] not in (None, "leaving")]
+
     def get_agent(self, agent_id: str) -> AgentInfo | None:
         """The agent's record; None when there is none or it does not parse (an agent writes its own)."""
         return _agent_info(self.redis.get(self._key("agent", agent_id)))
