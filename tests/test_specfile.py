@@ -196,3 +196,15 @@ def test_env_values_are_strings_not_lists_or_mappings(value):
     with pytest.raises(SpecError, match="env: A: give a string, number or true/false"):
         validate_spec(base(env={"A": value}), NOW)
     assert validate_spec(base(env={"A": 1, "B": True}), NOW).env == {"A": "1", "B": "True"}
+
+
+def test_a_relative_workdir_is_taken_from_the_spec_files_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    data = {"name": "w", "run": "python x.py", "resources": {"accelerators": "L4"}, "work": {"gpu_hours": 1}}
+    for workdir, expected in ((".", folder), ("../data", tmp_path / "data"), ("/srv/job", "/srv/job")):
+        (folder / "job.yaml").write_text(yaml.safe_dump({**data, "workdir": workdir}))
+        monkeypatch.chdir(tmp_path)  # not the spec's folder
+        assert load_spec(folder / "job.yaml", NOW).workdir == str(expected)
+    (folder / "job.yaml").write_text(yaml.safe_dump(data))
+    assert load_spec(folder / "job.yaml", NOW).workdir is None  # none given: the agent's own folder

@@ -16,10 +16,11 @@ from pathlib import Path
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.provision import LocalProvisioner
 from broker.app import render
+from broker.app.run import wait_for_agents
 from broker.core.broker import Broker
 from broker.core.clock import ScaledClock
 from broker.core.server import BrokerServer
-from broker.domain.errors import BrokerError, InfeasibleError
+from broker.domain.errors import InfeasibleError
 from broker.domain.model import Job, Tier
 from broker.domain.specfile import load_spec
 from broker.models.accounting import on_demand_equivalent_usd, savings_pct
@@ -146,16 +147,3 @@ def run_demo(
         "jobs": rows,
         **totals(rows),
     }
-
-
-def wait_for_agents(store: Store, agent_ids: list[str], timeout_s: float, logs: Path) -> None:
-    """Until every agent holds a lease; one that does not in time is named with its log (a failed start)."""
-    deadline = time.monotonic() + timeout_s
-    while not all(store.lease_alive(a) for a in agent_ids):
-        if time.monotonic() > deadline:
-            missing = [a for a in agent_ids if not store.lease_alive(a)]
-            raise BrokerError(
-                f"demo: agent(s) {', '.join(missing)} did not register within {timeout_s:.0f} s; "
-                f"see {logs / f'agent-{missing[0]}.log'}"
-            )
-        time.sleep(0.1)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.provision import LocalProvisioner
-from broker.app.demo import job_summary, start_clean, totals, wait_for_agents
+from broker.app.demo import job_summary, start_clean, totals
+from broker.app.run import wait_for_agents
 from broker.core.broker import Broker
 from broker.core.clock import SystemClock
 from broker.core.server import BrokerServer

@@ -52,6 +52,26 @@ def make_broker(with_store: bool = True, live: bool = False, daemon: bool = Fals
     return Broker(store, catalog, policy, SystemClock(), market_model)
 
 
+def make_server(broker: Broker, consumer: str, policy=None, clock=None, metrics=None, leader_lease_s: float = 5.0):
+    """A server replica on the broker's store: it plans with `policy` (default the broker's) while it holds the
+    planning lease and stands by while another replica does; idle agents are priced at the live catalog."""
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.core.server import BrokerServer
+
+    settings = Settings.from_env()
+    return BrokerServer(
+        broker.store,
+        policy or broker.policy,
+        clock or SystemClock(),
+        CheckpointStore(settings.checkpoints),
+        consumer,
+        metrics=metrics,
+        agent_secret=settings.agent_secret,
+        leader_lease_s=leader_lease_s,
+        prices=lambda: live_catalog(broker.store, settings).offers,
+    )
+
+
 def market_model() -> MarketModel:
     """The market model quotes are simulated on: learned from the packaged spot traces (AWS p3.2xlarge in nine
     zones); offers without a trace are modelled from the catalog's hazard."""

@@ -81,7 +81,8 @@ def validate_spec(data: Any, now: datetime, source: str = "spec") -> JobSpec:
 
 
 def load_spec(path: Path, now: datetime, deadline: str | None = None, budget_usd: float | None = None) -> JobSpec:
-    """Read and validate a job spec file; `deadline` and `budget_usd` override the file's values."""
+    """Read and validate a job spec file; `deadline` and `budget_usd` override the file's values. A relative
+    `workdir` is taken from the file's folder, wherever the command runs."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -107,4 +108,7 @@ def load_spec(path: Path, now: datetime, deadline: str | None = None, budget_usd
             data["deadline"] = deadline
         if budget_usd is not None:
             data["budget_usd"] = budget_usd
-    return validate_spec(data, now, source=str(path))
+    spec = validate_spec(data, now, source=str(path))
+    if spec.workdir is not None and not Path(spec.workdir).expanduser().is_absolute():
+        spec = spec.model_copy(update={"workdir": str((path.parent / spec.workdir).resolve())})  # as its file says
+    return spec

@@ -144,6 +144,10 @@ class Store(AgentChannels):
         token = self.redis.eval(LEAD, 2, self._key("leader"), self._key("leader-token"), holder, lease_ms)
         return None if token is None else int(token)
 
+    def planner(self) -> str | None:
+        """The replica that holds the planning lease now, or None when no server plans."""
+        return self.redis.get(self._key("leader"))
+
     def pending_count(self) -> int:
         return self.redis.zcard(self._key("pending"))
 

@@ -13,9 +13,11 @@ from broker.app.cli.common import (
     make_broker,
     out,
     print_json,
+    redis_url,
     user_errors,
 )
 from broker.app.settings import Settings
+from broker.domain.errors import BrokerError
 from broker.domain.model import JobState
 from broker.domain.specfile import load_spec
 
@@ -64,10 +66,13 @@ def status(job_id: str = typer.Argument(..., help="The job id (see `broker list`
     broker = make_broker()
     job = broker.get(job_id)
     events = broker.store.events(job_id)
+    waiting = broker.waiting_for(job)
     if as_json:
-        print_json(render.job_dict(job, events))
+        print_json({**render.job_dict(job, events), "waiting_for": waiting})
         return
     out.print(f"[bold]{job.id}[/]  state: [bold]{job.state.value}[/]" + (f"  ({job.reason})" if job.reason else ""))
+    if waiting:
+        out.print(f"[yellow]waiting:[/] {waiting}", highlight=False)
     out.print(render.quote_table(job.quote, f"quote at {job.quote.created_at:%Y-%m-%d %H:%M} UTC"))
     if job.runs:
         out.print(render.runs_table(job))
@@ -85,27 +90,69 @@ def logs(
     """The job's output, run by run, as its agents sent it; --follow streams it until the job ends."""
     import time
 
+    from broker.app.run import LogFollower
+
     broker = make_broker()
-    read_to: dict[int, str] = {}  # run's fence -> the newest log entry read
-    printed = 0
+    follower = LogFollower(broker.store, job_id)
     while True:
         job = broker.get(job_id)
         ended = job.state.terminal  # read before the output: what was sent before the end is read below
-        for run in job.runs:
-            if run.fence not in read_to:
-                where = f"{run.offer.tier.value} {run.offer.cloud} {run.offer.instance_type}"
-                out.print(f"[dim]── run {run.fence} on {run.agent} ({where}), started {render.when(run.started_at)}[/]")
-                read_to[run.fence] = "0"
-            read_to[run.fence], lines = broker.store.read_log(run.agent, job.id, run.fence, read_to[run.fence])
-            for line in lines:
-                out.print(line, markup=False, highlight=False, soft_wrap=True)
-            printed += len(lines)
+        for kind, text in follower.read(job):
+            show_output(kind, text)
         if not follow or ended:
             break
         time.sleep(0.5)
-    if not printed:
+    if not follower.lines:
         why = "it has not run yet" if not job.runs else "its agents sent no output"
         out.print(f"no output from {job.id} ({job.state.value}): {why}")
+
+
+def show_output(kind: str, text: str) -> None:
+    """A followed job's line: its output as sent, run headers and state changes dimmed."""
+    if kind == "out":
+        out.print(text, markup=False, highlight=False, soft_wrap=True)
+    else:
+        out.print(f"[dim]── {text}[/]", highlight=False)
+
+
+@user_errors
+def run(
+    job_file: Path = typer.Argument(..., help="The job spec (YAML)."),
+    deadline: str | None = typer.Option(None, help="Overrides the spec: ISO time (2026-12-01T18:00Z) or +36h."),
+    budget: float | None = typer.Option(None, help="Overrides the spec: budget in USD."),
+) -> None:
+    """Submit a job and see it through: plan it here (a standby while a `broker server` plans), start a local
+    agent for its chosen offer if no idle agent is registered, and stream its state and output until it ends."""
+    import os
+    import socket
+
+    from broker.agents.provision import LocalProvisioner
+    from broker.app import wiring
+    from broker.app.run import run_job
+    from broker.models.accounting import on_demand_equivalent_usd, savings_pct
+
+    settings = Settings.from_env()
+    broker = make_broker(live=True)
+    spec = load_spec(job_file, broker.clock.now(), deadline=deadline, budget_usd=budget)
+    job = broker.submit(spec)
+    out.print(render.quote_table(job.quote, f"job {job.id} queued"))
+    server = wiring.make_server(broker, f"run-{socket.gethostname()}-{os.getpid()}")
+    provisioner = LocalProvisioner(
+        redis_url(settings), settings.checkpoints, settings.home / "runs", prefix=settings.prefix
+    )
+    try:
+        job = run_job(broker, server, provisioner, job, show_output)
+    except KeyboardInterrupt:
+        raise BrokerError(
+            f"stopped following {job.id}; a `broker server` and an agent carry it on (`broker status {job.id}`)"
+        ) from None
+    finally:
+        provisioner.stop_all()
+    if job.state != JobState.done:
+        raise BrokerError(f"{job.id} {job.state.value}: {job.reason or 'no reason recorded'}; `broker logs {job.id}`")
+    base = on_demand_equivalent_usd(job, job.updated_at)
+    saved = f", {savings_pct(job.cost_usd, base):.0f}% less than on-demand (${base:.4f})" if base else ""
+    out.print(f"{job.id} done: ${job.cost_usd:.4f}{saved}")
 
 
 @user_errors

@@ -25,6 +25,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command()(jobs.submit)
+app.command()(jobs.run)
 app.command("list")(jobs.list_jobs)
 app.command()(jobs.status)
 app.command()(jobs.logs)

@@ -99,9 +99,7 @@ def server(
     import os
     import socket
 
-    from broker.agents.checkpoints import CheckpointStore
     from broker.core.clock import ScaledClock
-    from broker.core.server import BrokerServer
 
     settings = Settings.from_env()
     broker = make_broker(daemon=True)
@@ -110,19 +108,9 @@ def server(
     metrics = ServerMetrics(broker.store)
     if metrics_port:
         serve(metrics.registry, metrics_port)
-    chosen = planning.get(policy, **settings.policy_options()) if policy else broker.policy
+    chosen = planning.get(policy, **settings.policy_options()) if policy else None
     consumer = consumer or f"server-{socket.gethostname()}-{os.getpid()}"
-    loop = BrokerServer(
-        broker.store,
-        chosen,
-        ScaledClock(speedup),
-        CheckpointStore(settings.checkpoints),
-        consumer,
-        metrics=metrics,
-        agent_secret=settings.agent_secret,
-        leader_lease_s=leader_lease_s,
-        prices=lambda: wiring.live_catalog(broker.store, settings).offers,
-    )
+    loop = wiring.make_server(broker, consumer, chosen, ScaledClock(speedup), metrics, leader_lease_s)
     err.print(f"broker server {consumer} running; Ctrl-C stops it")
     try:
         loop.serve()

@@ -1,0 +1,96 @@
+"""`broker run`: one job end to end, as `sky launch` does it. The job is submitted; a server replica hosted here
+plans it (a standby while another server holds the planning lease); a local agent for its chosen offer is started
+when no idle agent is registered; its state changes and output are followed until it ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from broker.agents.provision import LocalProvisioner
+from broker.core.broker import Broker
+from broker.domain.errors import BrokerError
+from broker.domain.model import Job, Offer, Quote, Tier
+from broker.store.jobs import Store
+
+AGENT_START_S = 60.0  # a local agent imports torch and the SDKs before it registers
+
+
+class LogFollower:
+    """Reads a job's output run by run from its agents' log streams, each line once."""
+
+    def __init__(self, store: Store, job_id: str):
+        self.store, self.job_id = store, job_id
+        self.read_to: dict[int, str] = {}  # run's fence -> the newest log entry read
+        self.lines = 0
+
+    def read(self, job: Job) -> list[tuple[str, str]]:
+        """New ("run", header) and ("out", line) entries since the last call."""
+        entries = []
+        for run in job.runs:
+            if run.fence not in self.read_to:
+                where = f"{run.offer.tier.value} {run.offer.cloud} {run.offer.instance_type}"
+                started = f", started {run.started_at:%H:%M:%S} UTC" if run.started_at else ""
+                entries.append(("run", f"run {run.fence} on {run.agent} ({where}){started}"))
+                self.read_to[run.fence] = "0"
+            self.read_to[run.fence], lines = self.store.read_log(run.agent, job.id, run.fence, self.read_to[run.fence])
+            entries += [("out", line) for line in lines]
+            self.lines += len(lines)
+        return entries
+
+
+def local_offer(quote: Quote) -> Offer:
+    """The offer a local agent stands for: the quote's choice, or its cheapest cloud alternative when the choice is
+    a pipeline bubble (bubbles come from training jobs, not from a process started here)."""
+    options = [quote.chosen, *quote.alternatives]
+    return next((o.offer for o in options if o.offer.tier != Tier.bubble), quote.chosen.fallback or quote.chosen.offer)
+
+
+def run_job(
+    broker: Broker,
+    server,
+    provisioner: LocalProvisioner,
+    job: Job,
+    show: Callable[[str, str], None],
+    poll_s: float = 0.2,
+) -> Job:
+    """Drive `job` to its end: start a local agent if no idle one is registered, run server rounds (standing by
+    while another replica plans), and `show(kind, text)` each state change ("state") and output line."""
+    store = broker.store
+    if not any(a.job is None for a in store.working_agents()):
+        agent_id = f"local-{job.id}"
+        offer = local_offer(job.quote)
+        provisioner.start(agent_id, offer)
+        show("state", f"started local agent {agent_id} for {offer.id}")
+        wait_for_agents(store, [agent_id], AGENT_START_S, provisioner.run_root)
+    follower, state, waiting = LogFollower(store, job.id), None, None
+    while True:
+        server.round(block_ms=int(poll_s * 1000))
+        current = store.get_job(job.id)
+        ended = current.state.terminal  # read before the output: what was sent before the end is read below
+        if current.state != state:
+            state = current.state
+            show("state", f"{state.value}" + (f" ({current.reason})" if current.reason else ""))
+        now_waiting = broker.waiting_for(current)
+        if now_waiting and now_waiting != waiting:
+            show("state", f"waiting: {now_waiting}")
+        waiting = now_waiting
+        for kind, text in follower.read(current):
+            show(kind, text)
+        if ended:
+            return current
+
+
+def wait_for_agents(store: Store, agent_ids: list[str], timeout_s: float, logs: Path) -> None:
+    """Until every agent holds a lease; one that does not in time is named with its log (a failed start)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(store.lease_alive(a) for a in agent_ids):
+        if time.monotonic() > deadline:
+            missing = [a for a in agent_ids if not store.lease_alive(a)]
+            raise BrokerError(
+                f"agent(s) {', '.join(missing)} did not register within {timeout_s:.0f} s; "
+                f"see {logs / f'agent-{missing[0]}.log'}"
+            )
+        time.sleep(0.1)

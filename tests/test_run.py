@@ -1,0 +1,77 @@
+"""`broker run`: a job end to end on one command, and `broker status` saying what a queued job waits for."""
+
+import json
+import sys
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from broker.agents.contract import Contract
+from broker.app.cli.main import app
+from conftest import EXAMPLES, NOW
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def env(redis_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)  # started elsewhere: the spec's workdir is taken from its own folder
+    return redis_url
+
+
+def spec_file(tmp_path, **fields):
+    data = {
+        "name": "run-job",
+        "run": [sys.executable, "-c", "print('hello from the job')"],
+        "resources": {"accelerators": ["L4:1"]},
+        "work": {"gpu_hours": 1},
+        "deadline": "+24h",
+        "budget_usd": 20,
+        "max_restarts": 0,
+    }
+    data.update(fields)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_run_sees_the_example_fine_tune_through_on_a_local_agent(env, store):
+    result = runner.invoke(app, ["run", str(EXAMPLES / "finetune-lora.yaml")])
+    assert result.exit_code == 0, result.output
+    (job,) = store.list_jobs()
+    assert job.state.value == "done" and job.runs[0].agent == f"local-{job.id}"
+    assert job.runs[0].offer.id == job.quote.chosen.offer.id  # the local agent stands for the quote's choice
+    for shown in ("started local agent", "running", "step 400/400", "fine-tune done", f"{job.id} done: $"):
+        assert shown in result.stdout
+    assert store.working_agents() == []  # the agent it started has left (its lease lapses after its exit report)
+
+
+def test_a_job_that_fails_under_run_says_so_and_exits_2(env, store, tmp_path):
+    path = spec_file(tmp_path, run=[sys.executable, "-c", "print('bad input'); raise SystemExit(3)"])
+    result = runner.invoke(app, ["run", str(path)])
+    assert result.exit_code == 2, result.output
+    (job,) = store.list_jobs()
+    assert job.state.value == "failed" and "bad input" in result.stdout
+    assert f"{job.id} failed" in result.stderr and f"broker logs {job.id}" in result.stderr
+
+
+def test_status_says_what_a_queued_job_waits_for(env, store, catalog, tmp_path):
+    job_id = json.loads(runner.invoke(app, ["submit", str(spec_file(tmp_path)), "--json"]).stdout)["job"]
+
+    def waiting():
+        return json.loads(runner.invoke(app, ["status", job_id, "--json"]).stdout)["waiting_for"]
+
+    assert "no broker server is running" in waiting()
+    store.lead("another-replica", 60_000)
+    assert "no agent is registered" in waiting()
+    h100 = next(o for o in catalog.offers if o.accelerator == "H100")
+    Contract(store, "big").register(h100, 60_000, host="h", pid=1, at=NOW)
+    assert f"no registered agent fits its resources (agents have H100:{h100.accelerator_count})" in waiting()
+    l4 = next(o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1)
+    Contract(store, "small").register(l4, 60_000, host="h", pid=1, at=NOW)
+    assert waiting() == "the next planning round"
+    shown = runner.invoke(app, ["status", job_id]).stdout
+    assert "waiting: the next planning round" in shown
