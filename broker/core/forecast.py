@@ -22,6 +22,7 @@ import numpy as np
 from broker.domain.model import Forecast, Job, JobSpec, Offer, Quote, Tier
 from broker.models.contention import launchable
 from broker.models.futures import Setting, simulate
+from broker.models.placement import transfer_usd
 from broker.models.risk import checkpoint_hours, exclusive_hours, fits, restart_hours, window_hours, young_interval_h
 from broker.planning.option_table import measured_speed, work_left
 from broker.pricing.availability import MarketModel
@@ -78,12 +79,17 @@ class Fleet:
 
 def zones_for(spec: JobSpec, chosen: Offer, offers: list[Offer], ceiling_usd_per_h: float) -> list[Offer]:
     """The offers of the chosen one's tier a job may launch in, then and after each preemption: every one it fits
-    that is cheaper than its fallback (the policies take the cheapest with room, wherever it is), cheapest
-    first, at most MAX_ZONES."""
+    that is cheaper than its fallback and no further from its data (the policies take the cheapest with room,
+    wherever it is), cheapest first, at most MAX_ZONES."""
+    moving = transfer_usd(spec, chosen)
     same = [
         o
         for o in offers
-        if o.tier == chosen.tier and o.id != chosen.id and fits(spec, o) and o.price_usd_per_h < ceiling_usd_per_h
+        if o.tier == chosen.tier
+        and o.id != chosen.id
+        and fits(spec, o)
+        and o.price_usd_per_h < ceiling_usd_per_h
+        and transfer_usd(spec, o) <= moving  # no further from its data
     ]
     return sorted([chosen, *same], key=lambda o: (o.price_usd_per_h, o.id))[:MAX_ZONES]
 
@@ -133,7 +139,8 @@ def forecast(
         rule=rule if fallback is not None else "spot-only",
     )
     out = simulate(setting, available, tick_h, launchable=free)
-    forecast = _summary(spec, now, out.cost_usd, out.finish_h, out.spot_h, out.od_h, setting.rule, zones, zone_models)
+    cost = out.cost_usd + transfer_usd(spec, chosen)  # its input moved to where it starts
+    forecast = _summary(spec, now, cost, out.finish_h, out.spot_h, out.od_h, setting.rule, zones, zone_models)
     return forecast.model_copy(update={"evidence": forecast.evidence + _speed_note(speed)})
 
 
@@ -141,7 +148,8 @@ def _on_demand(spec: JobSpec, quote: Quote, offer: Offer, now: datetime, speed: 
     """On-demand: no market randomness; the money model's time and cost, at each future's speed."""
     option = quote.chosen
     wall = option.expected_wall_h / speed
-    cost = option.expected_cost_usd / speed
+    moving = transfer_usd(spec, offer)  # paid once, at any speed
+    cost = (option.expected_cost_usd - moving) / speed + moving
     forecast = _summary(spec, now, cost, wall, np.zeros_like(wall), wall, "on-demand", [offer], [])
     return forecast.model_copy(update={"evidence": "on-demand: always available" + _speed_note(speed)})
 

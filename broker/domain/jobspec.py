@@ -9,7 +9,7 @@ import re
 import shlex
 from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -65,16 +65,76 @@ class AcceleratorOption(_Spec):
         return f"{self.name}:{self.count}"
 
 
+Cloud = Literal["aws", "gcp", "azure"]
+Names = list[Annotated[str, Field(min_length=1, max_length=64)]]
+SCHEMES: dict[str, Cloud] = {"s3": "aws", "gs": "gcp", "gcs": "gcp", "az": "azure", "abfs": "azure", "abfss": "azure"}
+
+
+def _one_or_many(value: Any) -> Any:
+    """`cloud: aws` means `cloud: [aws]`: one name or a list of names."""
+    return [value] if isinstance(value, str) else value
+
+
 class Resources(_Spec):
+    """What an instance must have, and where it may be (SkyPilot's `cloud`, `region`, `zone`: any of those
+    listed; `exclude`: clouds, regions or zones never to use)."""
+
     accelerators: list[AcceleratorOption] = Field(min_length=1)
     gpu_memory_gb: float | None = Field(None, gt=0, description="minimum memory per GPU")
     cpus: float | None = Field(None, gt=0, description="minimum vCPUs per instance")
     memory_gb: float | None = Field(None, gt=0, description="minimum host memory per instance")
+    cloud: list[Cloud] | None = Field(None, min_length=1)
+    region: Names | None = Field(None, min_length=1)
+    zone: Names | None = Field(None, min_length=1)
+    exclude: Names = []
+    num_nodes: int = 1
 
     @field_validator("accelerators", mode="before")
     @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
+    def _accelerators(cls, value: Any) -> Any:
         return [value] if isinstance(value, (str, dict)) else value
+
+    @field_validator("cloud", "region", "zone", "exclude", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        return _one_or_many(value)
+
+    @field_validator("num_nodes")
+    @classmethod
+    def _one_node(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(
+                "broker places single-instance jobs; ask for the GPUs on one instance (e.g. A100:8), or run the "
+                "multi-node job yourself and let broker fill its pipeline bubbles"
+            )
+        return value
+
+
+class Data(_Spec):
+    """Where the job's input lives: an offer elsewhere pays to move `size_gb` there (models/transfer.py)."""
+
+    url: str | None = None  # s3://, gs://, az:// ...: names the cloud
+    cloud: Cloud | None = None
+    region: str = Field(min_length=1, max_length=64)
+    size_gb: float = Field(gt=0, le=1e6)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cloud_from_url(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("url"), str) or "://" not in data["url"]:
+            return data
+        scheme = data["url"].partition("://")[0].lower()
+        if scheme not in SCHEMES:
+            raise ValueError(f"url scheme {scheme!r} is not one of {', '.join(sorted(SCHEMES))}")
+        if data.get("cloud") not in (None, SCHEMES[scheme]):
+            raise ValueError(f"cloud {data['cloud']!r} disagrees with the url ({scheme}:// is {SCHEMES[scheme]})")
+        return {**data, "cloud": SCHEMES[scheme]}
+
+    @model_validator(mode="after")
+    def _cloud_known(self) -> Data:
+        if self.cloud is None:
+            raise ValueError("give the cloud the data is in (cloud: aws) or its url (s3://bucket/path)")
+        return self
 
 
 class Work(_Spec):
@@ -179,6 +239,7 @@ class JobSpec(_Spec):
     fill: bool = False
     fill_task: str | None = None  # module:Class of its FillTask: it can run inside pipeline bubbles
     transformer: TransformerSpec | None = None  # a training job described by its model's shape
+    data: Data | None = None  # where its input lives: offers elsewhere pay to move it
 
     @field_validator("fill_task")
     @classmethod

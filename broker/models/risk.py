@@ -21,6 +21,7 @@ from scipy.special import gammaincc
 
 from broker.domain.accelerators import ACCELERATORS
 from broker.domain.model import JobSpec, Offer, Option, Tier
+from broker.models.placement import placed, transfer_usd
 
 # Sustained checkpoint upload to object storage (a single stream to S3/GCS/Blob typically
 # sustains 100-500 MB/s); 250 MB/s is the planning figure.
@@ -42,8 +43,13 @@ class Expectation(NamedTuple):
 
 
 def fits(spec: JobSpec, offer: Offer) -> bool:
-    """Whether the offer's tier and hardware satisfy the job's resources."""
-    return offer.tier in allowed_tiers(spec) and shape_fits(spec, offer) and memory_fits(spec, offer)
+    """Whether the offer's tier, hardware and place satisfy the job's resources."""
+    return (
+        offer.tier in allowed_tiers(spec)
+        and shape_fits(spec, offer)
+        and memory_fits(spec, offer)
+        and placed(spec, offer)
+    )
 
 
 def allowed_tiers(spec: JobSpec) -> set[Tier]:
@@ -203,15 +209,16 @@ def evaluate_with_fallback(
 def _option(
     spec: JobSpec, offer: Offer, now: datetime, t: float, e: Expectation, fallback: Offer | None = None
 ) -> Option:
+    cost = e.cost_usd + transfer_usd(spec, offer)
     return Option(
         offer=offer,
         fallback=fallback,
         exclusive_h=t,
         checkpoint_interval_h=None if math.isnan(e.interval_h) else e.interval_h,
         expected_wall_h=e.wall_h,
-        expected_cost_usd=e.cost_usd,
+        expected_cost_usd=cost,
         p_meet_deadline=e.p_meet,
         expected_finish=now + timedelta(hours=e.wall_h),
         meets_deadline=spec.deadline is None or e.p_meet >= spec.deadline_probability,
-        within_budget=spec.budget_usd is None or e.cost_usd <= spec.budget_usd,
+        within_budget=spec.budget_usd is None or cost <= spec.budget_usd,
     )

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from broker.domain.errors import InfeasibleError
 from broker.domain.model import JobSpec, Offer, Option, Plan, Quote, Tier, Unplaced
+from broker.models.placement import where
 from broker.models.risk import evaluate, fits
 from broker.planning import register
 from broker.planning.option_table import PlanItem
@@ -48,7 +49,8 @@ class CheapestFeasible:
             if not feasible:
                 on_time = any(o.meets_deadline for o in options)
                 own = Unplaced.budget if on_time else Unplaced.deadline
-                plan.unplaced[item.id] = own if options else Unplaced.capacity
+                room = any(fits(item.spec, o) for o in offers)  # fits somewhere, but all of those are taken
+                plan.unplaced[item.id] = own if options else Unplaced.capacity if room else Unplaced.resources
                 continue
             chosen = feasible[0]
             plan.assignments[item.id] = chosen.offer.id
@@ -63,9 +65,15 @@ class CheapestFeasible:
         options = self.options(spec, offers, now)
         if not options:
             wanted = ", ".join(str(a) for a in spec.resources.accelerators)
+            place = where(spec)
             raise InfeasibleError(
                 f"resources: no offer in tiers {', '.join(t.value for t in spec.tiers)} has {wanted}"
-                " with the requested memory and CPUs; allow more accelerators or tiers"
+                + (
+                    f" with the requested memory and CPUs in {place}; widen the place, or"
+                    if place
+                    else " with the requested memory and CPUs;"
+                )
+                + " allow more accelerators or tiers (`broker prices --gpu NAME` lists where each runs)"
             )
         feasible = [o for o in options if o.feasible]
         if not feasible:

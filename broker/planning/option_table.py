@@ -15,7 +15,7 @@ from datetime import datetime
 import numpy as np
 
 from broker.domain.model import Job, JobSpec, Offer, Tier, Unplaced
-from broker.models import risk
+from broker.models import placement, risk
 
 TIERS = list(Tier)
 
@@ -176,11 +176,30 @@ def _pairs(items: list[PlanItem], offers: list[Offer]) -> tuple[np.ndarray, np.n
     return tuple(np.concatenate(column) for column in zip(*parts))
 
 
+def _placement(items: list[PlanItem], offers: list[Offer], job: np.ndarray, offer: np.ndarray):
+    """Per pair: whether the offer is where the job may run, and what moving its input there costs. Only jobs
+    that name a place or their data's are looked at one pair at a time."""
+    here, moving = np.ones(len(job), dtype=bool), np.zeros(len(job))
+    placed_jobs = [i for i, item in enumerate(items) if _has_placement(item.spec)]
+    if placed_jobs:
+        for row in np.flatnonzero(np.isin(job, placed_jobs)):
+            spec, o = items[job[row]].spec, offers[offer[row]]
+            here[row], moving[row] = placement.placed(spec, o), placement.transfer_usd(spec, o)
+    return here, moving
+
+
+def _has_placement(spec) -> bool:
+    r = spec.resources
+    return bool(r.cloud or r.region or r.zone or r.exclude or spec.data)
+
+
 def option_table(items: list[PlanItem], offers: list[Offer], now: datetime) -> OptionTable:
     """Price every job on every offer it fits; infeasible rows stay, marked, so reasons can be given."""
     o = _offer_columns(offers)
     j = _job_columns(items, now, {offer.id: index for index, offer in enumerate(offers)})
     job, offer, hours = _pairs(items, offers)
+    here, moving_data = _placement(items, offers, job, offer)
+    job, offer, hours, moving_data = job[here], offer[here], hours[here], moving_data[here]
     shaped = np.bincount(job, minlength=len(items)) > 0
     keep = j["allowed"][job, o["tier"][offer]]
     tiered = np.bincount(job[keep], minlength=len(items)) > 0
@@ -190,14 +209,14 @@ def option_table(items: list[PlanItem], offers: list[Offer], now: datetime) -> O
         & (j["mem"][job] <= o["mem"][offer])
     )
     keep &= np.isfinite(hours)  # a transformer job whose every layout overflows these GPUs
-    job, offer, hours = job[keep], offer[keep], hours[keep]
+    job, offer, hours, moving_data = job[keep], offer[keep], hours[keep], moving_data[keep]
 
     t = hours * j["remaining"][job] / o["speed"][offer]
     restart, window = j["restart"][job], j["window"][job]
     e = risk.expectation(
         t, j["delta"][job], restart, o["hazard"][offer], o["price"][offer], window, o["availability"][offer]
     )
-    cost, wall, p_meet = e.cost_usd.copy(), e.wall_h.copy(), e.p_meet.copy()
+    cost, wall, p_meet = e.cost_usd + moving_data, e.wall_h.copy(), e.p_meet.copy()
     moving = (j["current"][job] >= 0) & (j["current"][job] != offer)
     cost += np.where(moving, o["price"][offer] * restart, 0.0)  # a migration pays a restart on the new offer
 
