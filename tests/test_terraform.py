@@ -22,12 +22,15 @@ from conftest import NOW, ROOT, make_spec
 TF = ROOT / "infra" / "terraform"
 TF_FILES = sorted(TF.glob("modules/*/*.tf")) + sorted(TF.glob("examples/*/*.tf"))
 
+WHEEL = "https://b.example/broker-0.1.0-py3-none-any.whl"
+PLUGINS = Path("/opt/tf-plugins")  # a local provider mirror (hashicorp/aws) where this project's machines have one
 SITE = {
     "aws": {
         "ami_id": "ami-0123456789abcdef0",
         "checkpoint_bucket": "ckpts",
         "redis_url": "rediss://agent@r.example:6380/0",
         "agent_token_secret_arn": "arn:aws:secretsmanager:us-east-1:1:secret:tok",
+        "broker_package_url": WHEEL,
     },
     "gcp": {
         "project": "acme",
@@ -35,6 +38,7 @@ SITE = {
         "checkpoint_bucket": "ckpts",
         "redis_url": "rediss://agent@r.example:6380/0",
         "agent_token_secret_id": "tok",
+        "broker_package_url": WHEEL,
     },
     "azure": {
         "resource_group_name": "rg",
@@ -46,6 +50,7 @@ SITE = {
         "redis_url": "rediss://agent@r.example:6380/0",
         "agent_token_secret_id": "https://v.vault.azure.net/secrets/tok",
         "key_vault_id": "/subscriptions/s/v",
+        "broker_package_url": WHEEL,
     },
 }
 
@@ -127,7 +132,12 @@ def render(template: Path, values: dict) -> str:
 
 @pytest.mark.parametrize("cloud", MODULES)
 def test_user_data_reads_the_token_from_the_secret_manager_and_never_holds_it(cloud):
-    assert not [n for n in module_variables(cloud) if n.endswith("token") or "password" in n]  # no way to pass it in
+    # no way to pass the Redis password in; the pool's registration token (alone it admits nothing) is sensitive
+    assert not [
+        n for n in module_variables(cloud) if (n.endswith("token") or "password" in n) and n != "registration_token"
+    ]
+    variables = parse_tf(TF / "modules" / MODULES[cloud] / "variables.tf")["variable"]
+    assert next(v["registration_token"] for v in variables if "registration_token" in v)["sensitive"] is True
     template = TF / "modules" / MODULES[cloud] / "templates" / "cloud-init.yaml.tftpl"
     keys = set(re.findall(r"\$\{([a-z_]+)\}", template.read_text()))
     text = render(template, {k: f"<{k}>" for k in keys} | {"redis_url": "rediss://agent@r.example:6380/0"})
@@ -157,7 +167,12 @@ def test_tfvars_have_exactly_the_modules_variables_with_valid_types(cloud, catal
         terraform.check_type(name, var.type, tfvars[name])
     assert tfvars["instance_count"] == 3 and tfvars["offer_id"] == offer.id and tfvars["tier"] == "spot"
     config = json.loads((root / "main.tf.json").read_text())
-    assert (root / config["module"]["agents"]["source"]).resolve() == (TF / "modules" / MODULES[cloud]).resolve()
+    source = root / config["module"]["agents"]["source"]  # a copy inside the root: it works wherever it is moved
+    assert source.resolve().is_relative_to(root.resolve()) and config["module"]["agents"]["source"].startswith("./")
+    module = TF / "modules" / MODULES[cloud]
+    for path in module.rglob("*.t*"):
+        assert (source / path.relative_to(module)).read_text() == path.read_text()
+    assert (root / f"{pool.name}.auto.tfvars.json").stat().st_mode & 0o077 == 0  # may hold the pool's token
     if cloud == "aws":
         on_demand = catalog.by_id[offer.id.replace("/spot", "/on_demand")].price_usd_per_h
         assert tfvars["max_price"] == on_demand and tfvars["availability_zone_id"] == offer.zone
@@ -169,7 +184,7 @@ def test_missing_or_mistyped_site_values_are_named(catalog):
     incomplete = {"aws": {k: v for k, v in SITE["aws"].items() if k not in ("ami_id", "checkpoint_bucket")}}
     with pytest.raises(BrokerError, match="site.aws: 2 required value.s. missing: ami_id, checkpoint_bucket;"):
         pool_values(pool, incomplete, catalog)  # all of them at once, not one per run
-    with pytest.raises(BrokerError, match="site.aws: 4 required value.s. missing: .*examples/site.yaml has every one"):
+    with pytest.raises(BrokerError, match="site.aws: 5 required value.s. missing: .*examples/site.yaml has every one"):
         pool_values(pool, {}, catalog)
     with pytest.raises(BrokerError, match="site.aws.root_volume_gb: 'big' is not a Terraform number"):
         pool_values(pool, {"aws": {**SITE["aws"], "root_volume_gb": "big"}}, catalog)
@@ -218,8 +233,14 @@ def test_terraform_fmt_check_passes():
 def test_terraform_validate_passes(cloud, tmp_path):
     shutil.copytree(TF, tmp_path / "terraform", ignore=shutil.ignore_patterns("pools", ".terraform"))
     work = tmp_path / "terraform" / "examples" / cloud
+    validate(work, cloud)
+
+
+def validate(work: Path, cloud: str) -> None:
+    """terraform init (from the local provider mirror where there is one) and validate in `work`."""
+    mirror = [f"-plugin-dir={PLUGINS}"] if PLUGINS.is_dir() else []
     init = subprocess.run(
-        [terraform_bin, f"-chdir={work}", "init", "-backend=false", "-input=false", "-no-color"],
+        [terraform_bin, f"-chdir={work}", "init", "-backend=false", "-input=false", "-no-color", *mirror],
         capture_output=True,
         text=True,
         timeout=120,

@@ -10,7 +10,6 @@ references, Redis URL) from the user's site file, and the module's defaults for 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -99,10 +98,13 @@ def _on_demand_price(catalog: PriceCatalog, offer: Offer) -> float | None:
 SITE_EXAMPLE = "infra/terraform/examples/site.yaml"
 
 
-def pool_values(pool: Pool, site: dict, catalog: PriceCatalog) -> dict:
-    """Exactly the module's variables for this pool: offer values, then site values, then defaults."""
+def pool_values(pool: Pool, site: dict, catalog: PriceCatalog, token: str | None = None) -> dict:
+    """Exactly the module's variables for this pool: offer values (and its registration token), then site
+    values, then defaults."""
     o, spot = pool.offer, pool.offer.tier == Tier.spot
     common = {"pool_name": pool.name, "offer_id": o.id, "instance_count": pool.count, "tier": o.tier.value}
+    if token is not None:
+        common["registration_token"] = token
     by_cloud = {
         "aws": {
             "availability_zone_id": o.zone,
@@ -149,12 +151,14 @@ def check_type(field: str, kind: str, value: Any) -> None:
 
 
 def write_pool(pool: Pool, values: dict, out_dir: Path) -> Path:
-    """The pool's Terraform root: main.tf.json and <pool>.auto.tfvars.json; returns its directory."""
+    """The pool's Terraform root: main.tf.json, <pool>.auto.tfvars.json (owner-only: it may hold the pool's
+    registration token) and a copy of the module, so the root works wherever it is moved; returns its directory."""
     cloud = pool.offer.cloud
     root = Path(out_dir) / pool.name
     root.mkdir(parents=True, exist_ok=True)
-    module_dir = terraform_dir() / "modules" / MODULES[cloud]
-    source = os.path.relpath(module_dir, root.resolve())
+    module = root / "modules" / MODULES[cloud]
+    shutil.rmtree(module, ignore_errors=True)
+    shutil.copytree(terraform_dir() / "modules" / MODULES[cloud], module, ignore=shutil.ignore_patterns(".terraform*"))
     providers = {
         "aws": {"aws": {"region": pool.offer.region}},
         "gcp": {"google": {"project": "${var.project}"}},
@@ -166,13 +170,16 @@ def write_pool(pool: Pool, values: dict, out_dir: Path) -> Path:
         "variable": {n: {"type": v.type, "description": v.description} for n, v in declared.items()},
         "module": {
             "agents": {
-                "source": source if source.startswith(".") else f"./{source}",
+                "source": f"./modules/{MODULES[cloud]}",
                 **{n: f"${{var.{n}}}" for n in declared},
             }
         },
     }
     (root / "main.tf.json").write_text(json.dumps(config, indent=2) + "\n")
-    (root / f"{pool.name}.auto.tfvars.json").write_text(json.dumps(values, indent=2) + "\n")
+    tfvars = root / f"{pool.name}.auto.tfvars.json"
+    tfvars.touch(mode=0o600)
+    tfvars.chmod(0o600)
+    tfvars.write_text(json.dumps(values, indent=2) + "\n")
     return root
 
 

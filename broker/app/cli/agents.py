@@ -10,6 +10,7 @@ import typer
 
 from broker.app.cli.common import (
     JsonOpt,
+    err,
     make_broker,
     out,
     print_json,
@@ -56,12 +57,17 @@ def agents_provision(
     ),
     pools_dir: Path = typer.Option(POOLS_DIR, "--out", help="Where the pools' Terraform roots go."),
     yes: bool = typer.Option(False, "--yes", help="With --apply: create the instances without asking first."),
+    token_ttl_hours: float = typer.Option(
+        168.0, min=0.1, help="Life of each pool's registration token (issued when BROKER_AGENT_SECRET is set)."
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Write <pool>.auto.tfvars.json for each pool of the current plan (pending jobs by chosen offer)."""
+    from datetime import datetime, timedelta
+
     import yaml
 
-    from broker.agents import terraform
+    from broker.agents import terraform, tokens
 
     try:
         site_values = yaml.safe_load(site.read_text()) or {}
@@ -77,9 +83,14 @@ def agents_provision(
         else:
             out.print("no pending jobs: nothing to provision (submit jobs first)")
         return
+    secret = Settings.from_env().agent_secret
+    expires = datetime.now(UTC) + timedelta(hours=token_ttl_hours)
+    if not secret and not as_json:
+        err.print("[yellow]note:[/] BROKER_AGENT_SECRET is not set: the pools' agents register without a token")
     written = []
     for pool in pools:
-        values = terraform.pool_values(pool, site_values, broker.catalog)
+        token = tokens.issue_pool(secret, pool.name, expires) if secret else None
+        values = terraform.pool_values(pool, site_values, broker.catalog, token)
         root = terraform.write_pool(pool, values, pools_dir)
         written.append({"pool": pool.name, "offer": pool.offer.id, "count": pool.count, "dir": str(root)})
     for row in written:

@@ -17,6 +17,7 @@ module "agents" {
   checkpoint_bucket      = "acme-ml-checkpoints"
   checkpoint_prefix      = "broker/checkpoints/"
   redis_url              = "rediss://agent@broker.internal.example.com:6380/0"
+  broker_package_url     = "https://acme-ml-artifacts.s3.amazonaws.com/wheels/broker-0.1.0-py3-none-any.whl" # `pip wheel --no-deps . -w dist`, uploaded
   agent_token_secret_arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:broker/agent-token-AbCdEf"
 }
 

@@ -20,6 +20,7 @@ module "agents" {
   checkpoint_url          = "az://checkpoints/broker/"
   storage_account_name    = "acmeml"
   redis_url               = "rediss://agent@broker.internal.example.com:6380/0"
+  broker_package_url      = "https://acme-ml-artifacts.s3.amazonaws.com/wheels/broker-0.1.0-py3-none-any.whl" # `pip wheel --no-deps . -w dist`, uploaded
   agent_token_secret_id   = "https://acme-ml.vault.azure.net/secrets/broker-agent-token"
   key_vault_id            = "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/ml-sec/providers/Microsoft.KeyVault/vaults/acme-ml"
 }

@@ -5,18 +5,18 @@ locals {
   subnet_id   = coalesce(var.subnet_id, try(data.aws_subnets.default.ids[0], null))
 
   user_data = templatefile("${path.module}/templates/cloud-init.yaml.tftpl", {
-    pool_name      = var.pool_name
-    offer_id       = var.offer_id
-    tier           = var.tier
-    redis_url      = var.redis_url
-    secret_arn     = var.agent_token_secret_arn
-    region         = data.aws_region.current.name
-    checkpoints    = "s3://${var.checkpoint_bucket}/${var.checkpoint_prefix}"
-    broker_package = var.broker_package
+    pool_name          = var.pool_name
+    offer_id           = var.offer_id
+    tier               = var.tier
+    redis_url          = var.redis_url
+    secret_arn         = var.agent_token_secret_arn
+    region             = element(split(":", var.agent_token_secret_arn), 3) # the secret's own region, not the instance's
+    checkpoints        = "s3://${var.checkpoint_bucket}/${var.checkpoint_prefix}"
+    broker_package_url = var.broker_package_url
+    registration_token = var.registration_token == null ? "" : var.registration_token
   })
 }
 
-data "aws_region" "current" {}
 
 data "aws_subnets" "default" {
   filter {

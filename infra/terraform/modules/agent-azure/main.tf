@@ -3,15 +3,16 @@ locals {
   tags = merge(var.tags, { "broker-pool" = var.pool_name, "broker-tier" = var.tier })
 
   user_data = templatefile("${path.module}/templates/cloud-init.yaml.tftpl", {
-    pool_name      = var.pool_name
-    offer_id       = var.offer_id
-    tier           = var.tier
-    redis_url      = var.redis_url
-    secret_id      = var.agent_token_secret_id
-    client_id      = azurerm_user_assigned_identity.agent.client_id
-    checkpoints    = var.checkpoint_url
-    storage        = var.storage_account_name
-    broker_package = var.broker_package
+    pool_name          = var.pool_name
+    offer_id           = var.offer_id
+    tier               = var.tier
+    redis_url          = var.redis_url
+    secret_id          = var.agent_token_secret_id
+    client_id          = azurerm_user_assigned_identity.agent.client_id
+    checkpoints        = var.checkpoint_url
+    storage            = var.storage_account_name
+    broker_package_url = var.broker_package_url
+    registration_token = var.registration_token == null ? "" : var.registration_token
   })
 }
 

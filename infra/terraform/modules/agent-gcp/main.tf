@@ -3,14 +3,15 @@ locals {
   labels = merge(var.labels, { "broker-pool" = var.pool_name, "broker-tier" = var.tier })
 
   user_data = templatefile("${path.module}/templates/cloud-init.yaml.tftpl", {
-    pool_name      = var.pool_name
-    offer_id       = var.offer_id
-    tier           = var.tier
-    redis_url      = var.redis_url
-    project        = var.project
-    secret_id      = var.agent_token_secret_id
-    checkpoints    = "gs://${var.checkpoint_bucket}/${var.checkpoint_prefix}"
-    broker_package = var.broker_package
+    pool_name          = var.pool_name
+    offer_id           = var.offer_id
+    tier               = var.tier
+    redis_url          = var.redis_url
+    project            = var.project
+    secret_id          = var.agent_token_secret_id
+    checkpoints        = "gs://${var.checkpoint_bucket}/${var.checkpoint_prefix}"
+    broker_package_url = var.broker_package_url
+    registration_token = var.registration_token == null ? "" : var.registration_token
   })
 }
 

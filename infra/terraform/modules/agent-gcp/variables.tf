@@ -96,10 +96,16 @@ variable "agent_token_secret_id" {
   type        = string
 }
 
-variable "broker_package" {
-  description = "pip requirement that installs broker on the instance."
+variable "broker_package_url" {
+  description = "Where pip gets broker on the instance: a wheel URL (build one with `pip wheel --no-deps . -w dist` and upload it) or git+https://HOST/ORG/broker@TAG. The PyPI project named broker is another one."
   type        = string
-  default     = "broker"
+}
+
+variable "registration_token" {
+  description = "The pool's registration token (`broker agents provision` issues it when BROKER_AGENT_SECRET is set): it admits agents named <pool_name>.<host>; null when the broker asks for none."
+  type        = string
+  default     = null
+  sensitive   = true
 }
 
 variable "labels" {
