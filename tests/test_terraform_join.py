@@ -10,13 +10,13 @@ from datetime import timedelta
 
 import pytest
 import redis
+from test_terraform import SITE, TF, offer_of, terraform_bin, validate, write_pending_jobs_and_site
 from typer.testing import CliRunner
 
 from broker.agents import tokens
 from broker.agents.terraform import MODULES, Pool, module_variables, parse_tf, pool_name, pool_values, write_pool
 from broker.app.cli.main import app
 from conftest import NOW
-from test_terraform import SITE, TF, offer_of, terraform_bin, validate, write_pending_jobs_and_site
 
 HOSTILE = "p#&/@:%? x+=\\'\""  # characters that broke the old sed splice
 
