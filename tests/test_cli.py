@@ -368,3 +368,12 @@ def test_agents_list_shows_each_agent_its_offer_job_and_lease(env, store, catalo
     assert rows["spot-1"]["tier"] == offers[0].tier.value
     shown = runner.invoke(app, ["agents", "list"], terminal_width=80).stdout
     assert all(name in shown for name in rows) and "…" not in shown
+
+
+def test_the_command_loads_no_numeric_library_until_a_command_prices():
+    """`broker --help` and the read commands stay under a second: numpy, scipy, pandas and PuLP load only in
+    the commands that price (bench/startup.py measures the times)."""
+    heavy = "{'numpy', 'scipy', 'pandas', 'pulp'} & set(sys.modules)"
+    code = f"import sys; import broker.app.cli.main; from broker.core import waiting; print(sorted({heavy}))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

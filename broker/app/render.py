@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-import pandas as pd
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
 from broker.domain.model import Job, Option, Quote
-from broker.models.accounting import savings_pct
+
+if TYPE_CHECKING:  # pandas costs a read command a third of a second: imported where a table needs it
+    import pandas as pd
 
 
 def _money(value: float | None) -> str:
@@ -135,6 +137,10 @@ def jobs_table(jobs: list[Job]) -> Table:
 
 def cost_report_table(frame: pd.DataFrame) -> Table:
     """`broker cost-report`: a row per job and the totals (spend per tier; the hours are in --json)."""
+    import pandas as pd
+
+    from broker.models import accounting
+
     table = Table(title=f"cost report: {len(frame)} jobs", title_justify="left")
     money = [c for c in frame.columns if c.endswith("$")]
     for col in ["job", "state", *money, "saved %"]:
@@ -147,7 +153,7 @@ def cost_report_table(frame: pd.DataFrame) -> Table:
     for row in frame.to_dict(orient="records"):
         table.add_row(row["job"], row["state"], *cells(row))
     total = frame[money].sum().to_dict()
-    total["saved %"] = savings_pct(total["total $"], total["all on-demand $"])
+    total["saved %"] = accounting.savings_pct(total["total $"], total["all on-demand $"])
     table.add_section()
     table.add_row("total", "", *cells(total))
     return narrow_safe(table)

@@ -8,12 +8,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from broker.agents.provision import LocalProvisioner
-from broker.core.broker import Broker
+from broker.core.waiting import waiting_for
 from broker.domain.errors import BrokerError
 from broker.domain.model import Job, Offer, Quote, Tier
 from broker.store.jobs import Store
+
+if TYPE_CHECKING:
+    from broker.core.broker import Broker
 
 AGENT_START_S = 60.0  # a local agent imports torch and the SDKs before it registers
 
@@ -73,7 +77,7 @@ def run_job(
         if current.state != state:
             state = current.state
             show("state", f"{state.value}" + (f" ({current.reason})" if current.reason else ""))
-        now_waiting = broker.waiting_for(current)
+        now_waiting = waiting_for(store, current)
         if now_waiting and now_waiting != waiting:
             show("state", f"waiting: {now_waiting}")
         waiting = now_waiting

@@ -3,21 +3,18 @@ it, and the core. The CLI, the dashboard and the server all come through here.""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from broker import planning
 from broker.app.settings import Settings
-from broker.core.broker import Broker
-from broker.core.clock import SystemClock
 from broker.domain.errors import BrokerError
-from broker.pricing.availability import MarketModel
-from broker.pricing.catalog import PriceCatalog
-from broker.pricing.hazard import HazardModel, observed
-from broker.pricing.traces import load_traces
-from broker.sim.market import PACKAGED_TRACES
 from broker.store import embedded
 from broker.store.jobs import Store
-from broker.store.prices import PriceHistory
+
+if TYPE_CHECKING:  # the core, catalogs and market model load numpy, scipy and pandas: only what prices imports them
+    from broker.core.broker import Broker
+    from broker.pricing.availability import MarketModel
+    from broker.pricing.catalog import PriceCatalog
 
 LOOPBACK = {"localhost", "127.0.0.1", "::1"}
 
@@ -45,6 +42,11 @@ def store_for(settings: Settings, daemon: bool = False, say=lambda line: None) -
 def make_broker(with_store: bool = True, live: bool = False, daemon: bool = False, say=lambda line: None) -> Broker:
     """The core on the configured store. `live` prices with what the store knows (recorded prices, eviction
     bands, our agents' preemptions), which reads every job and price: only the commands that price ask for it."""
+    from broker import planning
+    from broker.core.broker import Broker
+    from broker.core.clock import SystemClock
+    from broker.pricing.catalog import PriceCatalog
+
     settings = Settings.from_env()
     store = store_for(settings, daemon, say) if with_store else None
     catalog = live_catalog(store, settings) if store and live else PriceCatalog.from_snapshot(settings.prices_dir)
@@ -56,6 +58,7 @@ def make_server(broker: Broker, consumer: str, policy=None, clock=None, metrics=
     """A server replica on the broker's store: it plans with `policy` (default the broker's) while it holds the
     planning lease and stands by while another replica does; idle agents are priced at the live catalog."""
     from broker.agents.checkpoints import CheckpointStore
+    from broker.core.clock import SystemClock
     from broker.core.server import BrokerServer
 
     settings = Settings.from_env()
@@ -75,12 +78,20 @@ def make_server(broker: Broker, consumer: str, policy=None, clock=None, metrics=
 def market_model() -> MarketModel:
     """The market model quotes are simulated on: learned from the packaged spot traces (AWS p3.2xlarge in nine
     zones); offers without a trace are modelled from the catalog's hazard."""
+    from broker.pricing.availability import MarketModel
+    from broker.pricing.traces import load_traces
+    from broker.sim.market import PACKAGED_TRACES
+
     return MarketModel.fit(load_traces(PACKAGED_TRACES))
 
 
 def live_catalog(store: Store, settings: Settings) -> PriceCatalog:
     """The catalog as quotes, dispatch and the dashboard price it: the snapshot, newer recorded prices, and a
     hazard from the traces, the clouds' eviction bands and our own agents' preemptions."""
+    from broker.pricing.catalog import PriceCatalog
+    from broker.pricing.hazard import HazardModel, observed
+    from broker.store.prices import PriceHistory
+
     catalog = PriceCatalog.from_snapshot(settings.prices_dir)
     history = PriceHistory(store)
     hazard = HazardModel.packaged().with_bands(history.bands()).observe(observed(store.list_jobs()))

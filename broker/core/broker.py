@@ -9,7 +9,6 @@ from functools import cached_property
 from broker.core.forecast import Fleet, forecast
 from broker.domain.errors import BrokerError
 from broker.domain.model import AgentInfo, Job, JobSpec, JobState, Offer, Quote, Tier
-from broker.models.risk import fits
 from broker.pricing.availability import MarketModel
 from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
@@ -89,23 +88,6 @@ class Broker:
     def cancel(self, job_id: str) -> Job:
         """Cancel a job that has not ended."""
         return self.store.set_state(job_id, JobState.cancelled, self.clock.now(), reason="cancelled by user")
-
-    def waiting_for(self, job: Job) -> str | None:
-        """What a queued job waits for, in the order a user fixes it: a server, an agent, an agent that fits,
-        then the planner's own reason."""
-        if job.state != JobState.queued:
-            return None
-        if self.store.planner() is None:
-            return "no broker server is running: start `broker server` (or use `broker run JOB.yaml`)"
-        agents = self.store.working_agents()
-        if not agents:
-            return "no agent is registered: start one (`broker agent`, `broker agents provision`, `broker run`)"
-        if not any(fits(job.spec, a.offer) for a in agents):
-            shapes = ", ".join(sorted({f"{a.offer.accelerator}:{a.offer.accelerator_count}" for a in agents}))
-            return f"no registered agent fits its resources (agents have {shapes})"
-        if all(a.job for a in agents if fits(job.spec, a.offer)):
-            return "every agent that fits it is busy"
-        return job.reason or "the next planning round"
 
     def get(self, job_id: str) -> Job:
         return self.store.get_job(job_id)

@@ -12,6 +12,7 @@ from broker.app.cli.common import (
     JsonOpt,
     err,
     make_broker,
+    make_store,
     out,
     print_json,
     user_errors,
@@ -34,9 +35,9 @@ def agents_list(as_json: bool = JsonOpt) -> None:
 
     from broker.app import render
 
-    broker = make_broker()
-    agents = broker.store.agents()
-    leases = broker.store.leases([a.id for a in agents])
+    store = make_store()
+    agents = store.agents()
+    leases = store.leases([a.id for a in agents])
     rows = render.agent_rows(agents, leases, datetime.now(UTC))
     if as_json:
         print_json(rows)

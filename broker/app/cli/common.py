@@ -7,15 +7,17 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
-from broker.app import wiring
 from broker.app.settings import Settings
-from broker.core.broker import Broker
 from broker.domain.errors import BrokerError
-from broker.store.jobs import Store
+
+if TYPE_CHECKING:  # the core pulls numpy, scipy and pandas: read commands (list, status) never load it
+    from broker.core.broker import Broker
+    from broker.store.jobs import Store
 
 # Tables are wide: when output is not a terminal (pipes, CI logs) give rich room for them.
 _WIDTH = shutil.get_terminal_size((200, 24)).columns
@@ -58,12 +60,23 @@ def _say(line: str) -> None:
 
 def redis_url(settings: Settings) -> str:
     """The Redis to use; says so when it starts (or finds) the private one."""
+    from broker.app import wiring
+
     return wiring.redis_url(settings, _say)
 
 
 def store_for(settings: Settings, daemon: bool = False) -> Store:
+    from broker.app import wiring
+
     return wiring.store_for(settings, daemon, _say)
 
 
+def make_store() -> Store:
+    """The configured store alone: what read commands need, without the catalog and policies."""
+    return store_for(Settings.from_env())
+
+
 def make_broker(with_store: bool = True, live: bool = False, daemon: bool = False) -> Broker:
+    from broker.app import wiring
+
     return wiring.make_broker(with_store, live, daemon, _say)

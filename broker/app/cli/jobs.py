@@ -11,6 +11,7 @@ from broker.app import render
 from broker.app.cli.common import (
     JsonOpt,
     make_broker,
+    make_store,
     out,
     print_json,
     redis_url,
@@ -51,7 +52,7 @@ def list_jobs(
     as_json: bool = JsonOpt,
 ) -> None:
     """List jobs, oldest first."""
-    jobs = make_broker().jobs(set(state) if state else None)
+    jobs = make_store().list_jobs(set(state) if state else None)
     if as_json:
         print_json([render.job_dict(j) for j in jobs])
     elif not jobs:
@@ -63,10 +64,12 @@ def list_jobs(
 @user_errors
 def status(job_id: str = typer.Argument(..., help="The job id (see `broker list`)."), as_json: bool = JsonOpt) -> None:
     """Show one job: its state, quote and events."""
-    broker = make_broker()
-    job = broker.get(job_id)
-    events = broker.store.events(job_id)
-    waiting = broker.waiting_for(job)
+    from broker.core.waiting import waiting_for
+
+    store = make_store()
+    job = store.get_job(job_id)
+    events = store.events(job_id)
+    waiting = waiting_for(store, job)
     if as_json:
         print_json({**render.job_dict(job, events), "waiting_for": waiting})
         return
@@ -92,10 +95,10 @@ def logs(
 
     from broker.app.run import LogFollower
 
-    broker = make_broker()
-    follower = LogFollower(broker.store, job_id)
+    store = make_store()
+    follower = LogFollower(store, job_id)
     while True:
-        job = broker.get(job_id)
+        job = store.get_job(job_id)
         ended = job.state.terminal  # read before the output: what was sent before the end is read below
         for kind, text in follower.read(job):
             show_output(kind, text)
@@ -162,7 +165,7 @@ def cost_report(as_json: bool = JsonOpt) -> None:
 
     from broker.models.accounting import cost_report as report
 
-    frame = report(make_broker().jobs(), datetime.now(UTC))
+    frame = report(make_store().list_jobs(), datetime.now(UTC))
     if as_json:
         print_json(frame.astype(object).where(frame.notna(), None).to_dict(orient="records"))  # NaN is not JSON
     elif frame.empty:

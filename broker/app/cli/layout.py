@@ -12,13 +12,14 @@ from broker.app.cli.common import JsonOpt, make_broker, out, print_json, user_er
 from broker.domain.errors import BrokerError
 from broker.domain.model import Tier
 from broker.domain.specfile import load_spec
-from broker.models import parallel
 
 COLUMNS = ("shape", "layout", "iteration_s", "memory_gb", "hours", "spot_usd_per_step", "spot_usd", "on_demand_usd")
 
 
 def rows(spec, offers) -> list[dict]:
     """Per accepted (accelerator, count): the fastest layout that fits, its memory, and the cheapest prices."""
+    from broker.models import parallel
+
     out_rows = []
     for wanted in spec.resources.accelerators:
         shaped = [o for o in offers if o.accelerator == wanted.name and o.accelerator_count == wanted.count]

@@ -7,14 +7,10 @@ from pathlib import Path
 
 import typer
 
-from broker.app import render_prices
 from broker.app.cli.common import JsonOpt, make_broker, out, print_json, user_errors
 from broker.domain.accelerators import lookup
 from broker.domain.errors import BrokerError
 from broker.domain.model import Tier, parse_deadline
-from broker.pricing.points import points_from_rows, points_from_spot_tsv
-from broker.pricing.snapshot import load_aws
-from broker.store.prices import PriceHistory
 
 prices_app = typer.Typer(help="GPU instance prices and their preemption risk.")
 
@@ -36,6 +32,9 @@ def prices(
     as_json: bool = JsonOpt,
 ) -> None:
     """Show GPU instance prices: on-demand and spot, with the interruption band."""
+
+    from broker.app import render_prices
+
     if ctx.invoked_subcommand:
         return
     catalog = make_broker(live=True).catalog  # refreshed prices and their age
@@ -57,6 +56,9 @@ def risk(
 ) -> None:
     """Preemption hazard per spot instance type and region: lambda per hour, its 90% band, availability, evidence;
     and the market model quotes are simulated on: mean up/down spells, P(launch now), hazard by run age."""
+
+    from broker.app import render_prices
+
     broker = make_broker(live=True)  # preemptions our agents saw count as evidence
     rows = broker.catalog.table(gpu=lookup(gpu).name if gpu else None, cloud=cloud, region=region, spot_only=True)
     rows = rows.drop_duplicates(["cloud", "region", "instance_type"])
@@ -102,6 +104,11 @@ def import_prices(
     as_json: bool = JsonOpt,
 ) -> None:
     """Add recorded prices to the price history (only changes are stored)."""
+
+    from broker.pricing.points import points_from_rows, points_from_spot_tsv
+    from broker.pricing.snapshot import load_aws
+    from broker.store.prices import PriceHistory
+
     if not path.is_file():
         raise BrokerError(f"path: no file {path}; give an AWS spot price history .tsv or a catalog .csv")
     if path.suffix == ".tsv":
@@ -130,6 +137,10 @@ def price_history(
     as_json: bool = JsonOpt,
 ) -> None:
     """Recorded price changes of an instance type: a table and a sparkline per zone."""
+
+    from broker.app import render_prices
+    from broker.store.prices import PriceHistory
+
     prices = PriceHistory(make_broker().store)
     wanted = [
         o
@@ -158,10 +169,12 @@ def refresh_prices(
     as_json: bool = JsonOpt,
 ) -> None:
     """Fetch live prices and record the changes; without credentials the snapshot stays and says so."""
+
     from broker.pricing.aws import AwsPrices
     from broker.pricing.azure import AzurePrices
     from broker.pricing.gcp import GcpPrices
     from broker.pricing.refresh import refresh
+    from broker.store.prices import PriceHistory
 
     broker = make_broker()
     known = {c: set(broker.catalog.rows.loc[broker.catalog.rows.cloud == c, "region"]) for c in ("aws", "gcp", "azure")}

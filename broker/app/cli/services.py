@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import redis
 import typer
 
 from broker import planning
-from broker.app import wiring
 from broker.app.cli.common import (
     err,
     make_broker,
@@ -51,6 +49,8 @@ def agent(
     ),
 ) -> None:
     """Run the agent of one instance: take assignments, run jobs, report, checkpoint on notices."""
+    import redis
+
     from broker.agents.agent import Agent
     from broker.agents.notices import watcher
 
@@ -99,6 +99,7 @@ def server(
     import os
     import socket
 
+    from broker.app import wiring
     from broker.core.clock import ScaledClock
 
     settings = Settings.from_env()

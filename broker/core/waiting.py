@@ -1,0 +1,28 @@
+"""What a queued job waits for, in the order a user fixes it: a server, an agent, an agent that fits, then the
+planner's own reason. `broker status` and `broker run` say it; it reads the store only (a read command stays quick).
+"""
+
+from __future__ import annotations
+
+from broker.domain.model import Job, JobState
+from broker.store.jobs import Store
+
+
+def waiting_for(store: Store, job: Job) -> str | None:
+    """Why the job is not running yet, or None when it is not queued."""
+    if job.state != JobState.queued:
+        return None
+    if store.planner() is None:
+        return "no broker server is running: start `broker server` (or use `broker run JOB.yaml`)"
+    agents = store.working_agents()
+    if not agents:
+        return "no agent is registered: start one (`broker agent`, `broker agents provision`, `broker run`)"
+    from broker.models.risk import fits  # numpy and scipy: only once there are agents to match
+
+    fitting = [a for a in agents if fits(job.spec, a.offer)]
+    if not fitting:
+        shapes = ", ".join(sorted({f"{a.offer.accelerator}:{a.offer.accelerator_count}" for a in agents}))
+        return f"no registered agent fits its resources (agents have {shapes})"
+    if all(a.job for a in fitting):
+        return "every agent that fits it is busy"
+    return job.reason or "the next planning round"
