@@ -73,15 +73,15 @@ def overview(jobs: list[Job], now: datetime) -> dict:
 def spend_over_time(
     jobs: list[Job], now: datetime, buckets: int = 60, times: pd.DatetimeIndex | None = None
 ) -> pd.DataFrame:
-    """Cumulative spend by tier (columns) over time (index, `buckets` steps to now unless `times` are given):
-    each run accrues evenly over its hours."""
+    """Cumulative spend by tier (columns) over time (index, `buckets` steps to now, or to the last run's end when
+    that is later, unless `times` are given): each run accrues evenly over its hours."""
     utc = lambda t: pd.Timestamp(t).tz_convert("UTC")  # noqa: E731 (stored times carry pydantic's UTC tzinfo)
     runs = [(r, utc(r.started_at or r.dispatched_at), utc(r.ended_at or now)) for j in jobs for r in j.runs]
     if not runs:
         return pd.DataFrame()
-    if times is None:
+    if times is None:  # up to the last run's end: a demo's compressed clock stamps runs after the wall clock's now
         start = min(b for _, b, _ in runs)
-        times = pd.date_range(start, max(utc(now), start), periods=buckets)
+        times = pd.date_range(start, max(utc(now), *(e for _, _, e in runs)), periods=buckets)
     frame = pd.DataFrame(0.0, index=times, columns=["bubble", "spot", "on_demand"])
     for run, begin, end in runs:
         cost = run_cost_usd(run, now)
