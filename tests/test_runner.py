@@ -127,3 +127,13 @@ def test_the_agents_own_broker_settings_never_reach_the_job(tmp_path, monkeypatc
     job.start()
     job.wait(timeout=30)
     assert job.log_tail() == ["['BROKER_CHECKPOINT_DIR', 'BROKER_EVENTS_FILE', 'BROKER_JOB_ID', 'BROKER_RESUME_FROM']"]
+
+
+def test_a_workdir_under_home_is_this_machines_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "project").mkdir()
+    spec = make_spec(run=[sys.executable, "-c", "import os; print(os.getcwd())"], workdir="~/project")
+    job = JobProcess(spec, "j", "/tmp/c/j", tmp_path / "runs")
+    job.start()
+    assert job.wait(timeout=30) == 0
+    assert job.log_tail() == [str(tmp_path / "project")]

@@ -63,7 +63,8 @@ class JobProcess:
 
     @property
     def cwd(self) -> str | None:
-        return self.spec.workdir
+        """The spec's workdir; `~` is this instance's home (load_spec already made a relative one absolute)."""
+        return os.path.expanduser(self.spec.workdir) if self.spec.workdir else None
 
     def start(self) -> None:
         """Run the spec's setup (if any), then start the job; raises OSError if it cannot start."""
