@@ -216,7 +216,8 @@ def option_table(items: list[PlanItem], offers: list[Offer], now: datetime) -> O
     e = risk.expectation(
         t, j["delta"][job], restart, o["hazard"][offer], o["price"][offer], window, o["availability"][offer]
     )
-    cost, wall, p_meet = e.cost_usd + moving_data, e.wall_h.copy(), e.p_meet.copy()
+    staying = j["current"][job] == offer  # its input is there already
+    cost, wall, p_meet = e.cost_usd + np.where(staying, 0.0, moving_data), e.wall_h.copy(), e.p_meet.copy()
     moving = (j["current"][job] >= 0) & (j["current"][job] != offer)
     cost += np.where(moving, o["price"][offer] * restart, 0.0)  # a migration pays a restart on the new offer
 

@@ -147,7 +147,8 @@ def run(
         job = run_job(broker, server, provisioner, job, show_output)
     except KeyboardInterrupt:
         raise BrokerError(
-            f"stopped following {job.id}; a `broker server` and an agent carry it on (`broker status {job.id}`)"
+            f"stopped following {job.id}; the agent started here checkpoints its work and leaves, and the job waits "
+            f"for a server and an agent (`broker status {job.id}` says which)"
         ) from None
     finally:
         provisioner.stop_all()
