@@ -1,0 +1,33 @@
+"""The numbers users look at (models/accounting.py), on runs with known costs."""
+
+from datetime import UTC, datetime, timedelta
+
+import pandas as pd
+import pytest
+from test_dashboard import ended_run, offer
+
+from broker import planning
+from broker.domain.model import Job, JobState, Tier
+from broker.models.accounting import spend_over_time
+from conftest import make_spec
+
+
+def test_spend_over_time_reaches_every_runs_cost_even_on_a_clock_ahead_of_now(catalog):
+    """A demo's compressed clock stamps its runs after the wall clock's now: the chart must still show them."""
+    now = datetime.now(UTC)
+    spot, on_demand = offer(catalog, Tier.spot), offer(catalog, Tier.on_demand)
+    for start in (now - timedelta(hours=5), now + timedelta(hours=3)):  # a live run; a demo's, ahead of now
+        runs = [ended_run(1, spot, start, 2, "preempted"), ended_run(2, on_demand, start + timedelta(hours=2), 1, "x")]
+        job = Job(
+            id="j",
+            spec=make_spec(),
+            state=JobState.done,
+            submitted_at=start,
+            updated_at=start,
+            quote=planning.get().quote(make_spec(), catalog.offers, start),
+            runs=runs,
+        )
+        frame = spend_over_time([job], now)
+        last = frame.iloc[-1]
+        assert last["spot"] == pytest.approx(runs[0].cost_usd) and last["on_demand"] == pytest.approx(runs[1].cost_usd)
+        assert frame.index[0] == pd.Timestamp(start) and frame.sum(axis=1).is_monotonic_increasing
