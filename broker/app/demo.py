@@ -96,14 +96,6 @@ def totals(rows: list[dict]) -> dict:
     }
 
 
-def in_project(spec, examples: Path):
-    """The spec with its paths resolved from the project the examples belong to (their `run` names
-    examples/jobs/...), wherever the demo was started."""
-    if spec.workdir is not None:
-        return spec
-    return spec.model_copy(update={"workdir": str(examples.resolve().parent)})
-
-
 def run_demo(
     redis_url: str,
     home: Path,
@@ -128,7 +120,7 @@ def run_demo(
                 notices = f"trace={examples / path}@{tick}"
             provisioner.start(agent_id, offer, notices)
         wait_for_agents(store, [a for a, _, _ in pool], 60, provisioner.run_root)
-        specs = [in_project(load_spec(p, clock.now()), examples) for p in sorted((examples / "demo").glob("*.yaml"))]
+        specs = [load_spec(p, clock.now()) for p in sorted((examples / "demo").glob("*.yaml"))]
         jobs = [broker.submit(spec) for spec in specs]
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
