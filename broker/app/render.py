@@ -184,7 +184,7 @@ def agents_table(rows: list[dict]) -> Table:
     for col in ("id", "tier", "offer", "$/h", "job", "age", "lease"):
         table.add_column(col, justify="right" if col in ("$/h", "age") else "left")
     for r in rows:
-        age = f"{r['age_h']:.1f} h" if r["age_h"] >= 1 else f"{r['age_h'] * 60:.0f} min"
+        age = duration(r["age_h"])
         table.add_row(r["id"], r["tier"], r["offer"], f"{r['usd_per_h']:,.4f}", r["job"] or "-", age, r["lease"])
     return narrow_safe(table, "offer")
 

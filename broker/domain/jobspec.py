@@ -111,7 +111,7 @@ class Resources(_Spec):
 
 
 class Data(_Spec):
-    """Where the job's input lives: an offer elsewhere pays to move `size_gb` there (models/transfer.py)."""
+    """Where the job's input lives: an offer elsewhere pays to move `size_gb` there (models/placement.py)."""
 
     url: str | None = None  # s3://, gs://, az:// ...: names the cloud
     cloud: Cloud | None = None
