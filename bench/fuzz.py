@@ -133,7 +133,11 @@ CLI = st.one_of(
     st.tuples(
         st.just("prices"), st.sampled_from(["--accelerator", "--cloud", "--tier", "--region"]), st.text(max_size=15)
     ),
-    st.tuples(st.sampled_from(["layout", "submit"]), st.text(max_size=40), st.sampled_from(["", "--json"])),
+    st.tuples(st.sampled_from(["layout", "submit", "run"]), st.text(max_size=40), st.sampled_from(["", "--json"])),
+    st.tuples(st.just("logs"), st.text(max_size=30), st.sampled_from(["", "--follow"])),
+    st.tuples(st.sampled_from(["cost-report", "policies"]), st.sampled_from(["", "--json", "--state"])),
+    st.tuples(st.just("agents"), st.sampled_from(["list", "provision", "", "--json"]), st.text(max_size=20)),
+    st.tuples(st.just("prices"), st.sampled_from(["risk", "history"]), st.text(max_size=15), st.just("--json")),
 )
 
 
@@ -167,6 +171,8 @@ def fuzz_cli(cases: int, workdir: Path, redis_url: str) -> dict:
         assert result.exit_code in (0, 2), (argv, result.exit_code, result.output)
         if result.exit_code:
             assert len(store.list_jobs()) == before, argv
+        if "--json" in argv and result.stdout.strip():  # one document: the result or the error
+            json.loads(result.stdout)
         seen["ok" if result.exit_code == 0 else "refused"] += 1
 
     check()

@@ -106,11 +106,10 @@ def jobs_page() -> None:
             for r in job.runs
         ]
         st.dataframe(pd.DataFrame(runs), hide_index=True, width="stretch")
-        progress = pd.DataFrame(store().progress(job.id), columns=["time", "done"])
+        progress = accounting.progress_frame(job)
         if not progress.empty:
-            progress["time"] = pd.to_datetime(progress["time"], unit="s", utc=True)
             st.subheader("Progress over time")
-            st.line_chart(progress, x="time", y="done")
+            st.line_chart(progress, x="time", y="done", color="run")
     if job.log_tail:
         st.subheader("Last output")
         st.code("\n".join(job.log_tail))

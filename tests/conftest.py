@@ -88,6 +88,14 @@ def redis_url(redis_server):
 
 
 @pytest.fixture
+def env(redis_url, monkeypatch, tmp_path):
+    """The CLI's environment for one test: this test's Redis, and a broker home of its own."""
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    return redis_url
+
+
+@pytest.fixture
 def store(redis_url) -> Store:
     return Store(redis_url)
 

@@ -7,8 +7,8 @@ import pytest
 from test_dashboard import ended_run, offer
 
 from broker import planning
-from broker.domain.model import Job, JobState, Tier
-from broker.models.accounting import spend_over_time
+from broker.domain.model import MAX_PROGRESS_POINTS, Job, JobState, Tier
+from broker.models.accounting import progress_frame, spend_over_time
 from conftest import make_spec
 
 
@@ -31,3 +31,23 @@ def test_spend_over_time_reaches_every_runs_cost_even_on_a_clock_ahead_of_now(ca
         last = frame.iloc[-1]
         assert last["spot"] == pytest.approx(runs[0].cost_usd) and last["on_demand"] == pytest.approx(runs[1].cost_usd)
         assert frame.index[0] == pd.Timestamp(start) and frame.sum(axis=1).is_monotonic_increasing
+
+
+def test_progress_points_are_thinned_to_a_bound_and_keep_the_curves_ends(catalog):
+    start = datetime(2026, 11, 23, tzinfo=UTC)
+    run = ended_run(1, offer(catalog, Tier.spot), start, 2, "finished")
+    for minute in range(1000):
+        run.record_progress(start + timedelta(minutes=minute), float(minute))
+    points = run.progress_points
+    assert len(points) <= MAX_PROGRESS_POINTS and points[0] == (start, 0.0) and points[-1][1] == 999.0
+    job = Job(
+        id="j",
+        spec=make_spec(),
+        submitted_at=start,
+        updated_at=start,
+        quote=planning.get().quote(make_spec(), catalog.offers, start),
+        runs=[run],
+    )
+    frame = progress_frame(job)
+    assert list(frame.columns) == ["time", "done", "run"] and len(frame) == len(points)
+    assert frame["time"].iloc[0] == pd.Timestamp(start) and set(frame["run"]) == {"r1"}

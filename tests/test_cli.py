@@ -21,13 +21,6 @@ from conftest import EXAMPLES, NOW
 runner = CliRunner()
 
 
-@pytest.fixture
-def env(redis_url, monkeypatch, tmp_path):
-    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
-    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
-    return redis_url
-
-
 def run(*args):
     return runner.invoke(app, [str(a) for a in args])
 

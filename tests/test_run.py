@@ -15,11 +15,9 @@ runner = CliRunner()
 
 
 @pytest.fixture
-def env(redis_url, monkeypatch, tmp_path):
-    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
-    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+def env(env, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # started elsewhere: the spec's workdir is taken from its own folder
-    return redis_url
+    return env
 
 
 def spec_file(tmp_path, **fields):

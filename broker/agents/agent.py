@@ -127,13 +127,14 @@ class Agent:
             self.run_root / job_id / assignment.run,
             assignment.resume_from,
         )
+        started_at = time.time()  # before the process: its first progress report may be sent before ours
         try:
             process.start()
         except OSError as err:
             self.contract.refuse(assignment, str(err))
             return
         self.job, self.fence = process, assignment.fence
-        self.contract.started(assignment, pid=process.pid)  # acked only now: a crash before this redelivers it
+        self.contract.started(assignment, at=started_at, pid=process.pid)  # acked only now: a crash redelivers it
 
     def _forward(self, flush: bool = False) -> None:
         """Report the job's events; progress at most once per PROGRESS_EVERY_S (the latest wins), in order."""

@@ -27,6 +27,20 @@ def when(value: datetime | None) -> str:
     return "-" if value is None else f"{value:%Y-%m-%d %H:%M}"
 
 
+def relative(value: datetime, now: datetime) -> str:
+    """A moment as people say it: "3 min ago", "in 16.2 h", "now"."""
+    seconds = (value - now).total_seconds()
+    if abs(seconds) < 60:
+        return "now"
+    span = duration(abs(seconds) / 3600)
+    return f"in {span}" if seconds > 0 else f"{span} ago"
+
+
+def moment(value: datetime, now: datetime) -> str:
+    """A time with its distance from now: "2026-11-23 17:14 UTC (3 min ago)"."""
+    return f"{value:%Y-%m-%d %H:%M} UTC ({relative(value, now)})"
+
+
 def where(option: Option) -> str:
     """The offer in a few words: cloud, instance type and location."""
     o = option.offer
@@ -223,6 +237,16 @@ def runs_table(job: Job) -> Table:
             f"{run.work_lost_s:.0f} s",
         )
     return table
+
+
+def job_times(job: Job, now: datetime) -> str:
+    """When the job came, when it must end and what it may spend, and what it has spent."""
+    parts = [f"submitted {moment(job.submitted_at, now)}"]
+    deadline = job.spec.deadline
+    parts.append(f"deadline {moment(deadline, now)}" if deadline else "no deadline")
+    budget = job.spec.budget_usd
+    parts.append(f"spent ${job.cost_usd:,.4f}" + (f" of {_money(budget)}" if budget else " (no budget)"))
+    return " · ".join(parts)
 
 
 def job_dict(job: Job, events: list[dict] | None = None) -> dict:

@@ -32,6 +32,7 @@ def progress(job: Job, run: Run, data: dict, now: datetime, checkpoints: Checkpo
     total = data.get("total")
     run.progress_done, run.progress_total = float(data["done"]), None if total is None else float(total)
     run.last_progress_at = now
+    run.record_progress(now, run.progress_done)
     return {}
 
 

@@ -172,6 +172,9 @@ class Plan(BaseModel):
         return None if self.objective is None or self.bound is None else relative_gap(self.objective, self.bound)
 
 
+MAX_PROGRESS_POINTS = 120
+
+
 class Run(BaseModel):
     """One attempt of a job on one agent; its fence token makes older attempts stale."""
 
@@ -187,6 +190,9 @@ class Run(BaseModel):
     progress_done: float = 0.0
     progress_total: float | None = None
     last_progress_at: datetime | None = None
+    # (server time, done) of its progress reports, thinned to at most MAX_PROGRESS_POINTS: the job's progress on
+    # the same clock as its runs (the agents' own clocks differ, and the demo compresses the server's)
+    progress_points: list[tuple[datetime, float]] = []
     checkpoint_url: str | None = None
     checkpoint_step: int | None = None
     checkpoint_at: datetime | None = None
@@ -197,6 +203,11 @@ class Run(BaseModel):
     @property
     def id(self) -> str:
         return f"r{self.fence}"
+
+    def record_progress(self, at: datetime, done: float) -> None:
+        """Keep a progress point; when full, every other older point goes (the curve keeps its shape)."""
+        kept = self.progress_points[::2] if len(self.progress_points) >= MAX_PROGRESS_POINTS else self.progress_points
+        self.progress_points = [*kept, (at, done)]  # a new list: the run may be a shallow copy of the stored one
 
     def hours(self, until: datetime) -> float:
         """Billed hours: from start (or dispatch, for a run that never started) to its end or `until`."""

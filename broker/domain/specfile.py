@@ -18,15 +18,24 @@ from broker.domain.model import JobSpec
 MAX_SPEC_BYTES = 1_000_000
 
 
-class _NoAliases(yaml.SafeLoader):
-    """YAML without aliases: a 1 KB spec of nested anchors expands to gigabytes (a billion laughs), and a job spec
-    has no need for them."""
+class _StrictLoader(yaml.SafeLoader):
+    """YAML without aliases or repeated keys. A 1 KB spec of nested anchors expands to gigabytes (a billion
+    laughs), and a job spec has no need for them; a key given twice silently keeps the last value."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
             raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed; write the value out", mark)
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice", key_node.start_mark)
+            seen.add(key) if isinstance(key, typing.Hashable) else None
+        return super().construct_mapping(node, deep)
 
 
 def _path(loc: tuple) -> str:
@@ -60,6 +69,11 @@ def _message(error: dict) -> str:
         return f"{_path(loc)}: unknown field; {hint}allowed: {', '.join(allowed)}"
     if error["type"] == "missing":
         return f"{_path(loc)}: required; add it"
+    if error["type"] == "string_pattern_mismatch":
+        return (
+            f"{_path(loc)}: {error['input']!r} is not a name; use up to 63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
     if error["type"] == "value_error":
         return f"{_path(loc)}: {error['ctx']['error']}"
     return f"{_path(loc)}: {error['msg']}"
@@ -93,7 +107,7 @@ def load_spec(path: Path, now: datetime, deadline: str | None = None, budget_usd
     if size > MAX_SPEC_BYTES:
         raise SpecError(f"{path}: {size:,} bytes is over the 1 MB limit for a job spec; move data out of it")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_NoAliases)  # noqa: S506 (a SafeLoader)
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
     except UnicodeDecodeError:
         raise SpecError(f"{path}: not a text file; a job spec is YAML") from None
     except RecursionError:

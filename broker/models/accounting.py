@@ -91,6 +91,14 @@ def spend_over_time(
     return frame
 
 
+def progress_frame(job: Job) -> pd.DataFrame:
+    """The job's progress points (time, done, run), on the server's clock like its runs."""
+    rows = [{"time": at, "done": done, "run": r.id} for r in job.runs for at, done in r.progress_points]
+    frame = pd.DataFrame(rows, columns=["time", "done", "run"])
+    frame["time"] = pd.to_datetime(frame["time"], utc=True)
+    return frame
+
+
 def jobs_frame(jobs: list[Job], now: datetime) -> pd.DataFrame:
     """One row per job, as the jobs page shows it."""
     rows = []

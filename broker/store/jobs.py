@@ -254,12 +254,3 @@ class Store(AgentChannels):
         entries = self.redis.xrange(self._key("events"), count=count)
         rows = [{"id": entry_id, **fields} for entry_id, fields in entries]
         return [r for r in rows if job_id is None or r["job"] == job_id]
-
-    def progress(self, job_id: str, count: int = 100_000) -> list[tuple[float, float]]:
-        """(time, done) of the job's progress reports, oldest first (from the agent-events stream)."""
-        out = []
-        for _, fields in self.redis.xrange(self._key("agent-events"), count=count):
-            if fields["job"] == job_id and fields["type"] == "progress":
-                data = json.loads(fields["data"])
-                out.append((data["at"], data["done"]))
-        return out

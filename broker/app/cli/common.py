@@ -24,34 +24,50 @@ _WIDTH = shutil.get_terminal_size((200, 24)).columns
 out = Console(width=_WIDTH)
 err = Console(stderr=True, width=_WIDTH)
 debug_flag = {"on": False}
+_printed = {"json": False}  # whether this command wrote its JSON document already
 
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON instead of tables.")
 
 
 def user_errors(command):
-    """Print a BrokerError's lines and exit 2; unexpected errors exit 1 (traceback with --debug)."""
+    """Print a BrokerError's lines and exit 2; unexpected errors exit 1 (traceback with --debug).
+
+    With --json stdout holds one JSON document whatever happened: the result, or (when the command failed
+    before printing one) {"error": {"kind", "message", "lines", "exit_code"}}."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        as_json = bool(kwargs.get("as_json"))
+        _printed["json"] = False
         try:
             return command(*args, **kwargs)
         except BrokerError as error:
-            for line in str(error).splitlines():
+            lines = str(error).splitlines()
+            for line in lines:
                 err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
+            _json_error(as_json, type(error).__name__, lines, 2)
             raise typer.Exit(2) from None
         except (typer.Exit, typer.Abort):
             raise
         except Exception as error:
             if debug_flag["on"]:
                 raise
-            err.print(f"[red]internal error:[/] {type(error).__name__}: {error} (rerun with --debug for the traceback)")
+            line = f"{type(error).__name__}: {error} (rerun with --debug for the traceback)"
+            err.print(f"[red]internal error:[/] {line}", highlight=False, soft_wrap=True)
+            _json_error(as_json, "InternalError", [line], 1)
             raise typer.Exit(1) from None
 
     return wrapper
 
 
+def _json_error(as_json: bool, kind: str, lines: list[str], exit_code: int) -> None:
+    if as_json and not _printed["json"]:
+        print_json({"error": {"kind": kind, "message": "; ".join(lines), "lines": lines, "exit_code": exit_code}})
+
+
 def print_json(obj) -> None:
     typer.echo(json.dumps(obj, indent=2, default=str))
+    _printed["json"] = True
 
 
 def _say(line: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
@@ -73,7 +74,9 @@ def status(job_id: str = typer.Argument(..., help="The job id (see `broker list`
     if as_json:
         print_json({**render.job_dict(job, events), "waiting_for": waiting})
         return
+    now = datetime.now(UTC)
     out.print(f"[bold]{job.id}[/]  state: [bold]{job.state.value}[/]" + (f"  ({job.reason})" if job.reason else ""))
+    out.print(render.job_times(job, now), highlight=False)
     if waiting:
         out.print(f"[yellow]waiting:[/] {waiting}", highlight=False)
     out.print(render.quote_table(job.quote, f"quote at {job.quote.created_at:%Y-%m-%d %H:%M} UTC"))
@@ -82,7 +85,10 @@ def status(job_id: str = typer.Argument(..., help="The job id (see `broker list`
     for line in job.log_tail:
         out.print(f"  | {line}", highlight=False, markup=False)
     for event in events:
-        out.print(f"  {event['at']}  {event['state']:<10} {event['reason']}")
+        at = datetime.fromisoformat(event["at"])
+        out.print(
+            f"  {at:%H:%M:%S} ({render.relative(at, now)})  {event['state']:<10} {event['reason']}", highlight=False
+        )
 
 
 @user_errors
@@ -162,8 +168,6 @@ def run(
 @user_errors
 def cost_report(as_json: bool = JsonOpt) -> None:
     """Spend per job and tier (bubble, spot, on-demand) against what on-demand would have cost, oldest first."""
-    from datetime import UTC, datetime
-
     from broker.models.accounting import cost_report as report
 
     frame = report(make_store().list_jobs(), datetime.now(UTC))

@@ -1,0 +1,75 @@
+"""A corpus of bad job specs (tests/data/bad_specs.yaml) and the CLI's error contract: every bad input is exit 2
+with one line naming the field, stores nothing, and with --json stdout holds one JSON document, the error."""
+
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+from test_cli import run
+
+from broker.app import render
+
+CORPUS = yaml.safe_load((Path(__file__).parent / "data" / "bad_specs.yaml").read_text())
+
+
+def test_the_corpus_is_fifty_distinct_cases():
+    assert len(CORPUS) >= 50
+    assert len({c["why"] for c in CORPUS}) == len({c["spec"] for c in CORPUS}) == len(CORPUS)
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[c["why"] for c in CORPUS])
+def test_a_bad_spec_is_one_line_naming_its_field_exit_2_and_stores_nothing(env, tmp_path, case):
+    path = tmp_path / "job.yaml"
+    path.write_text(case["spec"])
+    result = run("submit", path, "--json")
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and case["expect"] in lines[0], lines
+    error = json.loads(result.stdout)["error"]
+    assert error["exit_code"] == 2 and error["lines"] == [lines[0].removeprefix("error: ")]
+    assert redis.Redis.from_url(env).keys("broker:*") == []
+
+
+def test_a_missing_job_with_json_is_a_json_error(env):
+    result = run("status", "no-such-job", "--json")
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["error"]["kind"] == "NotFoundError"
+    assert "no job 'no-such-job'" in result.stderr
+
+
+def test_an_internal_error_with_json_is_a_json_error_with_exit_1(env, monkeypatch):
+    from broker.store.jobs import Store
+
+    def broken(self, states=None):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(Store, "list_jobs", broken)
+    result = run("list", "--json")
+    assert result.exit_code == 1
+    error = json.loads(result.stdout)["error"]
+    assert error["kind"] == "InternalError" and "RuntimeError: disk on fire" in error["message"]
+
+
+def test_times_are_said_relative_to_now():
+    now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    assert render.relative(now - timedelta(minutes=3), now) == "3 min ago"
+    assert render.relative(now + timedelta(hours=16.2), now) == "in 16.2 h"
+    assert render.relative(now + timedelta(seconds=20), now) == "now"
+    assert render.moment(now + timedelta(hours=2), now) == "2026-11-23 14:00 UTC (in 2.0 h)"
+
+
+def test_status_says_when_the_job_came_its_deadline_and_spend_in_human_terms(env, tmp_path):
+    path = tmp_path / "job.yaml"
+    spec = {"name": "t", "run": ["true"], "resources": {"accelerators": ["L4:1"]}, "work": {"gpu_hours": 1}}
+    path.write_text(yaml.safe_dump({**spec, "deadline": "+24h", "budget_usd": 20}))
+    job_id = json.loads(run("submit", path, "--json").stdout)["job"]
+    result = run("status", job_id)
+    assert result.exit_code == 0, result.output
+    times = next(line for line in result.stdout.splitlines() if line.startswith("submitted"))
+    assert "(now)" in times and re.search(r"\(in 2[34]\.\d h\)", times) and "spent $0.0000 of $20.00" in times
+    event = next(line for line in result.stdout.splitlines() if "submitted" in line and "queued" in line)
+    assert "+00:00" not in event and "(now)" in event
