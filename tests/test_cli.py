@@ -155,7 +155,11 @@ def test_demo_runs_the_product_end_to_end_with_a_migration(env, monkeypatch, tmp
     quotes = {Path(q["file"]).name: q for q in body["quotes"]}
     assert set(quotes) == {p.name for p in EXAMPLES.glob("*.yaml")}
     assert "no offer meets both" in quotes["eval-sweep-underfunded.yaml"]["refused"]
-    assert json.loads(run("list", "--json").stdout) == []  # quotes only: the user's namespace stays empty
+    listed = json.loads(run("list", "--json").stdout)  # the demo's jobs, not its quotes, are shown, tagged demo
+    assert sorted(j["id"] for j in listed) == sorted(j["id"] for j in body["jobs"])
+    assert all(j["tags"] == ["demo"] and j["state"] == "done" for j in listed)
+    shown = run("status", listed[0]["id"])
+    assert shown.exit_code == 0 and "running" in shown.stdout and "done" in shown.stdout  # its events came too
     jobs = {j["name"]: j for j in body["jobs"]}
     assert {j["state"] for j in jobs.values()} == {"done"}
     train = jobs["demo-train-mlp"]
@@ -304,6 +308,8 @@ def test_demo_bubbles_runs_a_fill_job_in_a_pipelines_bubbles_then_on_demand(env)
     )  # training ended: handed back with its checkpoint
     assert second["end"] == "finished" and second["resume_from"].endswith(f"step-{first['checkpoint_step']:012d}")
     assert job["cost_usd"] < job["on_demand_cost_usd"]  # the bubble part was free
+    listed = json.loads(run("list", "--json").stdout)
+    assert [(j["id"], j["tags"]) for j in listed] == [(job["id"], ["demo-bubbles"])]
 
 
 def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):

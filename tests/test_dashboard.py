@@ -1,14 +1,6 @@
 """The dashboard: every page through streamlit.testing on a seeded real Redis, and once in headless Chromium."""
 
-import contextlib
 import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 from broker import planning
 from broker.domain.model import Job, JobState, Run, Tier
-from conftest import ROOT, free_port, make_spec
+from conftest import ROOT, make_spec
 
 APP = ROOT / "dashboards" / "app.py"
 
@@ -184,7 +176,8 @@ def test_prices_page_charts_recorded_price_history_and_uses_the_newest_price(app
     assert hazards.loc[hazards.offer == spot.id, "price_usd_per_h"].iloc[0] == 0.29  # the newest recorded price
 
 
-def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis_url, store):
+def seed_bubbles(store) -> None:
+    """A 4-stage main job "llama" with known windows, and fill stats of stage 3."""
     from broker.domain.bubbles import BubbleProfile, FillStats, WindowStats
     from broker.store.profiles import save_fill_stats, save_profile
 
@@ -207,6 +200,10 @@ def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis
             main_job="llama", stage=3, bubble_s=90.0, fill_s=54.0, iteration_s=2.142, jobs=2, updated_at=measured
         ),
     )
+
+
+def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis_url, store):
+    seed_bubbles(store)
     app.run()
     app.sidebar.radio[0].set_value("Bubbles").run()
     assert not app.exception
@@ -220,7 +217,8 @@ def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis
     assert table["main-job slowdown %"].iloc[3] == pytest.approx(100 * (2.142 / 2.1 - 1))
 
 
-def test_backtest_page_shows_a_backtest_directory_as_written(app, redis_url, tmp_path, monkeypatch):
+def backtest_dir(tmp_path: Path) -> Path:
+    """A small `broker backtest --out DIR` (3 jobs, three policies), as the page reads it."""
     from typer.testing import CliRunner
 
     from broker.app.cli.main import app as cli
@@ -242,6 +240,11 @@ def test_backtest_page_shows_a_backtest_directory_as_written(app, redis_url, tmp
         ],
     )
     assert run.exit_code == 0, run.output
+    return out
+
+
+def test_backtest_page_shows_a_backtest_directory_as_written(app, redis_url, tmp_path, monkeypatch):
+    out = backtest_dir(tmp_path)
     table = pd.read_csv(out / "policies.csv").set_index("policy")
     monkeypatch.setenv("BROKER_BACKTEST_DIR", str(out))
     app.run()
@@ -264,102 +267,6 @@ def test_empty_pages_say_what_to_do(app, redis_url, page):
     app.sidebar.radio[0].set_value(page).run()
     assert not app.exception
     assert any(("broker submit" in i.value) or ("no " in i.value) for i in app.info)
-
-
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-    "--virtual-time-budget=30000",
-]
-
-
-def healthy(port: int) -> bool:
-    try:
-        return urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).status == 200
-    except OSError:
-        return False
-
-
-def wait_until_healthy(server: subprocess.Popen, port: int, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not healthy(port):
-        assert time.monotonic() < deadline and server.poll() is None, "dashboard did not come up"
-        time.sleep(0.3)
-
-
-def start_dashboard(redis_url: str, tmp_path: Path) -> tuple[subprocess.Popen, int]:
-    """`broker dashboard` in its own session (for clean-up), once it answers."""
-    port = free_port()
-    env = {**os.environ, "BROKER_REDIS_URL": redis_url, "BROKER_HOME": str(tmp_path)}
-    broker = Path(sys.executable).parent / "broker"
-    server = subprocess.Popen(
-        [str(broker), "dashboard", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        wait_until_healthy(server, port)
-    except BaseException:
-        os.killpg(server.pid, signal.SIGKILL)
-        raise
-    return server, port
-
-
-def test_a_sigterm_to_broker_dashboard_stops_the_streamlit_server(redis_url, tmp_path):
-    """As systemd or `kill PID` stop it: the signal goes to the broker process alone, not its group."""
-    server, port = start_dashboard(redis_url, tmp_path)
-    try:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=20)
-        deadline = time.monotonic() + 10
-        while healthy(port) and time.monotonic() < deadline:
-            time.sleep(0.3)
-        assert not healthy(port), "the streamlit server outlived `broker dashboard`"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-
-
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (make test installs it)")
-def test_broker_dashboard_renders_its_kpis_in_headless_chromium(seeded, redis_url, tmp_path):
-    server, port = start_dashboard(redis_url, tmp_path)
-    try:
-        url = f"http://127.0.0.1:{port}/"
-        profile = ["--user-data-dir=" + str(tmp_path / "chrome")]
-        dom = ""
-        for _ in range(15):  # the first visits run while the app warms its caches (imports, catalog, store)
-            dom = subprocess.run(
-                ["chromium", *CHROMIUM_FLAGS, *profile, "--dump-dom", url], capture_output=True, text=True, timeout=120
-            ).stdout
-            if "Spend to date" in dom:
-                break
-            time.sleep(1)
-        shot = tmp_path / "dashboard.png"
-        for _ in range(10):  # as above: retry until the page is drawn, not blank (a blank one is about 8 kB)
-            subprocess.run(
-                ["chromium", *CHROMIUM_FLAGS, *profile, "--window-size=1400,1000", f"--screenshot={shot}", url],
-                capture_output=True,
-                timeout=120,
-            )
-            if shot.exists() and shot.stat().st_size > 20_000:
-                break
-            time.sleep(1)
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=20)
-    assert "Spend to date" in dom and "Savings vs on-demand" in dom
-    assert f"${seeded['spend']:,.2f}" in dom
-    assert shot.exists() and shot.stat().st_size > 20_000
-    if os.environ.get("BROKER_SCREENSHOT_DIR"):  # to look at it: the file tool shows PNGs
-        shutil.copy(shot, Path(os.environ["BROKER_SCREENSHOT_DIR"]) / "dashboard.png")
 
 
 def test_cost_report_splits_each_jobs_spend_by_tier_and_totals_it(seeded, redis_url, monkeypatch):

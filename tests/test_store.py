@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableError
-from broker.domain.model import Job, JobState
+from broker.domain.model import Job, JobState, Run
 from broker.planning import get
 from broker.store import embedded
 from broker.store.jobs import Store
@@ -107,3 +107,22 @@ def test_clearing_a_namespace_deletes_only_its_own_keys(redis_url, catalog):
     live.add_job(new_job(catalog, "keep"))
     assert demo.clear_namespace() > 3
     assert demo.list_jobs() == [] and [j.id for j in live.list_jobs()] == ["keep"]
+
+
+def test_a_demos_ended_jobs_are_copied_tagged_and_replace_the_last_demos(redis_url, catalog):
+    demo, live = Store(redis_url, prefix="demo-ns:"), Store(redis_url)
+    live.add_job(new_job(catalog, "mine"))
+    for round_ in ("a", "b"):
+        demo.clear_namespace()
+        demo.add_job(new_job(catalog, f"{round_}-open"))
+        done = new_job(catalog, f"{round_}-done")
+        run = Run(fence=1, agent="spot-a", offer=done.quote.chosen.offer, dispatched_at=NOW, ended_at=NOW)
+        demo.add_job(done.model_copy(update={"runs": [run]}))
+        demo.set_state(done.id, JobState.cancelled, NOW, reason="finished here")
+        demo.append_log("spot-a", done.id, 1, ["hello"])
+        assert live.publish_jobs(demo, [f"{round_}-done", f"{round_}-open"], tag="demo") == 1  # ended ones only
+    listed = {j.id: j.tags for j in live.list_jobs()}
+    assert listed == {"mine": [], "b-done": ["demo"]}  # round a's copy was replaced; the user's job untouched
+    assert [e["reason"] for e in live.events("b-done")] == ["submitted", "finished here"]
+    assert live.read_log("spot-a", "b-done", 1)[1] == ["hello"]
+    assert live.pending_count() == 1  # only the user's own job waits: no server acts on a copy

@@ -105,8 +105,10 @@ def run_demo(
     speedup: float,
     timeout_s: float,
     progress=None,
+    show_in: str | None = None,
 ) -> dict:
-    """Run the demo jobs to the end (or the timeout) and return the summary."""
+    """Run the demo jobs to the end (or the timeout) and return the summary; their ended jobs are copied, tagged
+    demo, to the namespace `show_in` (the user's), where `broker list` and the dashboard look."""
     store, work, checkpoints = start_clean(redis_url, PREFIX, home / "demo")
     clock = ScaledClock(speedup)
     broker = Broker(store, catalog, policy, clock)
@@ -133,6 +135,8 @@ def run_demo(
         rows = [job_summary(store.get_job(j.id)) for j in jobs]
     finally:
         provisioner.stop_all()
+    if show_in is not None:
+        Store(redis_url, prefix=show_in).publish_jobs(store, [j.id for j in jobs], tag="demo")
     return {
         "speedup": speedup,
         "agents": [{"id": a, "offer": o.id, "price_usd_per_h": o.price_usd_per_h} for a, o, _ in pool],

@@ -25,6 +25,7 @@ from broker.core.server import BrokerServer
 from broker.domain.model import Tier
 from broker.domain.specfile import load_spec
 from broker.pricing.catalog import PriceCatalog
+from broker.store.jobs import Store
 from broker.store.profiles import load_profiles
 
 PREFIX = "broker-demo-bubbles:"
@@ -41,8 +42,10 @@ def run_bubbles_demo(
     timeout_s: float,
     training_steps: int = 400,
     progress=None,
+    show_in: str | None = None,
 ) -> dict:
-    """Run the training job and the fill job to the end (or the timeout); the summary."""
+    """Run the training job and the fill job to the end (or the timeout); the summary. The ended fill job is
+    copied, tagged demo-bubbles, to the namespace `show_in` (the user's)."""
     store, work, checkpoints = start_clean(redis_url, PREFIX, home / "demo-bubbles")
     clock = SystemClock()
     server = BrokerServer(store, policy, clock, CheckpointStore(checkpoints))
@@ -101,6 +104,8 @@ def run_bubbles_demo(
             training.terminate()
             training.wait(timeout=30)
         provisioner.stop_all()
+    if show_in is not None:
+        Store(redis_url, prefix=show_in).publish_jobs(store, [job.id], tag="demo-bubbles")
     runs = [
         {
             "agent": r.agent,

@@ -136,7 +136,7 @@ def jobs_table(jobs: list[Job]) -> Table:
         offer = job.runs[-1].offer if job.runs else chosen.offer
         table.add_row(
             job.id,
-            job.state.value,
+            " ".join([job.state.value, *(f"({tag})" for tag in job.tags)]),
             offer.tier.value,
             f"{offer.cloud} {offer.instance_type} {offer.zone or offer.region}",
             f"{offer.accelerator_count}x {offer.accelerator}",

@@ -231,6 +231,7 @@ class Job(BaseModel):
     move_requested: bool = False  # the guard asked the agent to checkpoint and give the job back
     runs: list[Run] = []
     log_tail: list[str] = []
+    tags: list[str] = []  # "demo": a copy of a demo's job, shown beside the user's own
 
     @property
     def current_run(self) -> Run | None:

@@ -117,6 +117,7 @@ def jobs_frame(jobs: list[Job], now: datetime) -> pd.DataFrame:
                 "quote $": round(job.quote.chosen.expected_cost_usd, 4),
                 "budget used %": round(100 * spend / job.spec.budget_usd, 1) if job.spec.budget_usd else None,
                 "migrations": job.migrations,
+                "tags": ", ".join(job.tags),
             }
         )
     return pd.DataFrame(rows)

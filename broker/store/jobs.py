@@ -43,7 +43,7 @@ import redis
 
 from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableError
 from broker.domain.model import Job, JobState
-from broker.store.agents import STREAM_MAXLEN, AgentChannels
+from broker.store.agents import LOG_MAXLEN, STREAM_MAXLEN, AgentChannels
 from broker.store.connection import patient_retry, redact_url
 
 log = logging.getLogger(__name__)
@@ -254,3 +254,28 @@ class Store(AgentChannels):
         entries = self.redis.xrange(self._key("events"), count=count)
         rows = [{"id": entry_id, **fields} for entry_id, fields in entries]
         return [r for r in rows if job_id is None or r["job"] == job_id]
+
+    def publish_jobs(self, source: Store, job_ids: list[str], tag: str) -> int:
+        """Copy ended jobs of another namespace (a demo's) here, tagged, with their events and output, replacing
+        the ones this tag put here before: so `broker list`, `status`, `logs` and the dashboard show them. Only
+        ended jobs: no server acts on them. Returns how many were copied."""
+        jobs = [j.model_copy(update={"tags": [*j.tags, tag]}) for j in source._jobs(job_ids) if j.state.terminal]
+        ids = {j.id for j in jobs}
+        old = [j.id for j in self.list_jobs() if tag in j.tags]
+        with self.redis.pipeline(transaction=True) as pipe:
+            if old:
+                pipe.delete(*(self._key("job", i) for i in old))
+                pipe.zrem(self._key("jobs"), *old)
+            for job in jobs:
+                pipe.set(self._key("job", job.id), job.model_dump_json())
+                pipe.zadd(self._key("jobs"), {job.id: job.submitted_at.timestamp()})
+            for event in source.events():
+                if event["job"] in ids:
+                    fields = {k: v for k, v in event.items() if k != "id"}
+                    pipe.xadd(self._key("events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
+            for agent in sorted({r.agent for j in jobs for r in j.runs}):
+                for _, fields in source.redis.xrange(source._key("log", agent)):
+                    if fields["job"] in ids:
+                        pipe.xadd(self._key("log", agent), fields, maxlen=LOG_MAXLEN, approximate=True)
+            pipe.execute()
+        return len(jobs)

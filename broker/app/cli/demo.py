@@ -62,12 +62,21 @@ def demo(
             bar.update(task, description="  ".join(f"{j.spec.name}: {j.state.value}" for j in jobs))
 
         summary = run_demo(
-            redis_url(settings), settings.home, examples, broker.catalog, broker.policy, speedup, timeout, show
+            redis_url(settings),
+            settings.home,
+            examples,
+            broker.catalog,
+            broker.policy,
+            speedup,
+            timeout,
+            show,
+            show_in=settings.prefix,
         )
     if as_json:
         print_json({"quotes": quotes, **summary})
     else:
         out.print(render.run_summary(summary))
+        out.print("its jobs, tagged demo: `broker list`, `broker status JOB`, `broker logs JOB`, `broker dashboard`")
     if summary["unfinished"]:
         first = next(r for r in summary["jobs"] if r["state"] != "done")
         raise BrokerError(
@@ -108,7 +117,14 @@ def demo_bubbles(examples: Path, timeout: float, as_json: bool) -> None:
             )
 
         summary = run_bubbles_demo(
-            redis_url(settings), settings.home, examples, broker.catalog, broker.policy, timeout, progress=show
+            redis_url(settings),
+            settings.home,
+            examples,
+            broker.catalog,
+            broker.policy,
+            timeout,
+            progress=show,
+            show_in=settings.prefix,
         )
     if as_json:
         print_json(summary)
