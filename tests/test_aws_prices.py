@@ -242,9 +242,11 @@ def test_a_failed_refresh_keeps_the_previous_prices_and_a_good_one_skips_bad_row
     [ok] = refresh([good], history, {"aws": {"us-east-1"}}, NOW)
     assert ok["status"] == "ok" and ok["recorded"] == 4 and ok["skipped"]["absurd spot price"] == 1
     before = history.latest()
-    [failed] = refresh([Failing()], history, {"aws": {"us-east-1"}}, NOW + timedelta(hours=1))
-    assert failed["status"] == "failed" and "previous prices stay" in failed["message"]
+    asked = []
+    reports = refresh([Failing(), Failing()], history, {"aws": {"us-east-1"}}, NOW + timedelta(hours=1), asked.append)
+    assert [r["status"] for r in reports] == ["failed", "failed"] and "previous prices stay" in reports[0]["message"]
     assert history.latest() == before and history.refreshed()["aws"] == NOW
+    assert asked == ["aws", "aws"]  # the progress bar hears of each source before it is asked
 
 
 def test_rows_from_unknown_regions_are_skipped_and_counted():

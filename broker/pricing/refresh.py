@@ -8,6 +8,7 @@ catalog does not know, or with prices out of range, are skipped and counted.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
 
 import pandas as pd
@@ -33,10 +34,19 @@ def one_line(error: Exception, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def refresh(sources: list, history: PriceHistory, known_regions: dict[str, set[str]], now: datetime) -> list[dict]:
-    """Refresh each source; one report per source: status, rows, changes recorded, what was skipped and why."""
+def refresh(
+    sources: list,
+    history: PriceHistory,
+    known_regions: dict[str, set[str]],
+    now: datetime,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """Refresh each source; one report per source: status, rows, changes recorded, what was skipped and why.
+    `progress(cloud)` is called before each source is asked (a cloud's catalog takes seconds to minutes)."""
     reports = []
     for source in sources:
+        if progress:
+            progress(source.cloud)
         report = {"source": source.cloud, "status": "ok", "rows": 0, "recorded": 0, "skipped": {}, "message": ""}
         try:
             source.check()

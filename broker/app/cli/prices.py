@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from broker.app.cli.common import JsonOpt, make_broker, out, print_json, user_errors
+from broker.app.cli.common import JsonOpt, err, make_broker, out, print_json, user_errors
 from broker.domain.accelerators import lookup
 from broker.domain.errors import BrokerError
 from broker.domain.model import Tier, parse_deadline
@@ -188,7 +188,26 @@ def refresh_prices(
     unknown = [c for c in cloud if c not in builders]
     if unknown:
         raise BrokerError(f"--cloud: no live source for {', '.join(unknown)} yet; choose from {', '.join(builders)}")
-    reports = refresh([builders[c]() for c in cloud], PriceHistory(broker.store), known, datetime.now(UTC))
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    sources = [builders[c]() for c in cloud]
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("prices", total=len(sources))
+
+        def progress(name: str) -> None:
+            bar.update(task, completed=len(asked), description=f"asking {name} for prices")
+            asked.append(name)
+
+        asked: list[str] = []
+
+        reports = refresh(sources, PriceHistory(broker.store), known, datetime.now(UTC), progress)
     failed = [r["source"] for r in reports if r["status"] == "failed"]
     if as_json:
         print_json(reports)
