@@ -32,9 +32,11 @@ class _StrictLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, typing.Hashable) and key in seen:
+            if not isinstance(key, typing.Hashable):
+                continue  # a list or mapping as a key: the spec's validation names it
+            if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice", key_node.start_mark)
-            seen.add(key) if isinstance(key, typing.Hashable) else None
+            seen.add(key)
         return super().construct_mapping(node, deep)
 
 

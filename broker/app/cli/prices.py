@@ -199,13 +199,11 @@ def refresh_prices(
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task("prices", total=len(sources))
+        task, asked = bar.add_task("prices", total=len(sources)), []
 
         def progress(name: str) -> None:
             bar.update(task, completed=len(asked), description=f"asking {name} for prices")
             asked.append(name)
-
-        asked: list[str] = []
 
         reports = refresh(sources, PriceHistory(broker.store), known, datetime.now(UTC), progress)
     failed = [r["source"] for r in reports if r["status"] == "failed"]
