@@ -12,7 +12,7 @@ from broker.agents.checkpoints import CheckpointStore
 from broker.core.broker import Broker
 from broker.core.clock import SystemClock
 from broker.core.server import BrokerServer
-from broker.domain.model import AgentInfo, JobState
+from broker.domain.model import AgentInfo, Job, JobState
 from conftest import make_spec
 
 LEASE_S = 0.5
@@ -71,7 +71,7 @@ def test_a_deposed_leader_cannot_dispatch_even_mid_round(store, catalog, tmp_pat
     time.sleep(LEASE_S * 1.2)
     assert b.lead()  # a's lease lapsed (a long pause) and b took over
     agent = store.agents()[0]
-    assert a._assign(store.get_job(job.id), agent) is False  # a still thinks it plans: the fence refuses the write
+    assert a._assign([(store.get_job(job.id), agent)]) == []  # a still thinks it plans: the fence refuses the write
     assert store.get_job(job.id).fence == 0 and store.get_job(job.id).state == JobState.queued
 
 
@@ -118,3 +118,19 @@ def test_kill_9_of_the_leading_server_process_hands_planning_to_the_standby(redi
     finally:
         leader.kill()
         leader.wait()
+
+
+def test_a_round_reads_the_queue_in_pages_and_still_finds_a_fitting_job_far_down(store, catalog, tmp_path):
+    """100 more urgent jobs need an A100 and no agent has one: the L4 job behind them still gets the idle L4
+    agent, though the round's first page (what one idle agent needs) holds only A100 jobs."""
+    now = SystemClock().now()
+    for i, (gpu, priority) in enumerate([("A100:1", 5)] * 100 + [("L4:1", 0)]):
+        spec = make_spec(name=f"j{i}", resources={"accelerators": [gpu]}, priority=priority, now=now)
+        quote = planning.get().quote(spec, catalog.offers, now)
+        store.add_job(Job(id=f"j{i:03d}", spec=spec, submitted_at=now, updated_at=now, quote=quote))
+    idle_agent(store, catalog)
+    server, pages = replica(store, tmp_path, "a"), []
+    read = store.pending_jobs
+    store.pending_jobs = lambda start, count: pages.append((start, count)) or read(start, count)
+    assert server.dispatch() == [("j100", "od-1")]
+    assert pages == [(0, 64), (64, 128)]  # a page for one idle agent, then twice that while it stays idle

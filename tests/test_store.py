@@ -126,3 +126,32 @@ def test_a_demos_ended_jobs_are_copied_tagged_and_replace_the_last_demos(redis_u
     assert [e["reason"] for e in live.events("b-done")] == ["submitted", "finished here"]
     assert live.read_log("spot-a", "b-done", 1)[1] == ["hello"]
     assert live.pending_count() == 1  # only the user's own job waits: no server acts on a copy
+
+
+def test_a_batch_of_job_changes_is_one_transaction_that_never_overwrites_a_concurrent_write(store, catalog, clock):
+    for i in range(3):
+        store.add_job(new_job(catalog, f"j{i}"))
+    other = Store(redis_url_of(store))
+    calls = []
+
+    def cancel(job):
+        calls.append(job.id)
+        if calls == ["j0"]:  # another writer changes j1 after the batch read it: the batch must re-read
+            other.set_state("j1", JobState.cancelled, clock.now(), reason="by the other writer")
+        return job.model_copy(update={"state": JobState.cancelled, "reason": "batch"})
+
+    def keep(job):
+        return None
+
+    changes = [("j0", cancel, None), ("j1", cancel, None), ("j2", keep, None), ("gone", cancel, None)]
+    done = store.update_jobs(changes)
+    assert set(done) == {"j0", "j1", "j2"} and done["j2"] is None  # a missing job is left out
+    assert calls == ["j0", "j1", "j0", "j1"]  # the first attempt was refused (WATCH) and the batch read again
+    assert store.get_job("j0").reason == "batch" and store.get_job("j2").state == JobState.queued
+    assert [e["reason"] for e in store.events("j0")] == ["submitted", "batch"]  # written once, with its event
+    assert [e["reason"] for e in store.events("j1")] == ["submitted", "by the other writer"]  # cancelled once
+
+
+def redis_url_of(store):
+    kwargs = store.redis.connection_pool.connection_kwargs
+    return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs.get('db', 0)}"

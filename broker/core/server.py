@@ -19,7 +19,7 @@ import redis
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.tokens import refusal
 from broker.core.reports import end_run, fold
-from broker.domain.errors import InfeasibleError, NotFoundError
+from broker.domain.errors import InfeasibleError
 from broker.domain.model import AgentInfo, Job, JobState, Offer, Run, Tier
 from broker.models.risk import fits
 from broker.planning.option_table import PlanItem
@@ -28,7 +28,10 @@ from broker.store.jobs import Store
 
 log = logging.getLogger(__name__)
 
-PLAN_PAGE = 1000  # pending jobs planned per round, most urgent first
+PLAN_PAGE = 1000  # pending jobs planned per round at most, most urgent first
+# read (and parse) pending jobs in pages: first this many per idle agent, doubling while agents stay idle, so a
+# deep queue costs a round only what its idle agents need, and a job far down that fits an idle agent still runs
+PLAN_PAGE_PER_AGENT, PLAN_PAGE_MIN = 8, 64
 GUARD_EVERY_S = 1.0
 PRICES_EVERY_S = 60.0  # the catalog changes when prices are refreshed or our agents see preemptions
 
@@ -105,13 +108,14 @@ class BrokerServer:
         return self.dispatch()
 
     def fold_reports(self, block_ms: int | None) -> int:
-        """Apply one batch of agent reports (one transaction per job), then ack them; returns how many."""
+        """Apply one batch of agent reports (all their jobs in one transaction), then ack them; returns how many."""
         by_job: dict[str, list[tuple[str, dict]]] = {}
         for entry_id, report in self.store.read_reports(self.consumer, block_ms=block_ms):
             by_job.setdefault(report["job"], []).append((entry_id, report))
-        for entries in by_job.values():
-            self.apply([report for _, report in entries])
-            self.store.ack_reports([entry_id for entry_id, _ in entries])  # after the change: a crash re-applies
+        if not by_job:
+            return 0
+        self.apply_batch([[report for _, report in entries] for entries in by_job.values()])
+        self.store.ack_reports([e for entries in by_job.values() for e, _ in entries])  # after: a crash re-applies
         return sum(len(entries) for entries in by_job.values())
 
     def serve(self, until=lambda: False, interval_s: float = 0.05) -> None:
@@ -128,6 +132,24 @@ class BrokerServer:
 
     def apply(self, reports: list[dict]) -> Job | None:
         """Fold one job's reports into it, in order, in one transaction; stale fences and repeats change nothing."""
+        return self.apply_batch([reports]).get(reports[0]["job"])
+
+    def apply_batch(self, batch: list[list[dict]]) -> dict[str, Job | None]:
+        """Fold each job's reports (one list per job) into it; all the jobs in one store transaction."""
+        exits = self.store.get_agents(sorted({r["agent"] for rs in batch for r in rs if r["type"] == "exited"}))
+        folds = [self._folding(reports, exits) for reports in batch]
+        jobs = self.store.update_jobs(folds, emit=False)
+        for reports in batch:
+            job_id = reports[0]["job"]
+            if job_id not in jobs:
+                log.warning("report for unknown job=%r dropped", job_id)
+            elif jobs[job_id] is not None and self.metrics:
+                self._observe(jobs[job_id], reports)
+        return jobs
+
+    def _folding(self, reports: list[dict], exited: dict[str, AgentInfo]) -> tuple:
+        """(job id, change, also) that fold one job's reports, for Store.update_jobs; `exited` holds the records
+        of the agents whose runs end in this batch (freed in the same transaction)."""
         job_id = reports[0]["job"]
         transitions: list[tuple[JobState, str | None]] = []
 
@@ -153,8 +175,7 @@ class BrokerServer:
                     folded = after
             return None if folded is job else folded
 
-        exits = {r["agent"] for r in reports if r["type"] == "exited"}
-        agents = [a for a in (self.store.get_agent(agent_id) for agent_id in exits) if a is not None]
+        agents = [exited[r["agent"]] for r in reports if r["type"] == "exited" and r["agent"] in exited]
 
         def also(pipe, job: Job) -> None:
             for state, reason in transitions:
@@ -163,14 +184,7 @@ class BrokerServer:
                 if agent.job == job.id:
                     self.store.put_agent(pipe, agent.model_copy(update={"job": None, "fence": None}))
 
-        try:
-            job = self.store.update_job(job_id, change, also=also, emit=False)
-        except NotFoundError:
-            log.warning("report for unknown job=%r dropped", job_id)
-            return None
-        if job is not None and self.metrics:
-            self._observe(job, reports)
-        return job
+        return job_id, change, also
 
     def _observe(self, job: Job, reports: list[dict]) -> None:
         kinds = {r["type"] for r in reports}
@@ -234,18 +248,27 @@ class BrokerServer:
         idle = self._idle_agents()
         if not idle:
             return []
-        jobs = self.store.pending_jobs(0, PLAN_PAGE)  # most urgent first
-        if not jobs:
-            return []
         by_offer: dict[str, list[AgentInfo]] = {}
         for agent in idle:
             by_offer.setdefault(agent.offer.id, []).append(agent)
+        pairs, start, page = [], 0, max(PLAN_PAGE_MIN, PLAN_PAGE_PER_AGENT * len(idle))
+        while start < PLAN_PAGE and any(by_offer.values()):
+            jobs = self.store.pending_jobs(start, min(page, PLAN_PAGE - start))  # most urgent first
+            if not jobs:
+                break
+            pairs += self._plan_page(jobs, by_offer)
+            start, page = start + len(jobs), page * 2
+        return self._assign(pairs)
+
+    def _plan_page(self, jobs: list[Job], by_offer: dict[str, list[AgentInfo]]) -> list[tuple[Job, AgentInfo]]:
+        """Plan one page of pending jobs onto the agents still idle (taken from `by_offer` as they are given)."""
+        left = {offer_id: group for offer_id, group in by_offer.items() if group}
         newest = self.newest_offers()
-        offers = [newest.get(offer_id, group[0].offer) for offer_id, group in by_offer.items()]
+        offers = [newest.get(offer_id, group[0].offer) for offer_id, group in left.items()]
         plan = self.policy.plan(
-            [PlanItem.from_job(j) for j in jobs], offers, {k: len(v) for k, v in by_offer.items()}, self.clock.now()
+            [PlanItem.from_job(j) for j in jobs], offers, {k: len(v) for k, v in left.items()}, self.clock.now()
         )
-        done = []
+        pairs = []
         for job in jobs:
             offer_id = plan.assignments.get(job.id)
             why = plan.unplaced.get(job.id)
@@ -254,10 +277,8 @@ class BrokerServer:
                 offer_id = agent.offer.id if agent else None
             if offer_id is None or not by_offer.get(offer_id):
                 continue
-            agent = by_offer[offer_id].pop()
-            if self._assign(job, agent):
-                done.append((job.id, agent.id))
-        return done
+            pairs.append((job, by_offer[offer_id].pop()))
+        return pairs
 
     def newest_offers(self) -> dict[str, Offer]:
         """Offers by id as the catalog prices them now (refreshed every PRICES_EVERY_S): an agent registered
@@ -347,11 +368,24 @@ class BrokerServer:
             option = min(self.policy.options(job.spec, offers, self.clock.now()), key=lambda o: o.expected_finish)
         return by_offer[option.offer.id]
 
-    def _assign(self, job: Job, agent: AgentInfo) -> bool:
+    def _assign(self, pairs: list[tuple[Job, AgentInfo]]) -> list[tuple[str, str]]:
+        """Dispatch each job to its agent, all in one store transaction fenced by the planning lease; returns the
+        (job, agent) pairs that were assigned (a job someone else moved meanwhile is not)."""
+        now = self.clock.now()
+        assigned = self.store.update_jobs(
+            [self._dispatching(job, agent, now) for job, agent in pairs], leader=self.consumer
+        )
+        done = [(job, agent) for job, agent in pairs if assigned.get(job.id) is not None]
+        if self.metrics:
+            moved = sum(1 for job, _ in done if job.runs and job.runs[-1].end_reason in ("preempted", "lost", "moved"))
+            self.metrics.migrations.inc(moved)
+        return [(job.id, agent.id) for job, agent in done]
+
+    def _dispatching(self, job: Job, agent: AgentInfo, now) -> tuple:
+        """(job id, change, also) that start a new run of the job on the agent, for Store.update_jobs."""
         latest, skipped = self.checkpoints.latest_verified(job.id)
         for line in skipped:
             log.warning("job=%s checkpoint skipped: %s", job.id, line)
-        now = self.clock.now()
         fence = job.fence + 1
         run = Run(
             fence=fence,
@@ -370,7 +404,4 @@ class BrokerServer:
             self.store.assign(pipe, agent.id, assigned)
             self.store.put_agent(pipe, agent.model_copy(update={"job": job.id, "fence": fence}))
 
-        assigned = self.store.update_job(job.id, change, also=send, leader=self.consumer) is not None
-        if assigned and self.metrics and job.runs and job.runs[-1].end_reason in ("preempted", "lost", "moved"):
-            self.metrics.migrations.inc()
-        return assigned
+        return job.id, change, send

@@ -84,6 +84,11 @@ class AgentChannels:
         """The agent's record; None when there is none or it does not parse (an agent writes its own)."""
         return _agent_info(self.redis.get(self._key("agent", agent_id)))
 
+    def get_agents(self, agent_ids: list[str]) -> dict[str, AgentInfo]:
+        """The records of these agents (one MGET); ids without a parsable record are left out."""
+        raws = self.redis.mget([self._key("agent", i) for i in agent_ids]) if agent_ids else []
+        return {a.id: a for a in map(_agent_info, raws) if a is not None}
+
     def put_agent(self, pipe, agent: AgentInfo) -> None:
         """Queue an agent record update on a transaction pipeline (with its job's change)."""
         pipe.set(self._key("agent", agent.id), agent.model_dump_json())

@@ -34,6 +34,7 @@ always for the embedded server), so a change is on disk before the call returns.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Callable
@@ -196,34 +197,59 @@ class Store(AgentChannels):
         With `leader`, the change applies only while that replica holds the planning lease (the lease key is
         watched too: a replica that lost it mid-change writes nothing).
         """
-        key = self._key("job", job_id)
-        with self.redis.pipeline(transaction=True) as pipe:
-            while True:
+        return self.update_jobs([(job_id, change, also)], reason, emit, leader, missing_ok=False)[job_id]
+
+    def update_jobs(
+        self,
+        changes: list[tuple[str, Callable[[Job], Job | None], Callable[[redis.client.Pipeline, Job], None] | None]],
+        reason: str | None = None,
+        emit: bool = True,
+        leader: str | None = None,
+        missing_ok: bool = True,
+    ) -> dict[str, Job | None]:
+        """`update_job` for many jobs in one transaction (WATCH all, one MGET, one MULTI/EXEC): a server round's
+        folds or dispatches cost three round trips and one fsync instead of that many per job. Returns each job
+        after its change (None: no change, or a lost lease); a missing job is left out with `missing_ok`. When
+        other writers keep touching the batch, it falls back to one transaction per job."""
+        if not changes:
+            return {}
+        keys = [self._key("job", job_id) for job_id, _, _ in changes]
+        watched = keys + ([self._key("leader")] if leader else [])
+        for _ in itertools.count() if len(changes) == 1 else range(3):  # one job: until it applies, as before
+            with self.redis.pipeline(transaction=True) as pipe:
                 try:
-                    pipe.watch(key, *([self._key("leader")] if leader else []))
+                    pipe.watch(*watched)
                     if leader is not None and pipe.get(self._key("leader")) != leader:
-                        pipe.unwatch()
-                        return None
-                    raw = pipe.get(key)
-                    if raw is None:
-                        raise NotFoundError(f"job: no job {job_id!r}; `broker list` shows the ids")
-                    before = Job.model_validate_json(raw)
-                    job = change(before)
-                    if job is None:
-                        pipe.unwatch()
-                        return None
-                    pipe.multi()
-                    pipe.set(key, job.model_dump_json())
-                    self._index(pipe, job)
-                    self._tell_agents(pipe, before, job)
-                    if emit and job.state != before.state:
-                        self._event(pipe, job, reason or job.reason)
-                    if also:
-                        also(pipe, job)
-                    pipe.execute()
-                    return job
+                        return dict.fromkeys((job_id for job_id, _, _ in changes), None)
+                    results, writes = {}, []
+                    for (job_id, change, also), raw in zip(changes, pipe.mget(keys)):
+                        if raw is None:
+                            if missing_ok:
+                                continue
+                            raise NotFoundError(f"job: no job {job_id!r}; `broker list` shows the ids")
+                        before = Job.model_validate_json(raw)
+                        results[job_id] = job = change(before)
+                        if job is not None:
+                            writes.append((before, job, also))
+                    if writes:
+                        pipe.multi()
+                        for before, job, also in writes:
+                            self._write(pipe, before, job, reason, emit, also)
+                        pipe.execute()
+                    return results
                 except redis.WatchError:
                     continue
+        return {job_id: self.update_job(job_id, change, also, reason, emit, leader) for job_id, change, also in changes}
+
+    def _write(self, pipe, before: Job, job: Job, reason: str | None, emit: bool, also) -> None:
+        """Queue a job's new state and all that goes with it (indexes, agents' views, its event, `also`)."""
+        pipe.set(self._key("job", job.id), job.model_dump_json())
+        self._index(pipe, job)
+        self._tell_agents(pipe, before, job)
+        if emit and job.state != before.state:
+            self._event(pipe, job, reason or job.reason)
+        if also:
+            also(pipe, job)
 
     def _tell_agents(self, pipe, before: Job, job: Job) -> None:
         """Rewrite the view of the job held by each agent it runs or ran on (in the job's transaction)."""
