@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--rate", type=float, default=1000.0, help="target submits per second")
     parser.add_argument("--hosts", type=int, default=4, help="processes the agents are spread over")
+    parser.add_argument("--submitters", type=int, default=1, help="processes submitting (users), each rate/N")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -85,20 +86,19 @@ def run(url: str, home: Path, args) -> dict:
             raise SystemExit("agents did not register within 120 s")
         time.sleep(0.2)
 
-    submitted: dict[str, float] = {}
-    t0 = time.time()
+    t0 = time.time() + 1.0  # the submitters start together, after they are spawned
+    submitters = [
+        ctx.Process(target=submit_host, args=(url, spec.model_dump_json(), quote.model_dump_json(), n, args, t0))
+        for n in range(args.submitters)
+    ]
+    for proc in submitters:
+        proc.start()
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("submitting", total=args.jobs)
-        for i in range(args.jobs):
-            due = t0 + i / args.rate
-            if (wait := due - time.time()) > 0:
-                time.sleep(wait)
-            now = datetime.now(UTC)
-            job = Job(id=f"bench-{i:06d}", spec=spec, submitted_at=now, updated_at=now, quote=quote)
-            submitted[job.id] = time.time()
-            store.add_job(job)
-            bar.advance(task)
-        submit_s = time.time() - t0
+        while any(p.is_alive() for p in submitters):
+            bar.update(task, completed=store.redis.zcard("broker:jobs"))
+            time.sleep(0.2)
+        submit_s = float(store.redis.get("bench:submit-end")) - t0
         task = bar.add_task("waiting for every job to start", total=args.jobs)
         started: dict[str, float] = {}
         last_id, deadline = "0", time.time() + args.timeout
@@ -118,6 +118,7 @@ def run(url: str, home: Path, args) -> dict:
         if proc.exitcode is None:
             proc.kill()
 
+    submitted = {j.id: j.submitted_at.timestamp() for j in store.list_jobs()}
     latencies = sorted((started[j] - submitted[j]) * 1000 for j in started)
     return {
         "agents": args.agents,
@@ -128,7 +129,24 @@ def run(url: str, home: Path, args) -> dict:
         "started": len(started),
         "starts_per_s": round(len(started) / all_started_s, 1) if all_started_s else None,
         "hosts": args.hosts,
+        "submitters": args.submitters,
+        "replicas": 1,  # one server plans (replicas stand by; planning is not sharded yet)
+        "cluster_nodes": 0,  # a single redis-server, not a Redis Cluster
     }
+
+
+def submit_host(url: str, spec_json: str, quote_json: str, n: int, args, t0: float) -> None:
+    """One user's client: submits jobs n, n + N, ... of the run at rate/N, each stored pre-quoted."""
+    from broker.domain.model import JobSpec, Quote
+
+    store, spec, quote = Store(url), JobSpec.model_validate_json(spec_json), Quote.model_validate_json(quote_json)
+    rate = args.rate / args.submitters
+    for k, i in enumerate(range(n, args.jobs, args.submitters)):
+        if (wait := t0 + k / rate - time.time()) > 0:
+            time.sleep(wait)
+        now = datetime.now(UTC)
+        store.add_job(Job(id=f"bench-{i:06d}", spec=spec, submitted_at=now, updated_at=now, quote=quote))
+    store.redis.set("bench:submit-end", repr(time.time()))  # the last submitter to finish writes last
 
 
 def agent_host(url: str, home: str, offer_json: str, ids: list[str], stop) -> None:

@@ -98,9 +98,11 @@ def test_preempted_job_migrates_and_finishes_with_identical_weights(system, tmp_
     assert first.checkpoint_step >= 23 and second.resume_from == first.checkpoint_url  # saved on the notice
     assert first.work_lost_s == 0 and done.migrations == 1
     assert [r.offer.tier.value for r in done.runs] == ["spot", "on_demand"]
+    # the second run may report no progress only when it had none to make: a notice late under load saved step 60
+    assert first.progress_points and (second.progress_points or first.checkpoint_step == 60)
     for run in done.runs:  # progress is on the server's clock, like the runs (the dashboard charts both)
         times = [at for at, _ in run.progress_points]
-        assert times and run.started_at <= times[0] and times[-1] <= run.ended_at and times == sorted(times)
+        assert all(run.started_at <= at <= run.ended_at for at in times) and times == sorted(times)
     assert done.cost_usd == pytest.approx(sum(r.offer.price_usd_per_h * r.hours(r.ended_at) for r in done.runs))
     assert_same_weights(torch.load(tmp_path / "final.pt"), uninterrupted)
 

@@ -133,4 +133,4 @@ def test_a_round_reads_the_queue_in_pages_and_still_finds_a_fitting_job_far_down
     read = store.pending_jobs
     store.pending_jobs = lambda start, count: pages.append((start, count)) or read(start, count)
     assert server.dispatch() == [("j100", "od-1")]
-    assert pages == [(0, 64), (64, 128)]  # a page for one idle agent, then twice that while it stays idle
+    assert pages == [(0, 16), (16, 32), (48, 64)]  # a page for one idle agent, then twice that while it stays idle

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 PLAN_PAGE = 1000  # pending jobs planned per round at most, most urgent first
 # read (and parse) pending jobs in pages: first this many per idle agent, doubling while agents stay idle, so a
 # deep queue costs a round only what its idle agents need, and a job far down that fits an idle agent still runs
-PLAN_PAGE_PER_AGENT, PLAN_PAGE_MIN = 8, 64
+PLAN_PAGE_PER_AGENT, PLAN_PAGE_MIN = 2, 16
 GUARD_EVERY_S = 1.0
 PRICES_EVERY_S = 60.0  # the catalog changes when prices are refreshed or our agents see preemptions
 
