@@ -28,8 +28,9 @@ Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis):
 
 A change to a job writes the job, its event and whatever must go with it (an assignment,
 the agent's record) in one MULTI/EXEC transaction under WATCH, so two writers cannot both
-move a job and a dispatch is never half done; `update_jobs` does the same for a batch of jobs. The server runs with AOF on (appendfsync
-always for the embedded server), so a change is on disk before the call returns.
+move a job and a dispatch is never half done; `update_jobs` does the same for a batch of jobs.
+The server runs with AOF on (appendfsync always for the embedded server), so a change is on
+disk before the call returns.
 """
 
 from __future__ import annotations
