@@ -160,9 +160,12 @@ def test_demo_runs_the_product_end_to_end_with_a_migration(env, monkeypatch, tmp
     assert all(j["tags"] == ["demo"] and j["state"] == "done" for j in listed)
     shown = run("status", listed[0]["id"])
     assert shown.exit_code == 0 and "running" in shown.stdout and "done" in shown.stdout  # its events came too
+    assert "compressed clock" in shown.stdout
     jobs = {j["name"]: j for j in body["jobs"]}
     assert {j["state"] for j in jobs.values()} == {"done"}
     train = jobs["demo-train-mlp"]
+    output = run("logs", train["id"]).stdout  # the output its agents sent, copied with the job
+    assert "(checkpoint saved)" in output and "done: " in output, output
     assert train["migrations"] == 1 and train["tiers"][0] == "spot" and len(train["agents"]) == 2
     assert train["work_lost_s"] <= 40 * 0.08 * body["speedup"]  # at most one checkpoint interval
     assert body["cost_usd"] < body["on_demand_cost_usd"] and body["savings_pct"] > 0

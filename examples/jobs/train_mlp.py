@@ -40,6 +40,7 @@ if state is not None:
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     start = state["step"]
+    print(f"resumed from step {start}", flush=True)
 
 for step in range(start, STEPS):
     x, y = batch(step)
@@ -52,8 +53,11 @@ for step in range(start, STEPS):
     stop = sdk.should_stop()
     if stop or done % CKPT_EVERY == 0:
         sdk.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done}, step=done)
+        print(f"step {done}/{STEPS} loss {loss.item():.4f} (checkpoint saved)", flush=True)
     if stop:
+        print(f"asked to stop: leaving at step {done}", flush=True)
         raise SystemExit(0)
     time.sleep(STEP_SLEEP_S)
 
 torch.save(model.state_dict(), os.environ["OUTPUT"])
+print(f"done: {STEPS} steps", flush=True)

@@ -77,6 +77,8 @@ def status(job_id: str = typer.Argument(..., help="The job id (see `broker list`
     now = datetime.now(UTC)
     out.print(f"[bold]{job.id}[/]  state: [bold]{job.state.value}[/]" + (f"  ({job.reason})" if job.reason else ""))
     out.print(render.job_times(job, now), highlight=False)
+    if "demo" in job.tags:
+        out.print("[dim]a copy of a `broker demo` job: its times are on the demo's compressed clock[/]")
     if waiting:
         out.print(f"[yellow]waiting:[/] {waiting}", highlight=False)
     out.print(render.quote_table(job.quote, f"quote at {job.quote.created_at:%Y-%m-%d %H:%M} UTC"))
