@@ -28,6 +28,8 @@ from broker.store.jobs import Store
 
 log = logging.getLogger(__name__)
 
+# what a malformed report raises when folded (a missing field, a wrong type, a bad number or url)
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError, OSError)
 PLAN_PAGE = 1000  # pending jobs planned per round at most, most urgent first
 # read (and parse) pending jobs in pages: first this many per idle agent, doubling while agents stay idle, so a
 # deep queue costs a round only what its idle agents need, and a job far down that fits an idle agent still runs
@@ -159,14 +161,7 @@ class BrokerServer:
             for report in reports:
                 try:
                     after = self._fold(folded, report)
-                except (
-                    KeyError,
-                    TypeError,
-                    ValueError,
-                    AttributeError,
-                    OverflowError,
-                    OSError,
-                ) as err:  # malformed: no change
+                except MALFORMED as err:  # no change
                     log.warning("report=malformed job=%s type=%r error=%r", job.id, report.get("type"), err)
                     continue
                 if after is not None:
