@@ -64,10 +64,18 @@ def test_bubble_agents_serve_a_fill_job_that_then_finishes_on_an_ordinary_agent(
         text=True,
     )
     try:
+        # every stage publishes its profile; a stage registers as an agent once one of its windows is long enough
+        # (p10 >= 1 ms on CPU), which a stage with short windows on a busy machine may never reach: one is enough
         wait(
-            lambda: {a.id for a in store.agents()} >= set(STAGES) or training.poll() is not None,
+            lambda: (
+                (
+                    {p.stage for p in load_profiles(store) if p.main_job == "llm"} == {0, 1, 2, 3}
+                    and {a.id for a in store.agents()} & set(STAGES)
+                )
+                or training.poll() is not None
+            ),
             300,
-            "the bubble agents",
+            "the bubble profiles and a bubble agent",
         )
         assert training.poll() is None, training.stdout.read()[-3000:]
         assert sorted(p.stage for p in load_profiles(store) if p.main_job == "llm") == [0, 1, 2, 3]

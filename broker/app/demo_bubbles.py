@@ -22,6 +22,7 @@ from broker.app.run import wait_for_agents
 from broker.core.broker import Broker
 from broker.core.clock import SystemClock
 from broker.core.server import BrokerServer
+from broker.domain.errors import BrokerError
 from broker.domain.model import Tier
 from broker.domain.specfile import load_spec
 from broker.pricing.catalog import PriceCatalog
@@ -31,6 +32,17 @@ from broker.store.profiles import load_profiles
 PREFIX = "broker-demo-bubbles:"
 MAIN_JOB = "demo-llm"
 STAGES = 4
+
+
+def wait_for_a_stage(store: Store, training: subprocess.Popen, timeout_s: float, log_path: Path) -> None:
+    """Until a pipeline stage serves its bubbles as an agent. A stage registers once one of its idle windows is
+    long enough to fill; one whose windows stay short (a busy machine) may never, and the others still serve."""
+    stages = [f"{MAIN_JOB}-stage{s}" for s in range(STAGES)]
+    deadline = time.monotonic() + timeout_s
+    while not any(store.lease_alive(s) for s in stages):
+        if training.poll() is not None or time.monotonic() > deadline:
+            raise BrokerError(f"demo: no pipeline stage registered its bubbles; see {log_path}")
+        time.sleep(0.1)
 
 
 def run_bubbles_demo(
@@ -85,8 +97,8 @@ def run_bubbles_demo(
     log.close()
     try:
         provisioner.start("ondemand-t4", on_demand)
-        stages = [f"{MAIN_JOB}-stage{s}" for s in range(STAGES)]
-        wait_for_agents(store, ["ondemand-t4", *stages], timeout_s, provisioner.run_root)
+        wait_for_agents(store, ["ondemand-t4"], timeout_s, provisioner.run_root)
+        wait_for_a_stage(store, training, timeout_s, work / "training.log")
         spec = load_spec(examples / "bubbles" / "fill-mlp.yaml", clock.now())
         job = Broker(store, catalog, policy, clock).submit(spec)
         deadline = time.monotonic() + timeout_s
