@@ -155,3 +155,20 @@ def test_a_batch_of_job_changes_is_one_transaction_that_never_overwrites_a_concu
 def redis_url_of(store):
     kwargs = store.redis.connection_pool.connection_kwargs
     return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs.get('db', 0)}"
+
+
+def test_a_batch_that_other_writers_keep_touching_falls_back_to_one_transaction_per_job(store, catalog):
+    for i in range(2):
+        store.add_job(new_job(catalog, f"j{i}"))
+    other, calls = Store(redis_url_of(store)), []
+
+    def note(job):
+        calls.append(job.id)
+        if job.id == "j0":  # every time: another writer touches j1, which the batch watches
+            other.redis.set(other.key("job", "j1"), other.redis.get(other.key("job", "j1")))
+        return job.model_copy(update={"reason": f"seen {job.id}"})
+
+    done = store.update_jobs([("j0", note, None), ("j1", note, None)])
+    assert calls == ["j0", "j1"] * 3 + ["j0", "j1"]  # three refused batches, then each job alone
+    assert {i: j.reason for i, j in done.items()} == {"j0": "seen j0", "j1": "seen j1"}
+    assert store.get_job("j0").reason == "seen j0" and store.get_job("j1").reason == "seen j1"

@@ -240,7 +240,14 @@ class Store(AgentChannels):
                     return results
                 except redis.WatchError:
                     continue
-        return {job_id: self.update_job(job_id, change, also, reason, emit, leader) for job_id, change, also in changes}
+        results = {}
+        for job_id, change, also in changes:
+            try:
+                results[job_id] = self.update_job(job_id, change, also, reason, emit, leader)
+            except NotFoundError:
+                if not missing_ok:
+                    raise
+        return results
 
     def _write(self, pipe, before: Job, job: Job, reason: str | None, emit: bool, also) -> None:
         """Queue a job's new state and all that goes with it (indexes, agents' views, its event, `also`)."""
