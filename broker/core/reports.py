@@ -1,6 +1,7 @@
 """How one agent report changes its job: one small handler per kind of report, looked up in HANDLERS, the way
 DeepSpeed's pipeline engine maps each instruction type to one method. A new kind of report is one handler
-and one entry; the server folds reports through `fold` and nothing else.
+and one entry; the server folds reports through `fold` and nothing else (`folding` applies it to one job's
+reports inside a store transaction).
 
 Reports are untrusted: every field is coerced here (a pydantic model_copy does not validate, and a bad value
 stored would poison the job), and a handler that raises leaves the job unchanged.
@@ -8,11 +9,21 @@ stored would poison the job), and a handler that raises leaves the job unchanged
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from broker.agents.checkpoints import CheckpointStore
-from broker.domain.model import Job, JobState, Run
+from broker.domain.model import AgentInfo, Job, JobState, Run
+
+if TYPE_CHECKING:
+    from broker.store.jobs import Store
+
+log = logging.getLogger(__name__)
+
+# what a malformed report raises when folded (a missing field, a wrong type, a bad number or url)
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError, OSError)
 
 END_REASONS = {"finished", "failed", "preempted", "lost", "fenced", "cancelled", "moved"}
 
@@ -118,3 +129,42 @@ def after_run(job: Job, run: Run, log_tail: list[str]) -> dict:
             "move_requested": False,
         }
     return {}  # fenced or cancelled: the job already moved on
+
+
+def folding(
+    reports: list[dict],
+    exited: dict[str, AgentInfo],
+    fold_one: Callable[[Job, dict], Job | None],
+    store: Store,
+) -> tuple:
+    """(job id, change, also) that fold one job's reports in order, for Store.update_jobs: `change` applies each
+    report with `fold_one` (a malformed one changes nothing), `also` writes the state changes' events and frees
+    the agents whose runs ended (`exited`: their records, read for the batch) in the same transaction."""
+    job_id = reports[0]["job"]
+    transitions: list[tuple[JobState, str | None]] = []
+
+    def change(job: Job) -> Job | None:
+        transitions.clear()
+        folded = job
+        for report in reports:
+            try:
+                after = fold_one(folded, report)
+            except MALFORMED as err:  # no change
+                log.warning("report=malformed job=%s type=%r error=%r", job.id, report.get("type"), err)
+                continue
+            if after is not None:
+                if after.state != folded.state:
+                    transitions.append((after.state, after.reason))
+                folded = after
+        return None if folded is job else folded
+
+    agents = [exited[r["agent"]] for r in reports if r["type"] == "exited" and r["agent"] in exited]
+
+    def also(pipe, job: Job) -> None:
+        for state, reason in transitions:
+            store.event(pipe, job.id, state, job.updated_at, reason)
+        for agent in agents:
+            if agent.job == job.id:
+                store.put_agent(pipe, agent.model_copy(update={"job": None, "fence": None}))
+
+    return job_id, change, also

@@ -18,7 +18,7 @@ import redis
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.tokens import refusal
-from broker.core.reports import end_run, fold
+from broker.core.reports import end_run, fold, folding
 from broker.domain.errors import InfeasibleError
 from broker.domain.model import AgentInfo, Job, JobState, Offer, Run, Tier
 from broker.models.risk import fits
@@ -28,8 +28,6 @@ from broker.store.jobs import Store
 
 log = logging.getLogger(__name__)
 
-# what a malformed report raises when folded (a missing field, a wrong type, a bad number or url)
-MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError, OSError)
 PLAN_PAGE = 1000  # pending jobs planned per round at most, most urgent first
 # read (and parse) pending jobs in pages: first this many per idle agent, doubling while agents stay idle, so a
 # deep queue costs a round only what its idle agents need, and a job far down that fits an idle agent still runs
@@ -139,7 +137,7 @@ class BrokerServer:
     def apply_batch(self, batch: list[list[dict]]) -> dict[str, Job | None]:
         """Fold each job's reports (one list per job) into it; all the jobs in one store transaction."""
         exits = self.store.get_agents(sorted({r["agent"] for rs in batch for r in rs if r["type"] == "exited"}))
-        folds = [self._folding(reports, exits) for reports in batch]
+        folds = [folding(reports, exits, self._fold, self.store) for reports in batch]
         jobs = self.store.update_jobs(folds, emit=False)
         for reports in batch:
             job_id = reports[0]["job"]
@@ -148,38 +146,6 @@ class BrokerServer:
             elif jobs[job_id] is not None and self.metrics:
                 self._observe(jobs[job_id], reports)
         return jobs
-
-    def _folding(self, reports: list[dict], exited: dict[str, AgentInfo]) -> tuple:
-        """(job id, change, also) that fold one job's reports, for Store.update_jobs; `exited` holds the records
-        of the agents whose runs end in this batch (freed in the same transaction)."""
-        job_id = reports[0]["job"]
-        transitions: list[tuple[JobState, str | None]] = []
-
-        def change(job: Job) -> Job | None:
-            transitions.clear()
-            folded = job
-            for report in reports:
-                try:
-                    after = self._fold(folded, report)
-                except MALFORMED as err:  # no change
-                    log.warning("report=malformed job=%s type=%r error=%r", job.id, report.get("type"), err)
-                    continue
-                if after is not None:
-                    if after.state != folded.state:
-                        transitions.append((after.state, after.reason))
-                    folded = after
-            return None if folded is job else folded
-
-        agents = [exited[r["agent"]] for r in reports if r["type"] == "exited" and r["agent"] in exited]
-
-        def also(pipe, job: Job) -> None:
-            for state, reason in transitions:
-                self.store.event(pipe, job.id, state, job.updated_at, reason)
-            for agent in agents:
-                if agent.job == job.id:
-                    self.store.put_agent(pipe, agent.model_copy(update={"job": None, "fence": None}))
-
-        return job_id, change, also
 
     def _observe(self, job: Job, reports: list[dict]) -> None:
         kinds = {r["type"] for r in reports}
