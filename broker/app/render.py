@@ -28,11 +28,12 @@ def when(value: datetime | None) -> str:
 
 
 def relative(value: datetime, now: datetime) -> str:
-    """A moment as people say it: "3 min ago", "in 16.2 h", "now"."""
+    """A moment as people say it: "3 min ago", "in 16.2 h", "4 days ago", "now"."""
     seconds = (value - now).total_seconds()
     if abs(seconds) < 60:
         return "now"
-    span = duration(abs(seconds) / 3600)
+    hours = abs(seconds) / 3600
+    span = duration(hours) if hours < 48 else f"{hours / 24:.0f} days"
     return f"in {span}" if seconds > 0 else f"{span} ago"
 
 

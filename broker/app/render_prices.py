@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pandas as pd
 from rich.table import Table
 
-from broker.app.render import duration, when
+from broker.app.render import duration, relative, when
 
 PRICE_COLUMNS = {
     "cloud": "cloud",
@@ -40,7 +40,7 @@ def prices_table(rows: pd.DataFrame, total: int) -> Table:
                 cells.append("-")
             elif col == "as_of":
                 cells.append(
-                    age(datetime.fromisoformat(value[5:]), datetime.now(UTC))
+                    relative(datetime.fromisoformat(value[5:]), datetime.now(UTC))
                     if value.startswith("live ")
                     else "snapshot"
                 )
@@ -113,18 +113,6 @@ def sparkline(values) -> str:
     return "".join(SPARKS[round((v - low) / (high - low) * (len(SPARKS) - 1))] for v in values)
 
 
-def age(at: datetime, now: datetime) -> str:
-    """How old a price is, in words."""
-    hours = (now - at).total_seconds() / 3600
-    return (
-        f"{hours * 60:.0f} min ago"
-        if hours < 1
-        else f"{hours:.1f} h ago"
-        if hours < 48
-        else f"{hours / 24:.0f} days ago"
-    )
-
-
 def history_table(series: dict[str, pd.DataFrame], now: datetime) -> Table:
     table = Table(title="price history (USD per hour): every recorded change", title_justify="left")
     for col in ("offer", "changes", "first", "last", "min", "max", "now", "as of", "trend"):
@@ -138,7 +126,7 @@ def history_table(series: dict[str, pd.DataFrame], now: datetime) -> Table:
             f"{s['usd'].min():.4f}",
             f"{s['usd'].max():.4f}",
             f"{s['usd'].iloc[-1]:.4f}",
-            age(s["at"].iloc[-1], now),
+            relative(s["at"].iloc[-1], now),
             sparkline(s["usd"].tail(40)),
         )
     return table
