@@ -28,15 +28,15 @@ FILL = EXAMPLES / "bubbles" / "fill_mlp.py"
 STAGES = [f"llm-stage{s}" for s in range(4)]
 
 
-def wait(condition, timeout_s, what):
+def wait(condition, timeout_s, what, seen=lambda: ""):
     deadline = time.monotonic() + timeout_s
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}; {seen()}"
         time.sleep(0.1)
 
 
 def test_bubble_agents_serve_a_fill_job_that_then_finishes_on_an_ordinary_agent(redis_url, tmp_path, catalog):
-    store, root = Store(redis_url), str(tmp_path / "ckpt")
+    store, root, stop = Store(redis_url), str(tmp_path / "ckpt"), tmp_path / "stop"
     env = {
         **os.environ,
         "BROKER_REDIS_URL": redis_url,
@@ -45,24 +45,31 @@ def test_bubble_agents_serve_a_fill_job_that_then_finishes_on_an_ordinary_agent(
         "OMP_NUM_THREADS": "1",
     }
     torchrun = Path(sys.executable).with_name("torchrun")
-    training = subprocess.Popen(
-        [
-            str(torchrun),
-            "--nproc_per_node",
-            "4",
-            str(SCRIPT),
-            "--steps",
-            "400",
-            "--out",
-            str(tmp_path / "run"),
-            "--broker",
-            "llm",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    output = tmp_path / "training.log"  # a file, not a pipe nobody reads while waiting: a full pipe blocks training
+    with open(output, "wb") as log:
+        training = subprocess.Popen(
+            [
+                str(torchrun),
+                "--nproc_per_node",
+                "4",
+                str(SCRIPT),
+                "--steps",
+                "3000",  # a cap: the test ends training (the stop file) once the fill job has run in its bubbles
+                "--stop-file",
+                str(stop),
+                "--out",
+                str(tmp_path / "run"),
+                "--broker",
+                "llm",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def training_output():
+        return output.read_text(errors="replace")[-3000:]
+
     try:
         # every stage publishes its profile; a stage registers as an agent once one of its windows is long enough
         # (p10 >= 1 ms on CPU), which a stage with short windows on a busy machine may never reach: one is enough
@@ -76,8 +83,9 @@ def test_bubble_agents_serve_a_fill_job_that_then_finishes_on_an_ordinary_agent(
             ),
             300,
             "the bubble profiles and a bubble agent",
+            training_output,
         )
-        assert training.poll() is None, training.stdout.read()[-3000:]
+        assert training.poll() is None, training_output()
         assert sorted(p.stage for p in load_profiles(store) if p.main_job == "llm") == [0, 1, 2, 3]
         assert {a.offer.tier for a in store.agents()} == {Tier.bubble}
 
@@ -90,13 +98,29 @@ def test_bubble_agents_serve_a_fill_job_that_then_finishes_on_an_ordinary_agent(
         assert job.quote.chosen.offer.tier == Tier.bubble  # the quote sees the registered executors' offers
         server = BrokerServer(store, policy, clock, CheckpointStore(root))
 
-        def served_then_handed_back():
+        def seen():
+            current = store.get_job(job.id)
+            runs = [(r.agent, r.end_reason, r.progress_done, r.checkpoint_step) for r in current.runs]
+            ended = "running" if training.poll() is None else f"exited {training.returncode}"
+            return f"job {current.state.value}, runs {runs}; training {ended}:\n{training_output()}"
+
+        def ran_in_bubbles_or_ended():
             server.round(block_ms=20)
             current = store.get_job(job.id)
-            return training.poll() is not None and current.pending and current.runs
+            stepped = current.runs and current.runs[-1].progress_done > 0
+            return stepped or current.state.terminal or training.poll() is not None
 
-        wait(served_then_handed_back, 600, "training to end with the fill job handed back")
-        assert training.returncode == 0, training.stdout.read()[-3000:]
+        wait(ran_in_bubbles_or_ended, 600, "the fill job to run steps in the bubbles", seen)
+        assert training.poll() is None and not store.get_job(job.id).state.terminal, seen()
+        stop.touch()  # training ends after this step, whatever the machine's speed: the fill job is mid-way
+
+        def handed_back_or_ended():
+            server.round(block_ms=20)
+            current = store.get_job(job.id)
+            return training.poll() is not None and (current.pending or current.state.terminal)
+
+        wait(handed_back_or_ended, 300, "training to end and hand the fill job back", seen)
+        assert training.returncode == 0 and store.get_job(job.id).pending, seen()
     finally:
         training.kill() if training.poll() is None else None
 

@@ -3,8 +3,9 @@
 A 4-stage DeepSpeed pipeline (examples/bubbles/train_gpt.py, CPU, gloo, torchrun) publishes its
 bubble profiles and serves fill jobs as agents of tier bubble; one local agent stands for an
 on-demand T4. The fill job (examples/bubbles/fill-mlp.yaml) is quoted on the bubbles (free), runs
-in them step by step, and when the training job ends it is checkpointed, handed back and finished
-on the on-demand agent from that checkpoint. Real time (no compressed clock).
+in them step by step, and when the training job ends (the demo ends it once the fill job has a
+checkpoint from the bubbles) it is checkpointed, handed back and finished on the on-demand agent from
+that checkpoint. Real time (no compressed clock).
 """
 
 from __future__ import annotations
@@ -52,13 +53,16 @@ def run_bubbles_demo(
     catalog: PriceCatalog,
     policy,
     timeout_s: float,
-    training_steps: int = 400,
+    training_steps: int = 3000,
     progress=None,
     show_in: str | None = None,
 ) -> dict:
-    """Run the training job and the fill job to the end (or the timeout); the summary. The ended fill job is
+    """Run the training job and the fill job to the end (or the timeout); the summary. Training ends (its stop
+    file; `training_steps` is a cap) once the fill job has a checkpoint from the bubbles, so the job moves on
+    from there on any machine: a fast one would otherwise finish it in the bubbles. The ended fill job is
     copied, tagged demo-bubbles, to the namespace `show_in` (the user's)."""
     store, work, checkpoints = start_clean(redis_url, PREFIX, home / "demo-bubbles")
+    stop = work / "stop-training"
     clock = SystemClock()
     server = BrokerServer(store, policy, clock, CheckpointStore(checkpoints))
     provisioner = LocalProvisioner(redis_url, checkpoints, work / "runs", prefix=PREFIX)
@@ -84,6 +88,8 @@ def run_bubbles_demo(
             str(examples / "bubbles" / "train_gpt.py"),
             "--steps",
             str(training_steps),
+            "--stop-file",
+            str(stop),
             "--out",
             str(work / "training"),
             "--broker",
@@ -105,6 +111,8 @@ def run_bubbles_demo(
         while time.monotonic() < deadline:
             server.round(block_ms=50)
             current = store.get_job(job.id)
+            if any(r.offer.tier == Tier.bubble and (r.checkpoint_step or 0) > 0 for r in current.runs):
+                stop.touch()
             if progress:
                 progress(current, training.poll() is None)
             if current.state.terminal:

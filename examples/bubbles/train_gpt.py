@@ -205,6 +205,16 @@ def allreduce_seconds(nbytes: int, repeats: int = 10) -> float:
     return median_seconds(lambda: dist.all_reduce(tensor), repeats, warmup=3, setup=dist.barrier)
 
 
+def stop_requested(path: str | None) -> bool:
+    """Whether `path` exists on any rank: all ranks agree (an all-reduce), so all stop after the same step."""
+    if path is None:
+        return False
+    device = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor([float(os.path.exists(path))], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def init_distributed(world_size: int) -> None:
     """NCCL with a GPU per rank, gloo on CPU. With more ranks than GPUs NCCL refuses the duplicate device,
     so ranks share GPUs over gloo, and the pipeline's sends go through host memory (gloo sends CPU tensors only)."""
@@ -235,6 +245,9 @@ def init_distributed(world_size: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--stop-file", default=None, help="end training early, after the step in which this file appears"
+    )
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--stages", type=int, default=4)
@@ -319,6 +332,8 @@ def main() -> None:
         if fill_agent:
             fill_agent.iteration(iterations[-1][1] - started)
         losses.append(float(loss))
+        if stop_requested(args.stop_file):
+            break
     if args.profile_compute:
         profile_between(profiles, args.micro_batch)
     rank = dist.get_rank()
