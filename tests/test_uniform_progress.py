@@ -139,12 +139,24 @@ def test_the_policy_places_on_spot_when_available_and_waits_when_ahead():
     assert UniformProgress().plan([tight], [spot, od], {spot.id: 0}, NOW).assignments == {"t": od.id}
 
 
-@pytest.mark.parametrize("done, spot_agent, back", [(900, True, True), (900, False, False), (50, True, False)])
-def test_uniform_progress_takes_a_job_ahead_of_schedule_back_from_on_demand_to_spot(
-    redis_url, catalog, tmp_path, done, spot_agent, back
+@pytest.mark.parametrize(
+    "name, done, spot_agent, back",
+    [
+        ("uniform-progress", 900, True, True),
+        ("uniform-progress", 900, False, False),
+        ("uniform-progress", 50, True, False),
+        ("uniform-progress", 150, True, False),
+        ("hedge", 150, True, True),  # behind ep(t + 2d), with the slack for the changeovers
+        ("hedge", 150, False, False),
+        ("hedge", 50, True, False),  # measured so slow that no slack is left
+    ],
+)
+def test_the_guard_takes_a_job_back_from_on_demand_to_spot_by_the_policys_rule(
+    redis_url, catalog, tmp_path, name, done, spot_agent, back
 ):
-    """Can't Be Late's rule leaves on-demand once progress is past ep(t + 2d), and the server now runs it so (the
-    quote's forecast always did): only with an idle spot agent that fits, and only when that far ahead."""
+    """Can't Be Late's rule leaves on-demand once progress is past ep(t + 2d), and the server runs it so (the
+    quote's forecast always did): only with an idle spot agent that fits, and only when that far ahead. Hedge
+    leaves as soon as a spell on spot pays for the changeovers, however far behind (it has the slack)."""
     from broker.agents.checkpoints import CheckpointStore
     from broker.agents.contract import Contract
     from broker.core.broker import Broker
@@ -152,8 +164,10 @@ def test_uniform_progress_takes_a_job_ahead_of_schedule_back_from_on_demand_to_s
     from broker.core.server import BrokerServer
     from broker.store.jobs import Store
 
-    store, clock = Store(redis_url, prefix=f"return-{done}-{spot_agent}:"), SimulatedClock(NOW)
-    policy = planning.get("uniform-progress")
+    store, clock = Store(redis_url, prefix=f"return-{name}-{done}-{spot_agent}:"), SimulatedClock(NOW)
+    # hedge's market here: gaps that never end (no wait is worth it) and up-spells of 100 h (spot is worth it)
+    market = futures.Hedge(np.arange(50) * 100.0, 100.0, (), 100.0)
+    policy = planning.get(name, **({"hedge": lambda spec: market} if name == "hedge" else {}))
     server = BrokerServer(store, policy, clock, CheckpointStore(str(tmp_path)), consumer="test")
     l4 = [o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1]
     cheapest = {
@@ -175,6 +189,6 @@ def test_uniform_progress_takes_a_job_ahead_of_schedule_back_from_on_demand_to_s
     job = store.get_job("j")
     assert job.move_requested == back and job.pinned_tier is None
     if back:
-        assert "ahead of schedule: back to spot" in job.reason
+        assert f"back to spot ({name}'s rule)" in job.reason
         on_demand.exited("j", assignment.fence, "moved", at=clock.now().timestamp())
         assert server.step() == [("j", "spot")]  # re-dispatched to the idle spot agent

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from functools import cached_property
 
 from broker.core.forecast import Fleet, forecast
+from broker.core.hedging import MarketHedge
 from broker.domain.errors import BrokerError
 from broker.domain.model import AgentInfo, Job, JobSpec, JobState, Offer, Quote, Tier
 from broker.pricing.availability import MarketModel
@@ -32,6 +33,8 @@ class Broker:
         self.policy = policy
         self.clock = clock
         self._market = market  # when given, quotes carry a forecast: the choice simulated on its futures
+        if market is not None and getattr(policy, "hedge", False) is None:  # a policy that decides from the market
+            policy.hedge = MarketHedge(lambda: self.market, lambda: self.catalog.offers)
 
     @cached_property
     def market(self) -> MarketModel | None:

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
+from broker.core.hedging import MAX_ZONES, hedge_for
 from broker.domain.model import Forecast, Job, JobSpec, Offer, Quote, Tier
 from broker.models.contention import launchable
 from broker.models.futures import Setting, simulate
@@ -29,7 +30,6 @@ from broker.pricing.availability import MarketModel
 
 FUTURES = 1000
 MIN_SPEED_EVIDENCE = 5  # finished jobs with a measured speed before their spread counts
-MAX_ZONES = 12  # offers the job may launch in
 NO_DEADLINE_H = 7 * 24.0  # horizon of a job without a deadline
 
 
@@ -138,7 +138,8 @@ def forecast(
         window_h=window,
         rule=rule if fallback is not None else "spot-only",
     )
-    out = simulate(setting, available, tick_h, launchable=free)
+    hedge = hedge_for(model, zones, tick_h) if setting.rule == "hedge" else None
+    out = simulate(setting, available, tick_h, hedge, launchable=free)
     cost = out.cost_usd + transfer_usd(spec, chosen)  # its input moved to where it starts
     forecast = _summary(spec, now, cost, out.finish_h, out.spot_h, out.od_h, setting.rule, zones, zone_models)
     return forecast.model_copy(update={"evidence": forecast.evidence + _speed_note(speed)})

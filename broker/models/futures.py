@@ -65,10 +65,42 @@ class Hedge:
     idle_h: np.ndarray
     mean_up_h: float
     zone_up_h: tuple[float, ...] = ()
+    tick_h: float = 1.0  # idle_h's index unit
+    zones: tuple[str, ...] = ()  # the offer ids zone_up_h is given for, when known
+
+    def up_h(self, zone: str) -> float:
+        """The mean up-spell of this zone (offer id), or of the market as a whole when it is not known."""
+        return self.zone_up_h[self.zones.index(zone)] if zone in self.zones else self.mean_up_h
+
+    def longest_wait(self, slack_h, spot_left_h, restart_h: float, zone_up_h):
+        """a*, in ticks (-1: no wait is affordable): the longest wait per no-capacity spell that the slack pays
+        for every spell and preemption still to come (scalars or arrays over futures)."""
+        spells_left = np.maximum(1.0, spot_left_h / max(self.mean_up_h - restart_h, 1e-6))
+        preemptions = np.maximum(1.0, spot_left_h / np.maximum(zone_up_h - restart_h, 1e-6))
+        per_spell = (slack_h - preemptions * restart_h) / spells_left
+        return np.searchsorted(self.idle_h, per_spell, side="right") - 1
+
+    def zone_move_worth(self, price_now, price_there, up_there_h, spot_left_h, slack_h, restart_h: float):
+        """Whether a run on spot moves to a cheaper zone: it is cheaper by more, over that zone's mean up-spell (at
+        most the work left), than the changeover there costs, and the slack pays this changeover and still one
+        for each preemption to come there (scalars or arrays over futures)."""
+        gain = (price_now - price_there) * np.minimum(up_there_h, spot_left_h)
+        restarts = np.maximum(1.0, spot_left_h / np.maximum(up_there_h - restart_h, 1e-6)) * restart_h
+        return (gain > restart_h * price_there) & (slack_h >= restarts + restart_h)
+
+    def spot_worth(self, od_price: float, spot_price, restart_h: float):
+        """Whether a mean up-spell on spot saves more than the two changeovers (there and back) cost."""
+        return self.mean_up_h * (od_price - spot_price) > restart_h * (od_price + spot_price)
 
     @classmethod
     def from_spells(
-        cls, up: np.ndarray, down: np.ndarray, tick_h: float, max_ticks: int, zone_up_h: tuple[float, ...] = ()
+        cls,
+        up: np.ndarray,
+        down: np.ndarray,
+        tick_h: float,
+        max_ticks: int,
+        zone_up_h: tuple[float, ...] = (),
+        zones: tuple[str, ...] = (),
     ) -> Hedge:
         """From up and down spell lengths in ticks (e.g. pricing.availability.ZoneModel's, or those of
         several zones' sampled futures together)."""
@@ -76,7 +108,7 @@ class Hedge:
         waits = np.arange(max_ticks + 1)
         idle = np.minimum(down[None, :], waits[:, None]).mean(axis=1) if len(down) else np.zeros(len(waits))
         mean_up = float(np.mean(up)) * tick_h if len(up) else 0.0
-        return cls(idle * tick_h, mean_up, tuple(zone_up_h))
+        return cls(idle * tick_h, mean_up, tuple(zone_up_h), tick_h, tuple(zones))
 
 
 def simulate(
@@ -188,37 +220,29 @@ def _rule_moves(s: Setting, hedge: Hedge | None, now, done, state, any_up, down_
         return idle & behind(now), (state == OD) & ~behind(now + 2 * s.restart_h)
     if s.rule != "hedge":
         return nothing, nothing
-    slack, spells_left, restarts = _slack(s, hedge, now, done, zone)
-    per_spell = (slack - restarts) / spells_left
-    longest_wait = np.searchsorted(hedge.idle_h, per_spell, side="right") - 1  # ticks; -1: none affordable
-    spot_price = prices[zone]
-    worth = hedge.mean_up_h * (s.od_price - spot_price) > s.restart_h * (s.od_price + spot_price)
+    slack = _slack(s, now, done)
+    longest_wait = hedge.longest_wait(slack, (1 - done) * s.work_h, s.restart_h, _zone_up(hedge, zone))
+    worth = hedge.spot_worth(s.od_price, prices[zone], s.restart_h)
     back = (state == OD) & any_up & worth & (slack >= s.restart_h)
     return idle & (down_age > longest_wait), back
 
 
 def _cheaper_zone(s: Setting, hedge: Hedge, now, done, state, up, zone, prices) -> np.ndarray:
-    """Runs on spot that should move to the cheapest zone with capacity: it is cheaper by more, over its mean
-    up-spell (at most the work left), than the changeover there costs, and the slack pays this changeover and
-    still one for each no-capacity spell to come."""
+    """Runs on spot that should move to the cheapest zone with capacity (Hedge.zone_move_worth)."""
     best = np.argmax(up, axis=0)
-    stay_h = np.minimum(np.asarray(hedge.zone_up_h)[best], (1 - done) * s.work_h)
-    gain = (prices[zone] - prices[best]) * stay_h
-    slack, _, restarts = _slack(s, hedge, now, done, best)
-    affordable = slack >= restarts + s.restart_h
-    return (state == SPOT) & up.any(axis=0) & (gain > s.restart_h * prices[best]) & affordable
+    left_h, slack = (1 - done) * s.work_h, _slack(s, now, done)
+    worth = hedge.zone_move_worth(prices[zone], prices[best], _zone_up(hedge, best), left_h, slack, s.restart_h)
+    return (state == SPOT) & up.any(axis=0) & worth
 
 
-def _slack(s: Setting, hedge: Hedge, now: float, done: np.ndarray, zone: np.ndarray):
-    """Hours the job can still lose beyond on-demand work and the safety net's 2d; about how many more
-    no-capacity spells (of all its zones together) it will meet before its work is done; and the hours the
-    changeovers after preemptions in `zone` will take (spot work left / a mean up-spell, at least one each)."""
-    slack = s.window_h - now - (1 - done) * s.od_work_h - 2 * s.restart_h
-    left_h = (1 - done) * s.work_h
-    spells_left = np.maximum(1.0, left_h / max(hedge.mean_up_h - s.restart_h, 1e-6))
-    zone_up = np.asarray(hedge.zone_up_h)[zone] if hedge.zone_up_h else hedge.mean_up_h
-    preemptions = np.maximum(1.0, left_h / np.maximum(zone_up - s.restart_h, 1e-6))
-    return slack, spells_left, preemptions * s.restart_h
+def _slack(s: Setting, now: float, done: np.ndarray) -> np.ndarray:
+    """Hours the job can still lose beyond on-demand work and the safety net's 2d."""
+    return s.window_h - now - (1 - done) * s.od_work_h - 2 * s.restart_h
+
+
+def _zone_up(hedge: Hedge, zone: np.ndarray):
+    """The mean up-spell of each future's zone (the market's as a whole without per-zone figures)."""
+    return np.asarray(hedge.zone_up_h)[zone] if hedge.zone_up_h else hedge.mean_up_h
 
 
 @dataclass(frozen=True)

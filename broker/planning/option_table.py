@@ -33,6 +33,7 @@ class PlanItem:
     preempted_in: str | None = None  # region of its last run when that run was preempted or lost
     on_demand_h: float | None = None  # its whole work on the on-demand offer it was quoted against, at `speed`
     speed: float = 1.0  # its measured speed over the money model's estimate (observed_speed)
+    idle_since: datetime | None = None  # without a run: since its last run ended (or it was submitted)
 
     @classmethod
     def from_job(cls, job: Job) -> PlanItem:
@@ -54,6 +55,7 @@ class PlanItem:
             preempted_in,
             baseline.exclusive_h / speed if baseline else None,
             speed,
+            None if run else last.ended_at if last and last.ended_at else job.submitted_at,
         )
 
 

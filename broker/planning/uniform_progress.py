@@ -92,7 +92,7 @@ class UniformProgress(CheapestFeasible):
                 move = Move.spot if spot else Move.on_demand
             else:
                 od_h = min((o.exclusive_h for o in od), default=float("inf")) / item.speed
-                move = decide(progress_of(item, od_h, item.submitted_at or now, now), None, bool(spot), self.uniform)
+                move = self.idle_move(item, progress_of(item, od_h, item.submitted_at or now, now), bool(spot), now)
             if move == Move.spot and spot:
                 chosen = spot[0]
             elif move == Move.on_demand and od:
@@ -103,6 +103,20 @@ class UniformProgress(CheapestFeasible):
             plan.assignments[item.id] = chosen.id
             left[chosen.id] -= 1
         return plan
+
+    def idle_move(self, item: PlanItem, progress: Progress, spot_available: bool, now: datetime) -> Move:
+        """What a job without a run does now: the rule's choice (`decide`)."""
+        return decide(progress, None, spot_available, self.uniform)
+
+    def leaves_on_demand(self, item: PlanItem, progress: Progress, spot: Offer, on_demand: Offer) -> bool:
+        """Whether a job running on on-demand goes back to `spot` (an idle spot agent that fits it): once it is
+        past ep(t + 2d), as the paper's rule; Greedy never leaves (on-demand only at its safety net)."""
+        return self.uniform and decide(progress, Tier.on_demand, spot_available=True) == Move.spot
+
+    def moves_zone(self, item: PlanItem, progress: Progress, now_on: Offer, there: Offer) -> bool:
+        """Whether a job running on spot moves to `there`, a cheaper idle spot agent: not under this rule (a job on
+        spot stays until preempted)."""
+        return False
 
 
 @register("cbl-greedy")

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from broker.core.hedging import hedge_for
 from broker.models.futures import Hedge, Setting, simulate
-from broker.pricing.availability import MarketModel, spells
+from broker.pricing.availability import MarketModel
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.traces import load_traces
 from broker.sim.market import SpotSeries, from_traces, trace_start
@@ -52,17 +53,6 @@ def zones_of(series: list[SpotSeries], od_price: float) -> Zones:
         od_price,
         np.stack([s.capacity[:ticks] > 0 for s in ordered]),
     )
-
-
-def hedge_for(model: MarketModel, offers: list, tick_h: float, seed: int = 0) -> Hedge:
-    """The hedge rule's view of these zones together: spells of `any zone up` on futures sampled from the model."""
-    rng = np.random.default_rng(seed)
-    horizon = int(400 / tick_h)
-    sampled = np.stack([model.for_offer(o).sample(rng, 64, horizon) for o in offers]).any(axis=0)
-    found = [spells(path) for path in sampled]
-    up = np.concatenate([f[0][1:-1] for f in found])  # the cut-off first and last spells are not whole
-    down = np.concatenate([f[1][1:-1] for f in found])
-    return Hedge.from_spells(up, down, tick_h, horizon, tuple(model.for_offer(o).mean_up_h for o in offers))
 
 
 def play(

@@ -1,0 +1,56 @@
+"""What the hedge rule knows of the market: the market model's spells, for the zones a job may use.
+
+The rule itself is models/futures.Hedge (the quote's futures play it) and planning/hedge.py (the server
+runs it); both need the same view of the market: the no-capacity spells of all the job's zones together
+(sampled from the model, so a zone with little evidence borrows from its siblings) and each zone's mean
+up-spell. Computing it samples futures, so it is kept per set of zones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from broker.domain.model import JobSpec, Offer, Tier
+from broker.models.futures import Hedge
+from broker.models.risk import fits
+from broker.pricing.availability import MarketModel, spells
+
+HORIZON_H = 400.0  # hours of sampled futures: long enough for the heavy tail of the spells
+PATHS = 64
+MAX_ZONES = 12  # offers a job may launch in (the quote's forecast plays the same ones)
+
+
+def hedge_for(model: MarketModel, offers: list[Offer], tick_h: float, seed: int = 0) -> Hedge:
+    """The hedge rule's view of these zones together: spells of `any zone up` on futures sampled from the model."""
+    rng = np.random.default_rng(seed)
+    horizon = int(HORIZON_H / tick_h)
+    sampled = np.stack([model.for_offer(o).sample(rng, PATHS, horizon) for o in offers]).any(axis=0)
+    found = [spells(path) for path in sampled]
+    up = np.concatenate([f[0][1:-1] for f in found])  # the cut-off first and last spells are not whole
+    down = np.concatenate([f[1][1:-1] for f in found])
+    zone_up_h = tuple(model.for_offer(o).mean_up_h for o in offers)
+    return Hedge.from_spells(up, down, tick_h, horizon, zone_up_h, tuple(o.id for o in offers))
+
+
+class MarketHedge:
+    """`hedge(spec)`: the Hedge for the spot offers a job fits (the cheapest MAX_ZONES of `offers()`), on the
+    market model `model()` (both callables: the live catalog's prices change, the model is learned when first
+    needed); None when no spot offer fits it."""
+
+    def __init__(self, model: Callable[[], MarketModel], offers: Callable[[], list[Offer]]):
+        self.model, self.offers = model, offers
+        self._known: dict[tuple[str, ...], Hedge] = {}
+
+    def __call__(self, spec: JobSpec) -> Hedge | None:
+        spot = sorted(
+            (o for o in self.offers() if o.tier == Tier.spot and fits(spec, o)), key=lambda o: o.price_usd_per_h
+        )[:MAX_ZONES]
+        if not spot:
+            return None
+        key = tuple(o.id for o in spot)
+        if key not in self._known:
+            model = self.model()
+            self._known[key] = hedge_for(model, spot, model.tick_h)
+        return self._known[key]

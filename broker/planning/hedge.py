@@ -1,0 +1,71 @@
+"""Hedge: spot when there is some; wait out a short gap, pay on-demand through a long one, the split set by the
+market model (the rule the quote's futures play as `hedge`, models/futures.py).
+
+Spot gaps are heavy-tailed: the longer one has lasted, the longer it goes on. With slack S (time left beyond
+the on-demand work and the safety net's 2d) and about N more gaps before the work is done, a job can afford to
+wait a* per gap (Hedge.longest_wait); one idle longer than a* is in a long gap and goes on-demand, where
+Uniform Progress would have gone at once when behind and Greedy not before the safety net. It leaves
+on-demand for an idle spot agent when a mean up-spell there saves more than the two changeovers cost and the
+slack pays one, and moves a run on spot to a cheaper idle spot agent when the saving over that zone's mean
+up-spell pays the changeover (SpotHedge's idea). Without a market model it is Uniform Progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from broker.domain.model import JobSpec, Offer
+from broker.models.futures import Hedge
+from broker.planning import register
+from broker.planning.option_table import PlanItem
+from broker.planning.uniform_progress import Move, Progress, UniformProgress, decide
+
+
+def slack_h(p: Progress) -> float:
+    """Hours the job can still lose beyond its on-demand work left and the safety net's 2d."""
+    return p.window_h - p.elapsed_h - (p.total_h - p.done_h) - 2 * p.changeover_h
+
+
+@register("hedge")
+class HedgePolicy(UniformProgress):
+    """Spot when there is some; waits out a gap as long as the market model says the slack affords, then on-demand."""
+
+    name = "hedge"
+    rule = "hedge"
+
+    def __init__(self, hedge: Callable[[JobSpec], Hedge | None] | None = None):
+        self.hedge = hedge  # the market's view for a job's spot zones (core/hedging.MarketHedge)
+
+    def idle_move(self, item: PlanItem, progress: Progress, spot_available: bool, now: datetime) -> Move:
+        view = self.hedge(item.spec) if self.hedge else None
+        if spot_available or view is None or decide(progress, None, False, uniform=False) == Move.on_demand:
+            return super().idle_move(item, progress, spot_available, now)  # spot, the safety net, or no model
+        left_h = progress.total_h - progress.done_h
+        zone_up_h = view.zone_up_h[0] if view.zone_up_h else view.mean_up_h  # it launches in the cheapest first
+        wait_ticks = int(view.longest_wait(slack_h(progress), left_h, progress.changeover_h, zone_up_h))
+        waited_h = (now - (item.idle_since or now)).total_seconds() / 3600
+        return Move.on_demand if waited_h > wait_ticks * view.tick_h else Move.wait
+
+    def leaves_on_demand(self, item: PlanItem, progress: Progress, spot: Offer, on_demand: Offer) -> bool:
+        view = self.hedge(item.spec) if self.hedge else None
+        if view is None:
+            return super().leaves_on_demand(item, progress, spot, on_demand)
+        worth = view.spot_worth(on_demand.price_usd_per_h, spot.price_usd_per_h, progress.changeover_h)
+        return bool(worth) and slack_h(progress) >= progress.changeover_h
+
+    def moves_zone(self, item: PlanItem, progress: Progress, now_on: Offer, there: Offer) -> bool:
+        """SpotHedge's idea: cheap zones come and go, follow them when the saving pays the changeover."""
+        view = self.hedge(item.spec) if self.hedge else None
+        if view is None or there.price_usd_per_h >= now_on.price_usd_per_h:
+            return False
+        left_h = progress.total_h - progress.done_h
+        worth = view.zone_move_worth(
+            now_on.price_usd_per_h,
+            there.price_usd_per_h,
+            view.up_h(there.id),
+            left_h,
+            slack_h(progress),
+            progress.changeover_h,
+        )
+        return bool(worth)

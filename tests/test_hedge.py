@@ -1,0 +1,113 @@
+"""The hedge policy (planning/hedge.py): waits out a gap as long as the market model's spells say the slack
+affords, then pays on-demand; leaves on-demand when spot is worth its changeovers. Its rule is the one the
+quote's futures play (models/futures.Hedge)."""
+
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from test_uniform_progress import offer
+
+from broker import planning
+from broker.domain.model import Tier
+from broker.models.futures import Hedge
+from broker.planning.hedge import HedgePolicy
+from broker.planning.option_table import PlanItem
+from broker.planning.uniform_progress import Move, Progress, UniformProgress
+from conftest import NOW, make_spec
+
+TICK_H = 0.1
+GAPS_OF_3_H = Hedge.from_spells(np.full(20, 100), np.full(20, 30), TICK_H, 200, (10.0,))  # up 10 h, down 3 h
+
+
+def idle_for(hours: float, window_h: float = 12.0) -> tuple[Progress, PlanItem]:
+    """A job with 10 h of work, idle since it was submitted `hours` ago (nothing done yet)."""
+    progress = Progress(total_h=10.0, done_h=0.0, elapsed_h=hours, window_h=window_h, changeover_h=0.2)
+    return progress, PlanItem("j", make_spec(deadline="+12h"), idle_since=NOW - timedelta(hours=hours))
+
+
+def test_hedge_waits_out_a_gap_while_the_slack_affords_it_where_uniform_progress_pays_at_once():
+    hedge = HedgePolicy(hedge=lambda spec: GAPS_OF_3_H)
+    early, item = idle_for(0.2)  # slack 1.4 h for about one more gap: it may wait ~1.1 h of it
+    assert hedge.idle_move(item, early, False, NOW) == Move.wait
+    assert UniformProgress().idle_move(item, early, False, NOW) == Move.on_demand  # behind ep(t) already
+    late, item = idle_for(0.8)  # the gap has lasted longer than the 0.6 h the slack now affords
+    assert hedge.idle_move(item, late, False, NOW) == Move.on_demand
+    assert hedge.idle_move(item, late, True, NOW) == Move.spot  # spot now: take it
+
+
+def test_hedge_waits_longer_in_a_market_of_short_gaps_and_keeps_the_safety_net():
+    short = Hedge.from_spells(np.full(20, 100), np.full(20, 2), TICK_H, 200, (10.0,))  # gaps of 0.2 h
+    progress, item = idle_for(0.8)
+    assert HedgePolicy(hedge=lambda spec: short).idle_move(item, progress, False, NOW) == Move.wait
+    net, item = idle_for(1.5)  # time left 10.5 h < 10 h of work + 2d: on-demand whatever the market says
+    assert HedgePolicy(hedge=lambda spec: short).idle_move(item, net, False, NOW) == Move.on_demand
+
+
+def test_without_a_market_model_hedge_is_uniform_progress():
+    progress, item = idle_for(0.2)
+    assert HedgePolicy().idle_move(item, progress, False, NOW) == UniformProgress().idle_move(
+        item, progress, False, NOW
+    )
+
+
+def test_hedge_leaves_on_demand_only_when_a_spell_on_spot_pays_for_the_changeovers():
+    spot, od = offer("s", Tier.spot, 1.0), offer("o", Tier.on_demand, 3.0)
+    progress, item = idle_for(0.2, window_h=20.0)
+    assert HedgePolicy(hedge=lambda spec: GAPS_OF_3_H).leaves_on_demand(item, progress, spot, od)
+    flicker = Hedge.from_spells(np.full(20, 1), np.full(20, 1), TICK_H, 200, (0.1,))  # up-spells of 0.1 h
+    assert not HedgePolicy(hedge=lambda spec: flicker).leaves_on_demand(item, progress, spot, od)
+    tight, item = idle_for(1.0, window_h=11.5)  # slack 0.1 h: no room for the changeover back
+    assert not HedgePolicy(hedge=lambda spec: GAPS_OF_3_H).leaves_on_demand(item, tight, spot, od)
+
+
+def test_the_plan_counts_the_wait_from_when_the_job_became_idle():
+    spot, od = offer("s", Tier.spot, 1.0), offer("o", Tier.on_demand, 3.0)
+    long_gaps = Hedge.from_spells(np.full(20, 100), np.full(20, 1000), TICK_H, 2000, (10.0,))  # down 100 h
+    policy = planning.get("hedge", hedge=lambda spec: long_gaps)
+    spec = make_spec(work={"gpu_hours": 10}, deadline="+13h")  # 10 h on on-demand; slack 2.6 h at NOW
+    submitted = NOW - timedelta(hours=5)
+    fresh = PlanItem("fresh", spec, submitted_at=submitted, idle_since=NOW)  # just preempted
+    stuck = PlanItem("stuck", spec, submitted_at=submitted, idle_since=submitted)  # waiting for 5 h
+    plan = policy.plan([fresh, stuck], [spot, od], {spot.id: 0}, NOW)
+    assert plan.assignments == {"stuck": od.id} and plan.unplaced == {"fresh": "waiting for spot"}
+
+
+@pytest.mark.parametrize("name, moves", [("hedge", True), ("uniform-progress", False)])
+def test_the_guard_moves_a_hedge_job_on_spot_to_a_cheaper_zone_that_comes_back(
+    redis_url, catalog, tmp_path, name, moves
+):
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.agents.contract import Contract
+    from broker.core.broker import Broker
+    from broker.core.clock import SimulatedClock
+    from broker.core.server import BrokerServer
+    from broker.store.jobs import Store
+
+    store, clock = Store(redis_url, prefix=f"zone-{name}:"), SimulatedClock(NOW)
+    up_10_h = Hedge(np.arange(50) * 0.1, 10.0, (), 0.1)  # up-spells of 10 h everywhere
+    policy = planning.get(name, **({"hedge": lambda spec: up_10_h} if name == "hedge" else {}))
+    server = BrokerServer(store, policy, clock, CheckpointStore(str(tmp_path)), consumer="test")
+    l4 = sorted(
+        (o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1 and o.tier == Tier.spot),
+        key=lambda o: o.price_usd_per_h,
+    )
+    cheap, dear = l4[0], l4[-1]
+    assert dear.price_usd_per_h > 1.5 * cheap.price_usd_per_h
+    running = Contract(store, "dear")
+    running.register(dear, 10**10, host="test", pid=0, at=clock.now())
+    spec = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 8}, deadline="+40h")
+    Broker(store, catalog, policy, clock).submit(spec, job_id="j")
+    assert server.step() == [("j", "dear")]
+    assignment = running.take(block_ms=None)
+    running.started(assignment, at=clock.now().timestamp())
+    clock.advance(hours=1)
+    running.report("j", assignment.fence, "progress", at=clock.now().timestamp(), done=100, total=1000)
+    Contract(store, "cheap").register(cheap, 10**10, host="test", pid=0, at=clock.now())
+    server.step()
+    job = store.get_job("j")
+    assert job.move_requested == moves and job.pinned_tier is None
+    if moves:
+        assert f"to a cheaper zone, {cheap.zone or cheap.region} (hedge's rule)" in job.reason
+        running.exited("j", assignment.fence, "moved", at=clock.now().timestamp())
+        assert server.step() == [("j", "cheap")]
