@@ -42,8 +42,8 @@ from broker.sim.market import OfferBook, backtest_market
 from broker.sim.workloads import backtest_workload
 from broker.store import embedded
 
-POLICIES = ["on-demand", "uniform-progress", "cbl-greedy", "costslo"]
-FORECASTING = ["uniform-progress", "cbl-greedy", "costslo"]  # on-demand quotes are certain: left out of the figures
+POLICIES = ["on-demand", "uniform-progress", "cbl-greedy", "costslo", "hedge"]
+FORECASTING = ["uniform-progress", "cbl-greedy", "costslo"]  # pooled as before (on-demand is certain); hedge per policy
 
 
 def gpu_directories(root: Path) -> list[Path]:

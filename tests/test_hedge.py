@@ -111,3 +111,25 @@ def test_the_guard_moves_a_hedge_job_on_spot_to_a_cheaper_zone_that_comes_back(
         assert f"to a cheaper zone, {cheap.zone or cheap.region} (hedge's rule)" in job.reason
         running.exited("j", assignment.fence, "moved", at=clock.now().timestamp())
         assert server.step() == [("j", "cheap")]
+
+
+def test_the_broker_hands_a_hedge_policy_the_market_models_view_of_each_jobs_spot_zones(catalog):
+    from test_market_model import trace
+
+    from broker.core.broker import Broker
+    from broker.core.clock import SimulatedClock
+    from broker.pricing.availability import MarketModel
+
+    model = MarketModel.fit([trace("us-east-1a", [1] * 6 + [0] * 12, 200)])
+    policy = planning.get("hedge")
+    Broker(None, catalog, policy, SimulatedClock(NOW), lambda: model)
+    spec = make_spec(resources={"accelerators": ["L4:1"]}, deadline="+12h")
+    view = policy.hedge(spec)
+    spot = sorted(
+        (o for o in catalog.offers if o.tier == Tier.spot and o.accelerator == "L4" and o.accelerator_count == 1),
+        key=lambda o: o.price_usd_per_h,
+    )
+    assert view.zones == tuple(o.id for o in spot[:12]) and view.tick_h == model.tick_h
+    assert view.zone_up_h[0] == model.for_offer(spot[0]).mean_up_h
+    assert policy.hedge(spec.model_copy(update={"name": "another"})) is view  # sampled once per set of zones
+    assert policy.hedge(spec.model_copy(update={"tiers": [Tier.on_demand]})) is None

@@ -41,16 +41,19 @@ class MarketHedge:
 
     def __init__(self, model: Callable[[], MarketModel], offers: Callable[[], list[Offer]]):
         self.model, self.offers = model, offers
+        self._zones: dict[str, tuple[Offer, ...]] = {}  # by what `fits` reads of a spec: planning asks per job
         self._known: dict[tuple[str, ...], Hedge] = {}
 
     def __call__(self, spec: JobSpec) -> Hedge | None:
-        spot = sorted(
-            (o for o in self.offers() if o.tier == Tier.spot and fits(spec, o)), key=lambda o: o.price_usd_per_h
-        )[:MAX_ZONES]
+        shape = spec.model_dump_json(include={"resources", "tiers", "fill", "transformer"})
+        if shape not in self._zones:
+            fitting = (o for o in self.offers() if o.tier == Tier.spot and fits(spec, o))
+            self._zones[shape] = tuple(sorted(fitting, key=lambda o: o.price_usd_per_h)[:MAX_ZONES])
+        spot = self._zones[shape]
         if not spot:
             return None
         key = tuple(o.id for o in spot)
         if key not in self._known:
             model = self.model()
-            self._known[key] = hedge_for(model, spot, model.tick_h)
+            self._known[key] = hedge_for(model, list(spot), model.tick_h)
         return self._known[key]
