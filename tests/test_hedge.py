@@ -6,14 +6,22 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+from test_market_model import trace
 from test_uniform_progress import offer
 
 from broker import planning
+from broker.agents.checkpoints import CheckpointStore
+from broker.agents.contract import Contract
+from broker.core.broker import Broker
+from broker.core.clock import SimulatedClock
+from broker.core.server import BrokerServer
 from broker.domain.model import Tier
 from broker.models.futures import Hedge
 from broker.planning.hedge import HedgePolicy
 from broker.planning.option_table import PlanItem
 from broker.planning.uniform_progress import Move, Progress, UniformProgress
+from broker.pricing.availability import MarketModel
+from broker.store.jobs import Store
 from conftest import NOW, make_spec
 
 TICK_H = 0.1
@@ -77,13 +85,6 @@ def test_the_plan_counts_the_wait_from_when_the_job_became_idle():
 def test_the_guard_moves_a_hedge_job_on_spot_to_a_cheaper_zone_that_comes_back(
     redis_url, catalog, tmp_path, name, moves
 ):
-    from broker.agents.checkpoints import CheckpointStore
-    from broker.agents.contract import Contract
-    from broker.core.broker import Broker
-    from broker.core.clock import SimulatedClock
-    from broker.core.server import BrokerServer
-    from broker.store.jobs import Store
-
     store, clock = Store(redis_url, prefix=f"zone-{name}:"), SimulatedClock(NOW)
     up_10_h = Hedge(np.arange(50) * 0.1, 10.0, (), 0.1)  # up-spells of 10 h everywhere
     policy = planning.get(name, **({"hedge": lambda spec: up_10_h} if name == "hedge" else {}))
@@ -114,12 +115,6 @@ def test_the_guard_moves_a_hedge_job_on_spot_to_a_cheaper_zone_that_comes_back(
 
 
 def test_the_broker_hands_a_hedge_policy_the_market_models_view_of_each_jobs_spot_zones(catalog):
-    from test_market_model import trace
-
-    from broker.core.broker import Broker
-    from broker.core.clock import SimulatedClock
-    from broker.pricing.availability import MarketModel
-
     model = MarketModel.fit([trace("us-east-1a", [1] * 6 + [0] * 12, 200)])
     policy = planning.get("hedge")
     Broker(None, catalog, policy, SimulatedClock(NOW), lambda: model)

@@ -107,12 +107,13 @@ def run_bubbles_demo(
         wait_for_a_stage(store, training, timeout_s, work / "training.log")
         spec = load_spec(examples / "bubbles" / "fill-mlp.yaml", clock.now())
         job = Broker(store, catalog, policy, clock).submit(spec)
-        deadline = time.monotonic() + timeout_s
+        deadline, stopping = time.monotonic() + timeout_s, False
         while time.monotonic() < deadline:
             server.round(block_ms=50)
             current = store.get_job(job.id)
-            if any(r.offer.tier == Tier.bubble and (r.checkpoint_step or 0) > 0 for r in current.runs):
+            if not stopping and any(r.offer.tier == Tier.bubble and (r.checkpoint_step or 0) > 0 for r in current.runs):
                 stop.touch()
+                stopping = True
             if progress:
                 progress(current, training.poll() is None)
             if current.state.terminal:

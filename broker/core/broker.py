@@ -33,8 +33,9 @@ class Broker:
         self.policy = policy
         self.clock = clock
         self._market = market  # when given, quotes carry a forecast: the choice simulated on its futures
-        if market is not None and getattr(policy, "hedge", False) is None:  # a policy that decides from the market
-            policy.hedge = MarketHedge(lambda: self.market, lambda: self.catalog.offers)
+        self.hedges = MarketHedge(lambda: self.market, lambda: self.catalog.offers) if market is not None else None
+        if self.hedges and getattr(policy, "hedge", False) is None:  # a policy that decides from the market
+            policy.hedge = self.hedges
 
     @cached_property
     def market(self) -> MarketModel | None:
@@ -67,7 +68,9 @@ class Broker:
             others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)
             finished = [j for j in self.store.recent_jobs(OTHERS_SEEN) if j.state == JobState.done]
             fleet = Fleet.of(agents, others, now, finished)
-        update = {"forecast": forecast(spec, quote, offers, self.market, rule, now, fleet=fleet)}
+        update = {
+            "forecast": forecast(spec, quote, offers, self.market, rule, now, fleet=fleet, hedges=self.hedges.for_zones)
+        }
         return quote.model_copy(update=update)
 
     def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:

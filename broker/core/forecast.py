@@ -14,6 +14,7 @@ hold slots for the hours they have left (models/contention.py), so the job start
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -22,7 +23,7 @@ import numpy as np
 from broker.core.hedging import MAX_ZONES, hedge_for
 from broker.domain.model import Forecast, Job, JobSpec, Offer, Quote, Tier
 from broker.models.contention import launchable
-from broker.models.futures import Setting, simulate
+from broker.models.futures import Hedge, Setting, simulate
 from broker.models.placement import transfer_usd
 from broker.models.risk import checkpoint_hours, exclusive_hours, fits, restart_hours, window_hours, young_interval_h
 from broker.planning.option_table import measured_speed, work_left
@@ -104,10 +105,12 @@ def forecast(
     futures: int = FUTURES,
     seed: int = 0,
     fleet: Fleet | None = None,
+    hedges: Callable[[list[Offer]], Hedge] | None = None,
 ) -> Forecast:
     """The quote's chosen option on `futures` sampled futures of its zones (an offer without traces is modelled
     from its own hazard and availability, which the catalog's hazard model set), against the other jobs of
-    `fleet` where it has agents in those zones."""
+    `fleet` where it has agents in those zones. `hedges` gives the hedge rule's view of the zones (kept per set of
+    zones: core/hedging.MarketHedge.for_zones); sampled afresh when not given."""
     chosen = quote.chosen.offer
     fallback = quote.chosen.fallback or (quote.on_demand_baseline.offer if quote.on_demand_baseline else None)
     window = window_hours(spec, now)
@@ -138,7 +141,9 @@ def forecast(
         window_h=window,
         rule=rule if fallback is not None else "spot-only",
     )
-    hedge = hedge_for(model, zones, tick_h) if setting.rule == "hedge" else None
+    hedge = None
+    if setting.rule == "hedge":
+        hedge = hedges(zones) if hedges else hedge_for(model, zones, tick_h)
     out = simulate(setting, available, tick_h, hedge, launchable=free)
     cost = out.cost_usd + transfer_usd(spec, chosen)  # its input moved to where it starts
     forecast = _summary(spec, now, cost, out.finish_h, out.spot_h, out.od_h, setting.rule, zones, zone_models)

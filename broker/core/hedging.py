@@ -50,10 +50,12 @@ class MarketHedge:
             fitting = (o for o in self.offers() if o.tier == Tier.spot and fits(spec, o))
             self._zones[shape] = tuple(sorted(fitting, key=lambda o: o.price_usd_per_h)[:MAX_ZONES])
         spot = self._zones[shape]
-        if not spot:
-            return None
-        key = tuple(o.id for o in spot)
+        return self.for_zones(list(spot)) if spot else None
+
+    def for_zones(self, offers: list[Offer]) -> Hedge:
+        """The Hedge of exactly these zones, in this order (the futures index its zones so)."""
+        key = tuple(o.id for o in offers)
         if key not in self._known:
             model = self.model()
-            self._known[key] = hedge_for(model, list(spot), model.tick_h)
+            self._known[key] = hedge_for(model, offers, model.tick_h)
         return self._known[key]

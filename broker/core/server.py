@@ -284,6 +284,8 @@ class BrokerServer:
                 or job.move_requested
             ):
                 continue
+            if run.offer.tier == Tier.on_demand and not spot_idle:
+                continue  # nowhere to go back to: skip the planner's view of it
             item = PlanItem.from_job(job)  # its work on on-demand at the speed it has shown
             progress = progress_of(item, item.on_demand_h, job.submitted_at, now)
             decided = self._guard_move(item, progress, run.offer, spot_idle)
