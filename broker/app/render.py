@@ -5,10 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from rich import box
 from rich.table import Table
-from rich.text import Text
 
+from broker.app.narrow import Fitted, narrow_safe
 from broker.domain.model import Job, Option, Quote
 
 if TYPE_CHECKING:  # pandas costs a read command a third of a second: imported where a table needs it
@@ -48,30 +47,19 @@ def where(option: Option) -> str:
     return f"{o.cloud} {o.instance_type} {o.zone or o.region}"
 
 
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def gpus(option: Option) -> str:
     return f"{option.offer.accelerator_count}x {option.offer.accelerator}"
-
-
-def narrow_safe(table: Table, *wrapping: str) -> Table:
-    """In a narrow terminal (80 columns) rich shrinks every column and cuts numbers and ids to "…". Here only the
-    `wrapping` columns (free text: offers, times) give way, folding onto more lines; every other column keeps
-    its widest cell whole; lines between columns are dropped to leave them the room."""
-    table.box, table.show_edge, table.padding = box.SIMPLE_HEAD, False, (0, 0)
-    for column in table.columns:
-        if column.header in wrapping:
-            column.no_wrap, column.overflow = False, "fold"
-            continue
-        cells = [Text.from_markup(c) if isinstance(c, str) else c for c in column.cells]
-        words = str(column.header).split() or [""]  # a header may wrap between its words
-        column.min_width = max([*(Text.from_markup(w).cell_len for w in words), *(c.cell_len for c in cells)])
-    return table
 
 
 def quote_dict(quote: Quote, job_id: str | None, stored: bool) -> dict:
     return {"job": job_id, "stored": stored, "quote": quote.model_dump(mode="json")}
 
 
-def quote_table(quote: Quote, title: str) -> Table:
+def quote_table(quote: Quote, title: str) -> Fitted:
     """The chosen option first, then the alternatives, with the on-demand baseline last."""
     table = Table(title=title, title_justify="left", caption_justify="left")
     for col in ("", "tier", "offer", "gpus", "$/h", "time", "cost", "P(meet)", "finish UTC"):
@@ -102,7 +90,7 @@ def quote_table(quote: Quote, title: str) -> Table:
     if quote.forecast is not None:
         notes.append(forecast_line(quote.forecast))
     table.caption = "\n".join(notes) or None
-    return narrow_safe(table, "offer", "gpus", "finish UTC")
+    return narrow_safe(table, "offer", "gpus", "finish UTC", optional=("gpus", "tier", "finish UTC"))
 
 
 def forecast_line(f) -> str:
@@ -125,13 +113,11 @@ def policies_table(rows: list[dict]) -> Table:
     return table
 
 
-def jobs_table(jobs: list[Job]) -> Table:
-    """Jobs with where they run (or were quoted to run), the quote and the cost so far."""
-    table = Table(title=f"{len(jobs)} jobs", title_justify="left")
-    for col in ("id", "state", "tier", "offer", "gpus", "quote", "cost so far", "budget", "runs", "deadline UTC"):
-        table.add_column(
-            col, no_wrap=True, justify="right" if col in ("quote", "cost so far", "budget", "runs") else "left"
-        )
+def jobs_table(jobs: list[Job]) -> Fitted:
+    """Jobs with where they run (or were quoted to run), the quote and what they spent so far."""
+    table = Table(title=plural(len(jobs), "job"), title_justify="left")
+    for col in ("id", "state", "tier", "offer", "gpus", "quote", "spent", "budget", "runs", "deadline UTC"):
+        table.add_column(col, justify="right" if col in ("quote", "spent", "budget", "runs") else "left")
     for job in jobs:
         chosen = job.quote.chosen
         offer = job.runs[-1].offer if job.runs else chosen.offer
@@ -147,23 +133,25 @@ def jobs_table(jobs: list[Job]) -> Table:
             str(len(job.runs)),
             when(job.spec.deadline),
         )
-    return narrow_safe(table, "offer", "gpus", "deadline UTC")
+    return narrow_safe(table, "offer", "gpus", "deadline UTC", optional=("gpus", "budget", "deadline UTC", "offer"))
 
 
-def cost_report_table(frame: pd.DataFrame) -> Table:
-    """`broker cost-report`: a row per job and the totals (spend per tier; the hours are in --json)."""
+def cost_report_table(frame: pd.DataFrame) -> Fitted:
+    """`broker cost-report`: a row per job and the totals (spend per tier in US$, headers without the unit so a
+    30-character job id and every column fit 80 columns; the hours are in --json)."""
     import pandas as pd
 
     from broker.models import accounting
 
-    table = Table(title=f"cost report: {len(frame)} jobs", title_justify="left")
+    table = Table(title=f"cost report (US$): {plural(len(frame), 'job')}", title_justify="left")
     money = [c for c in frame.columns if c.endswith("$")]
     for col in ["job", "state", *money, "saved %"]:
-        table.add_column(col, justify="left" if col in ("job", "state") else "right")
+        header = col.removesuffix(" $").removesuffix(" %").replace("_", "-")
+        table.add_column(header, justify="left" if col in ("job", "state") else "right")
 
     def cells(row) -> list[str]:
         saved = row["saved %"]
-        return [*(f"${row[c]:,.2f}" for c in money), "-" if saved is None or pd.isna(saved) else f"{saved:.0f}%"]
+        return [*(f"{row[c]:,.2f}" for c in money), "-" if saved is None or pd.isna(saved) else f"{saved:.0f}%"]
 
     for row in frame.to_dict(orient="records"):
         table.add_row(row["job"], row["state"], *cells(row))
@@ -171,7 +159,7 @@ def cost_report_table(frame: pd.DataFrame) -> Table:
     total["saved %"] = accounting.savings_pct(total["total $"], total["all on-demand $"])
     table.add_section()
     table.add_row("total", "", *cells(total))
-    return narrow_safe(table)
+    return narrow_safe(table, "all on-demand", optional=("state",))  # its cells are one word each: never folded
 
 
 def agent_rows(agents: list, leases: dict[str, str | None], now: datetime) -> list[dict]:
@@ -194,17 +182,18 @@ def agent_rows(agents: list, leases: dict[str, str | None], now: datetime) -> li
     return rows
 
 
-def agents_table(rows: list[dict]) -> Table:
-    table = Table(title=f"{len(rows)} agents", title_justify="left")
+def agents_table(rows: list[dict]) -> Fitted:
+    table = Table(title=plural(len(rows), "agent"), title_justify="left")
     for col in ("id", "tier", "offer", "$/h", "job", "age", "lease"):
         table.add_column(col, justify="right" if col in ("$/h", "age") else "left")
     for r in rows:
         age = duration(r["age_h"])
-        table.add_row(r["id"], r["tier"], r["offer"], f"{r['usd_per_h']:,.4f}", r["job"] or "-", age, r["lease"])
-    return narrow_safe(table, "offer")
+        offer = r["offer"].replace("/", " ")  # breakable at its parts: the numbers beside it stay whole
+        table.add_row(r["id"], r["tier"], offer, f"{r['usd_per_h']:,.4f}", r["job"] or "-", age, r["lease"])
+    return narrow_safe(table, "offer", optional=("$/h", "age", "tier", "offer"))
 
 
-def runs_table(job: Job) -> Table:
+def runs_table(job: Job) -> Fitted:
     """A job's runs across offers: where, when, why each ended, what it cost."""
     table = Table(title=f"runs of {job.id}", title_justify="left")
     for col in (
@@ -237,7 +226,8 @@ def runs_table(job: Job) -> Table:
             _money(run.cost_usd),
             f"{run.work_lost_s:.0f} s",
         )
-    return table
+    folded = ("offer", "started UTC", "ended UTC")
+    return narrow_safe(table, *folded, optional=("work lost", "tier", "checkpoint", "offer", "ended UTC", "agent"))
 
 
 def job_times(job: Job, now: datetime) -> str:
