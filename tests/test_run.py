@@ -71,5 +71,16 @@ def test_status_says_what_a_queued_job_waits_for(env, store, catalog, tmp_path):
     l4 = next(o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1)
     Contract(store, "small").register(l4, 60_000, host="h", pid=1, at=NOW)
     assert waiting() == "the next planning round"
+
+    def small_holds(job: str | None) -> None:
+        with store.redis.pipeline() as pipe:
+            store.put_agent(pipe, store.get_agent("small").model_copy(update={"job": job, "fence": 1}))
+            pipe.execute()
+
+    small_holds(job_id)  # dispatched to it, and its start not reported yet
+    assert waiting() == "starting on small"
+    small_holds("another")
+    assert waiting() == "every agent that fits it is busy"
+    small_holds(None)
     shown = runner.invoke(app, ["status", job_id]).stdout
     assert "waiting: the next planning round" in shown

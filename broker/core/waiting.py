@@ -23,6 +23,9 @@ def waiting_for(store: Store, job: Job) -> str | None:
     if not fitting:
         shapes = ", ".join(sorted({f"{a.offer.accelerator}:{a.offer.accelerator_count}" for a in agents}))
         return f"no registered agent fits its resources (agents have {shapes})"
+    given = next((a for a in agents if a.job == job.id), None)
+    if given is not None:  # dispatched: queued until the agent reports that the job's process started
+        return f"starting on {given.id}"
     if all(a.job for a in fitting):
         return "every agent that fits it is busy"
     return job.reason or "the next planning round"
