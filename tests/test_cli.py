@@ -319,7 +319,7 @@ def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):
     from rich.console import Console
 
     from broker.app import render
-    from broker.domain.model import AgentInfo, Job
+    from broker.domain.model import AgentInfo, Job, Run
     from broker.models import accounting
     from broker.planning import get
 
@@ -334,9 +334,11 @@ def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):
         id=f"local-{jobs[0].id}", offer=quote.chosen.offer, host="h", pid=1, job=jobs[1].id, registered_at=NOW
     )
     agents = render.agent_rows([agent], {agent.id: "1"}, NOW)
+    run = Run(fence=1, agent=agent.id, offer=quote.chosen.offer, dispatched_at=NOW, started_at=NOW, cost_usd=1.23)
+    ran = jobs[0].model_copy(update={"runs": [run]})
     for width in (80, 100):
         console = Console(width=width, record=True)
-        for table in (render.quote_table(quote, "quote"), render.jobs_table(jobs)):
+        for table in (render.quote_table(quote, "quote"), render.jobs_table(jobs), render.runs_table(ran)):
             console.print(table)
         for table in (render.cost_report_table(report), render.agents_table(agents)):
             console.print(table)
@@ -348,6 +350,8 @@ def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):
             line = next(row for row in rows if row[:1] == [job.id])
             at = line.index(f"${quote.chosen.expected_cost_usd:,.2f}")
             assert line[at + 1] == "$0.00" and "0" in line[at + 2 :], text
+        line = next(row for row in rows if row[:1] == [run.id])  # the run's line: its cost whole, last
+        assert line[-1].startswith("$1.23") or line[-2] == "$1.23", text
         line = next(row for row in rows if row[:1] == [agent.id])  # its offer folds onto the next line
         assert jobs[1].id in line and line[-1] == "alive", text
         for option in [quote.chosen, *quote.alternatives, quote.on_demand_baseline]:

@@ -8,7 +8,7 @@ import copy
 from rich import box
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 
@@ -21,11 +21,31 @@ class Fitted:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         table = copy.copy(self.table)
+        table.columns = [copy.copy(c) for c in table.columns]  # widths set below are this printing's
         for header in self.optional:
             if least_width(table) <= options.max_width:
                 break
             table.columns = [c for c in table.columns if c.header != header]
+        share_out(table, options.max_width - least_width(table))
         yield table
+
+
+def share_out(table: Table, spare: int) -> None:
+    """When the folding columns cannot all print whole, fix each one's width at its minimum plus a share of the
+    `spare` columns in proportion to what it wants more: rich's own shrinking ignores minimum widths, and a
+    column it shrinks below one is then printed wider than planned and the line's end is cut."""
+    folding = [c for c in table.columns if not c.no_wrap]
+    wants = [natural_width(c) - (c.min_width or 0) for c in folding]
+    if sum(wants) <= spare:
+        return
+    for column, want in zip(folding, wants):
+        column.width = (column.min_width or 0) + max(0, spare) * want // sum(wants)
+
+
+def natural_width(column: Column) -> int:
+    """The column's width with nothing folded: its widest cell or header on one line."""
+    texts = [str(column.header), *(Text.from_markup(c).plain if isinstance(c, str) else c.plain for c in column.cells)]
+    return max(cell_len(t) for t in texts)
 
 
 def least_width(table: Table) -> int:
