@@ -7,7 +7,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 from test_market_model import trace
-from test_uniform_progress import offer
+from test_uniform_progress import offer, run_an_hour
 
 from broker import planning
 from broker.agents.checkpoints import CheckpointStore
@@ -100,10 +100,7 @@ def test_the_guard_moves_a_hedge_job_on_spot_to_a_cheaper_zone_that_comes_back(
     spec = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 8}, deadline="+40h")
     Broker(store, catalog, policy, clock).submit(spec, job_id="j")
     assert server.step() == [("j", "dear")]
-    assignment = running.take(block_ms=None)
-    running.started(assignment, at=clock.now().timestamp())
-    clock.advance(hours=1)
-    running.report("j", assignment.fence, "progress", at=clock.now().timestamp(), done=100, total=1000)
+    assignment = run_an_hour(running, clock, 100)
     Contract(store, "cheap").register(cheap, 10**10, host="test", pid=0, at=clock.now())
     server.step()
     job = store.get_job("j")

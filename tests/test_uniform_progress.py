@@ -113,6 +113,15 @@ def test_with_no_spot_at_all_the_job_still_finishes_on_demand():
     assert spot_h == 0 and finish is not None and finish <= 72
 
 
+def run_an_hour(agent, clock, done: float):
+    """The agent takes job "j", starts it and an hour later reports `done` of 1,000 steps; its assignment."""
+    assignment = agent.take(block_ms=None)
+    agent.started(assignment, at=clock.now().timestamp())
+    clock.advance(hours=1)
+    agent.report("j", assignment.fence, "progress", at=clock.now().timestamp(), done=done, total=1000)
+    return assignment
+
+
 def offer(name, tier, price):
     return Offer(
         cloud="aws",
@@ -179,10 +188,7 @@ def test_the_guard_takes_a_job_back_from_on_demand_to_spot_by_the_policys_rule(
     Broker(store, catalog, policy, clock).submit(spec, job_id="j")
     clock.advance(hours=1)  # no spot at all, idle and behind ep(t): on-demand
     assert server.step() == [("j", "od")]
-    assignment = on_demand.take(block_ms=None)
-    on_demand.started(assignment, at=clock.now().timestamp())
-    clock.advance(hours=1)
-    on_demand.report("j", assignment.fence, "progress", at=clock.now().timestamp(), done=done, total=1000)
+    assignment = run_an_hour(on_demand, clock, done)
     if spot_agent:
         Contract(store, "spot").register(cheapest[Tier.spot], 10**10, host="test", pid=0, at=clock.now())
     server.step()

@@ -37,8 +37,12 @@ class HedgePolicy(UniformProgress):
     def __init__(self, hedge: Callable[[JobSpec], Hedge | None] | None = None):
         self.hedge = hedge  # the market's view for a job's spot zones (core/hedging.MarketHedge)
 
+    def view(self, spec: JobSpec) -> Hedge | None:
+        """The market's view for the job's spot zones; None without a market model or a spot zone it fits."""
+        return self.hedge(spec) if self.hedge else None
+
     def idle_move(self, item: PlanItem, progress: Progress, spot_available: bool, now: datetime) -> Move:
-        view = self.hedge(item.spec) if self.hedge else None
+        view = self.view(item.spec)
         if spot_available or view is None or decide(progress, None, False, uniform=False) == Move.on_demand:
             return super().idle_move(item, progress, spot_available, now)  # spot, the safety net, or no model
         left_h = progress.total_h - progress.done_h
@@ -48,7 +52,7 @@ class HedgePolicy(UniformProgress):
         return Move.on_demand if waited_h > wait_ticks * view.tick_h else Move.wait
 
     def leaves_on_demand(self, item: PlanItem, progress: Progress, spot: Offer, on_demand: Offer) -> bool:
-        view = self.hedge(item.spec) if self.hedge else None
+        view = self.view(item.spec)
         if view is None:
             return super().leaves_on_demand(item, progress, spot, on_demand)
         worth = view.spot_worth(on_demand.price_usd_per_h, spot.price_usd_per_h, progress.changeover_h)
@@ -56,7 +60,7 @@ class HedgePolicy(UniformProgress):
 
     def moves_zone(self, item: PlanItem, progress: Progress, now_on: Offer, there: Offer) -> bool:
         """SpotHedge's idea: cheap zones come and go, follow them when the saving pays the changeover."""
-        view = self.hedge(item.spec) if self.hedge else None
+        view = self.view(item.spec)
         if view is None or there.price_usd_per_h >= now_on.price_usd_per_h:
             return False
         left_h = progress.total_h - progress.done_h

@@ -1,0 +1,50 @@
+"""Tables as people read them: at 80 and 100 columns every id and number stays whole on its row (app/narrow.py)."""
+
+from broker.domain.specfile import load_spec
+from conftest import EXAMPLES, NOW
+
+
+def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):
+    from rich.console import Console
+
+    from broker.app import render
+    from broker.domain.model import AgentInfo, Job, Run
+    from broker.models import accounting
+    from broker.planning import get
+
+    spec = load_spec(EXAMPLES / "finetune-lora.yaml", NOW)
+    quote = get("costslo").quote(spec, catalog.offers, NOW)
+    jobs = [
+        Job(id=f"finetune-llama3-8b-lora-{i:06x}", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote)
+        for i in range(3)
+    ]
+    report = accounting.cost_report(jobs, NOW)
+    agent = AgentInfo(
+        id=f"local-{jobs[0].id}", offer=quote.chosen.offer, host="h", pid=1, job=jobs[1].id, registered_at=NOW
+    )
+    agents = render.agent_rows([agent], {agent.id: "1"}, NOW)
+    run = Run(fence=1, agent=agent.id, offer=quote.chosen.offer, dispatched_at=NOW, started_at=NOW, cost_usd=1.23)
+    ran = jobs[0].model_copy(update={"runs": [run]})
+    for width in (80, 100):
+        console = Console(width=width, record=True)
+        for table in (render.quote_table(quote, "quote"), render.jobs_table(jobs), render.runs_table(ran)):
+            console.print(table)
+        for table in (render.cost_report_table(report), render.agents_table(agents)):
+            console.print(table)
+        text = console.export_text()
+        assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
+        rows = [line.split() for line in text.splitlines()]
+        assert ["total", "0.00", "0.00", "0.00", "0.00", "0.00", "-"] in rows, text  # every column of the report
+        for job in jobs:  # id, quote, spent and runs on the job's own line
+            line = next(row for row in rows if row[:1] == [job.id])
+            at = line.index(f"${quote.chosen.expected_cost_usd:,.2f}")
+            assert line[at + 1] == "$0.00" and "0" in line[at + 2 :], text
+        line = next(row for row in rows if row[:1] == [run.id])  # the run's line: its cost whole, last
+        assert line[-1].startswith("$1.23") or line[-2] == "$1.23", text
+        line = next(row for row in rows if row[:1] == [agent.id])  # its offer folds onto the next line
+        assert jobs[1].id in line and line[-1] == "alive", text
+        for option in [quote.chosen, *quote.alternatives, quote.on_demand_baseline]:
+            for shown in (f"{option.offer.price_usd_per_h:,.4f}", f"${option.expected_cost_usd:,.2f}"):
+                assert shown in text
+            assert f"{option.p_meet_deadline:.3f}" in text
+        assert all(job.id in text for job in jobs)  # whole, to copy into `broker status`
