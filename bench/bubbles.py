@@ -6,9 +6,17 @@ without fill, then with the fill_mlp task in every stage's bubbles (windows size
 iterations' p10, minus 10%). Prints one JSON object: per stage the measured bubble fraction vs
 (p-1)/(m+p-1), the share of bubble time spent in fill steps and the fill steps' overrun past the
 real end of their window (the awaited message's arrival), and the main job's iteration time with
-and without fill. CPU with gloo by default; on a GPU machine the ranks use NCCL and the GPUs.
+and without fill. CPU with gloo by default.
+
+With --device cuda (a machine with one GPU) each stage runs alone on the GPU instead
+(bench/stage_replay.py): its real forward and backward, its receives replaced by waits as long as
+the schedule model says the other stages take, fill work from a second process in the marked
+waits; it adds per stage the slowdown and whether the losses stayed identical, the overhead of
+the bubble marks alone (`marks_overhead_pct`) and each stage's microbatch time. `--one-stage`
+runs the same replay on CPU.
 
     python bench/bubbles.py --steps 12 --json
+    PYTHONPATH=. python bench/bubbles.py --device cuda --steps 24 --json
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "bubbles" / "train_gpt.py"
@@ -84,33 +94,83 @@ def stage_figures(plain: dict, filled: dict) -> dict:
     }
 
 
-def median_iteration(runs: list[dict]) -> float:
-    return float(np.median([end - start for start, end in steady(runs[0])]))
+def median_iteration(run: dict) -> float:
+    return float(np.median([end - start for start, end in steady(run)]))
+
+
+# --device cuda: a model whose microbatch takes >= 20 ms a stage on an H100, and a fill step of a few ms
+CUDA_SHAPE = {"GPT_HIDDEN": "2048", "GPT_SEQ": "1024", "GPT_HEADS": "16", "GPT_LAYERS": "10", "GPT_VOCAB": "8192"}
+CUDA_FILL = {"device": "cuda", "width": 2048, "depth": 2, "batch": 4096}
+
+
+def pipeline(steps: int) -> tuple[list[dict], list[dict], str]:
+    """The real 4-rank DeepSpeed pipeline, instrumented without fill and then with fill."""
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = train(Path(tmp) / "plain", steps, "--instrument")
+        filled = train(Path(tmp) / "filled", steps, "--fill", "fill_mlp:MlpFill")
+    return plain, filled, f"cpu ({os.cpu_count()} cores, {STAGES} ranks, gloo)"
+
+
+def one_stage_at_a_time(steps: int, device: str) -> tuple[list[dict], list[dict], list[dict], str]:
+    """Each stage alone on the device (bench/stage_replay.py), fill from a second process."""
+    if device == "cuda":
+        os.environ.update(CUDA_SHAPE, CUBLAS_WORKSPACE_CONFIG=":4096:8")  # cuBLAS's deterministic workspace
+        torch.use_deterministic_algorithms(True)  # else attention's backward may add in another order each run
+    from stage_replay import stage_runs
+
+    bare, plain, filled = stage_runs(
+        STAGES,
+        MICRO_BATCHES,
+        4 if device == "cuda" else 2,
+        steps,
+        PROFILE_STEPS,
+        device,
+        CUDA_FILL if device == "cuda" else {},
+    )
+    name = torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({os.cpu_count()} cores)"
+    sharing = "MPS" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "time-sliced contexts"
+    return bare, plain, filled, f"{name}, one stage at a time, fill in a second process ({sharing})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        plain = train(Path(tmp) / "plain", args.steps, "--instrument")
-        filled = train(Path(tmp) / "filled", args.steps, "--fill", "fill_mlp:MlpFill")
-    without, with_fill = median_iteration(plain), median_iteration(filled)
-    device = (
-        torch.cuda.get_device_name(0)
-        if torch.cuda.is_available()
-        else f"cpu ({os.cpu_count()} cores, {STAGES} ranks, gloo)"
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu: the 4-rank DeepSpeed pipeline under torchrun; cuda: one stage at a time on the one GPU",
     )
+    parser.add_argument("--one-stage", action="store_true", help="on CPU too, replay one stage at a time")
+    args = parser.parse_args()
+    bare = None
+    if args.device == "cuda" or args.one_stage:
+        bare, plain, filled, device = one_stage_at_a_time(args.steps, args.device)
+    else:
+        plain, filled, device = pipeline(args.steps)
+    stages = [stage_figures(a, b) for a, b in zip(plain, filled)]
+    for figures, a, b in zip(stages, plain, filled):
+        figures["slowdown_pct"] = round(100 * (median_iteration(b) / median_iteration(a) - 1), 2)
+        figures["losses_identical"] = a["losses"] == b["losses"] and bool(np.isfinite(a["losses"]).all())
+    worst = max(range(len(stages)), key=lambda s: stages[s]["slowdown_pct"]) if bare else 0
+    without, with_fill = median_iteration(plain[worst]), median_iteration(filled[worst])
     result = {
-        "stages": [stage_figures(a, b) for a, b in zip(plain, filled)],
+        "stages": stages,
         "iteration_s_without_fill": round(without, 4),
         "iteration_s_with_fill": round(with_fill, 4),
         "slowdown_pct": round(100 * (with_fill / without - 1), 2),
         "device": device,
         "steps": args.steps,
-        "losses_identical": plain[0]["losses"] == filled[0]["losses"],
+        "losses_identical": all(figures["losses_identical"] for figures in stages),
     }
+    if bare:  # if runs without fill differ too, the arithmetic is not repeatable, whatever the fill does
+        result["losses_identical_without_fill"] = all(a["losses"] == b["losses"] for a, b in zip(bare, plain))
+    if bare:
+        result["marks_overhead_pct"] = round(
+            100 * max(median_iteration(a) / median_iteration(b) - 1 for a, b in zip(plain, bare)), 2
+        )
+        result["microbatch_ms"] = [round(1000 * (run["t_f"] + run["t_b"]), 1) for run in bare]
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 

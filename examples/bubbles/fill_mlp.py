@@ -2,7 +2,10 @@
 
 The same task runs inside bubbles (broker.bubbles.executor.FillExecutor) and as an ordinary
 job (`python examples/bubbles/fill_mlp.py` under an agent, through broker.sdk), and reaches
-the same weights either way: batch k depends only on k.
+the same weights either way: batch k depends only on k. Its configuration sizes it: `width`,
+`depth` (hidden layers) and `batch` (64, 1 and 16: a CPU step of well under a millisecond), and
+`device` ("cuda": each step ends with the GPU's work done, so a step never spills past the window
+it was timed for).
 """
 
 from __future__ import annotations
@@ -21,13 +24,28 @@ class MlpFill(FillTask):
     def create(self, config: dict) -> None:
         torch.set_num_threads(1)  # the same arithmetic in every process it may run in: identical weights anywhere
         torch.manual_seed(int(config.get("seed", 0)))
-        self.model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+        self.device = torch.device(config.get("device", "cpu"))
+        width, self.rows = int(config.get("width", 64)), int(config.get("batch", 16))
+        hidden = [
+            layer for _ in range(int(config.get("depth", 1)) - 1) for layer in (nn.Linear(width, width), nn.ReLU())
+        ]
+        self.model = nn.Sequential(nn.Linear(32, width), nn.ReLU(), *hidden, nn.Linear(width, 1))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
         self.step, self.sleep_s = 0, float(config.get("extra_step_s", 0.0))
 
+    def init(self) -> None:
+        """On the device, with one untimed forward and backward (no update) so the first step in a window
+        does not pay for the GPU libraries' start."""
+        self.model.to(self.device)
+        x, y = self.batch(self.step)
+        nn.functional.mse_loss(self.model(x), y).backward()
+        self.optimizer.zero_grad()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
     def batch(self, k: int):
-        generator = torch.Generator().manual_seed(1000 + k)
-        x = torch.randn(16, 32, generator=generator)
+        generator = torch.Generator(self.device).manual_seed(1000 + k)
+        x = torch.randn(self.rows, 32, generator=generator, device=self.device)
         return x, x.sum(dim=1, keepdim=True)
 
     def run_step(self) -> None:
@@ -36,6 +54,8 @@ class MlpFill(FillTask):
         nn.functional.mse_loss(self.model(x), y).backward()
         self.optimizer.step()
         self.step += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
         if self.sleep_s:
             time.sleep(self.sleep_s)  # a heavier step (or one that ignores its window, for the tests)
 

@@ -13,7 +13,7 @@ class Filler:
     """Runs a fill task in this rank's bubbles: each bubble signal becomes an executor window as long as
     that kind of window nearly always is (its p10 so far), on a thread so the engine never waits."""
 
-    def __init__(self, task: str, recorder, stage: int):
+    def __init__(self, task: str, recorder, stage: int, config: dict | None = None):
         import queue
         import threading
 
@@ -25,7 +25,7 @@ class Filler:
         for kind in {w[0] for w in recorder.windows}:
             lengths = [end - start for k, start, end, _ in recorder.windows if k == kind]
             self.p10[kind] = float(np.percentile(lengths, 10))
-        self.executor = FillExecutor(task, {"step_s": 0.0, "seed": stage})
+        self.executor = FillExecutor(task, {"step_s": 0.0, "seed": stage, **(config or {})})
         self.executor.start()
         self.signals = queue.Queue()
         self.windows = []  # (kind, start, planned end)

@@ -19,61 +19,23 @@ import deepspeed
 import torch
 import torch.distributed as dist
 from deepspeed.pipe import LayerSpec, PipelineModule
-from stage_fill import Filler, register  # beside this script: torchrun puts its directory on the path
-from torch import nn
-
-# The model's shape; bench/parallel.py varies it through the environment.
-VOCAB, SEQ, HIDDEN, HEADS, LAYERS = (
-    int(os.environ.get(f"GPT_{k}", v))
-    for k, v in (("VOCAB", 256), ("SEQ", 32), ("HIDDEN", 64), ("HEADS", 4), ("LAYERS", 8))
+from gpt import (  # beside this script: torchrun puts its directory on the path
+    HIDDEN,
+    LAYERS,
+    SEQ,
+    VOCAB,
+    Block,
+    Embed,
+    Head,
+    batches,
+    layers,
+    loss_fn,
 )
-
-
-class Embed(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tokens, self.positions = nn.Embedding(VOCAB, HIDDEN), nn.Embedding(SEQ, HIDDEN)
-
-    def forward(self, ids):
-        return self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layer = nn.TransformerEncoderLayer(
-            HIDDEN, HEADS, 4 * HIDDEN, dropout=0.0, batch_first=True, norm_first=True
-        )
-        self.mask = nn.Transformer.generate_square_subsequent_mask(SEQ)
-
-    def forward(self, x):
-        return self.layer(x, src_mask=self.mask.to(x.device), is_causal=True)
-
-
-class Head(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm, self.out = nn.LayerNorm(HIDDEN), nn.Linear(HIDDEN, VOCAB)
-
-    def forward(self, x):
-        return self.out(self.norm(x))
-
-
-def loss_fn(logits, labels):
-    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
-
+from stage_fill import Filler, register
+from torch import nn
 
 REGISTER_RETRY_STEPS = 20  # a stage without a usable window measures this many more steps, then tries again
 MEMORY_STEPS = 3  # iterations measured with saved-tensor hooks (Python per saved tensor: too slow to time)
-
-
-def batches(micro_batch: int, seed: int):
-    """Synthetic next-token data: sequences of a noisy counting pattern (learnable, deterministic)."""
-    generator = torch.Generator().manual_seed(seed)
-    while True:
-        start = torch.randint(0, VOCAB, (micro_batch, 1), generator=generator)
-        ids = (start + torch.arange(SEQ + 1)) % VOCAB
-        yield ids[:, :-1], ids[:, 1:]
 
 
 class SavedActivations:
@@ -286,8 +248,12 @@ def main() -> None:
 
     init_distributed(int(os.environ.get("WORLD_SIZE", "1")))
     torch.manual_seed(0)
-    layers = [LayerSpec(Embed)] + [LayerSpec(Block) for _ in range(LAYERS)] + [LayerSpec(Head)]
-    model = PipelineModule(layers=layers, num_stages=args.stages, loss_fn=loss_fn, partition_method="uniform")
+    model = PipelineModule(
+        layers=[LayerSpec(layer) for layer in layers()],
+        num_stages=args.stages,
+        loss_fn=loss_fn,
+        partition_method="uniform",
+    )
     config = {
         "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": args.micro_batches,
@@ -298,7 +264,8 @@ def main() -> None:
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     recorder, filler = None, None
     if args.instrument or args.fill or args.broker:
-        from broker.bubbles.instrument import BubbleRecorder, instrument
+        from broker.bubbles.instrument import instrument
+        from broker.bubbles.recorder import BubbleRecorder
 
         recorder = BubbleRecorder(memory_budget_bytes=2 * 1024**3)
         instrument(engine, recorder)
