@@ -1,12 +1,9 @@
-"""What a training stage of train_gpt.py does with its bubbles: fill them itself with a fill task (`--fill`), or
-publish its measured profile and serve the broker's fill jobs in them as a broker agent (`--broker`)."""
+"""A training stage of train_gpt.py (`--fill`) or a bench filling its own bubbles with a fill task, without the
+broker (which serves its fill jobs through broker.bubbles.attach instead)."""
 
 from __future__ import annotations
 
 import time
-from datetime import UTC
-
-import torch
 
 
 class Filler:
@@ -54,38 +51,3 @@ class Filler:
             "kills": self.executor.kills,
             "p10": self.p10,
         }
-
-
-def register(main_job: str, accelerator: str, stage: int, recorder, iterations):
-    """Publish this stage's measured profile and serve fill jobs in its bubbles as a broker agent."""
-    from datetime import datetime
-
-    from broker.agents.checkpoints import CheckpointStore
-    from broker.app.settings import Settings
-    from broker.bubbles.agent import FillAgent
-    from broker.bubbles.capacity import bubble_offer
-    from broker.bubbles.profiler import profile
-    from broker.store.jobs import Store
-    from broker.store.profiles import save_profile
-
-    settings = Settings.from_env()
-    if not settings.redis_url:
-        raise SystemExit("--broker needs BROKER_REDIS_URL: the broker's Redis (see `broker demo --bubbles`)")
-    store = Store(settings.redis_url, prefix=settings.prefix)
-    measured = profile(
-        main_job,
-        stage,
-        "cuda" if torch.cuda.is_available() else "cpu",
-        recorder.windows,
-        iterations,
-        datetime.now(UTC),
-    )
-    save_profile(store, measured)
-    offer = bubble_offer(measured, "local", "local", accelerator, min_window_s=0.001)  # CPU windows last milliseconds
-    if offer is None:
-        print(f"stage {stage}: no window long enough to fill yet; not registering", flush=True)
-        return None
-    agent = FillAgent(store, CheckpointStore(settings.checkpoints), measured, offer)
-    recorder.signal = agent.signal
-    agent.start()
-    return agent

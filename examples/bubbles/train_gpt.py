@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import time
+from contextlib import nullcontext
 
 import deepspeed
 import torch
@@ -31,10 +32,9 @@ from gpt import (  # beside this script: torchrun puts its directory on the path
     layers,
     loss_fn,
 )
-from stage_fill import Filler, register
+from stage_fill import Filler
 from torch import nn
 
-REGISTER_RETRY_STEPS = 20  # a stage without a usable window measures this many more steps, then tries again
 MEMORY_STEPS = 3  # iterations measured with saved-tensor hooks (Python per saved tensor: too slow to time)
 
 
@@ -204,6 +204,26 @@ def init_distributed(world_size: int) -> None:
     deepspeed.init_distributed(dist_backend="gloo")
 
 
+def offer_bubbles(engine, args):
+    """This stage's bubbles, offered to the broker (broker.bubbles.attach) under the main job's name."""
+    from broker.app.settings import Settings
+    from broker.bubbles.attach import attach
+
+    settings = Settings.from_env()
+    if not settings.redis_url:
+        raise SystemExit("--broker needs BROKER_REDIS_URL: the broker's Redis (see `broker demo --bubbles`)")
+    return attach(
+        engine,
+        args.broker,
+        redis_url=settings.redis_url,
+        checkpoints=settings.checkpoints,
+        prefix=settings.prefix,
+        accelerator=args.accelerator,
+        profile_steps=args.profile_steps,
+        min_window_s=0.001,  # CPU windows last milliseconds
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3)
@@ -262,8 +282,11 @@ def main() -> None:
     }
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-    recorder, filler = None, None
-    if args.instrument or args.fill or args.broker:
+    recorder, filler, bubbles = None, None, None
+    if args.broker:
+        bubbles = offer_bubbles(engine, args)
+        recorder = bubbles.recorder
+    elif args.instrument or args.fill:
         from broker.bubbles.instrument import instrument
         from broker.bubbles.recorder import BubbleRecorder
 
@@ -277,7 +300,6 @@ def main() -> None:
     if args.time_instructions:
         time_instructions(engine, instructions)
     losses, iterations, profiles = [], [], []
-    fill_agent = None
     for step in range(args.steps):
         if step == MEMORY_STEPS:  # instruction times and profiles from the clean steps only (the hooks are slow)
             instructions.clear()
@@ -285,19 +307,11 @@ def main() -> None:
                 profile_between(profiles, args.micro_batch)
         if args.fill and step == args.profile_steps:
             filler = Filler(args.fill, recorder, engine.stage_id)
-        retry = step >= args.profile_steps and (step - args.profile_steps) % REGISTER_RETRY_STEPS == 0
-        if args.broker and fill_agent is None and retry:
-            # a stage that measured no usable window yet (a busy CPU) keeps measuring and tries again
-            fill_agent = register(args.broker, args.accelerator, engine.stage_id, recorder, iterations)
         started = time.monotonic()
-        if args.measure_memory and step < MEMORY_STEPS:  # the steady state is reached by then; later steps run clean
-            with saved.hooks():
-                loss = engine.train_batch(data_iter=data)
-        else:
+        hooks = saved.hooks() if args.measure_memory and step < MEMORY_STEPS else nullcontext()  # then clean steps
+        with hooks, bubbles.iteration() if bubbles else nullcontext():
             loss = engine.train_batch(data_iter=data)
         iterations.append((started, time.monotonic()))
-        if fill_agent:
-            fill_agent.iteration(iterations[-1][1] - started)
         losses.append(float(loss))
         if stop_requested(args.stop_file):
             break
@@ -319,13 +333,9 @@ def main() -> None:
         "memory_steps": MEMORY_STEPS,
         "allreduce_s": allreduce_seconds(args.probe_allreduce) if args.probe_allreduce else None,
     }
-    if args.broker:  # every stage stops taking work before any hands its job back
-        if fill_agent:
-            fill_agent.leaving()
-        dist.barrier()
-    if fill_agent:
-        fill_agent.stop()
-        result["served"] = fill_agent.served
+    if bubbles:
+        bubbles.close()
+        result["served"] = bubbles.served
     with open(f"{args.out}.rank{rank}", "w") as handle:
         json.dump(result, handle)
     dist.barrier()
