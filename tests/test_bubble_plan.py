@@ -4,7 +4,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from broker.bubbles.capacity import bubble_offer
+from broker.agents.contract import Contract
+from broker.bubbles.capacity import bubble_offer, measured_speed
 from broker.bubbles.fill_plan import Node, best_configuration, fill_plan, fill_throughput
 from broker.bubbles.profiler import profile
 from broker.domain.bubbles import BubbleProfile, WindowStats
@@ -103,3 +104,39 @@ def test_a_profile_becomes_a_bubble_offer_the_planner_uses_for_fill_jobs():
         )
         is None
     )
+
+
+def test_measured_steps_reprice_a_bubble_offer_and_the_agent_record_keeps_its_lease(store):
+    # windows of 0.30 s and 0.10 s in a 1.0 s iteration: 0.10 s steps fill both whole, 0.16 s steps waste a third
+    assert measured_speed([0.30, 0.10], 1.0, 0.10) == pytest.approx(0.40)
+    assert measured_speed([0.30, 0.10], 1.0, 0.16) == pytest.approx(0.16)  # one step in the 0.30 s window only
+    assert measured_speed([0.30, 0.10], 1.0, 0.31) == 0.0  # longer than every window
+    with pytest.raises(ValueError, match="step_s"):
+        measured_speed([0.30], 1.0, 0.0)
+
+    offer = bubble_offer(stage_profile(), "local", "local", "H100")
+    contract = Contract(store, "llm-stage0")
+    contract.register(offer, lease_ms=60_000)
+    contract.leave()
+    contract.offer(offer.model_copy(update={"speed_factor": 0.05}))
+    agent = store.get_agent("llm-stage0")
+    assert agent.offer.speed_factor == 0.05 and agent.offer.id == offer.id
+    assert store.leases(["llm-stage0"]) == {"llm-stage0": "leaving"}  # the mark survives the new offer
+    assert store.set_agent_offer("nobody", offer) is False
+
+
+def test_a_fill_agent_offers_the_speed_its_measured_steps_get(store, tmp_path):
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.bubbles.agent import FillAgent
+
+    measured = stage_profile()
+    offer = bubble_offer(measured, "local", "local", "H100")
+    agent = FillAgent(store, CheckpointStore(str(tmp_path)), measured, offer)
+    agent.contract.register(offer, lease_ms=60_000)
+    windows = list(agent.window_s.values())
+    agent._reprice(min(windows) / 2)  # short steps: about the profile's guess, so the offer stays
+    assert store.get_agent(agent.id).offer.speed_factor == offer.speed_factor
+    agent._reprice(max(windows) * 0.6)  # one step fits the longest window only: far slower than guessed
+    repriced = store.get_agent(agent.id).offer.speed_factor
+    assert repriced == pytest.approx(measured_speed(windows, measured.iteration_s, max(windows) * 0.6))
+    assert repriced < 0.9 * offer.speed_factor

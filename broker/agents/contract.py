@@ -81,6 +81,11 @@ class Contract:
         self.store.register_agent(info, lease_ms)
         log.info("agent=%s registered offer=%s", self.id, offer.id)
 
+    def offer(self, offer: Offer) -> None:
+        """What this agent offers changed (a fill agent's measured speed): quotes see the new one."""
+        if self.store.set_agent_offer(self.id, offer):
+            log.info("agent=%s offers speed=%.3f", self.id, offer.speed_factor)
+
     def renew(self, lease_ms: int) -> bool:
         """Extend the lease; False when it had lapsed (the broker may have moved this agent's job)."""
         return self.store.renew_lease(self.id, lease_ms)

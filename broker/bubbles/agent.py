@@ -9,6 +9,8 @@ A job runs only inside the windows: each bubble signal
 from the engine becomes an executor window as long as that kind of window nearly always is (its
 p10, less a 10% margin); the engine never waits for it. When training ends, the running fill job
 is checkpointed and handed back (end reason `preempted`), so the broker moves it elsewhere.
+Once a fill job's steps are timed, the offer's speed becomes what steps of that length pack into
+the windows (`measured_speed`), so quotes price this stage by what it delivers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from datetime import UTC, datetime
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.contract import Assignment, Contract, Verdict
+from broker.bubbles.capacity import measured_speed
 from broker.bubbles.executor import FillExecutor
 from broker.domain.bubbles import BubbleProfile, FillStats
 from broker.domain.model import Offer
@@ -35,6 +38,7 @@ CHECKPOINT_EVERY_S = 5.0
 OWNERSHIP_EVERY_S = 1.0
 PROGRESS_EVERY_S = 1.0  # as the other agents: windows come many times a second
 STATS_EVERY_S = 2.0
+MIN_SPEED = 1e-3  # the least speed an offer states
 ASSIGNMENT_EVERY_S = 0.2  # bubble signals come tens of times a second; the stream needs no such rate
 
 
@@ -50,6 +54,8 @@ class FillAgent:
         self.median_s = {w.kind: w.median_s for w in profile.windows}
         self.stats = FillStats(main_job=profile.main_job, stage=profile.stage, updated_at=datetime.now(UTC))
         self.iterations: list[float] = []  # the main job's iteration times while a fill job ran
+        self.step_s: list[float] = []  # the fill job's measured step times (the latest 200)
+        self.iteration_s = profile.iteration_s
         self.lease_ms = int(lease_s * 1000)
         self.signals: queue.Queue = queue.Queue()
         self.contract = Contract(store, self.id)
@@ -170,6 +176,7 @@ class FillAgent:
         report = self.executor.window(length)
         self.stats.bubble_s += self.median_s.get(kind, 0.0)
         self.stats.fill_s += sum(end - start for start, end in report["steps"]) if report else length
+        self.step_s = (self.step_s + [end - start for start, end in report["steps"]] if report else self.step_s)[-200:]
         done = report["done"] if report else (self.executor.state or {}).get("step", 0)
         if done >= self.total_steps or time.monotonic() - self._reported >= PROGRESS_EVERY_S:
             self.contract.report(self.job.job, self.job.fence, "progress", done=done, total=self.total_steps)
@@ -185,6 +192,16 @@ class FillAgent:
         self.stats.updated_at = datetime.now(UTC)
         save_fill_stats(self.store, self.stats)
         self._published = time.monotonic()
+        if self.step_s:
+            self._reprice(sorted(self.step_s)[len(self.step_s) // 2])
+
+    def _reprice(self, step_s: float) -> None:
+        """Offer the speed steps of `step_s` really get here, when it moved more than 10% from the offer's."""
+        speed = measured_speed(list(self.window_s.values()), self.stats.iteration_s or self.iteration_s, step_s)
+        speed = max(speed, MIN_SPEED)  # steps longer than every window: as good as unusable, still an offer
+        if abs(speed - self.offer.speed_factor) > 0.1 * self.offer.speed_factor:
+            self.offer = self.offer.model_copy(update={"speed_factor": speed})
+            self.contract.offer(self.offer)
 
     def _checkpoint(self) -> None:
         url = self.executor.checkpoint(self.checkpoints, self.job.job)

@@ -5,11 +5,13 @@ always have, one fill executor (capacity 1), an internal price (0 USD/h unless t
 owner sets one), the main job's own end or preemption rate as hazard, and a speed factor: the
 share of the iteration in usable windows (p10 lengths) times the fill efficiency, since a fill
 job runs only inside windows and loses their edges (PipeFill measured ~30% of exclusive speed).
-When a fill job's step profile is known, `plan.fill_throughput` refines its speed.
+Once a fill job's steps are measured, `measured_speed` replaces that guess with what Algorithm 1's
+packing (`fill_plan.fill_throughput`) gives steps of that length in the stage's windows.
 """
 
 from __future__ import annotations
 
+from broker.bubbles.fill_plan import Node, fill_throughput
 from broker.domain.bubbles import BubbleProfile
 from broker.domain.model import Offer, Tier
 
@@ -46,3 +48,11 @@ def bubble_offer(
         hazard_source=f"main job {bubble.main_job}",
         speed_factor=share,
     )
+
+
+def measured_speed(window_s: list[float], iteration_s: float, step_s: float) -> float:
+    """The share of exclusive speed a fill job whose steps take `step_s` gets in windows of these usable
+    lengths each iteration: whole steps packed into each window (PipeFill's Algorithm 1), none across."""
+    if step_s <= 0 or iteration_s <= 0:
+        raise ValueError("step_s and iteration_s: give measured times > 0 s")
+    return fill_throughput([(w, 0) for w in window_s], iteration_s, [Node(step_s, 0)])

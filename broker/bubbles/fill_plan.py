@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+EPS_S = 1e-9  # three 0.1 s steps fit a 0.3 s window, though 0.1 + 0.1 + 0.1 > 0.3 in floating point
+
 
 @dataclass(frozen=True)
 class Node:
@@ -37,7 +39,11 @@ def fill_plan(bubbles: list[tuple[float, int]], nodes: list[Node]) -> list[list[
     while at < len(work):
         duration, memory = bubbles[i % len(bubbles)]
         part, used = [], 0.0
-        while at < len(work) and used + nodes[work[at]].time_s <= duration and nodes[work[at]].memory_bytes <= memory:
+        while (
+            at < len(work)
+            and used + nodes[work[at]].time_s <= duration + EPS_S
+            and nodes[work[at]].memory_bytes <= memory
+        ):
             used += nodes[work[at]].time_s
             part.append(work[at])
             at += 1
@@ -55,7 +61,7 @@ def fill_throughput(bubbles: list[tuple[float, int]], iteration_s: float, nodes:
     for _ in range(cycles):
         for duration, memory in bubbles:
             used = 0.0
-            while used + nodes[k].time_s <= duration and nodes[k].memory_bytes <= memory:
+            while used + nodes[k].time_s <= duration + EPS_S and nodes[k].memory_bytes <= memory:
                 used += nodes[k].time_s
                 k = (k + 1) % len(nodes)
             done += used
