@@ -176,7 +176,8 @@ class FillAgent:
         report = self.executor.window(length)
         self.stats.bubble_s += self.median_s.get(kind, 0.0)
         self.stats.fill_s += sum(end - start for start, end in report["steps"]) if report else length
-        self.step_s = (self.step_s + [end - start for start, end in report["steps"]] if report else self.step_s)[-200:]
+        if report:
+            self.step_s = (self.step_s + [end - start for start, end in report["steps"]])[-200:]
         done = report["done"] if report else (self.executor.state or {}).get("step", 0)
         if done >= self.total_steps or time.monotonic() - self._reported >= PROGRESS_EVERY_S:
             self.contract.report(self.job.job, self.job.fence, "progress", done=done, total=self.total_steps)
