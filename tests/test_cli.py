@@ -253,6 +253,17 @@ def test_a_round_budget_reaches_the_planner_and_a_bad_one_is_one_line(env, tmp_p
     assert result.exit_code == 2 and "BROKER_ROUND_BUDGET_USD: 'lots' is not a positive number" in result.output
 
 
+def test_a_fill_order_reaches_the_server_and_a_bad_one_is_one_line(env, tmp_path, monkeypatch):
+    from broker.app.cli.common import make_broker
+    from broker.app.wiring import make_server
+
+    monkeypatch.setenv("BROKER_FILL_ORDER", "deadline")
+    assert make_server(make_broker(), "s1").fill_order == "deadline"
+    monkeypatch.setenv("BROKER_FILL_ORDER", "fifo")
+    result = run("submit", job_file(tmp_path), "--quote")
+    assert result.exit_code == 2 and "BROKER_FILL_ORDER: 'fifo' is not a fill policy" in result.output
+
+
 def test_prices_risk_shows_lambda_its_band_and_the_evidence(env):
     rows = json.loads(run("prices", "risk", "--gpu", "V100", "--cloud", "aws", "--limit", "0", "--json").stdout)
     traced = [r for r in rows if r["instance_type"] == "p3.2xlarge" and r["region"] == "us-east-1"]

@@ -1,6 +1,8 @@
 """Fill-queue ordering (PipeFill's scores) and Gavel's alternative objectives."""
 
-from broker.domain.model import Offer, Tier
+import pytest
+
+from broker.domain.model import AgentInfo, Offer, Tier
 from broker.planning.fairness import MaxMinFairness, MinMakespan
 from broker.planning.fill import FillJob, next_fill_job
 from broker.planning.option_table import PlanItem
@@ -59,3 +61,61 @@ def test_min_makespan_gives_the_fast_offer_to_the_longest_job():
     long = PlanItem("long", make_spec(resources={"accelerators": ["H100:1", "A100:1"]}, work={"gpu_hours": 30}))
     plan = MinMakespan().plan([short, long], [fast, slow], {fast.id: 1, slow.id: 1}, NOW)
     assert plan.assignments == {"long": fast.id, "short": slow.id}
+
+
+def bubble_agent(name="llm-stage0", tier=Tier.bubble):
+    stage = offer(name, "A100", price=0.0 if tier == Tier.bubble else 1.0)
+    stage = stage.model_copy(update={"tier": tier, "speed_factor": 0.3 if tier == Tier.bubble else 1.0})
+    return AgentInfo(id=name, offer=stage, host="h", pid=1, registered_at=NOW)
+
+
+def fill_item(name, hours, deadline=None, accelerator="A100", fill=True):
+    spec = make_spec(name=name, resources={"accelerators": [f"{accelerator}:1"]}, work={"gpu_hours": hours}, fill=fill)
+    return PlanItem(name, spec.model_copy(update={"deadline": deadline}))
+
+
+def test_bubble_executors_take_fill_jobs_in_the_fill_policys_order_and_nothing_else_moves():
+    from datetime import timedelta
+
+    from broker.planning.fill import order_bubbles
+
+    stage, spot = bubble_agent(), bubble_agent("spot-a", Tier.spot)
+    long_job, short_job = fill_item("long", 8), fill_item("short", 1)
+    tight = fill_item("tight", 6, deadline=NOW + timedelta(hours=21))
+    on_spot, plain, misfit = (
+        fill_item("on-spot", 2),
+        fill_item("plain", 1, fill=False),
+        fill_item("h100", 0.5, None, "H100"),
+    )
+    pairs = [(long_job, stage), (on_spot, spot)]
+    waiting = [short_job, tight, plain, misfit]
+    by_sjf = order_bubbles(pairs, waiting, NOW, "sjf")
+    assert [(i.id, a.id) for i, a in by_sjf] == [("on-spot", "spot-a"), ("short", "llm-stage0")]
+    by_deadline = order_bubbles(pairs, waiting, NOW, "deadline")
+    assert [(i.id, a.id) for i, a in by_deadline] == [("on-spot", "spot-a"), ("tight", "llm-stage0")]
+    assert order_bubbles([(on_spot, spot)], waiting, NOW, "sjf") == [(on_spot, spot)]  # no bubble executor idle
+
+
+def test_the_server_gives_an_idle_bubble_executor_the_fill_job_its_fill_order_picks(store, catalog, tmp_path):
+    from broker import planning
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.agents.contract import Contract
+    from broker.core.broker import Broker
+    from broker.core.clock import ManualClock
+    from broker.core.server import BrokerServer
+
+    clock = ManualClock(NOW)
+    Contract(store, "llm-stage0").register(bubble_agent().offer, lease_ms=60_000)
+    broker = Broker(store, catalog, planning.get(), clock)
+    for name, hours in (("long", 8), ("short", 1)):  # the long one first: the more urgent by submission
+        spec = make_spec(name=name, work={"gpu_hours": hours}, fill=True, tiers=["bubble"], deadline="+96h")
+        broker.submit(spec, job_id=name)
+
+    def server(order):
+        return BrokerServer(store, planning.get(), clock, CheckpointStore(str(tmp_path)), fill_order=order)
+
+    planned = server(None)._plan_page(store.pending_jobs(0, 10), {a.offer.id: [a] for a in store.agents()})
+    assert [job.id for job, _ in planned] == ["long"]  # the plan alone gives the executor the more urgent job
+    assert server("sjf").dispatch() == [("short", "llm-stage0")]
+    with pytest.raises(ValueError, match="fill_order"):
+        BrokerServer(store, planning.get(), clock, CheckpointStore(str(tmp_path)), fill_order="fifo")

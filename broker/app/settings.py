@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.domain.errors import BrokerError
-from broker.planning import DEFAULT_POLICY
+from broker.planning import DEFAULT_POLICY, FILL_ORDERS
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,9 @@ class Settings:
         default=None, repr=False
     )  # BROKER_AGENT_SECRET: agents need a token signed with it
     redis_outage_s: float = 120.0  # BROKER_REDIS_OUTAGE_S: how long the server and agents ride out a Redis restart
+    fill_order: str | None = (
+        None  # BROKER_FILL_ORDER: sjf, makespan or deadline for bubble executors; unset: the plan's
+    )
 
     def policy_options(self) -> dict:
         """Keyword arguments for the active policy."""
@@ -44,7 +47,17 @@ class Settings:
             round_budget_usd=_positive(env, "BROKER_ROUND_BUDGET_USD"),
             agent_secret=env.get("BROKER_AGENT_SECRET") or None,
             redis_outage_s=_positive(env, "BROKER_REDIS_OUTAGE_S", "seconds", 120) or 120.0,
+            fill_order=_fill_order(env),
         )
+
+
+def _fill_order(env: Mapping[str, str]) -> str | None:
+    order = env.get("BROKER_FILL_ORDER") or None
+    if order is not None and order not in FILL_ORDERS:
+        raise BrokerError(
+            f"BROKER_FILL_ORDER: {order!r} is not a fill policy; set one of {', '.join(FILL_ORDERS)} or unset it"
+        )
+    return order
 
 
 def _positive(env: Mapping[str, str], name: str, unit: str = "USD", example: float = 500) -> float | None:

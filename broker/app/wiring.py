@@ -72,6 +72,7 @@ def make_server(broker: Broker, consumer: str, policy=None, clock=None, metrics=
         agent_secret=settings.agent_secret,
         leader_lease_s=leader_lease_s,
         prices=lambda: live_catalog(broker.store, settings).offers,
+        fill_order=settings.fill_order,
     )
 
 

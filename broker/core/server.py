@@ -22,6 +22,7 @@ from broker.core.reports import end_run, fold, folding
 from broker.domain.errors import InfeasibleError
 from broker.domain.model import AgentInfo, Job, JobState, Offer, Run, Tier
 from broker.models.risk import fits
+from broker.planning.fill import SCORES, order_bubbles
 from broker.planning.option_table import PlanItem
 from broker.planning.uniform_progress import Move, decide, progress_of
 from broker.store.jobs import Store
@@ -51,6 +52,7 @@ class BrokerServer:
         agent_secret: str | None = None,
         leader_lease_s: float = 5.0,
         prices=None,
+        fill_order: str | None = None,
     ):
         self.store, self.policy, self.clock, self.checkpoints = store, policy, clock, checkpoints
         self.metrics = metrics  # a broker.app.metrics.ServerMetrics, or None
@@ -63,6 +65,9 @@ class BrokerServer:
         self.token: int | None = None  # our fencing token while we hold the planning lease
         self._led_at = 0.0
         self.prices = prices  # () -> the newest Offers (the catalog quotes use), or None: agents keep theirs
+        if fill_order is not None and fill_order not in SCORES:
+            raise ValueError(f"fill_order: {fill_order!r} is not a fill policy; use one of {', '.join(SCORES)}")
+        self.fill_order = fill_order  # how idle bubble executors pick among fill jobs; None: as the plan gave
         self._newest: dict[str, Offer] = {}
         self._priced_at = -float("inf")
 
@@ -226,9 +231,8 @@ class BrokerServer:
         left = {offer_id: group for offer_id, group in by_offer.items() if group}
         newest = self.newest_offers()
         offers = [newest.get(offer_id, group[0].offer) for offer_id, group in left.items()]
-        plan = self.policy.plan(
-            [PlanItem.from_job(j) for j in jobs], offers, {k: len(v) for k, v in left.items()}, self.clock.now()
-        )
+        items = [PlanItem.from_job(j) for j in jobs]
+        plan = self.policy.plan(items, offers, {k: len(v) for k, v in left.items()}, self.clock.now())
         pairs = []
         for job in jobs:
             offer_id = plan.assignments.get(job.id)
@@ -239,7 +243,18 @@ class BrokerServer:
             if offer_id is None or not by_offer.get(offer_id):
                 continue
             pairs.append((job, by_offer[offer_id].pop()))
+        if self.fill_order:
+            pairs = self._fill_in_order(pairs, jobs, items, plan)
         return pairs
+
+    def _fill_in_order(self, pairs: list[tuple[Job, AgentInfo]], jobs: list[Job], items: list[PlanItem], plan) -> list:
+        """The bubble executors of this page take fill jobs in the fill policy's order (planning/fill.py)."""
+        by_job, by_id = {job.id: job for job in jobs}, {item.id: item for item in items}
+        waiting = [by_id[i] for i, why in plan.unplaced.items() if i in by_id and not why.own_constraint]
+        ordered = order_bubbles(
+            [(by_id[job.id], agent) for job, agent in pairs], waiting, self.clock.now(), self.fill_order
+        )
+        return [(by_job[item.id], agent) for item, agent in ordered]
 
     def newest_offers(self) -> dict[str, Offer]:
         """Offers by id as the catalog prices them now (refreshed every PRICES_EVERY_S): an agent registered

@@ -14,6 +14,7 @@ _REGISTRY: dict[str, type] = {}
 _LOADED = False
 
 DEFAULT_POLICY = "costslo"
+FILL_ORDERS = ("sjf", "makespan", "deadline")  # fill.py's scores, named here for settings that load no numpy
 
 
 def register(name: str):
