@@ -12,7 +12,7 @@ import time
 
 import redis
 
-from broker.domain.model import AgentInfo, Job
+from broker.domain.model import AgentInfo, Job, Offer
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class AgentChannels:
             if "BUSYGROUP" not in str(err):
                 raise
 
-    def set_agent_offer(self, agent_id: str, offer) -> bool:
+    def set_agent_offer(self, agent_id: str, offer: Offer) -> bool:
         """Replace a registered agent's offer (its measured speed changed), keeping the rest of its record and
         its lease; False when the agent is not registered. Only the agent writes its record after registering."""
         key = self._key("agent", agent_id)
