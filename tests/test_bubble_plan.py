@@ -7,6 +7,7 @@ import pytest
 from broker.agents.contract import Contract
 from broker.bubbles.capacity import bubble_offer, measured_speed
 from broker.bubbles.fill_plan import Node, best_configuration, fill_plan, fill_throughput
+from broker.bubbles.probe import AS_SUBMITTED, PROBE_STEPS, PROBE_WINDOWS, ConfigurationProbe
 from broker.bubbles.profiler import profile
 from broker.domain.bubbles import BubbleProfile, WindowStats
 from broker.domain.model import Tier
@@ -73,6 +74,40 @@ def test_throughput_is_below_the_bubble_share_and_the_best_configuration_wins():
     big = [Node(0.5, 3 * GB)] * 2
     assert 0 < fill_throughput(bubbles, iteration, big) < fill_throughput(bubbles, iteration, small) <= 1.2 / 3.0
     assert best_configuration(bubbles, iteration, {"batch 8": small, "batch 32": big})[0] == "batch 8"
+
+
+def test_the_configuration_that_does_most_work_wins_and_one_over_the_free_memory_is_out():
+    bubbles, iteration = [(0.03, 4 * GB)], 0.1
+    steps = {  # one step of the same work, split into 1, 2 or 4 micro-steps
+        "1x16": [Node(0.040, GB)],  # longer than the window: runs nowhere
+        "2x8": [Node(0.014, GB)] * 2,  # a whole step a window, in 28 of its 30 ms
+        "4x4": [Node(0.010, GB)] * 4,  # fills all 30 ms, but with three quarters of a step
+    }
+    assert fill_throughput(bubbles, iteration, steps["1x16"]) == 0.0
+    assert fill_throughput(bubbles, iteration, steps["4x4"]) > fill_throughput(bubbles, iteration, steps["2x8"])
+    assert best_configuration(bubbles, iteration, steps)[0] == "2x8"  # work per second, not time used
+    steps["2x8"] = [Node(0.014, 5 * GB)] * 2  # its micro-batches need more than the window has free
+    assert best_configuration(bubbles, iteration, steps)[0] == "4x4"
+    assert best_configuration([(0.009, 4 * GB)], iteration, steps) is None
+
+
+def test_the_probe_runs_on_in_the_best_timed_configuration_and_drops_one_killed_in_its_windows():
+    probe = ConfigurationProbe({"2x8": {"micro_steps": 2}, "8x2": {"micro_steps": 8}}, micro_steps=1)
+    assert probe.trial.name == AS_SUBMITTED
+    probe.record({"steps": [(0.0, 0.040)]}, micro_steps=1, peak_bytes=GB)  # one step, then none fits
+    for _ in range(PROBE_WINDOWS - 1):
+        probe.record({"steps": []}, micro_steps=1, peak_bytes=GB)
+    assert probe.trial.timed() and probe.advance().name == "2x8"
+    for _ in range(PROBE_STEPS):
+        probe.record({"steps": [(0.0, 0.021)]}, micro_steps=2, peak_bytes=GB)
+    assert probe.advance().name == "8x2"
+    probe.record(None, micro_steps=8, peak_bytes=GB)  # killed twice: its steps do not end in the windows
+    probe.record(None, micro_steps=8, peak_bytes=GB)
+    assert probe.trial.timed() and probe.advance() is None
+    chosen = probe.choice([(0.03, 4 * GB)], 0.1)
+    assert chosen.name == "2x8" and chosen.overrides == {"micro_steps": 2}
+    assert probe.efficiency(chosen) == pytest.approx(0.040 / 0.042)  # per step, a little slower than as submitted
+    assert probe.choice([(0.03, GB // 2)], 0.1) is None  # the task needs more memory than the windows have
 
 
 def stage_profile(free_gb=12.0):

@@ -57,6 +57,25 @@ def test_a_task_that_overruns_its_window_is_killed_and_resumes_from_its_last_sta
         executor.stop()
 
 
+def test_a_trial_configuration_is_timed_but_its_steps_are_not_kept():
+    executor = FillExecutor("fill_mlp:MlpFill", {"step_s": 0.0})
+    executor.start()
+    try:
+        assert executor.micro_steps == 1 and set(executor.configurations) == {"2x8", "4x4", "8x2"}
+        windows(executor, 3, 0.03)
+        before = executor.take_state()["step"]
+        executor.reconfigure(executor.configurations["4x4"], trial=True)
+        reports = windows(executor, 3, 0.03)
+        assert executor.micro_steps == 4 and reports[-1]["done"] > before  # it ran whole steps of 4 micro-batches
+        assert executor.take_state()["step"] == before  # a checkpoint now would save the state before the trial
+        executor.reconfigure({})
+        assert executor.micro_steps == 1 and executor.take_state()["step"] == before
+        windows(executor, 3, 0.03)
+        assert executor.take_state()["step"] > before  # as submitted, its steps count again
+    finally:
+        executor.stop()
+
+
 def test_a_fill_job_checkpointed_in_bubbles_finishes_on_an_ordinary_agent_with_the_same_weights(tmp_path):
     store = CheckpointStore(str(tmp_path / "ckpt"))
     executor = FillExecutor("fill_mlp:MlpFill", {"step_s": 0.0})

@@ -9,8 +9,12 @@ A job runs only inside the windows: each bubble signal
 from the engine becomes an executor window as long as that kind of window nearly always is (its
 p10, less a 10% margin); the engine never waits for it. When training ends, the running fill job
 is checkpointed and handed back (end reason `preempted`), so the broker moves it elsewhere.
-Once a fill job's steps are timed, the offer's speed becomes what steps of that length pack into
-the windows (`measured_speed`), so quotes price this stage by what it delivers.
+A new fill job is first timed in each configuration it offers (micro-step splits; probe.py) and runs
+on in the one that does the most work in these windows and their free memory; if none fits, it is
+handed back at once as `unfit` (the broker never sends it to this stage again). Once its steps are
+timed, the offer's speed becomes what steps of that length pack into the windows
+(`measured_speed`), so quotes price this stage by what it delivers. On CUDA the fill process may
+allocate no more than the least free memory the windows had.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from broker.agents.checkpoints import CheckpointStore
 from broker.agents.contract import Assignment, Contract, Verdict
 from broker.bubbles.capacity import measured_speed
 from broker.bubbles.executor import FillExecutor
+from broker.bubbles.probe import ConfigurationProbe
 from broker.domain.bubbles import BubbleProfile, FillStats
 from broker.domain.model import Offer
 from broker.sdk import STATE_FILE
@@ -52,6 +57,8 @@ class FillAgent:
         self.id = f"{profile.main_job}-stage{profile.stage}"
         self.window_s = {w.kind: w.p10_s * WINDOW_MARGIN for w in profile.windows}
         self.median_s = {w.kind: w.median_s for w in profile.windows}
+        self.bubbles = [(self.window_s[w.kind], w.free_bytes) for w in profile.windows]  # Algorithm 1's B[i], M[i]
+        self.memory_fraction = memory_cap(profile)
         self.stats = FillStats(main_job=profile.main_job, stage=profile.stage, updated_at=datetime.now(UTC))
         self.iterations: list[float] = []  # the main job's iteration times while a fill job ran
         self.step_s: list[float] = []  # the fill job's measured step times (the latest 200)
@@ -61,6 +68,8 @@ class FillAgent:
         self.contract = Contract(store, self.id)
         self.executor: FillExecutor | None = None
         self.job: Assignment | None = None
+        self.probe: ConfigurationProbe | None = None  # while the job's configurations are being timed
+        self.efficiency = 1.0  # the chosen configuration's work per second over the submitted one's
         self.total_steps = 0
         self.served: list[str] = []  # job ids it ran, in order
         self._thread = threading.Thread(target=self._serve, name=f"fill-agent-{self.id}", daemon=True)
@@ -147,11 +156,13 @@ class FillAgent:
         executor = FillExecutor(job.spec.fill_task, {**job.spec.env, "step_s": 0.0})
         executor.state = self._resume(job.job, job.resume_from)
         try:
-            executor.start()
+            executor.start(self.memory_fraction)
         except (RuntimeError, OSError) as err:
             self.contract.refuse(job, str(err))
             return
         self.executor, self.job, self.total_steps = executor, job, int(job.spec.work.steps)
+        self.probe = ConfigurationProbe(executor.configurations, executor.micro_steps)
+        self.efficiency, self.step_s = 1.0, []
         self._owned = self._saved = time.monotonic()
         self.served.append(job.job)
         self.stats.jobs += 1
@@ -178,14 +189,45 @@ class FillAgent:
         self.stats.fill_s += sum(end - start for start, end in report["steps"]) if report else length
         if report:
             self.step_s = (self.step_s + [end - start for start, end in report["steps"]])[-200:]
-        done = report["done"] if report else (self.executor.state or {}).get("step", 0)
+        kept = report and not self.executor.trying  # a trial's steps are timed, not kept
+        done = report["done"] if kept else (self.executor.state or {}).get("step", 0)
         if done >= self.total_steps or time.monotonic() - self._reported >= PROGRESS_EVERY_S:
             self.contract.report(self.job.job, self.job.fence, "progress", done=done, total=self.total_steps)
             self._reported = time.monotonic()
         if done >= self.total_steps:
             self._end("finished", checkpoint=True)
-        elif time.monotonic() - self._saved >= CHECKPOINT_EVERY_S:
+        elif time.monotonic() - self._saved >= CHECKPOINT_EVERY_S and not self.executor.trying:
             self._checkpoint()
+        if self.probe is not None and self.executor is not None:
+            self._time_configuration(report)
+
+    def _time_configuration(self, report: dict | None) -> None:
+        """One more window for the configuration being timed; once all are timed, run on in the best or leave."""
+        self.probe.record(report, self.executor.micro_steps, self.executor.peak_bytes)
+        if not self.probe.trial.timed():
+            return
+        following = self.probe.advance()
+        if following is not None:
+            self._reconfigure(following.overrides, trial=True)
+            return
+        chosen, probe = self.probe.choice(self.bubbles, self.stats.iteration_s or self.iteration_s), self.probe
+        self.probe = None
+        if chosen is None:
+            log.warning(
+                "job=%s agent=%s no configuration's steps fit these windows in time and memory", self.job.job, self.id
+            )
+            self.step_s = []  # no step of its fits: the offer stays at the least speed, not at the last trial's
+            self._reprice(float("inf"))
+            self._end("unfit", checkpoint=True)
+            return
+        log.info("job=%s agent=%s configuration=%s", self.job.job, self.id, chosen.name)
+        self.efficiency = probe.efficiency(chosen)
+        if len(probe.trials) > 1:  # a trial runs: go on in the chosen configuration from the state before the trials
+            self._reconfigure(chosen.overrides)
+
+    def _reconfigure(self, overrides: dict, trial: bool = False) -> None:
+        self.executor.reconfigure(overrides, trial)
+        self.step_s = []  # the offer's speed comes from the steps of the configuration that runs
 
     def _publish(self) -> None:
         recent = sorted(self.iterations[-200:])
@@ -193,13 +235,16 @@ class FillAgent:
         self.stats.updated_at = datetime.now(UTC)
         save_fill_stats(self.store, self.stats)
         self._published = time.monotonic()
-        if self.step_s:
+        if self.step_s and self.probe is None:  # while timing configurations, their steps are not the job's
             self._reprice(sorted(self.step_s)[len(self.step_s) // 2])
 
     def _reprice(self, step_s: float) -> None:
         """Offer the speed steps of `step_s` really get here, when it moved more than 10% from the offer's."""
-        speed = measured_speed(list(self.window_s.values()), self.stats.iteration_s or self.iteration_s, step_s)
-        speed = max(speed, MIN_SPEED)  # steps longer than every window: as good as unusable, still an offer
+        iteration_s = self.stats.iteration_s or self.iteration_s
+        speed = measured_speed(list(self.window_s.values()), iteration_s, step_s) if step_s < float("inf") else 0.0
+        speed = max(
+            speed * self.efficiency, MIN_SPEED
+        )  # steps longer than every window: as good as unusable, still an offer
         if abs(speed - self.offer.speed_factor) > 0.1 * self.offer.speed_factor:
             self.offer = self.offer.model_copy(update={"speed_factor": speed})
             self.contract.offer(self.offer)
@@ -216,3 +261,16 @@ class FillAgent:
         self.executor.stop()
         self.contract.exited(self.job.job, self.job.fence, reason, code=0 if reason == "finished" else None)
         self.executor, self.job = None, None
+
+
+def memory_cap(profile: BubbleProfile) -> float | None:
+    """On CUDA, the share of the device's memory the fill process may allocate: the least free memory its windows
+    had, so an out-of-memory error hits the fill job and never the training stage. None elsewhere."""
+    if not profile.device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return min(1.0, min(w.free_bytes for w in profile.windows) / total)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import os
+import resource
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,6 +42,15 @@ class FillTask:
 
     def stop(self) -> None:
         """Release everything."""
+
+    def configurations(self) -> dict[str, dict]:
+        """Other ways to run the same steps (the batch split into micro-batches, say), by name: config overrides
+        for create. The fill agent times each inside the windows and keeps the one that does the most work."""
+        return {}
+
+    def micro_steps(self) -> int:
+        """run_step calls per step of work in the current configuration (steps_done counts whole steps)."""
+        return 1
 
     def steps_done(self) -> int:
         raise NotImplementedError
@@ -69,7 +80,7 @@ def _serve(task_path: str, config: dict, state: dict | None, conn, memory_fracti
     if state is not None:
         task.load_state_dict(state)
     task.init()
-    conn.send(("ready", None))
+    conn.send(("ready", {"configurations": task.configurations(), "micro_steps": task.micro_steps()}))
     step_s = float(config.get("step_s", 0.0))  # the profiled step time; refined as steps run
     while True:
         command, arg = conn.recv()
@@ -82,13 +93,21 @@ def _serve(task_path: str, config: dict, state: dict | None, conn, memory_fracti
                 steps.append((began, ended))
                 step_s = max(step_s, ended - began) if step_s else ended - began
             task.pause()
-            conn.send(("paused", {"steps": steps, "done": task.steps_done()}))
+            conn.send(("paused", {"steps": steps, "done": task.steps_done(), "peak_bytes": _peak_bytes()}))
         elif command == "state":
             conn.send(("state", _pack(task.state_dict())))
         elif command == "stop":
             task.stop()
             conn.send(("stopped", _pack(task.state_dict())))
             return
+
+
+def _peak_bytes() -> int:
+    """The most memory the task has held: the GPU allocator's peak on CUDA, else the process's peak resident set."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.max_memory_allocated())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
 
 
 def _pack(state: dict) -> bytes:
@@ -115,12 +134,18 @@ class FillExecutor:
 
     def __init__(self, task_path: str, config: dict, grace_s: float = 0.05):
         self.task_path, self.config, self.grace_s = task_path, config, grace_s
+        self.submitted = dict(config)  # what configurations override
         self.context = multiprocessing.get_context("spawn")
         self.state: dict | None = None  # the last state taken from the task (restarts resume here)
         self.steps: list[tuple[float, float, float]] = []  # (start, end, window end) of every step
         self.kills = 0
         self.process = None
         self.memory_fraction: float | None = None
+        self.configurations: dict[str, dict] = {}  # the task's other configurations (FillTask.configurations)
+        self.micro_steps = 1
+        self.peak_bytes = 0  # the task's peak memory in its current process
+        self.longest_step_s = 0.0  # in the current configuration
+        self.trying = False  # the current configuration is a trial (reconfigure)
 
     def start(self, memory_fraction: float | None = None) -> None:
         """Start the task's process; a restart keeps the memory cap of the first start unless given another."""
@@ -130,8 +155,10 @@ class FillExecutor:
             target=_serve, args=(self.task_path, self.config, self.state, child, self.memory_fraction), daemon=True
         )
         self.process.start()
-        if not self.conn.poll(START_TIMEOUT_S) or self.conn.recv()[0] != "ready":  # imports and init take seconds
+        kind, about = self.conn.recv() if self.conn.poll(START_TIMEOUT_S) else (None, None)  # imports take seconds
+        if kind != "ready":
             raise RuntimeError(f"fill task {self.task_path} did not start within {START_TIMEOUT_S} s")
+        self.configurations, self.micro_steps, self.peak_bytes = about["configurations"], about["micro_steps"], 0
 
     def window(self, duration_s: float) -> dict | None:
         """A bubble starts now and lasts duration_s: let the task run steps in it. None if it had to be killed."""
@@ -140,18 +167,32 @@ class FillExecutor:
         if self.conn.poll(max(0.0, end - time.monotonic()) + self.grace_s):
             _, report = self.conn.recv()
             self.steps += [(a, b, end) for a, b in report["steps"]]
+            self.peak_bytes = max(self.peak_bytes, report["peak_bytes"])
+            self.longest_step_s = max([self.longest_step_s] + [b - a for a, b in report["steps"]])
             return report
         self.kill_and_restart()
         return None
 
     def kill_and_restart(self) -> None:
-        """The task overran its window: SIGKILL it and start again from the last state taken."""
+        """The task overran its window: SIGKILL it and start again from the last state taken. The new process
+        knows the longest step seen so far, as the killed one did, so it starts no step that would not fit."""
         os.kill(self.process.pid, signal.SIGKILL)
         self.process.join()
         self.kills += 1
+        self.config = {**self.config, "step_s": max(float(self.config.get("step_s", 0.0)), self.longest_step_s)}
+        self.start()
+
+    def reconfigure(self, overrides: dict, trial: bool = False) -> None:
+        """Run on from the task's state with `overrides` on the submitted configuration. A trial's steps are timed,
+        never kept: its state is never taken, so checkpoints and what comes after it go on from the state before."""
+        self.stop()
+        self.config, self.longest_step_s = {**self.submitted, **overrides, "step_s": 0.0}, 0.0
+        self.trying = trial
         self.start()
 
     def take_state(self) -> dict:
+        if self.trying:
+            return self.state
         self.conn.send(("state", None))
         self.state = _unpack(self.conn.recv()[1])
         return self.state
@@ -168,8 +209,12 @@ class FillExecutor:
             return store.publish(job_id, int(state.get("step", 0)), Path(tmp)).url
 
     def stop(self) -> dict:
-        self.conn.send(("stop", None))
-        self.state = _unpack(self.conn.recv()[1])
+        """End the task's process; returns its state (a trial's: the state it started from)."""
+        if self.trying:
+            self.process.kill()
+        else:
+            self.conn.send(("stop", None))
+            self.state = _unpack(self.conn.recv()[1])
         self.process.join()
         return self.state
 

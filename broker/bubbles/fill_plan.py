@@ -71,7 +71,12 @@ def fill_throughput(bubbles: list[tuple[float, int]], iteration_s: float, nodes:
 def best_configuration(
     bubbles: list[tuple[float, int]], iteration_s: float, configurations: dict[str, list[Node]]
 ) -> tuple[str, float] | None:
-    """The configuration (batch size, offload, checkpointing ...) with the highest fill throughput."""
-    scored = [(name, fill_throughput(bubbles, iteration_s, nodes)) for name, nodes in configurations.items()]
+    """The configuration (micro-batch split, offload, checkpointing ...) that does the most work in the bubbles,
+    with its fill throughput; None when none fits. Each configuration's nodes are one step of the same work, so
+    they rank by steps per second (throughput over the step's exclusive time), not by the share of time used."""
+    scored = [(name, fill_throughput(bubbles, iteration_s, nodes), nodes) for name, nodes in configurations.items()]
     scored = [s for s in scored if s[1] > 0]
-    return max(scored, key=lambda s: s[1]) if scored else None
+    if not scored:
+        return None
+    name, share, _ = max(scored, key=lambda s: s[1] / sum(n.time_s for n in s[2]))
+    return name, share

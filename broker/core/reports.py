@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 # what a malformed report raises when folded (a missing field, a wrong type, a bad number or url)
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError, OSError)
 
-END_REASONS = {"finished", "failed", "preempted", "lost", "fenced", "cancelled", "moved"}
+# unfit: a bubble agent found that no configuration of the job's steps fits its windows (time or free memory)
+END_REASONS = {"finished", "failed", "preempted", "lost", "fenced", "cancelled", "moved", "unfit"}
 
 # (job, its current run (a copy to change), the report's data, the report's time, the checkpoint store)
 #   -> the job's other fields to update, or None when the report changes nothing
@@ -122,6 +123,8 @@ def after_run(job: Job, run: Run, log_tail: list[str]) -> dict:
         }
     if reason in ("preempted", "lost"):
         return {"state": JobState.migrating, "reason": f"{reason} on {run.agent}"}
+    if reason == "unfit":
+        return {"state": JobState.migrating, "reason": f"its steps fit no window of {run.agent}; placed elsewhere"}
     if reason == "moved":
         return {
             "state": JobState.migrating,

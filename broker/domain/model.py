@@ -185,7 +185,7 @@ class Run(BaseModel):
     dispatched_at: datetime
     started_at: datetime | None = None
     ended_at: datetime | None = None
-    end_reason: str | None = None  # finished, failed, preempted, lost, cancelled
+    end_reason: str | None = None  # finished, failed, preempted, lost, fenced, cancelled, moved, unfit
     exit_code: int | None = None
     progress_done: float = 0.0
     progress_total: float | None = None
@@ -254,7 +254,12 @@ class Job(BaseModel):
 
     @property
     def migrations(self) -> int:
-        return sum(1 for r in self.runs[:-1] if r.end_reason in ("preempted", "lost", "moved"))
+        return sum(1 for r in self.runs[:-1] if r.end_reason in ("preempted", "lost", "moved", "unfit"))
+
+    @property
+    def unfit_zones(self) -> list[str]:
+        """Where a run was handed back as unfit: the bubbles whose windows none of its configurations fits."""
+        return sorted({r.offer.zone for r in self.runs if r.end_reason == "unfit"})
 
 
 class AgentInfo(BaseModel):

@@ -41,6 +41,9 @@ class PlanItem:
         remaining = work_left(job)
         run = job.current_run
         spec = job.spec.model_copy(update={"tiers": [job.pinned_tier]}) if job.pinned_tier else job.spec
+        if job.unfit_zones:  # never back to a bubble its steps do not fit
+            resources = spec.resources.model_copy(update={"exclude": [*spec.resources.exclude, *job.unfit_zones]})
+            spec = spec.model_copy(update={"resources": resources})
         last = job.runs[-1] if job.runs else None
         preempted_in = last.offer.region if last and last.end_reason in ("preempted", "lost") else None
         baseline = job.quote.on_demand_baseline

@@ -5,7 +5,10 @@ job (`python examples/bubbles/fill_mlp.py` under an agent, through broker.sdk), 
 the same weights either way: batch k depends only on k. Its configuration sizes it: `width`,
 `depth` (hidden layers) and `batch` (64, 1 and 16: a CPU step of well under a millisecond), and
 `device` ("cuda": each step ends with the GPU's work done, so a step never spills past the window
-it was timed for).
+it was timed for). `micro_steps` splits each step's batch into that many micro-batches whose
+gradients add up before the update (PipeFill's micro-step configurations: shorter nodes that fit
+shorter windows); the fill agent picks the split that does the most work in its windows.
+`extra_step_s` and `extra_row_s` make steps slower (tests).
 """
 
 from __future__ import annotations
@@ -31,7 +34,13 @@ class MlpFill(FillTask):
         ]
         self.model = nn.Sequential(nn.Linear(32, width), nn.ReLU(), *hidden, nn.Linear(width, 1))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
-        self.step, self.sleep_s = 0, float(config.get("extra_step_s", 0.0))
+        self.splits = int(config.get("micro_steps", 1))
+        if self.splits < 1 or self.rows % self.splits:
+            raise ValueError(f"micro_steps: {self.splits} does not divide batch {self.rows}; give a divisor of it")
+        self.step, self.micro = 0, 0  # whole steps done, micro-batches of the next one done
+        self.sleep_s = float(config.get("extra_step_s", 0.0)) + float(config.get("extra_row_s", 0.0)) * (
+            self.rows // self.splits
+        )
 
     def init(self) -> None:
         """On the device, with one untimed forward and backward (no update) so the first step in a window
@@ -49,24 +58,39 @@ class MlpFill(FillTask):
         return x, x.sum(dim=1, keepdim=True)
 
     def run_step(self) -> None:
+        """One micro-batch; the update once all of the step's micro-batches have added their gradients."""
         x, y = self.batch(self.step)
-        self.optimizer.zero_grad()
-        nn.functional.mse_loss(self.model(x), y).backward()
-        self.optimizer.step()
-        self.step += 1
+        if self.micro == 0:
+            self.optimizer.zero_grad()
+        rows = slice(self.micro * self.rows // self.splits, (self.micro + 1) * self.rows // self.splits)
+        loss = nn.functional.mse_loss(self.model(x[rows]), y[rows])
+        (loss / self.splits if self.splits > 1 else loss).backward()
+        self.micro += 1
+        if self.micro == self.splits:
+            self.optimizer.step()
+            self.step, self.micro = self.step + 1, 0
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         if self.sleep_s:
             time.sleep(self.sleep_s)  # a heavier step (or one that ignores its window, for the tests)
 
+    def configurations(self) -> dict[str, dict]:
+        return {
+            f"{k}x{self.rows // k}": {"micro_steps": k} for k in (1, 2, 4, 8) if self.rows % k == 0 and k != self.splits
+        }
+
+    def micro_steps(self) -> int:
+        return self.splits
+
     def steps_done(self) -> int:
         return self.step
 
     def state_dict(self) -> dict:
+        """Whole steps only: a step part-way through is done again from its start, in any configuration."""
         return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.step = state["step"]
+        self.step, self.micro = state["step"], 0
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 

@@ -1,0 +1,87 @@
+"""Which configuration a fill job runs in a stage's bubbles: the choosing half of PipeFill's Algorithm 1, live.
+
+The fill agent times each configuration the task offers (FillTask.configurations, the one it was submitted
+with first) in the stage's real windows, a few windows each. A configuration's step becomes nodes for
+`best_configuration`: as many as it has micro-steps, each of the median micro-step time and the task's peak
+memory, packed into the windows' usable lengths and free memory. A configuration killed twice for overrunning
+its windows is out; when none is left the job cannot run here. Pure bookkeeping: the agent does the I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from broker.bubbles.fill_plan import Node, best_configuration
+
+AS_SUBMITTED = "as submitted"
+PROBE_STEPS = 8  # micro-steps timed per configuration
+PROBE_WINDOWS = 12  # windows a configuration gets to time them in (a step longer than the windows runs in none)
+KILLS_OUT = 2  # kills while timed: its steps do not end inside the windows
+
+
+@dataclass
+class Trial:
+    """One configuration as timed in the windows."""
+
+    name: str
+    overrides: dict
+    micro_steps: int = 1
+    step_s: list[float] = field(default_factory=list)
+    windows: int = 0
+    kills: int = 0
+    peak_bytes: int = 0
+
+    def timed(self) -> bool:
+        return len(self.step_s) >= PROBE_STEPS or self.windows >= PROBE_WINDOWS or self.kills >= KILLS_OUT
+
+    def nodes(self) -> list[Node] | None:
+        """One step of the work as nodes; None when it overran its windows or never ran a step."""
+        if self.kills >= KILLS_OUT or not self.step_s:
+            return None
+        times = sorted(self.step_s)
+        return [Node(times[len(times) // 2], self.peak_bytes)] * self.micro_steps
+
+    def step_time_s(self) -> float | None:
+        """A whole step's exclusive time (its micro-steps together)."""
+        nodes = self.nodes()
+        return sum(n.time_s for n in nodes) if nodes else None
+
+
+class ConfigurationProbe:
+    """The trials of one fill job on one stage, in order; the current one is being timed."""
+
+    def __init__(self, configurations: dict[str, dict], micro_steps: int):
+        first = Trial(AS_SUBMITTED, {}, micro_steps)
+        self.trials = [first] + [Trial(name, dict(overrides)) for name, overrides in configurations.items()]
+        self.at = 0
+
+    @property
+    def trial(self) -> Trial:
+        return self.trials[self.at]
+
+    def record(self, report: dict | None, micro_steps: int, peak_bytes: int) -> None:
+        """One window of the current trial: its executor report (None when the task was killed)."""
+        trial = self.trial
+        trial.windows += 1
+        trial.micro_steps, trial.peak_bytes = micro_steps, max(trial.peak_bytes, peak_bytes)
+        if report is None:
+            trial.kills += 1
+        else:
+            trial.step_s += [end - start for start, end in report["steps"]]
+
+    def advance(self) -> Trial | None:
+        """The next configuration to time, or None when every one has been."""
+        self.at += 1
+        return self.trial if self.at < len(self.trials) else None
+
+    def choice(self, bubbles: list[tuple[float, int]], iteration_s: float) -> Trial | None:
+        """The configuration that does the most work in these (length, free bytes) windows; None if none fits."""
+        scored = {t.name: t.nodes() for t in self.trials}
+        best = best_configuration(bubbles, iteration_s, {name: nodes for name, nodes in scored.items() if nodes})
+        return next(t for t in self.trials if t.name == best[0]) if best else None
+
+    def efficiency(self, chosen: Trial) -> float:
+        """Work per second of the chosen configuration's steps over the submitted one's (1 when either is
+        unknown): the bubble offer's speed is a share of the job's speed as submitted, which quotes assume."""
+        own, theirs = self.trials[0].step_time_s(), chosen.step_time_s()
+        return own / theirs if own and theirs else 1.0

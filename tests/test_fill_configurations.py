@@ -1,0 +1,106 @@
+"""A fill agent times a fill job's micro-step configurations in its real windows and runs on in the one that does
+the most work there (PipeFill's Algorithm 1 choosing), or hands the job back when none fits the windows' time or
+free memory. The windows come from a thread that signals them as an engine would; the job comes through the
+broker's own streams."""
+
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from broker import planning
+from broker.agents.checkpoints import CheckpointStore
+from broker.bubbles.agent import MIN_SPEED, FillAgent
+from broker.bubbles.capacity import bubble_offer
+from broker.core.broker import Broker
+from broker.core.clock import SystemClock
+from broker.core.server import BrokerServer
+from broker.domain.bubbles import BubbleProfile, WindowStats
+from broker.domain.model import Tier
+from broker.domain.specfile import load_spec
+from conftest import EXAMPLES
+
+FILL = EXAMPLES / "bubbles" / "fill_mlp.py"
+MB = 10**6
+
+
+@pytest.fixture(autouse=True)
+def importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(FILL.parent))  # the spawned child imports fill_mlp by name
+
+
+def serve_fill_job(store, catalog, tmp_path, free_bytes: int, env: dict, until):
+    """A stage with 35 ms windows every 60 ms serves the example fill job until `until(agent, job)` holds."""
+    profile = BubbleProfile(
+        main_job="llm",
+        stage=0,
+        device="cpu",
+        iteration_s=0.06,
+        measured_at=datetime.now(UTC),
+        windows=[WindowStats(kind="fill-drain", median_s=0.035, p10_s=0.035, free_bytes=free_bytes, count=50)],
+    )
+    root = str(tmp_path / "ckpt")
+    agent = FillAgent(
+        store, CheckpointStore(root), profile, bubble_offer(profile, "local", "local", "T4", min_window_s=0.01)
+    )
+    agent.start()
+    engine_runs = threading.Event()
+    engine_runs.set()
+
+    def engine():
+        while engine_runs.is_set():
+            agent.signal("fill-drain")
+            time.sleep(0.06)
+
+    threading.Thread(target=engine, daemon=True).start()
+    clock, policy = SystemClock(), planning.get()
+    spec = load_spec(EXAMPLES / "bubbles" / "fill-mlp.yaml", clock.now())
+    spec = spec.model_copy(update={"run": [sys.executable, str(FILL)], "env": {"STEPS": "4000", **env}})
+    job = Broker(store, catalog, policy, clock).submit(spec)
+    assert job.quote.chosen.offer.tier == Tier.bubble
+    server = BrokerServer(store, policy, clock, CheckpointStore(root))
+    try:
+        deadline = time.monotonic() + 120
+        while not until(agent, store.get_job(job.id)):
+            assert time.monotonic() < deadline, f"agent: probe {agent.probe}, job {store.get_job(job.id).runs}"
+            server.round(block_ms=20)
+            time.sleep(0.05)
+    finally:
+        engine_runs.clear()
+        agent.stop()  # training ends: the running job is handed back with its checkpoint
+    while store.get_job(job.id).runs[-1].end_reason is None:
+        assert time.monotonic() < deadline + 30, "the agent's exit report never reached the broker"
+        server.round(block_ms=20)
+    return agent, store.get_job(job.id)
+
+
+def test_a_step_longer_than_the_windows_runs_split_into_micro_steps_that_fit(store, catalog, tmp_path):
+    chosen = []
+
+    def split_and_advancing(agent, job):
+        if agent.probe is None and agent.executor is not None and not chosen:
+            chosen.append(agent.executor.micro_steps)
+        return chosen and job.runs and job.runs[-1].progress_done >= 5
+
+    # 2.5 ms a row: a step of 16 rows takes 40 ms as submitted, longer than the 31.5 ms the agent uses of a window
+    agent, job = serve_fill_job(store, catalog, tmp_path, 4 * 10**9, {"extra_row_s": "0.0025"}, split_and_advancing)
+    assert chosen[0] > 1  # it runs on in a split of the batch, not as submitted (which no window fits)
+    assert job.runs[-1].agent == agent.id and agent.executor is None  # handed back when the stage stopped
+    assert job.runs[-1].checkpoint_step >= 5  # its steps in the chosen split are kept
+
+
+def test_a_fill_job_that_needs_more_memory_than_the_windows_have_is_handed_back(store, catalog, tmp_path):
+    seen = []
+
+    def handed_back_and_left_alone(agent, job):  # and not sent back to the stage in the 3 s of rounds after
+        if job.runs and job.runs[-1].end_reason is not None and not seen:
+            seen.extend([time.monotonic(), store.get_agent(agent.id).offer.speed_factor])
+        return seen and time.monotonic() > seen[0] + 3
+
+    # the fill process holds hundreds of MB (torch) and the windows have 50 MB free
+    agent, job = serve_fill_job(store, catalog, tmp_path, 50 * MB, {}, handed_back_and_left_alone)
+    assert job.runs[-1].end_reason == "unfit" and job.pending and len(job.runs) == 1
+    assert job.runs[-1].checkpoint_step > 0  # the steps it ran while timed are kept
+    assert seen[1] == MIN_SPEED  # what the stage offers once no configuration of the job fit it
