@@ -7,7 +7,7 @@ import pytest
 from broker.agents.contract import Contract
 from broker.bubbles.capacity import bubble_offer, measured_speed
 from broker.bubbles.fill_plan import Node, best_configuration, fill_plan, fill_throughput
-from broker.bubbles.probe import AS_SUBMITTED, PROBE_STEPS, PROBE_WINDOWS, ConfigurationProbe
+from broker.bubbles.probe import AS_SUBMITTED, MIN_TIMED, PROBE_STEPS, PROBE_WINDOWS, ConfigurationProbe
 from broker.bubbles.profiler import profile
 from broker.domain.bubbles import BubbleProfile, WindowStats
 from broker.domain.model import Tier
@@ -94,8 +94,9 @@ def test_the_configuration_that_does_most_work_wins_and_one_over_the_free_memory
 def test_the_probe_runs_on_in_the_best_timed_configuration_and_drops_one_killed_in_its_windows():
     probe = ConfigurationProbe({"2x8": {"micro_steps": 2}, "8x2": {"micro_steps": 8}}, micro_steps=1)
     assert probe.trial.name == AS_SUBMITTED
-    probe.record({"steps": [(0.0, 0.040)]}, micro_steps=1, peak_bytes=GB)  # one step, then none fits
-    for _ in range(PROBE_WINDOWS - 1):
+    for _ in range(MIN_TIMED):  # one step a window, each longer than the window
+        probe.record({"steps": [(0.0, 0.040)]}, micro_steps=1, peak_bytes=GB)
+    for _ in range(PROBE_WINDOWS - MIN_TIMED):
         probe.record({"steps": []}, micro_steps=1, peak_bytes=GB)
     assert probe.trial.timed() and probe.advance().name == "2x8"
     for _ in range(PROBE_STEPS):
@@ -108,6 +109,17 @@ def test_the_probe_runs_on_in_the_best_timed_configuration_and_drops_one_killed_
     assert chosen.name == "2x8" and chosen.overrides == {"micro_steps": 2}
     assert probe.efficiency(chosen) == pytest.approx(0.040 / 0.042)  # per step, a little slower than as submitted
     assert probe.choice([(0.03, GB // 2)], 0.1) is None  # the task needs more memory than the windows have
+    assert probe.choice([(0.01, 4 * GB)], 0.1) is None  # every configuration known to be longer than the windows
+
+
+def test_a_configuration_timed_on_too_few_steps_is_not_judged():
+    probe = ConfigurationProbe({}, micro_steps=1)
+    probe.record({"steps": [(0.0, 0.040)]}, micro_steps=1, peak_bytes=GB)  # one slow first step, then no window
+    for _ in range(PROBE_WINDOWS - 1):
+        probe.record({"steps": []}, micro_steps=1, peak_bytes=GB)
+    assert probe.trial.timed() and probe.advance() is None
+    assert probe.choice([(0.03, 4 * GB)], 0.1).name == AS_SUBMITTED  # runs on as submitted: no evidence it cannot
+    assert probe.choice([(0.03, GB // 2)], 0.1) is None  # but its memory is known, and is too much
 
 
 def stage_profile(free_gb=12.0):

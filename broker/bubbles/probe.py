@@ -4,19 +4,23 @@ The fill agent times each configuration the task offers (FillTask.configurations
 with first) in the stage's real windows, a few windows each. A configuration's step becomes nodes for
 `best_configuration`: as many as it has micro-steps, each of the median micro-step time and the task's peak
 memory, packed into the windows' usable lengths and free memory. A configuration killed twice for overrunning
-its windows is out; when none is left the job cannot run here. Pure bookkeeping: the agent does the I/O.
+its windows, or holding more memory than any window has free, is out. One that ran too few steps to time (a
+slow first step keeps the executor out of shorter windows) is not judged: if nothing better is known the job
+runs on as submitted; only when every configuration is out does the job leave. Pure bookkeeping: the agent
+does the I/O.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from broker.bubbles.fill_plan import Node, best_configuration
+from broker.bubbles.fill_plan import Node, best_configuration, fill_throughput
 
 AS_SUBMITTED = "as submitted"
 PROBE_STEPS = 8  # micro-steps timed per configuration
 PROBE_WINDOWS = 12  # windows a configuration gets to time them in (a step longer than the windows runs in none)
 KILLS_OUT = 2  # kills while timed: its steps do not end inside the windows
+MIN_TIMED = 3  # steps a configuration's time is taken from (their median)
 
 
 @dataclass
@@ -35,11 +39,18 @@ class Trial:
         return len(self.step_s) >= PROBE_STEPS or self.windows >= PROBE_WINDOWS or self.kills >= KILLS_OUT
 
     def nodes(self) -> list[Node] | None:
-        """One step of the work as nodes; None when it overran its windows or never ran a step."""
-        if self.kills >= KILLS_OUT or not self.step_s:
+        """One step of the work as nodes; None when it overran its windows or ran too few steps to time."""
+        if self.kills >= KILLS_OUT or len(self.step_s) < MIN_TIMED:
             return None
         times = sorted(self.step_s)
         return [Node(times[len(times) // 2], self.peak_bytes)] * self.micro_steps
+
+    def out(self, bubbles: list[tuple[float, int]], iteration_s: float) -> bool:
+        """Known not to fit these windows: killed in them, over their free memory, or timed and fitting none."""
+        if self.kills >= KILLS_OUT or self.peak_bytes > max(free for _, free in bubbles):
+            return True
+        nodes = self.nodes()
+        return nodes is not None and fill_throughput(bubbles, iteration_s, nodes) == 0.0
 
     def step_time_s(self) -> float | None:
         """A whole step's exclusive time (its micro-steps together)."""
@@ -75,10 +86,13 @@ class ConfigurationProbe:
         return self.trial if self.at < len(self.trials) else None
 
     def choice(self, bubbles: list[tuple[float, int]], iteration_s: float) -> Trial | None:
-        """The configuration that does the most work in these (length, free bytes) windows; None if none fits."""
+        """The configuration that does the most work in these (length, free bytes) windows; the submitted one when
+        none is known to fit and it is not known not to; None when the job cannot run here."""
         scored = {t.name: t.nodes() for t in self.trials}
         best = best_configuration(bubbles, iteration_s, {name: nodes for name, nodes in scored.items() if nodes})
-        return next(t for t in self.trials if t.name == best[0]) if best else None
+        if best:
+            return next(t for t in self.trials if t.name == best[0])
+        return None if self.trials[0].out(bubbles, iteration_s) else self.trials[0]
 
     def efficiency(self, chosen: Trial) -> float:
         """Work per second of the chosen configuration's steps over the submitted one's (1 when either is
