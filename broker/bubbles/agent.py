@@ -29,7 +29,7 @@ from broker.agents.checkpoints import CheckpointStore
 from broker.agents.contract import Assignment, Contract, Verdict
 from broker.bubbles.capacity import measured_speed
 from broker.bubbles.executor import FillExecutor
-from broker.bubbles.probe import ConfigurationProbe
+from broker.bubbles.probe import NEXT, TIMING, UNFIT, ConfigurationProbe
 from broker.domain.bubbles import BubbleProfile, FillStats
 from broker.domain.model import Offer
 from broker.sdk import STATE_FILE
@@ -203,31 +203,24 @@ class FillAgent:
 
     def _time_configuration(self, report: dict | None) -> None:
         """One more window for the configuration being timed; once all are timed, run on in the best or leave."""
-        self.probe.record(report, self.executor.micro_steps, self.executor.peak_bytes)
-        if not self.probe.trial.timed():
+        outcome = self.probe.after_window(
+            self.executor, report, self.bubbles, self.stats.iteration_s or self.iteration_s
+        )
+        if outcome == TIMING:
             return
-        following = self.probe.advance()
-        if following is not None:
-            self._reconfigure(following.overrides, trial=True)
+        self.step_s = []  # the offer's speed comes from the steps of the configuration that runs
+        if outcome == NEXT:
             return
-        chosen, probe = self.probe.choice(self.bubbles, self.stats.iteration_s or self.iteration_s), self.probe
-        self.probe = None
-        if chosen is None:
+        probe, self.probe = self.probe, None
+        if outcome == UNFIT:
             log.warning(
-                "job=%s agent=%s no configuration's steps fit these windows in time and memory", self.job.job, self.id
+                "job=%s agent=%s no configuration's steps fit these windows in time or memory", self.job.job, self.id
             )
-            self.step_s = []  # no step of its fits: the offer stays at the least speed, not at the last trial's
-            self._reprice(float("inf"))
+            self._reprice(float("inf"))  # no step of its fits: the least speed
             self._end("unfit", checkpoint=True)
             return
-        log.info("job=%s agent=%s configuration=%s", self.job.job, self.id, chosen.name)
-        self.efficiency = probe.efficiency(chosen)
-        if len(probe.trials) > 1:  # a trial runs: go on in the chosen configuration from the state before the trials
-            self._reconfigure(chosen.overrides)
-
-    def _reconfigure(self, overrides: dict, trial: bool = False) -> None:
-        self.executor.reconfigure(overrides, trial)
-        self.step_s = []  # the offer's speed comes from the steps of the configuration that runs
+        log.info("job=%s agent=%s configuration=%s", self.job.job, self.id, probe.chosen.name)
+        self.efficiency = probe.efficiency(probe.chosen)
 
     def _publish(self) -> None:
         recent = sorted(self.iterations[-200:])

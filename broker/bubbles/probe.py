@@ -6,8 +6,8 @@ with first) in the stage's real windows, a few windows each. A configuration's s
 memory, packed into the windows' usable lengths and free memory. A configuration killed twice for overrunning
 its windows, or holding more memory than any window has free, is out. One that ran too few steps to time (a
 slow first step keeps the executor out of shorter windows) is not judged: if nothing better is known the job
-runs on as submitted; only when every configuration is out does the job leave. Pure bookkeeping: the agent
-does the I/O.
+runs on as submitted; only when every configuration is out does the job leave. `after_window` drives the
+executor through the trials; the agent (and bench/fill_configurations.py) call it after each window.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ class Trial:
         return sum(n.time_s for n in nodes) if nodes else None
 
 
+TIMING, NEXT, CHOSEN, UNFIT = "timing", "next", "chosen", "unfit"  # after_window's outcomes
+
+
 class ConfigurationProbe:
     """The trials of one fill job on one stage, in order; the current one is being timed."""
 
@@ -65,6 +68,7 @@ class ConfigurationProbe:
         first = Trial(AS_SUBMITTED, {}, micro_steps)
         self.trials = [first] + [Trial(name, dict(overrides)) for name, overrides in configurations.items()]
         self.at = 0
+        self.chosen: Trial | None = None  # once every trial is timed
 
     @property
     def trial(self) -> Trial:
@@ -99,3 +103,21 @@ class ConfigurationProbe:
         unknown): the bubble offer's speed is a share of the job's speed as submitted, which quotes assume."""
         own, theirs = self.trials[0].step_time_s(), chosen.step_time_s()
         return own / theirs if own and theirs else 1.0
+
+    def after_window(self, executor, report: dict | None, bubbles: list[tuple[float, int]], iteration_s: float) -> str:
+        """Record the window the executor just ran; switch it to the next trial (NEXT) or, once all are timed, to
+        the chosen configuration from the state before the trials (CHOSEN: see `chosen`); UNFIT if none fits;
+        TIMING while the current trial goes on."""
+        self.record(report, executor.micro_steps, executor.peak_bytes)
+        if not self.trial.timed():
+            return TIMING
+        following = self.advance()
+        if following is not None:
+            executor.reconfigure(following.overrides, trial=True)
+            return NEXT
+        self.chosen = self.choice(bubbles, iteration_s)
+        if self.chosen is None:
+            return UNFIT
+        if len(self.trials) > 1:  # a trial runs now
+            executor.reconfigure(self.chosen.overrides)
+        return CHOSEN
