@@ -76,6 +76,12 @@ def test_a_trial_configuration_is_timed_but_its_steps_are_not_kept():
         executor.stop()
 
 
+def test_a_task_that_cannot_start_says_why_in_one_line():
+    executor = FillExecutor("fill_mlp:MlpFill", {"micro_steps": "3"})  # 3 does not divide its batch of 16
+    with pytest.raises(RuntimeError, match="could not start: ValueError: micro_steps: 3 does not divide batch 16"):
+        executor.start()
+
+
 def test_a_fill_job_checkpointed_in_bubbles_finishes_on_an_ordinary_agent_with_the_same_weights(tmp_path):
     store = CheckpointStore(str(tmp_path / "ckpt"))
     executor = FillExecutor("fill_mlp:MlpFill", {"step_s": 0.0})

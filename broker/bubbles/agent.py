@@ -235,9 +235,8 @@ class FillAgent:
         """Offer the speed steps of `step_s` really get here, when it moved more than 10% from the offer's."""
         iteration_s = self.stats.iteration_s or self.iteration_s
         speed = measured_speed(list(self.window_s.values()), iteration_s, step_s) if step_s < float("inf") else 0.0
-        speed = max(
-            speed * self.efficiency, MIN_SPEED
-        )  # steps longer than every window: as good as unusable, still an offer
+        # steps longer than every window: as good as unusable, still an offer
+        speed = max(speed * self.efficiency, MIN_SPEED)
         if abs(speed - self.offer.speed_factor) > 0.1 * self.offer.speed_factor:
             self.offer = self.offer.model_copy(update={"speed_factor": speed})
             self.contract.offer(self.offer)

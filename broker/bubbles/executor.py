@@ -75,11 +75,15 @@ def _serve(task_path: str, config: dict, state: dict | None, conn, memory_fracti
 
         if torch.cuda.is_available():
             torch.cuda.set_per_process_memory_fraction(memory_fraction)  # an OOM hits the fill job, not the main job
-    task = load_task(task_path)
-    task.create(config)
-    if state is not None:
-        task.load_state_dict(state)
-    task.init()
+    try:
+        task = load_task(task_path)
+        task.create(config)
+        if state is not None:
+            task.load_state_dict(state)
+        task.init()
+    except Exception as err:  # a bad configuration or task path: the executor says why, in one line
+        conn.send(("failed", f"{type(err).__name__}: {err}"))
+        return
     conn.send(("ready", {"configurations": task.configurations(), "micro_steps": task.micro_steps()}))
     step_s = float(config.get("step_s", 0.0))  # the profiled step time; refined as steps run
     while True:
@@ -155,7 +159,13 @@ class FillExecutor:
             target=_serve, args=(self.task_path, self.config, self.state, child, self.memory_fraction), daemon=True
         )
         self.process.start()
-        kind, about = self.conn.recv() if self.conn.poll(START_TIMEOUT_S) else (None, None)  # imports take seconds
+        try:
+            kind, about = self.conn.recv() if self.conn.poll(START_TIMEOUT_S) else (None, None)  # imports take seconds
+        except EOFError:  # the process died before it could say why (killed, out of memory)
+            self.process.join(5)
+            kind, about = "failed", f"its process exited with code {self.process.exitcode}"
+        if kind == "failed":
+            raise RuntimeError(f"fill task {self.task_path} could not start: {about}")
         if kind != "ready":
             raise RuntimeError(f"fill task {self.task_path} did not start within {START_TIMEOUT_S} s")
         self.configurations, self.micro_steps, self.peak_bytes = about["configurations"], about["micro_steps"], 0
