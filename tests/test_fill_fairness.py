@@ -119,3 +119,32 @@ def test_the_server_gives_an_idle_bubble_executor_the_fill_job_its_fill_order_pi
     assert server("sjf").dispatch() == [("short", "llm-stage0")]
     with pytest.raises(ValueError, match="fill_order"):
         BrokerServer(store, planning.get(), clock, CheckpointStore(str(tmp_path)), fill_order="fifo")
+
+
+def test_a_late_fill_job_is_never_run_anyway_on_a_stage_it_was_unfit_for(store, catalog, tmp_path):
+    from broker import planning
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.agents.contract import Contract
+    from broker.core.broker import Broker
+    from broker.core.clock import ManualClock
+    from broker.core.server import BrokerServer
+
+    clock = ManualClock(NOW)
+    stage = Contract(store, "llm-stage0")
+    stage.register(bubble_agent().offer, lease_ms=10**9)
+    spec = make_spec(name="fill", work={"gpu_hours": 1}, fill=True, tiers=["bubble"], deadline="+4h")
+    Broker(store, catalog, planning.get(), clock).submit(spec, job_id="fill")
+    server = BrokerServer(store, planning.get(), clock, CheckpointStore(str(tmp_path)))
+    assert server.dispatch() == [("fill", "llm-stage0")]
+    given = stage.take(block_ms=None)
+    stage.started(given)
+    stage.exited("fill", given.fence, "unfit")  # none of its configurations fits the stage's windows
+    server.round(block_ms=10)
+    assert store.get_job("fill").pending and store.get_job("fill").unfit_zones == ["llm-stage0"]
+    slow = bubble_agent("llm-stage1").offer.model_copy(update={"speed_factor": 0.1})
+    Contract(store, "llm-stage1").register(slow, lease_ms=10**9)  # another stage, a third as fast
+    clock.advance(hours=6)  # past its deadline: the planner cannot meet it, and the server runs such jobs anyway,
+    idle = {a.offer.id: [a] for a in store.agents()}  # where it finishes first, but not where it cannot run
+    assert [(job.id, agent.id) for job, agent in server._plan_page(store.pending_jobs(0, 10), idle)] == [
+        ("fill", "llm-stage1")
+    ]

@@ -20,7 +20,7 @@ from broker.agents.checkpoints import CheckpointStore
 from broker.agents.tokens import refusal
 from broker.core.reports import end_run, fold, folding
 from broker.domain.errors import InfeasibleError
-from broker.domain.model import AgentInfo, Job, JobState, Offer, Run, Tier
+from broker.domain.model import AgentInfo, Job, JobSpec, JobState, Offer, Run, Tier
 from broker.models.risk import fits
 from broker.planning.fill import SCORES, order_bubbles
 from broker.planning.option_table import PlanItem
@@ -232,24 +232,25 @@ class BrokerServer:
         newest = self.newest_offers()
         offers = [newest.get(offer_id, group[0].offer) for offer_id, group in left.items()]
         items = [PlanItem.from_job(j) for j in jobs]
+        by_item = {item.id: item for item in items}
         plan = self.policy.plan(items, offers, {k: len(v) for k, v in left.items()}, self.clock.now())
         pairs = []
         for job in jobs:
             offer_id = plan.assignments.get(job.id)
             why = plan.unplaced.get(job.id)
             if offer_id is None and why is not None and why.own_constraint:
-                agent = self._choose(job, [a for group in by_offer.values() for a in group])
+                agent = self._choose(by_item[job.id].spec, [a for group in by_offer.values() for a in group])
                 offer_id = agent.offer.id if agent else None
             if offer_id is None or not by_offer.get(offer_id):
                 continue
             pairs.append((job, by_offer[offer_id].pop()))
         if self.fill_order:
-            pairs = self._fill_in_order(pairs, jobs, items, plan)
+            pairs = self._fill_in_order(pairs, jobs, by_item, plan)
         return pairs
 
-    def _fill_in_order(self, pairs: list[tuple[Job, AgentInfo]], jobs: list[Job], items: list[PlanItem], plan) -> list:
+    def _fill_in_order(self, pairs: list[tuple[Job, AgentInfo]], jobs: list[Job], by_id: dict[str, PlanItem], plan):
         """The bubble executors of this page take fill jobs in the fill policy's order (planning/fill.py)."""
-        by_job, by_id = {job.id: job for job in jobs}, {item.id: item for item in items}
+        by_job = {job.id: job for job in jobs}
         waiting = [by_id[i] for i, why in plan.unplaced.items() if i in by_id and not why.own_constraint]
         ordered = order_bubbles(
             [(by_id[job.id], agent) for job, agent in pairs], waiting, self.clock.now(), self.fill_order
@@ -344,19 +345,20 @@ class BrokerServer:
         """Agents that take work, admitted, without a job."""
         return [a for a in self.store.working_agents() if a.job is None and self._admitted(a)]
 
-    def _choose(self, job: Job, idle: list[AgentInfo]) -> AgentInfo | None:
-        """The idle agent the policy prices cheapest for the job (the earliest finish if none is feasible)."""
+    def _choose(self, spec: JobSpec, idle: list[AgentInfo]) -> AgentInfo | None:
+        """The idle agent the policy prices cheapest for the job (the earliest finish if none is feasible); `spec`
+        as the planner sees it (PlanItem.from_job: the guard's pinned tier, no stage it was unfit for)."""
         by_offer: dict[str, AgentInfo] = {}
         for agent in idle:
-            if fits(job.spec, agent.offer):
+            if fits(spec, agent.offer):
                 by_offer.setdefault(agent.offer.id, agent)
         if not by_offer:
             return None
         offers = [a.offer for a in by_offer.values()]
         try:
-            option = self.policy.quote(job.spec, offers, self.clock.now()).chosen
+            option = self.policy.quote(spec, offers, self.clock.now()).chosen
         except InfeasibleError:  # late or over budget already: run it where it finishes first
-            option = min(self.policy.options(job.spec, offers, self.clock.now()), key=lambda o: o.expected_finish)
+            option = min(self.policy.options(spec, offers, self.clock.now()), key=lambda o: o.expected_finish)
         return by_offer[option.offer.id]
 
     def _assign(self, pairs: list[tuple[Job, AgentInfo]]) -> list[tuple[str, str]]:

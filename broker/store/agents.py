@@ -56,20 +56,16 @@ class AgentChannels:
         """Replace a registered agent's offer (its measured speed changed), keeping the rest of its record and
         its lease; False when the agent is not registered. Only the agent writes its record after registering."""
         key = self._key("agent", agent_id)
-        with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    pipe.watch(key)
-                    raw = pipe.get(key)
-                    if raw is None:
-                        return False
-                    agent = AgentInfo.model_validate_json(raw).model_copy(update={"offer": offer})
-                    pipe.multi()
-                    pipe.set(key, agent.model_dump_json())
-                    pipe.execute()
-                    return True
-                except redis.WatchError:
-                    continue
+
+        def replace(pipe) -> bool:
+            agent = _agent_info(pipe.get(key))
+            if agent is None:
+                return False
+            pipe.multi()
+            self.put_agent(pipe, agent.model_copy(update={"offer": offer}))
+            return True
+
+        return self.redis.transaction(replace, key, value_from_callable=True)
 
     def renew_lease(self, agent_id: str, lease_ms: int) -> bool:
         """Extend the agent's lease; False if it had already expired (the broker may have moved its job)."""
