@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from functools import cached_property
 
 from broker.core.forecast import Fleet, forecast
 from broker.core.hedging import MarketHedge
 from broker.domain.errors import BrokerError
 from broker.domain.model import AgentInfo, Job, JobSpec, JobState, Offer, Quote, Tier
-from broker.pricing.availability import MarketModel
+from broker.pricing.availability import MarketModel, seen_ticks
 from broker.pricing.catalog import PriceCatalog
+from broker.store.capacity import CapacityHistory
 from broker.store.jobs import Store
 
 OTHERS_SEEN = 1000  # jobs a quote looks at: those waiting ahead of it, and the finished ones it learns speed from
+RECENT_H = 7 * 24.0  # hours of our fleet's spot capacity the market model learns from
 
 
 class Broker:
@@ -33,7 +36,8 @@ class Broker:
         self.policy = policy
         self.clock = clock
         self._market = market  # when given, quotes carry a forecast: the choice simulated on its futures
-        self.hedges = MarketHedge(lambda: self.market, lambda: self.catalog.offers) if market is not None else None
+        self._recent: tuple[datetime, MarketModel | None] | None = None
+        self.hedges = MarketHedge(self.market_now, lambda: self.catalog.offers) if market is not None else None
         if self.hedges and getattr(policy, "hedge", False) is None:  # a policy that decides from the market
             policy.hedge = self.hedges
 
@@ -41,6 +45,20 @@ class Broker:
     def market(self) -> MarketModel | None:
         """The market model, learned on first use: commands that never quote (list, agent, server) skip the fit."""
         return self._market() if callable(self._market) else self._market
+
+    def market_now(self) -> MarketModel | None:
+        """The market model with the spot capacity our fleet had in the last RECENT_H hours (the market drifts
+        from its traces: store/capacity.py), learned again once a model tick."""
+        base = self.market
+        if base is None or self.store is None:
+            return base
+        now = self.clock.now()
+        if self._recent is None or now - self._recent[0] >= timedelta(hours=base.tick_h):
+            since, tick_s = now - timedelta(hours=RECENT_H), base.tick_h * 3600
+            seen = CapacityHistory(self.store).seen(since)
+            ticks = {z: seen_ticks(p, since.timestamp(), now.timestamp(), tick_s) for z, p in seen.items()}
+            self._recent = (now, base.with_recent(ticks))
+        return self._recent[1]
 
     def offers(self, agents: list[AgentInfo] | None = None) -> list[Offer]:
         """The catalog's offers and the bubble offers of the fill executors registered now (`agents`, read from
@@ -60,7 +78,8 @@ class Broker:
         agents = self.store.working_agents() if self.store is not None else []
         offers = self.offers(agents)
         quote = self.policy.quote(spec, offers, now)
-        if self.market is None:
+        market = self.market_now()
+        if market is None:
             return quote
         rule = getattr(self.policy, "rule", "greedy")
         fleet = None
@@ -69,7 +88,7 @@ class Broker:
             finished = [j for j in self.store.recent_jobs(OTHERS_SEEN) if j.state == JobState.done]
             fleet = Fleet.of(agents, others, now, finished)
         update = {
-            "forecast": forecast(spec, quote, offers, self.market, rule, now, fleet=fleet, hedges=self.hedges.for_zones)
+            "forecast": forecast(spec, quote, offers, market, rule, now, fleet=fleet, hedges=self.hedges.for_zones)
         }
         return quote.model_copy(update=update)
 

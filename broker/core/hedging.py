@@ -43,6 +43,7 @@ class MarketHedge:
         self.model, self.offers = model, offers
         self._zones: dict[str, tuple[Offer, ...]] = {}  # by what `fits` reads of a spec: planning asks per job
         self._known: dict[tuple[str, ...], Hedge] = {}
+        self._of: MarketModel | None = None  # the model those were computed on (it is learned again as it goes)
 
     def __call__(self, spec: JobSpec) -> Hedge | None:
         shape = spec.model_dump_json(include={"resources", "tiers", "fill", "transformer"})
@@ -54,8 +55,9 @@ class MarketHedge:
 
     def for_zones(self, offers: list[Offer]) -> Hedge:
         """The Hedge of exactly these zones, in this order (the futures index its zones so)."""
-        key = tuple(o.id for o in offers)
+        key, model = tuple(o.id for o in offers), self.model()
+        if model is not self._of:
+            self._known, self._of = {}, model
         if key not in self._known:
-            model = self.model()
             self._known[key] = hedge_for(model, offers, model.tick_h)
         return self._known[key]

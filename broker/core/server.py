@@ -25,6 +25,7 @@ from broker.models.risk import fits
 from broker.planning.fill import SCORES, order_bubbles
 from broker.planning.option_table import PlanItem
 from broker.planning.uniform_progress import Move, decide, progress_of
+from broker.store.capacity import CapacityHistory
 from broker.store.jobs import Store
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class BrokerServer:
             raise ValueError(f"fill_order: {fill_order!r} is not a fill policy; use one of {', '.join(SCORES)}")
         self.fill_order = fill_order  # how idle bubble executors pick among fill jobs; None: as the plan gave
         self._newest: dict[str, Offer] = {}
+        self.capacity = CapacityHistory(store)
         self._priced_at = -float("inf")
 
     def lead(self) -> bool:
@@ -197,6 +199,7 @@ class BrokerServer:
                 self.metrics.preemptions.inc()
         agents = self.store.agents()
         leases = self.store.leases([a.id for a in agents])
+        self.capacity.record(now, [a for a in agents if leases[a.id] not in (None, "leaving")])  # market evidence
         for agent in agents:  # gone: its job (if any) was handled above
             if leases[agent.id] is None:
                 self.store.remove_agent(agent.id)
@@ -283,10 +286,8 @@ class BrokerServer:
         an idle spot agent fits it, as the quote's forecast (models/futures.py) plays that rule. Returns the ids
         of the jobs it moved."""
         now, moved = self.clock.now(), []
-        if (
-            not getattr(self.policy, "deadline_guard", True) or not self.lead()
-        ):  # baselines without deadlines (SkyPilot's)
-            return moved
+        if not getattr(self.policy, "deadline_guard", True) or not self.lead():
+            return moved  # baselines without deadlines (SkyPilot's), or a standby replica
         rule_moves = hasattr(self.policy, "leaves_on_demand")  # the rule may take jobs off on-demand or to a zone
         spot_idle = [a for a in self._idle_agents() if a.offer.tier != Tier.on_demand] if rule_moves else []
         spot_idle.sort(key=lambda a: a.offer.price_usd_per_h)  # bubbles (free) first, then the cheapest spot

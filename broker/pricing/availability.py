@@ -18,12 +18,13 @@ Pure functions on numpy arrays; fitting and sampling take no clock and do no I/O
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 PRIOR_STRENGTH = 20.0  # up-spells of evidence a zone needs before its own spells weigh as much as its siblings'
 AGE_EDGES_H = (0.0, 1.0, 4.0, 12.0, math.inf)  # run-age bins of the hazard by age
+RECENT_STRENGTH = 4.0  # spells our fleet saw in a zone before they weigh as much as all its traces
 
 
 def tick_minimum(data: np.ndarray, gap_s: float, tick_s: float) -> np.ndarray:
@@ -50,7 +51,8 @@ def spells(available: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class ZoneModel:
-    """Spot availability of one (cloud, zone, instance type) at `tick_h` resolution."""
+    """Spot availability of one (cloud, zone, instance type) at `tick_h` resolution, from three sources of spells:
+    what the broker's own fleet saw there lately (`recent_*`), the zone's traces, and its siblings' traces."""
 
     cloud: str
     zone: str
@@ -61,27 +63,47 @@ class ZoneModel:
     prior_up: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))  # the siblings' spells
     prior_down: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
     evidence: str = ""
+    recent_up: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))  # seen by our fleet lately
+    recent_down: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
 
     @property
     def weight(self) -> float:
-        """The share of draws from the zone's own spells (the rest come from its siblings')."""
+        """The share of the traces' draws from the zone's own spells (the rest come from its siblings')."""
         if len(self.prior_up) == 0:
             return 1.0
         return len(self.up) / (len(self.up) + PRIOR_STRENGTH)
 
-    def _mean(self, own: np.ndarray, prior: np.ndarray) -> float:
-        w = self.weight
-        own_mean = own.mean() if len(own) else 0.0
-        prior_mean = prior.mean() if len(prior) else own_mean
-        return float((w * own_mean + (1 - w) * prior_mean) * self.tick_h)
+    @property
+    def recent_weight(self) -> float:
+        """The share of draws from what our fleet saw lately (the market drifts: a few spells outweigh old traces)."""
+        if len(self.up) + len(self.prior_up) == 0:
+            return 1.0
+        seen = len(self.recent_up) + len(self.recent_down)
+        return seen / (seen + RECENT_STRENGTH)
+
+    def _mixture(self, up: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Every known spell length of one state and its probability: each source's share spread over its spells."""
+        sources = (self.recent_up, self.up, self.prior_up) if up else (self.recent_down, self.down, self.prior_down)
+        recent, w = self.recent_weight, self.weight
+        shares = np.array([recent, (1 - recent) * w, (1 - recent) * (1 - w)])
+        shares = np.where([len(x) > 0 for x in sources], shares, 0.0)
+        if shares.sum() <= 0:
+            return np.zeros(0), np.zeros(0)
+        values = np.concatenate([np.asarray(x, dtype=float) for x in sources])
+        probs = np.concatenate([np.full(len(x), share / max(len(x), 1)) for x, share in zip(sources, shares)])
+        return values, probs / probs.sum()
+
+    def _mean(self, up: bool) -> float:
+        values, probs = self._mixture(up)
+        return float(values @ probs * self.tick_h) if len(values) else 0.0
 
     @property
     def mean_up_h(self) -> float:
-        return self._mean(self.up, self.prior_up)
+        return self._mean(True)
 
     @property
     def mean_down_h(self) -> float:
-        return self._mean(self.down, self.prior_down)
+        return self._mean(False)
 
     @property
     def p_launch(self) -> float:
@@ -92,20 +114,23 @@ class ZoneModel:
     def hazard_by_age(self) -> list[tuple[float, float, float]]:
         """(from h, to h, preemptions per hour) for runs of each age: up-spells ending in the bin over the hours
         runs spent in it. Falling with age on every shared trace: a run that survived an hour tends to last."""
-        lengths = self._pool(self.up, self.prior_up) * self.tick_h
+        values, probs = self._mixture(True)
+        lengths = values * self.tick_h
         out = []
         for lo, hi in zip(AGE_EDGES_H[:-1], AGE_EDGES_H[1:]):
-            exposure = np.clip(lengths - lo, 0, hi - lo).sum()
-            ends = ((lengths > lo) & (lengths <= hi)).sum()
+            exposure = probs @ np.clip(lengths - lo, 0, hi - lo)
+            ends = probs @ ((lengths > lo) & (lengths <= hi))
             out.append((lo, hi, float(ends / exposure) if exposure > 0 else float("nan")))
         return out
 
-    def _pool(self, own: np.ndarray, prior: np.ndarray) -> np.ndarray:
-        """Own and sibling spells, the siblings' repeated or thinned to their weight (for summaries)."""
-        if len(prior) == 0 or self.weight >= 1:
-            return own
-        share = int(round(len(own) * (1 - self.weight) / max(self.weight, 1e-9))) if len(own) else len(prior)
-        return np.r_[own, np.resize(prior, share)]
+    def with_seen(self, series: np.ndarray) -> ZoneModel:
+        """This zone with what our fleet saw there lately (a bool per tick, oldest first) as its recent spells, read
+        as the traces are (the cut-off first and last spells kept as they were seen)."""
+        up, down = spells(series)
+        seen = replace(self, recent_up=up, recent_down=down)
+        hours = len(series) * self.tick_h
+        note = f"; {len(up) + len(down)} spells our fleet saw in {hours:.0f} h (weight {seen.recent_weight:.2f})"
+        return replace(seen, evidence=self.evidence + note)
 
     def sample(self, rng: np.random.Generator, n: int, ticks: int, up_now: bool | None = None) -> np.ndarray:
         """`n` futures of `ticks` ticks from now: True where spot can be had (bool array n x ticks). When the
@@ -115,11 +140,9 @@ class ZoneModel:
             return np.zeros((n, ticks), dtype=bool)
         per_path = int(2 * ticks / (up_mean + down_mean)) + 8
         start_up = rng.random(n) < up_mean / (up_mean + down_mean) if up_now is None else np.full(n, bool(up_now))
-        up = self._draw(rng, self.up, self.prior_up, (n, per_path))
-        down = self._draw(rng, self.down, self.prior_down, (n, per_path))
-        first = np.where(
-            start_up, self._residual(rng, self.up, self.prior_up, n), self._residual(rng, self.down, self.prior_down, n)
-        )
+        up = self._draw(rng, True, (n, per_path))
+        down = self._draw(rng, False, (n, per_path))
+        first = np.where(start_up, self._residual(rng, True, n), self._residual(rng, False, n))
         # spells alternate from the first one's state: [first, other, same, other, ...]
         lengths = np.empty((n, 2 * per_path + 1), dtype=float)
         lengths[:, 0] = first
@@ -132,21 +155,19 @@ class ZoneModel:
             index[i] = np.searchsorted(ends[i], moments, side="right")
         return (index % 2 == 0) == start_up[:, None]
 
-    def _draw(self, rng, own: np.ndarray, prior: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-        if len(own) == 0 and len(prior) == 0:
+    def _draw(self, rng, up: bool, shape: tuple[int, int]) -> np.ndarray:
+        values, probs = self._mixture(up)
+        if len(values) == 0:
             return rng.exponential(1.0, shape)  # no spells of this state seen: short ones
-        if len(prior) == 0 or len(own) == 0:
-            pool = own if len(own) else prior
-            return rng.choice(pool, shape).astype(float)
-        mine = rng.random(shape) < self.weight
-        return np.where(mine, rng.choice(own, shape), rng.choice(prior, shape)).astype(float)
+        return rng.choice(values, shape, p=probs)
 
-    def _residual(self, rng, own: np.ndarray, prior: np.ndarray, n: int) -> np.ndarray:
+    def _residual(self, rng, up: bool, n: int) -> np.ndarray:
         """What is left of the spell now falls in: a length-biased draw, cut at a uniform point."""
-        pool = self._pool(own, prior).astype(float)
-        if len(pool) == 0:
+        values, probs = self._mixture(up)
+        if len(values) == 0 or values @ probs <= 0:
             return rng.exponential(1.0, n)
-        picked = rng.choice(pool, n, p=pool / pool.sum())
+        biased = probs * values
+        picked = rng.choice(values, n, p=biased / biased.sum())
         return np.maximum(rng.random(n) * picked, 1e-6)
 
 
@@ -206,22 +227,11 @@ class MarketModel:
         """The offer's zone model: its own, else its instance type's siblings (the prior alone), else an
         exponential one from the offer's hazard and availability (set by the catalog's hazard model)."""
         zone = offer.zone or offer.region
-        found = self.zones.get((offer.cloud, zone, offer.instance_type))
+        found = self.zones.get((offer.cloud, zone, offer.instance_type)) or self._siblings(
+            offer.cloud, zone, offer.instance_type
+        )
         if found is not None:
             return found
-        pooled = self.pooled.get((offer.cloud, offer.instance_type))
-        if pooled is not None and len(pooled[0]):
-            return ZoneModel(
-                offer.cloud,
-                zone,
-                offer.instance_type,
-                self.tick_h,
-                np.zeros(0, int),
-                np.zeros(0, int),
-                pooled[0],
-                pooled[1],
-                f"no trace of this zone; {len(pooled[0])} up-spells of its instance type's traced zones",
-            )
         return exponential_zone(
             offer.cloud,
             zone,
@@ -231,3 +241,50 @@ class MarketModel:
             offer.availability,
             f"hazard {offer.hazard_per_h:.3f}/h ({offer.hazard_source})",
         )
+
+    def with_recent(self, seen: dict[tuple[str, str, str], np.ndarray]) -> MarketModel:
+        """This model with what the broker's own fleet saw lately per (cloud, zone, instance type): a bool per tick,
+        oldest first (spot could be had or not). A zone without traces gets a model of its own from it."""
+        zones = dict(self.zones)
+        for key, series in seen.items():
+            if len(series) == 0:
+                continue
+            empty = np.zeros(0, dtype=int)
+            base = zones.get(key) or self._siblings(*key) or ZoneModel(*key, self.tick_h, empty, empty, evidence="")
+            zones[key] = base.with_seen(series)
+        return MarketModel(self.tick_h, zones, self.pooled)
+
+    def _siblings(self, cloud: str, zone: str, kind: str) -> ZoneModel | None:
+        """A zone without traces of its own: its instance type's traced zones as its prior, if there are any."""
+        pooled = self.pooled.get((cloud, kind))
+        if pooled is None or not len(pooled[0]):
+            return None
+        return ZoneModel(
+            cloud,
+            zone,
+            kind,
+            self.tick_h,
+            np.zeros(0, int),
+            np.zeros(0, int),
+            pooled[0],
+            pooled[1],
+            f"no trace of this zone; {len(pooled[0])} up-spells of its instance type's traced zones",
+        )
+
+
+def seen_ticks(points: list[tuple[float, float]], since: float, until: float, tick_s: float) -> np.ndarray:
+    """Ticks from `since` (or the first point, if later) to `until` of a count recorded where it changed (epoch
+    seconds, count), as the traces are read: True where the count stayed above zero all the tick."""
+    if not points:
+        return np.zeros(0, dtype=bool)
+    epochs = np.asarray([p[0] for p in points], dtype=float)
+    counts = np.asarray([p[1] for p in points], dtype=float)
+    start = max(since, epochs[0])
+    ticks = int((until - start) // tick_s)
+    if ticks <= 0:
+        return np.zeros(0, dtype=bool)
+    begins = start + np.arange(ticks) * tick_s
+    down = counts[np.searchsorted(epochs, begins, side="right") - 1] <= 0  # the count each tick starts with
+    inside = ((epochs[counts <= 0] - start) // tick_s).astype(int)  # and a drop to none during one
+    down[inside[(inside >= 0) & (inside < ticks)]] = True
+    return ~down

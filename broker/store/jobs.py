@@ -23,6 +23,7 @@ Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis):
     {p}log:{agent}       STREAM  the output of the jobs the agent ran, in batches: job, fence, lines (`broker logs`);
                                  capped at about LOG_MAXLEN batches
     price:{offer}, priced, refreshed, evictions   price history: see prices.py
+    capacity:{zone}, capacity-zones    the spot capacity our fleet had: see capacity.py
     bubbles:{main job}:{stage}         bubble profiles: see profiles.py
     (both event streams are capped at about STREAM_MAXLEN entries; agents send progress at most once a second)
 

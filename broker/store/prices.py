@@ -8,9 +8,9 @@ Keys (beside the store's own, same prefix):
     {p}evictions          HASH    "cloud|region|instance type" -> the cloud's eviction-rate band
                                   (Azure: "0-5" ... "20+")
 
-A point is appended only when it differs from the price in effect at its time, checked and
-written in one Lua call, so a refresh that repeats the same prices writes nothing and two
-refreshes racing cannot both append the same change.
+A point is appended only when it differs from the price in effect at its time (series.ChangeSeries),
+so a refresh that repeats the same prices writes nothing and two refreshes racing cannot both
+append the same change.
 """
 
 from __future__ import annotations
@@ -20,17 +20,7 @@ from datetime import UTC, datetime
 import pandas as pd
 
 from broker.store.jobs import Store
-
-_APPEND_IF_CHANGED = """
-local last = redis.call('ZREVRANGEBYSCORE', KEYS[1], ARGV[1], '-inf', 'LIMIT', 0, 1)
-if last[1] then
-  local usd = string.match(last[1], '|(.*)$')
-  if tonumber(usd) == tonumber(ARGV[2]) then return 0 end
-end
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[1] .. '|' .. ARGV[2])
-redis.call('SADD', KEYS[2], ARGV[3])
-return 1
-"""
+from broker.store.series import ChangeSeries
 
 
 class PriceHistory:
@@ -38,43 +28,25 @@ class PriceHistory:
 
     def __init__(self, store: Store):
         self.redis, self._key = store.redis, store.key
-        self._append = self.redis.register_script(_APPEND_IF_CHANGED)
+        self.prices = ChangeSeries(store, "price", "priced")
 
     def record(self, points: pd.DataFrame) -> int:
         """Append the points (offer, usd, at) that change an offer's price; returns how many were appended."""
         ordered = points.sort_values("at", kind="stable")
-        with self.redis.pipeline(transaction=False) as pipe:
-            for offer, usd, at in zip(ordered["offer"], ordered["usd"], ordered["at"]):
-                self._append(
-                    keys=[self._key("price", offer), self._key("priced")],
-                    args=[_epoch(at), repr(float(usd)), offer],
-                    client=pipe,
-                )
-            appended = sum(pipe.execute())
-        return appended
+        epochs = (pd.Timestamp(at).timestamp() for at in ordered["at"])
+        return self.prices.append(zip(ordered["offer"], epochs, ordered["usd"]))
 
     def series(self, offer: str) -> pd.DataFrame:
         """Every recorded change of one offer's price, oldest first."""
-        members = self.redis.zrange(self._key("price", offer), 0, -1)
-        rows = [(datetime.fromtimestamp(float(m.split("|")[0]), UTC), float(m.split("|")[1])) for m in members]
+        rows = [(datetime.fromtimestamp(epoch, UTC), usd) for epoch, usd in self.prices.points(offer)]
         return pd.DataFrame(rows, columns=["at", "usd"])
 
     def offers(self) -> list[str]:
-        return sorted(self.redis.smembers(self._key("priced")))
+        return self.prices.members()
 
     def latest(self) -> dict[str, tuple[float, datetime]]:
         """Each priced offer's newest price and when it was seen."""
-        ids = self.offers()
-        with self.redis.pipeline(transaction=False) as pipe:
-            for offer in ids:
-                pipe.zrange(self._key("price", offer), -1, -1)
-            newest = pipe.execute()
-        out = {}
-        for offer, members in zip(ids, newest):
-            if members:
-                epoch, usd = members[0].split("|")
-                out[offer] = (float(usd), datetime.fromtimestamp(float(epoch), UTC))
-        return out
+        return {o: (usd, datetime.fromtimestamp(epoch, UTC)) for o, (epoch, usd) in self.prices.latest().items()}
 
     def record_bands(self, bands: dict[tuple[str, str, str], str]) -> None:
         """Store the newest eviction-rate band per (cloud, region, instance type)."""
@@ -89,7 +61,3 @@ class PriceHistory:
 
     def refreshed(self) -> dict[str, datetime]:
         return {k: datetime.fromisoformat(v) for k, v in self.redis.hgetall(self._key("refreshed")).items()}
-
-
-def _epoch(at) -> str:
-    return f"{pd.Timestamp(at).timestamp():.3f}"

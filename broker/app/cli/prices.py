@@ -64,9 +64,10 @@ def risk(
     rows = rows.drop_duplicates(["cloud", "region", "instance_type"])
     records = []
     spot = {(o.cloud, o.region, o.instance_type): o for o in broker.catalog.offers if o.tier == Tier.spot}
+    model = broker.market_now()  # the traces and the spot capacity our fleet had lately
     for row in rows.itertuples(index=False):
         h = broker.catalog.hazard.spot(row.cloud, row.region, row.instance_type)
-        market = broker.market.for_offer(spot[(row.cloud, row.region, row.instance_type)])
+        market = model.for_offer(spot[(row.cloud, row.region, row.instance_type)])
         records.append(
             {
                 "cloud": row.cloud,

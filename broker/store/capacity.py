@@ -1,0 +1,48 @@
+"""The spot capacity our own fleet had, per zone over time: the market model's freshest evidence.
+
+Keys (beside the store's own, same prefix):
+
+    {p}capacity:{cloud}|{zone}|{instance type}   ZSET   "{epoch}|{agents}": one member per change (series.py)
+    {p}capacity-zones                            SET    zones with a series
+
+The server records, each time it checks leases, how many live spot agents stand for each zone (one going away on
+a notice counts out). A zone counts from when an agent was first seen there: before that nothing is known; after,
+no agent means no capacity, since a pool's provisioner keeps asking for its instances (an auto-scaling group at its
+desired size), so its agent count follows what the cloud gives.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from broker.domain.model import AgentInfo, Offer, Tier
+from broker.store.jobs import Store
+from broker.store.series import ChangeSeries
+
+Zone = tuple[str, str, str]  # (cloud, zone or region, instance type), as the market model keys zones
+
+
+def zone_of(offer: Offer) -> Zone:
+    return offer.cloud, offer.zone or offer.region, offer.instance_type
+
+
+class CapacityHistory:
+    """Live spot agents per zone, recorded where the count changes."""
+
+    def __init__(self, store: Store):
+        self.series = ChangeSeries(store, "capacity", "capacity-zones")
+
+    def record(self, at: datetime, agents: list[AgentInfo]) -> int:
+        """The count of these live agents per spot zone now, for every zone seen before too (zero when none is
+        left); returns how many zones changed."""
+        counts: dict[str, int] = {}
+        for agent in agents:
+            if agent.offer.tier == Tier.spot:
+                member = "|".join(zone_of(agent.offer))
+                counts[member] = counts.get(member, 0) + 1
+        zones = sorted(set(self.series.members()) | counts.keys())
+        return self.series.append((zone, at.timestamp(), counts.get(zone, 0)) for zone in zones)
+
+    def seen(self, since: datetime) -> dict[Zone, list[tuple[float, float]]]:
+        """Per zone, (epoch, agents) from `since` on, led by the count in effect then, oldest first."""
+        return {tuple(m.split("|")): self.series.points(m, since.timestamp()) for m in self.series.members()}

@@ -1,0 +1,89 @@
+"""The market model learns from the spot capacity our own fleet had: the server records it, quotes read it."""
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from broker import planning
+from broker.agents.checkpoints import CheckpointStore
+from broker.agents.contract import Contract
+from broker.core.broker import Broker
+from broker.core.clock import SimulatedClock
+from broker.core.server import BrokerServer
+from broker.pricing.availability import MarketModel, seen_ticks
+from broker.sim.market import OfferBook
+from broker.store.capacity import CapacityHistory
+from tests.test_market_model import _offer, _quote_spec, trace
+
+NOW = datetime(2023, 2, 15, tzinfo=UTC)
+ZONE = ("aws", "us-east-1a", "p3.2xlarge")
+
+
+def test_a_change_log_is_read_as_the_traces_are_a_tick_is_up_only_when_it_lasted_all_of_it():
+    points = [(0.0, 2), (1000.0, 0), (1500.0, 3)]  # two agents, none from 1000 s, three from 1500 s
+    assert seen_ticks(points, 0.0, 3000.0, 600.0).tolist() == [True, False, False, True, True]
+    assert seen_ticks(points, 1200.0, 3000.0, 600.0).tolist() == [False, True, True]  # from `since` on
+    assert seen_ticks([(2000.0, 1)], 0.0, 3000.0, 600.0).tolist() == [True]  # from when the zone was first seen
+
+
+def test_what_our_fleet_saw_lately_outweighs_old_traces():
+    calm = MarketModel.fit([trace("us-east-1a", [1] * 60 + [0] * 6, 50)])  # up 10 h, down 1 h
+    flaky = np.tile([True] + [False] * 2, 48)  # seen for a day: up 10 minutes, down 20
+    learned = calm.with_recent({ZONE: flaky}).zones[ZONE]
+    before = calm.zones[ZONE]
+    assert before.mean_up_h == pytest.approx(10.0) and learned.mean_up_h < 0.6  # 96% ours, 4% the traces'
+    assert before.p_launch > 0.9 and learned.p_launch < 0.65
+    assert learned.recent_weight == pytest.approx(96 / 100) and "96 spells our fleet saw in 24 h" in learned.evidence
+    assert learned.sample(np.random.default_rng(0), 200, 144).mean() < 0.65
+    unseen = calm.with_recent({("aws", "us-west-2a", "p3.2xlarge"): flaky}).zones[("aws", "us-west-2a", "p3.2xlarge")]
+    assert unseen.mean_up_h < before.mean_up_h / 2  # a zone without traces: its siblings' spells, then what we saw
+
+
+def test_the_server_records_each_zones_live_spot_agents_and_a_zone_left_empty(store, tmp_path):
+    clock = SimulatedClock(NOW)
+    server = BrokerServer(store, planning.get("costslo"), clock, CheckpointStore(str(tmp_path)))
+    spot, od = _offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)
+    agents = {name: Contract(store, name) for name in ("a", "b", "c")}
+    for contract, offer in zip(agents.values(), (spot, spot, od)):
+        contract.register(offer, 3_600_000, host="test", pid=0, at=NOW)
+    server.reclaim_lost()
+    history = CapacityHistory(store)
+    assert history.seen(NOW) == {ZONE: [(NOW.timestamp(), 2.0)]}  # on-demand is no market evidence
+    clock.advance(hours=1)
+    agents["a"].leave()  # a notice: its instance is going away
+    server.reclaim_lost()
+    clock.advance(hours=1)
+    agents["b"].remove()
+    server.reclaim_lost()
+    server.reclaim_lost()  # nothing changed: nothing written
+    hour = 3600.0
+    assert history.seen(NOW) == {
+        ZONE: [(NOW.timestamp(), 2.0), (NOW.timestamp() + hour, 1.0), (NOW.timestamp() + 2 * hour, 0.0)]
+    }
+    assert history.seen(NOW + timedelta(minutes=90)) == {
+        ZONE: [(NOW.timestamp() + hour, 1.0), (NOW.timestamp() + 2 * hour, 0.0)]
+    }
+
+
+def test_a_quote_learns_the_capacity_our_fleet_had_where_the_traces_said_calm(store):
+    """The traces say the zone is up ten hours at a time; for the last day our agents there came and went every
+    half hour. The quote's futures follow what the fleet saw: less of the work on spot, a dearer median."""
+    spot, od = _offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)
+    calm = MarketModel.fit([trace("us-east-1a", [1] * 60 + [0] * 6, 50)])
+    clock = SimulatedClock(NOW)
+    broker = Broker(store, OfferBook([spot, od]), planning.get("cbl-greedy"), clock, calm)
+    before = broker.quote(_quote_spec(30.0).model_copy(update={"deadline": NOW + timedelta(hours=30)})).forecast
+    history = CapacityHistory(store)
+    agent = Contract(store, "a")
+    agent.register(spot, 3_600_000, host="test", pid=0, at=NOW)
+    info = store.get_agent("a")
+    for tick in range(144):  # a day of 10-minute ticks: up one in three
+        history.record(NOW + timedelta(minutes=10 * tick), [info] if tick % 3 == 0 else [])
+    clock.advance(hours=24)
+    spec = _quote_spec(30.0).model_copy(update={"deadline": clock.now() + timedelta(hours=30)})
+    after = broker.quote(spec).forecast
+    assert after.cost_p50_usd > 1.2 * before.cost_p50_usd and after.finish_p50 - clock.now() > before.finish_p50 - NOW
+    assert "spells our fleet saw in 24 h" in after.evidence
+    assert broker.market_now() is broker.market_now()  # learned again once a tick, not per quote
+    assert broker.market_now().zones[ZONE].recent_weight == pytest.approx(96 / 100)
