@@ -10,9 +10,11 @@ and from each job's true speed (off the planner's estimate by a log-normal facto
 Prints one JSON object: `jobs`, the quote figures pooled over every job of the forecasting policies
 (`median_abs_cost_error_pct`, `p90_abs_cost_error_pct` of |realised / quoted p50 - 1|,
 `calibration_max_gap_pts` of the reliability diagram of P(meet) in 10-point bins with >= 20 jobs,
-`brier`), and per policy the same plus `savings_pct` (vs all on-demand in the same backtests),
-`deadline_misses`, and `cost_vs_joint_omniscient` (null here: `broker backtest` with omniscient reports it);
-and the seconds a quote with its forecast takes (`quote_seconds`).
+`brier`, `cost_at_or_below_p10_p50_p90`: the share of jobs whose realised cost was at most the quoted p10, p50 and
+p90 (true quotes: 0.1, 0.5, 0.9), `median_quoted_spread_pct`: the median over quotes of their own futures' median
+|cost / p50 - 1|, the error a quote makes even when its model is right), and per policy the same plus
+`savings_pct` (vs all on-demand in the same backtests), `deadline_misses`, and `cost_vs_joint_omniscient` (null
+here: `broker backtest` with omniscient reports it); and the seconds a quote with its forecast takes (`quote_seconds`).
 
     python bench/forecast.py [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
 """
@@ -37,7 +39,7 @@ from broker.domain.errors import BrokerError
 from broker.pricing.availability import MarketModel
 from broker.pricing.traces import load_traces
 from broker.sim import backtest
-from broker.sim.calibration import cost_errors_pct, job_rows, reliability
+from broker.sim.calibration import cost_coverage, cost_errors_pct, job_rows, reliability
 from broker.sim.market import OfferBook, backtest_market
 from broker.sim.workloads import backtest_workload
 from broker.store import embedded
@@ -81,6 +83,7 @@ def figures(rows: list[dict]) -> dict:
         "jobs": len(rows),
         "median_abs_cost_error_pct": median,
         "p90_abs_cost_error_pct": p90,
+        **cost_coverage(rows),
         "calibration_max_gap_pts": calibration["calibration_max_gap_pts"],
         "brier": calibration["brier"],
         "reliability": calibration["bins"],

@@ -9,7 +9,7 @@ from broker import planning
 from broker.agents.contract import Contract
 from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
-from broker.domain.model import Job, Run
+from broker.domain.model import Job, JobState, Run
 from broker.models.contention import launchable
 from broker.models.futures import Setting, simulate
 from broker.planning.option_table import observed_speed
@@ -232,7 +232,7 @@ def _finished(quote, speed: float, name: str) -> Job:
     run = Run(fence=1, agent="a", offer=offer, dispatched_at=started, started_at=started, progress_total=1000.0)
     run.last_progress_at = started + timedelta(hours=3 + spec.checkpoint.restore_minutes / 60 + 0.05)
     run.progress_done = 1000 * speed * 3 / quote.chosen.exclusive_h
-    return Job(id=name, spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, runs=[run])
+    return Job(id=name, spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, runs=[run], state=JobState.done)
 
 
 def test_quotes_learn_how_far_off_the_speed_estimate_is_from_finished_jobs():
@@ -252,3 +252,50 @@ def test_quotes_learn_how_far_off_the_speed_estimate_is_from_finished_jobs():
     spread = forecast(spec, tight, offers, model, "greedy", NOW, fleet=Fleet(speed_sigma=learned))
     assert exact.p_meet_deadline > 0.9 and 0.3 < spread.p_meet_deadline < 0.8
     assert spread.cost_p90_usd - spread.cost_p10_usd > 3 * (exact.cost_p90_usd - exact.cost_p10_usd)
+
+
+def test_jobs_still_to_arrive_hold_slots_at_the_rate_jobs_came_for_as_long_as_they_ran():
+    from broker.models.contention import arrivals
+
+    held = arrivals(np.random.default_rng(0), 4000, 20, 0.5, np.array([4]))  # one job every 2 ticks, 4 ticks each
+    assert held[:, 0].mean() == pytest.approx(0.5, abs=0.05)
+    assert held[:, 10:].mean() == pytest.approx(2.0, abs=0.05)  # Little's law: rate x time held
+    assert not arrivals(np.random.default_rng(0), 10, 20, 0.0, np.array([4])).any()
+
+
+def test_a_quote_counts_the_jobs_that_will_arrive_ahead_of_it_where_jobs_keep_arriving():
+    """Jobs came every half hour lately, each due 10 h after it came and holding a spot slot for hours: those that
+    come in the next 20 h are due before this job (30 h) and take the fleet's one cheap slot ahead of it, so its
+    quote is dearer than in a quiet fleet. Jobs due later than it wait behind it and change nothing."""
+    from broker.core.forecast import Fleet, forecast
+
+    cheap, dear = _offer("us-east-1a", price=0.9), _offer("us-east-1b", price=1.8)
+    offers = [cheap, dear, _offer("us-east-1z", "on_demand", 3.06)]
+    model = MarketModel.fit([trace(z, [1] * 60 + [0] * 1, 50) for z in ("us-east-1a", "us-east-1b")])
+    spec = _quote_spec(30.0)
+    quote = Broker(None, OfferBook(offers), planning.get("cbl-greedy"), SimulatedClock(NOW), model).quote(spec)
+
+    def came(due_h: float) -> list[Job]:
+        times = [NOW - timedelta(minutes=30 * i) for i in range(8)]
+        specs = [spec.model_copy(update={"deadline": at + timedelta(hours=due_h)}) for at in times]
+        return [
+            Job(id=f"j{i}", spec=s, submitted_at=at, updated_at=at, quote=quote)
+            for i, (s, at) in enumerate(zip(specs, times))
+        ]
+
+    agents = [_agent(cheap), _agent(dear)]
+    urgent, relaxed = Fleet.of(agents, [], NOW, came(10.0)), Fleet.of(agents, [], NOW, came(60.0))
+    assert urgent.arrivals_per_h == pytest.approx(2.0) and len(urgent.arrived) == 8
+    quiet = Fleet.of(agents, [], NOW, came(10.0)[:1])
+    assert quiet.arrivals_per_h == 0.0  # one submission says nothing of a rate
+    calm = forecast(spec, quote, offers, model, "greedy", NOW, fleet=quiet)
+    crowded = forecast(spec, quote, offers, model, "greedy", NOW, fleet=urgent)
+    behind = forecast(spec, quote, offers, model, "greedy", NOW, fleet=relaxed)
+    assert crowded.cost_p50_usd > calm.cost_p50_usd * 1.3
+    assert behind.cost_p50_usd == pytest.approx(calm.cost_p50_usd, rel=0.02)
+
+
+def _agent(offer):
+    from broker.domain.model import AgentInfo
+
+    return AgentInfo(id=offer.zone, offer=offer, host="test", pid=0, registered_at=NOW)

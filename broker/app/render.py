@@ -98,7 +98,8 @@ def forecast_line(f) -> str:
     finish = " - ".join(when(t) if t else "after the horizon" for t in (f.finish_p50, f.finish_p90))
     return (
         f"forecast over {f.futures:,} futures ({f.rule}): cost p10/p50/p90 {_money(f.cost_p10_usd)} / "
-        f"{_money(f.cost_p50_usd)} / {_money(f.cost_p90_usd)}; finish p50-p90 {finish}; "
+        f"{_money(f.cost_p50_usd)} / {_money(f.cost_p90_usd)} (half the futures within {f.cost_spread_pct:.0f}% of "
+        f"p50); finish p50-p90 {finish}; "
         f"P(meet deadline) {f.p_meet_deadline:.2f}, P(within budget) {f.p_within_budget:.2f}; "
         f"{f.spot_share:.0%} on spot; market: {f.evidence}"
     )

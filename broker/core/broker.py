@@ -85,8 +85,7 @@ class Broker:
         fleet = None
         if self.store is not None:  # the jobs ahead of it (running, then the most urgent waiting), and the finished
             others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)
-            finished = [j for j in self.store.recent_jobs(OTHERS_SEEN) if j.state == JobState.done]
-            fleet = Fleet.of(agents, others, now, finished)
+            fleet = Fleet.of(agents, others, now, self.store.recent_jobs(OTHERS_SEEN))
         update = {
             "forecast": forecast(spec, quote, offers, market, rule, now, fleet=fleet, hedges=self.hedges.for_zones)
         }

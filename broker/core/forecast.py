@@ -21,8 +21,8 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from broker.core.hedging import MAX_ZONES, hedge_for
-from broker.domain.model import Forecast, Job, JobSpec, Offer, Quote, Tier
-from broker.models.contention import launchable
+from broker.domain.model import Forecast, Job, JobSpec, JobState, Offer, Quote, Tier
+from broker.models.contention import arrivals, launchable
 from broker.models.futures import Hedge, Setting, simulate
 from broker.models.placement import transfer_usd
 from broker.models.risk import checkpoint_hours, exclusive_hours, fits, restart_hours, window_hours, young_interval_h
@@ -32,6 +32,7 @@ from broker.pricing.availability import MarketModel
 FUTURES = 1000
 MIN_SPEED_EVIDENCE = 5  # finished jobs with a measured speed before their spread counts
 NO_DEADLINE_H = 7 * 24.0  # horizon of a job without a deadline
+ARRIVALS_H = 24.0  # the recent submissions whose rate and kind say what will arrive
 
 
 @dataclass(frozen=True)
@@ -42,27 +43,31 @@ class Fleet:
     agents: dict[str, int] = field(default_factory=dict)
     others: list[tuple[frozenset[str], float]] = field(default_factory=list)
     speed_sigma: float = 0.0  # spread (log) of finished jobs' measured speed over their estimate
+    arrivals_per_h: float = 0.0  # jobs submitted per hour lately
+    arrived: list[tuple[frozenset[str], float, float]] = field(default_factory=list)  # theirs: offer ids, hours
+    # held, hours from submission to deadline (inf: none)
 
     @classmethod
-    def of(cls, agents: list, jobs: list[Job], now: datetime, finished: list[Job] = ()) -> Fleet:
+    def of(cls, agents: list, jobs: list[Job], now: datetime, recent: list[Job] = ()) -> Fleet:
         """From the live agents (AgentInfo), the active jobs and the finished ones; a job pinned to or running on
         on-demand holds no spot slot. The estimate's error is learned from the finished jobs whose speed was
         measured (at least MIN_SPEED_EVIDENCE of them; none: the estimate is taken as exact)."""
         count: dict[str, int] = {}
         for agent in agents:
             count[agent.offer.id] = count.get(agent.offer.id, 0) + 1
-        others = []
-        for job in jobs:
-            run = job.current_run
-            if job.state.terminal or job.pinned_tier == Tier.on_demand or (run and run.offer.tier == Tier.on_demand):
-                continue
-            offers = set(job.quote.forecast.zones if job.quote.forecast else [job.quote.chosen.offer.id])
-            if run is not None:
-                offers.add(run.offer.id)
-            others.append((frozenset(offers), work_left(job) * job.quote.chosen.expected_wall_h))
+        others = [(_zones(job), work_left(job) * job.quote.chosen.expected_wall_h) for job in jobs if _on_spot(job)]
+        finished = [j for j in recent if j.state == JobState.done]
         speeds = [v for v in map(measured_speed, finished) if v is not None]
         sigma = float(np.std(np.log(speeds), ddof=1)) if len(speeds) >= MIN_SPEED_EVIDENCE else 0.0
-        return cls(count, others, sigma)
+        lately = [j for j in recent if j.submitted_at >= now - timedelta(hours=ARRIVALS_H)]
+        span_h = (now - min((j.submitted_at for j in lately), default=now)).total_seconds() / 3600
+        rate = (len(lately) - 1) / span_h if len(lately) >= 2 and span_h > 0 else 0.0
+        arrived = [
+            (_zones(j), j.quote.chosen.expected_wall_h, window_hours(j.spec, j.submitted_at))
+            for j in lately
+            if j.quote.chosen.offer.tier != Tier.on_demand
+        ]
+        return cls(count, others, sigma, rate, arrived)
 
     def slots(self, zones: list[Offer]) -> np.ndarray | None:
         """Slots per zone while up: its agents now, or for a zone with none now the most any of them has;
@@ -72,10 +77,37 @@ class Fleet:
             return None
         return np.where(now > 0, now, now.max())
 
+    def arriving(self, zones: list[Offer], tick_h: float, ticks: int, futures: int, rng, window_h: float):
+        """Slots held per future and tick in `zones`, ahead of a job due in `window_h`, by jobs still to arrive: at
+        the rate jobs came lately, like those of them that may use one of the zones (models/contention.arrivals);
+        None when none is expected."""
+        ids = {o.id for o in zones}
+        like = [(held, due) for offers, held, due in self.arrived if offers & ids]
+        if not like or self.arrivals_per_h <= 0:
+            return None
+        held, due = (np.asarray(x, dtype=float) for x in zip(*like))
+        per_tick = self.arrivals_per_h * tick_h * len(like) / len(self.arrived)
+        hold_ticks = np.maximum(1, np.ceil(held / tick_h)).astype(int)
+        return arrivals(rng, futures, ticks, per_tick, hold_ticks, due / tick_h, window_h / tick_h)
+
     def held_ticks(self, zones: list[Offer], tick_h: float) -> np.ndarray:
         """Ticks each other job that may use one of `zones` still holds a slot (at least one)."""
         ids = {o.id for o in zones}
         return np.asarray([max(1, math.ceil(h / tick_h)) for offers, h in self.others if offers & ids], dtype=int)
+
+
+def _on_spot(job: Job) -> bool:
+    """Whether an active job may hold a spot or bubble slot (not pinned to or running on on-demand)."""
+    run = job.current_run
+    return not (job.state.terminal or job.pinned_tier == Tier.on_demand or (run and run.offer.tier == Tier.on_demand))
+
+
+def _zones(job: Job) -> frozenset[str]:
+    """The offers a job may run in: its forecast's zones (or its chosen offer) and where it runs now."""
+    offers = set(job.quote.forecast.zones if job.quote.forecast else [job.quote.chosen.offer.id])
+    if job.current_run is not None:
+        offers.add(job.current_run.offer.id)
+    return frozenset(offers)
 
 
 def zones_for(spec: JobSpec, chosen: Offer, offers: list[Offer], ceiling_usd_per_h: float) -> list[Offer]:
@@ -128,7 +160,11 @@ def forecast(
     slots = fleet.slots(zones) if fleet else None
     up_now = [None] * len(zones) if slots is None else [fleet.agents.get(o.id, 0) > 0 for o in zones]
     available = np.stack([z.sample(rng, futures, ticks, up) for z, up in zip(zone_models, up_now)])
-    free = None if slots is None else launchable(available, slots, fleet.held_ticks(zones, tick_h))
+    if slots is None:
+        free = None
+    else:
+        coming = fleet.arriving(zones, tick_h, ticks, futures, rng, window)
+        free = launchable(available, slots, fleet.held_ticks(zones, tick_h), coming)
     work_h = exclusive_hours(spec, chosen)
     setting = Setting(
         work_h=work_h / speed,
@@ -186,6 +222,7 @@ def _summary(spec, now, cost, finish, spot_h, od_h, rule, zones, zone_models) ->
         cost_p50_usd=round(p50, 4),
         cost_p90_usd=round(p90, 4),
         cost_mean_usd=round(float(cost.mean()), 4),
+        cost_spread_pct=round(100 * float(np.median(np.abs(cost / p50 - 1))), 2) if p50 > 0 else 0.0,
         finish_p50=when(50),
         finish_p90=when(90),
         p_meet_deadline=round(float(met.mean()), 4),

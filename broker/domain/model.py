@@ -98,6 +98,7 @@ class Forecast(BaseModel):
     cost_p50_usd: float
     cost_p90_usd: float
     cost_mean_usd: float
+    cost_spread_pct: float = 0.0  # median |cost / p50 - 1| over the futures: the miss to expect were the model right
     finish_p50: datetime | None  # None: later than the futures' horizon
     finish_p90: datetime | None
     p_meet_deadline: float

@@ -14,12 +14,45 @@ from __future__ import annotations
 import numpy as np
 
 
-def launchable(available: np.ndarray, slots: np.ndarray, others_ticks: np.ndarray) -> np.ndarray:
+def launchable(
+    available: np.ndarray, slots: np.ndarray, others_ticks: np.ndarray, arriving: np.ndarray | None = None
+) -> np.ndarray:
     """Where a slot is free for a new job (zones x futures x ticks, bool), given where spot is up (`available`,
-    zones cheapest first), each zone's slots while up, and how many ticks each other job still holds one."""
+    zones cheapest first), each zone's slots while up, how many ticks each other job still holds one, and the
+    slots held per future and tick by jobs still to arrive (`arriving`, futures x ticks; none when not given)."""
     zones, _futures, ticks = available.shape
     capacity = available * np.asarray(slots, dtype=float)[:, None, None]
     held = (np.asarray(others_ticks)[None, :] > np.arange(ticks)[:, None]).sum(axis=1)  # other jobs per tick
+    held = held[None, :] if arriving is None else held[None, :] + arriving
     in_cheaper = np.cumsum(capacity, axis=0) - capacity
-    free = np.clip(in_cheaper + capacity - held[None, None, :], 0, capacity)
+    free = np.clip(in_cheaper + capacity - held[None, :, :], 0, capacity)
     return free > 0
+
+
+def arrivals(
+    rng: np.random.Generator,
+    futures: int,
+    ticks: int,
+    per_tick: float,
+    hold_ticks: np.ndarray,
+    due_ticks: np.ndarray | None = None,
+    deadline_ticks: float = np.inf,
+) -> np.ndarray:
+    """Slots held per future and tick, ahead of a job due in `deadline_ticks`, by jobs that arrive from now on:
+    Poisson arrivals at `per_tick` a tick, each like one of the recent jobs (drawn together: `hold_ticks` it held a
+    slot, `due_ticks` from its submission to its deadline). One due after this job's deadline waits behind it (the
+    queue goes by deadline), so only those due before it count."""
+    if per_tick <= 0 or len(hold_ticks) == 0:
+        return np.zeros((futures, ticks))
+    counts = rng.poisson(per_tick, (futures, ticks))
+    future, start = np.nonzero(counts)
+    future, start = np.repeat(future, counts[future, start]), np.repeat(start, counts[future, start])
+    like = rng.integers(0, len(hold_ticks), len(start))
+    due = np.full(len(hold_ticks), -np.inf) if due_ticks is None else np.asarray(due_ticks, dtype=float)
+    ahead = start + due[like] < deadline_ticks
+    future, start, like = future[ahead], start[ahead], like[ahead]
+    end = np.minimum(start + np.asarray(hold_ticks)[like], ticks)
+    change = np.zeros((futures, ticks + 1))
+    np.add.at(change, (future, start), 1)
+    np.add.at(change, (future, end), -1)
+    return np.cumsum(change, axis=1)[:, :ticks]

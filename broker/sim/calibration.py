@@ -25,6 +25,7 @@ def job_rows(jobs: list[Job], end) -> list[dict]:
     rows = []
     for job in jobs:
         cost, p_meet = quoted(job)
+        forecast = job.quote.forecast
         rows.append(
             {
                 "job": job.id,
@@ -32,6 +33,12 @@ def job_rows(jobs: list[Job], end) -> list[dict]:
                 "cost_usd": spend_usd(job, end),
                 "p_meet": p_meet,
                 "met": job.state == JobState.done and not missed_deadline(job, end),
+                **(
+                    {f"quoted_{q}_usd": getattr(forecast, f"cost_{q}_usd") for q in ("p10", "p90")}
+                    | {"quoted_spread_pct": forecast.cost_spread_pct}
+                    if forecast
+                    else {}
+                ),
             }
         )
     return rows
@@ -43,6 +50,21 @@ def cost_errors_pct(rows: list[dict]) -> tuple[float | None, float | None]:
     if not errors:
         return None, None
     return round(100 * float(np.median(errors)), 1), round(100 * float(np.percentile(errors, 90)), 1)
+
+
+def cost_coverage(rows: list[dict]) -> dict:
+    """How the realised costs fall against the quoted percentiles (true quotes: 10%, 50% and 90% of jobs at or
+    below p10, p50 and p90), and the median of the quotes' own spread (the miss a right model still makes), over
+    the jobs whose quote had a forecast."""
+    known = [r for r in rows if "quoted_p10_usd" in r]
+    if not known:
+        return {"cost_at_or_below_p10_p50_p90": None, "median_quoted_spread_pct": None}
+    shares = [
+        round(float(np.mean([r["cost_usd"] <= r[key] * (1 + 1e-9) for r in known])), 3)
+        for key in ("quoted_p10_usd", "quoted_cost_usd", "quoted_p90_usd")
+    ]
+    spread = round(float(np.median([r["quoted_spread_pct"] for r in known])), 1)
+    return {"cost_at_or_below_p10_p50_p90": shares, "median_quoted_spread_pct": spread}
 
 
 def reliability(rows: list[dict]) -> dict:
