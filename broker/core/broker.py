@@ -83,7 +83,7 @@ class Broker:
             return quote
         rule = getattr(self.policy, "rule", "greedy")
         fleet = None
-        if self.store is not None:  # the jobs ahead of it (running, then the most urgent waiting), and the finished
+        if self.store is not None:  # the jobs ahead of it (running, then the most urgent waiting), and the newest
             others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)
             fleet = Fleet.of(agents, others, now, self.store.recent_jobs(OTHERS_SEEN))
         update = {

@@ -44,14 +44,15 @@ class Fleet:
     others: list[tuple[frozenset[str], float]] = field(default_factory=list)
     speed_sigma: float = 0.0  # spread (log) of finished jobs' measured speed over their estimate
     arrivals_per_h: float = 0.0  # jobs submitted per hour lately
-    arrived: list[tuple[frozenset[str], float, float]] = field(default_factory=list)  # theirs: offer ids, hours
-    # held, hours from submission to deadline (inf: none)
+    # per job submitted lately that may use spot: the offer ids it may use, hours held, hours to its deadline
+    arrived: list[tuple[frozenset[str], float, float]] = field(default_factory=list)
 
     @classmethod
     def of(cls, agents: list, jobs: list[Job], now: datetime, recent: list[Job] = ()) -> Fleet:
-        """From the live agents (AgentInfo), the active jobs and the finished ones; a job pinned to or running on
-        on-demand holds no spot slot. The estimate's error is learned from the finished jobs whose speed was
-        measured (at least MIN_SPEED_EVIDENCE of them; none: the estimate is taken as exact)."""
+        """From the live agents (AgentInfo), the active jobs and the newest ones (`recent`); a job pinned to or
+        running on on-demand holds no spot slot. The estimate's error is learned from the finished jobs whose speed
+        was measured (at least MIN_SPEED_EVIDENCE of them; none: the estimate is taken as exact); the jobs to come
+        from those submitted in the last ARRIVALS_H hours: their rate (from the first of them to now) and kind."""
         count: dict[str, int] = {}
         for agent in agents:
             count[agent.offer.id] = count.get(agent.offer.id, 0) + 1
