@@ -1,0 +1,82 @@
+"""The deadline guard: Uniform Progress between rounds, and the moves the policy's rule makes off on-demand or to a
+cheaper zone, as the quote's forecast (models/futures.py) plays that rule. A move is a request on the job (checkpoint,
+hand it back, pinned to a tier or not), written by the leading replica only; the agent learns of it from its view.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from broker.domain.model import AgentInfo, Job, Offer, Tier
+from broker.models.risk import fits
+from broker.planning.option_table import PlanItem
+from broker.planning.uniform_progress import Move, decide, progress_of
+from broker.store.jobs import Store
+
+log = logging.getLogger(__name__)
+
+
+class DeadlineGuard:
+    """One pass of the guard over the active jobs, for the replica `leader` that holds the planning lease."""
+
+    def __init__(self, store: Store, policy, leader: str):
+        self.store, self.policy, self.leader = store, policy, leader
+
+    def moves(self, now: datetime, idle: list[AgentInfo]) -> list[str]:
+        """A spot or bubble job falling behind its deadline is asked to checkpoint and move to on-demand now; under
+        a rule that leaves on-demand (Uniform Progress once far enough ahead, ep(t + 2d); hedge when spot is worth
+        its changeovers) a job on on-demand is asked back to spot when one of the `idle` agents fits it. Returns
+        the ids of the jobs it moved."""
+        moved = []  # the idle agents to go to: bubbles (free) first, then the cheapest spot
+        spot_idle = sorted((a for a in idle if a.offer.tier != Tier.on_demand), key=lambda a: a.offer.price_usd_per_h)
+        for job in self.store.active_jobs():
+            run, baseline = job.current_run, job.quote.on_demand_baseline
+            if (
+                run is None
+                or run.started_at is None
+                or job.spec.deadline is None
+                or baseline is None
+                or job.move_requested
+            ):
+                continue
+            if run.offer.tier == Tier.on_demand and not spot_idle:
+                continue  # nowhere to go back to: skip the planner's view of it
+            item = PlanItem.from_job(job)  # its work on on-demand at the speed it has shown
+            progress = progress_of(item, item.on_demand_h, job.submitted_at, now)
+            decided = self._move(item, progress, run.offer, spot_idle)
+            if decided is None:
+                continue
+            pin, spot_agent, because = decided
+            left_h, window_h = progress.total_h - progress.done_h, progress.window_h - progress.elapsed_h
+            why = f"deadline guard: {left_h:.1f} h of work left, deadline in {window_h:.1f} h{because}"
+
+            def request(current: Job, fence=job.fence, why=why, pin=pin) -> Job | None:
+                if current.fence != fence or current.current_run is None or current.move_requested:
+                    return None
+                return current.model_copy(
+                    update={"move_requested": True, "pinned_tier": pin, "reason": why, "updated_at": now}
+                )
+
+            if self.store.update_job(job.id, request, leader=self.leader) is not None:
+                log.info("job=%s guard=%s %s", job.id, "spot" if spot_agent else "on_demand", why)
+                moved.append(job.id)
+                if spot_agent:
+                    spot_idle.remove(spot_agent)  # one job per idle spot agent: the others would only wait
+        return moved
+
+    def _move(self, item: PlanItem, progress, on: Offer, spot_idle: list[AgentInfo]):
+        """(pinned tier, the idle spot agent it goes to, why) for a job the guard moves now, else None: off spot to
+        on-demand at the safety net; by the policy's rule off on-demand, or from spot to a cheaper zone."""
+        if on.tier != Tier.on_demand and decide(progress, on.tier, spot_available=True) == Move.on_demand:
+            return Tier.on_demand, None, ""
+        if on.tier == Tier.on_demand:
+            agent = next((a for a in spot_idle if fits(item.spec, a.offer)), None)  # the cheapest first
+            if agent and self.policy.leaves_on_demand(item, progress, agent.offer, on):
+                return None, agent, f"; back to spot ({self.policy.name}'s rule)"
+        elif on.tier == Tier.spot:
+            agent = next((a for a in spot_idle if a.offer.tier == Tier.spot and fits(item.spec, a.offer)), None)
+            if agent and self.policy.moves_zone(item, progress, on, agent.offer):
+                where = agent.offer.zone or agent.offer.region
+                return None, agent, f"; to a cheaper zone, {where} ({self.policy.name}'s rule)"
+        return None
