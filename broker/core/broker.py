@@ -36,7 +36,7 @@ class Broker:
         self.policy = policy
         self.clock = clock
         self._market = market  # when given, quotes carry a forecast: the choice simulated on its futures
-        self._recent: tuple[datetime, MarketModel | None] | None = None
+        self._recent: tuple[datetime, MarketModel] | None = None  # (when learned, the model with our spells)
         self.hedges = MarketHedge(self.market_now, lambda: self.catalog.offers) if market is not None else None
         if self.hedges and getattr(policy, "hedge", False) is None:  # a policy that decides from the market
             policy.hedge = self.hedges
