@@ -1,12 +1,16 @@
 """Dispatch benchmark: submit-to-start latency and throughput of the real store, server and agents on loopback.
 
 Agents are the real `Agent` class, one thread and one Redis connection pool each, spread
-over `--hosts` processes; the server runs in its own process; all against a private
-redis-server (AOF, appendfsync always, as the embedded default runs). Jobs run `true`.
+over `--hosts` processes; each server replica runs in its own process; all against a private
+redis-server (AOF, appendfsync always, as the embedded default runs), or with `--cluster-nodes N`
+a private Redis Cluster of N primaries (the same AOF settings). With `--shards S` jobs and agents
+are split over S shards (store/shards.py) and `--replicas R` servers share out their planning
+(core/replica.py); agent ids are picked so each shard has the same number of agents. Jobs run `true`.
 Every job is quoted once up front and stored pre-quoted, so the figures are those of the
 dispatch path: store -> server round -> assignment stream -> agent start -> started report.
 
     python bench/dispatch.py --agents 100 --jobs 5000 --rate 1000 --json
+    python bench/dispatch.py --cluster-nodes 3 --shards 6 --replicas 3 --submitters 3 --json
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
 from broker.core.clock import SystemClock
+from broker.core.replica import Replica
 from broker.core.server import BrokerServer
 from broker.domain.model import Job, Offer, Tier
 from broker.domain.specfile import validate_spec
 from broker.pricing.catalog import PriceCatalog
 from broker.store import embedded
-from broker.store.jobs import Store
+from broker.store.shards import ShardedStore, shard_of
 
 
 def main() -> None:
@@ -45,19 +50,26 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=4, help="processes the agents are spread over")
     parser.add_argument("--submitters", type=int, default=1, help="processes submitting (users), each rate/N")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--shards", type=int, default=1, help="shards jobs and agents are split over")
+    parser.add_argument("--replicas", type=int, default=1, help="server processes sharing out the shards")
+    parser.add_argument("--cluster-nodes", type=int, default=0, help="primaries of a Redis Cluster (0: one server)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="broker-bench-"))
-    server_info = embedded.ensure(home)
-    try:
-        print(json.dumps(run(server_info.url, home, args)) if args.json else run(server_info.url, home, args))
-    finally:
-        embedded.stop(home)
+    if args.cluster_nodes:
+        with embedded.cluster(args.cluster_nodes, "--appendonly", "yes", "--appendfsync", "always") as url:
+            result = run(url, home, args)
+    else:
+        try:
+            result = run(embedded.ensure(home).url, home, args)
+        finally:
+            embedded.stop(home)
+    print(json.dumps(result) if args.json else result)
 
 
 def run(url: str, home: Path, args) -> dict:
-    store = Store(url)
+    store = ShardedStore(url, count=args.shards)
     catalog = PriceCatalog.from_snapshot()
     offer = min(
         (o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1 and o.tier == Tier.on_demand),
@@ -72,12 +84,12 @@ def run(url: str, home: Path, args) -> dict:
 
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
-    ids = [f"a{i:04d}" for i in range(args.agents)]
+    ids = balanced_ids(args.agents, args.shards)
     hosts = [
-        ctx.Process(target=agent_host, args=(url, str(home), offer.model_dump_json(), ids[h :: args.hosts], stop))
+        ctx.Process(target=agent_host, args=(url, str(home), offer.model_dump_json(), ids[h :: args.hosts], stop, args))
         for h in range(args.hosts)
     ]
-    hosts.append(ctx.Process(target=server_host, args=(url, str(home), stop)))
+    hosts += [ctx.Process(target=server_host, args=(url, str(home), stop, r, args)) for r in range(args.replicas)]
     for proc in hosts:
         proc.start()
     deadline = time.time() + 120
@@ -96,19 +108,18 @@ def run(url: str, home: Path, args) -> dict:
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("submitting", total=args.jobs)
         while any(p.is_alive() for p in submitters):
-            bar.update(task, completed=store.redis.zcard("broker:jobs"))
+            bar.update(task, completed=sum(store.redis.zcard(s.key("jobs")) for s in store.shards))
             time.sleep(0.2)
         submit_s = float(store.redis.get("bench:submit-end")) - t0
         task = bar.add_task("waiting for every job to start", total=args.jobs)
         started: dict[str, float] = {}
-        last_id, deadline = "0", time.time() + args.timeout
+        last_ids, deadline = ["-"] * args.shards, time.time() + args.timeout
         while len(started) < args.jobs and time.time() < deadline:
-            for entry_id, fields in store.redis.xrange(
-                "broker:agent-events", min=f"({last_id}" if last_id != "0" else "-", count=5000
-            ):
-                last_id = entry_id
-                if fields["type"] == "started":
-                    started.setdefault(fields["job"], json.loads(fields["data"])["at"])
+            for index, shard in enumerate(store.shards):
+                for entry_id, fields in store.redis.xrange(shard.key("agent-events"), min=last_ids[index], count=5000):
+                    last_ids[index] = f"({entry_id}"
+                    if fields["type"] == "started":
+                        started.setdefault(fields["job"], json.loads(fields["data"])["at"])
             bar.update(task, completed=len(started))
             time.sleep(0.2)
     all_started_s = max(started.values()) - t0 if started else None
@@ -130,16 +141,28 @@ def run(url: str, home: Path, args) -> dict:
         "starts_per_s": round(len(started) / all_started_s, 1) if all_started_s else None,
         "hosts": args.hosts,
         "submitters": args.submitters,
-        "replicas": 1,  # one server plans (replicas stand by; planning is not sharded yet)
-        "cluster_nodes": 0,  # a single redis-server, not a Redis Cluster
+        "replicas": args.replicas,
+        "shards": args.shards,
+        "cluster_nodes": args.cluster_nodes,  # 0: a single redis-server
     }
+
+
+def balanced_ids(count: int, shards: int) -> list[str]:
+    """`count` agent ids, the same number in each shard (round robin over the shards)."""
+    by_shard = [[] for _ in range(shards)]
+    for name in (f"a{i:05d}" for i in range(100 * count)):
+        group = by_shard[shard_of(name, shards)]
+        if len(group) < -(-count // shards):
+            group.append(name)
+    return [name for group in zip(*by_shard) for name in group][:count]
 
 
 def submit_host(url: str, spec_json: str, quote_json: str, n: int, args, t0: float) -> None:
     """One user's client: submits jobs n, n + N, ... of the run at rate/N, each stored pre-quoted."""
     from broker.domain.model import JobSpec, Quote
 
-    store, spec, quote = Store(url), JobSpec.model_validate_json(spec_json), Quote.model_validate_json(quote_json)
+    store = ShardedStore(url, count=args.shards)
+    spec, quote = JobSpec.model_validate_json(spec_json), Quote.model_validate_json(quote_json)
     rate = args.rate / args.submitters
     for k, i in enumerate(range(n, args.jobs, args.submitters)):
         if (wait := t0 + k / rate - time.time()) > 0:
@@ -149,7 +172,7 @@ def submit_host(url: str, spec_json: str, quote_json: str, n: int, args, t0: flo
     store.redis.set("bench:submit-end", repr(time.time()))  # the last submitter to finish writes last
 
 
-def agent_host(url: str, home: str, offer_json: str, ids: list[str], stop) -> None:
+def agent_host(url: str, home: str, offer_json: str, ids: list[str], stop, args) -> None:
     """One machine's worth of agents: a thread and a store connection each."""
     offer = Offer.model_validate_json(offer_json)
 
@@ -158,8 +181,10 @@ def agent_host(url: str, home: str, offer_json: str, ids: list[str], stop) -> No
         while not stop.is_set():
             agent.step(block_ms=50)
 
+    runs = Path(home) / "runs"
     agents = [
-        Agent(Store(url), i, offer, f"{home}/ckpt", Path(home) / "runs", heartbeat_s=1.0, lease_s=30.0) for i in ids
+        Agent(ShardedStore(url, count=args.shards).of_agent(i), i, offer, f"{home}/ckpt", runs, lease_s=30.0)
+        for i in ids
     ]
     threads = [threading.Thread(target=loop, args=(a,), daemon=True) for a in agents]
     for t in threads:
@@ -167,11 +192,16 @@ def agent_host(url: str, home: str, offer_json: str, ids: list[str], stop) -> No
     stop.wait()
 
 
-def server_host(url: str, home: str, stop) -> None:
-    """The broker server's control loop."""
-    server = BrokerServer(Store(url), planning.get(), SystemClock(), CheckpointStore(f"{home}/ckpt"), lease_s=30.0)
+def server_host(url: str, home: str, stop, index: int, args) -> None:
+    """One broker server replica's control loop over the shards it owns."""
+    name = f"server-{index}"
+
+    def make(shard):
+        return BrokerServer(shard, planning.get(), SystemClock(), CheckpointStore(f"{home}/ckpt"), name, lease_s=30.0)
+
+    replica = Replica(ShardedStore(url, count=args.shards), make, name)
     while not stop.is_set():
-        server.round(block_ms=5)
+        replica.round(block_ms=5)
 
 
 if __name__ == "__main__":

@@ -169,3 +169,21 @@ class Switch:
 
     def check(self):
         return self.fired
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A real 3-node Redis Cluster on loopback (AOF on), for the whole session; the URL of its first node."""
+    from broker.store import embedded
+
+    with embedded.cluster(3, "--appendonly", "yes") as url:
+        yield url
+
+
+@pytest.fixture
+def cluster_url(redis_cluster):
+    """The session's cluster, emptied for this test."""
+    from redis.cluster import RedisCluster
+
+    RedisCluster.from_url(redis_cluster).flushall()
+    return redis_cluster

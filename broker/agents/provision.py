@@ -24,9 +24,10 @@ class LocalProvisioner:
         speedup: float = 1.0,
         lease_s: float = 5.0,
         prefix: str = "broker:",
+        shards: int = 1,
     ):
         self.redis_url, self.checkpoint_root, self.run_root = redis_url, checkpoint_root, Path(run_root)
-        self.prefix = prefix
+        self.prefix, self.shards = prefix, shards  # the agents' namespace: the store they share with the broker
         self.speedup, self.lease_s = speedup, lease_s
         self.agents: dict[str, subprocess.Popen] = {}
 
@@ -54,7 +55,12 @@ class LocalProvisioner:
             "--runs",
             str(self.run_root),
         ]
-        env = {**os.environ, "BROKER_REDIS_URL": self.redis_url, "BROKER_PREFIX": self.prefix}
+        env = {
+            **os.environ,
+            "BROKER_REDIS_URL": self.redis_url,
+            "BROKER_PREFIX": self.prefix,
+            "BROKER_SHARDS": str(self.shards),
+        }
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
         self.agents[agent_id] = proc

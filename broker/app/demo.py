@@ -26,6 +26,7 @@ from broker.domain.specfile import load_spec
 from broker.models.accounting import on_demand_equivalent_usd, savings_pct
 from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
+from broker.store.shards import ShardedStore
 
 PREFIX = "broker-demo:"
 TRACE = "traces/aws-04-22-2023_us-east-1f_v100_1.json"
@@ -60,7 +61,7 @@ def quote_examples(broker: Broker, files: list[Path]) -> list[dict]:
 
 def start_clean(redis_url: str, prefix: str, work: Path) -> tuple[Store, Path, str]:
     """A demo's own store namespace and work directory, emptied; (store, work dir, checkpoint root)."""
-    store = Store(redis_url, prefix=prefix)
+    store = ShardedStore(redis_url, prefix).shards[0]  # one shard: untagged keys unless on a cluster
     store.clear_namespace()
     shutil.rmtree(work, ignore_errors=True)
     return store, work, f"{work}/checkpoints"
@@ -105,10 +106,10 @@ def run_demo(
     speedup: float,
     timeout_s: float,
     progress=None,
-    show_in: str | None = None,
+    show_in: ShardedStore | None = None,
 ) -> dict:
     """Run the demo jobs to the end (or the timeout) and return the summary; their ended jobs are copied, tagged
-    demo, to the namespace `show_in` (the user's), where `broker list` and the dashboard look."""
+    demo, to the store `show_in` (the user's), where `broker list` and the dashboard look."""
     store, work, checkpoints = start_clean(redis_url, PREFIX, home / "demo")
     clock = ScaledClock(speedup)
     broker = Broker(store, catalog, policy, clock)
@@ -136,7 +137,7 @@ def run_demo(
     finally:
         provisioner.stop_all()
     if show_in is not None:
-        Store(redis_url, prefix=show_in).publish_jobs(store, [j.id for j in jobs], tag="demo")
+        show_in.publish_jobs(store, [j.id for j in jobs], tag="demo")
     return {
         "speedup": speedup,
         "agents": [{"id": a, "offer": o.id, "price_usd_per_h": o.price_usd_per_h} for a, o, _ in pool],

@@ -29,6 +29,7 @@ from broker.domain.specfile import load_spec
 from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
 from broker.store.profiles import load_profiles
+from broker.store.shards import ShardedStore
 
 PREFIX = "broker-demo-bubbles:"
 MAIN_JOB = "demo-llm"
@@ -55,12 +56,12 @@ def run_bubbles_demo(
     timeout_s: float,
     training_steps: int = 3000,
     progress=None,
-    show_in: str | None = None,
+    show_in: ShardedStore | None = None,
 ) -> dict:
     """Run the training job and the fill job to the end (or the timeout); the summary. Training ends (its stop
     file; `training_steps` is a cap) once the fill job has a checkpoint from the bubbles, so the job moves on
     from there on any machine: a fast one would otherwise finish it in the bubbles. The ended fill job is
-    copied, tagged demo-bubbles, to the namespace `show_in` (the user's)."""
+    copied, tagged demo-bubbles, to the store `show_in` (the user's)."""
     store, work, checkpoints = start_clean(redis_url, PREFIX, home / "demo-bubbles")
     stop = work / "stop-training"
     clock = SystemClock()
@@ -126,7 +127,7 @@ def run_bubbles_demo(
             training.wait(timeout=30)
         provisioner.stop_all()
     if show_in is not None:
-        Store(redis_url, prefix=show_in).publish_jobs(store, [job.id], tag="demo-bubbles")
+        show_in.publish_jobs(store, [job.id], tag="demo-bubbles")
     runs = [
         {
             "agent": r.agent,

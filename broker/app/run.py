@@ -15,6 +15,7 @@ from broker.core.waiting import waiting_for
 from broker.domain.errors import BrokerError
 from broker.domain.model import Job, Offer, Quote, Tier
 from broker.store.jobs import Store
+from broker.store.shards import agent_id_in
 
 if TYPE_CHECKING:
     from broker.core.broker import Broker
@@ -62,9 +63,9 @@ def run_job(
 ) -> Job:
     """Drive `job` to its end: start a local agent if no idle one is registered, run server rounds (standing by
     while another replica plans), and `show(kind, text)` each state change ("state") and output line."""
-    store = broker.store
+    store = broker.store.of_job(job.id)  # its shard: the server given plans it there, on that shard's agents
     if not any(a.job is None for a in store.working_agents()):
-        agent_id = f"local-{job.id}"
+        agent_id = agent_id_in(f"local-{job.id}", job.id, len(broker.store.shards))
         offer = local_offer(job.quote)
         provisioner.start(agent_id, offer)
         show("state", f"started local agent {agent_id} for {offer.id}")

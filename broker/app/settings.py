@@ -19,6 +19,7 @@ class Settings:
     policy: str  # BROKER_POLICY: the planner used for quotes
     checkpoints: str  # BROKER_CHECKPOINTS: fsspec URL of the checkpoint store
     prefix: str = "broker:"  # BROKER_PREFIX: key prefix in Redis
+    shards: int = 1  # BROKER_SHARDS: jobs and agents split over this many shards (store/shards.py)
     round_budget_usd: float | None = None  # BROKER_ROUND_BUDGET_USD: expected spend one planning round may commit
     agent_secret: str | None = field(
         default=None, repr=False
@@ -44,11 +45,19 @@ class Settings:
             policy=env.get("BROKER_POLICY", DEFAULT_POLICY),
             checkpoints=env.get("BROKER_CHECKPOINTS") or str(Path(home) / "checkpoints"),
             prefix=env.get("BROKER_PREFIX", "broker:"),
+            shards=_shards(env),
             round_budget_usd=_positive(env, "BROKER_ROUND_BUDGET_USD"),
             agent_secret=env.get("BROKER_AGENT_SECRET") or None,
             redis_outage_s=_positive(env, "BROKER_REDIS_OUTAGE_S", "seconds", 120) or 120.0,
             fill_order=_fill_order(env),
         )
+
+
+def _shards(env: Mapping[str, str]) -> int:
+    text = env.get("BROKER_SHARDS") or "1"
+    if not text.isdigit() or int(text) < 1:
+        raise BrokerError(f"BROKER_SHARDS: {text!r} is not a shard count; set a whole number like 4, or unset it")
+    return int(text)
 
 
 def _fill_order(env: Mapping[str, str]) -> str | None:

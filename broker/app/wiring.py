@@ -10,6 +10,7 @@ from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
 from broker.store import embedded
 from broker.store.jobs import Store
+from broker.store.shards import ShardedStore
 
 if TYPE_CHECKING:  # the core, catalogs and market model load numpy, scipy and pandas: only what prices imports them
     from broker.core.broker import Broker
@@ -34,9 +35,10 @@ def redis_url(settings: Settings, say=lambda line: None) -> str:
     return server.url
 
 
-def store_for(settings: Settings, daemon: bool = False, say=lambda line: None) -> Store:
-    """The store; a daemon's (server, agent) rides out Redis restarts, a command's fails at once."""
-    return Store(redis_url(settings, say), prefix=settings.prefix, outage_s=settings.redis_outage_s if daemon else 0.0)
+def store_for(settings: Settings, daemon: bool = False, say=lambda line: None) -> ShardedStore:
+    """The store (its shards); a daemon's (server, agent) rides out Redis restarts, a command's fails at once."""
+    outage_s = settings.redis_outage_s if daemon else 0.0
+    return ShardedStore(redis_url(settings, say), settings.prefix, settings.shards, outage_s)
 
 
 def make_broker(with_store: bool = True, live: bool = False, daemon: bool = False, say=lambda line: None) -> Broker:
@@ -54,16 +56,19 @@ def make_broker(with_store: bool = True, live: bool = False, daemon: bool = Fals
     return Broker(store, catalog, policy, SystemClock(), market_model)
 
 
-def make_server(broker: Broker, consumer: str, policy=None, clock=None, metrics=None, leader_lease_s: float = 5.0):
-    """A server replica on the broker's store: it plans with `policy` (default the broker's) while it holds the
-    planning lease and stands by while another replica does; idle agents are priced at the live catalog."""
+def make_server(
+    broker: Broker, consumer: str, policy=None, clock=None, metrics=None, leader_lease_s: float = 5.0, shard=None
+):
+    """A server on one shard of the broker's store (default the first): it plans with `policy` (default the
+    broker's) while it holds the shard's planning lease and stands by while another replica does; idle agents are
+    priced at the live catalog."""
     from broker.agents.checkpoints import CheckpointStore
     from broker.core.clock import SystemClock
     from broker.core.server import BrokerServer
 
     settings = Settings.from_env()
     return BrokerServer(
-        broker.store,
+        shard or broker.store.shards[0],
         policy or broker.policy,
         clock or SystemClock(),
         CheckpointStore(settings.checkpoints),
@@ -74,6 +79,17 @@ def make_server(broker: Broker, consumer: str, policy=None, clock=None, metrics=
         prices=lambda: live_catalog(broker.store, settings).offers,
         fill_order=settings.fill_order,
     )
+
+
+def make_replica(broker: Broker, consumer: str, policy=None, clock=None, metrics=None, leader_lease_s: float = 5.0):
+    """`broker server`: a server per shard, run for the shards this replica owns among the live ones
+    (core/replica.py); with one shard, one replica plans and the others stand by."""
+    from broker.core.replica import Replica
+
+    def make(shard: Store):
+        return make_server(broker, consumer, policy, clock, metrics, leader_lease_s, shard)
+
+    return Replica(broker.store, make, consumer, leader_lease_s)
 
 
 def market_model() -> MarketModel:

@@ -30,6 +30,7 @@ from broker.bubbles.profiler import profile
 from broker.bubbles.recorder import BubbleRecorder
 from broker.store.jobs import Store
 from broker.store.profiles import save_profile
+from broker.store.shards import ShardedStore
 
 
 class Bubbles:
@@ -107,5 +108,5 @@ def attach(
     **options,
 ) -> Bubbles:
     """Offer a DeepSpeed PipelineEngine's bubbles to the broker at `redis_url` (checkpoints: an fsspec URL)."""
-    store = Store(redis_url, prefix=prefix)
+    store = ShardedStore(redis_url, prefix).shards[0]  # one shard (its keys tagged on a cluster)
     return Bubbles(engine, main_job, store, CheckpointStore(checkpoints), accelerator, **options)

@@ -13,7 +13,7 @@ from broker.domain.errors import BrokerError
 from broker.domain.model import AgentInfo, Job, JobSpec, JobState, Offer, Quote, Tier
 from broker.pricing.availability import MarketModel, seen_ticks
 from broker.pricing.catalog import PriceCatalog
-from broker.store.capacity import CapacityHistory
+from broker.store.capacity import fleet_seen
 from broker.store.jobs import Store
 
 OTHERS_SEEN = 1000  # jobs a quote looks at: those waiting ahead of it, and the finished ones it learns speed from
@@ -55,7 +55,7 @@ class Broker:
         now = self.clock.now()
         if self._recent is None or now - self._recent[0] >= timedelta(hours=base.tick_h):
             since, tick_s = now - timedelta(hours=RECENT_H), base.tick_h * 3600
-            seen = CapacityHistory(self.store).seen(since)
+            seen = fleet_seen(self.store.shards, since)
             ticks = {z: seen_ticks(p, since.timestamp(), now.timestamp(), tick_s) for z, p in seen.items()}
             self._recent = (now, base.with_recent(ticks))
         return self._recent[1]

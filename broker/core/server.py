@@ -126,14 +126,14 @@ class BrokerServer:
         return sum(len(entries) for entries in by_job.values())
 
     def serve(self, until=lambda: False, interval_s: float = 0.05) -> None:
-        while not until():
-            try:
-                self.round()
-            except redis.ConnectionError as err:  # Redis gone for longer than the store rides out: retry
-                log.warning("server=%s redis unreachable (%s); retrying in 1 s", self.consumer, err)
-                time.sleep(1.0)
-                continue
-            time.sleep(interval_s)
+        serve_rounds(self.round, self.consumer, until, interval_s)
+
+    def resign(self) -> None:
+        """Give up the planning lease (core/replica.py: another replica is to plan this shard)."""
+        if self.token is not None:
+            self.store.resign(self.consumer)
+            log.info("server=%s resigns (token=%s)", self.consumer, self.token)
+            self.token = None
 
     # -- reports --------------------------------------------------------------------------
 
@@ -345,3 +345,15 @@ class BrokerServer:
             self.store.put_agent(pipe, agent.model_copy(update={"job": job.id, "fence": fence}))
 
         return job.id, change, send
+
+
+def serve_rounds(round_, name: str, until, interval_s: float) -> None:
+    """Run rounds until `until()`, riding out a Redis outage longer than the store's own patience."""
+    while not until():
+        try:
+            round_()
+        except redis.ConnectionError as err:  # Redis gone for longer than the store rides out: retry
+            log.warning("server=%s redis unreachable (%s); retrying in 1 s", name, err)
+            time.sleep(1.0)
+            continue
+        time.sleep(interval_s)

@@ -12,6 +12,7 @@ def waiting_for(store: Store, job: Job) -> str | None:
     """Why the job is not running yet, or None when it is not queued."""
     if job.state != JobState.queued:
         return None
+    store = store.of_job(job.id)  # its shard's server plans it, on its shard's agents
     if store.planner() is None:
         return "no broker server is running: start `broker server` (or use `broker run JOB.yaml`)"
     agents = store.working_agents()

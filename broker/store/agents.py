@@ -110,7 +110,8 @@ class AgentChannels:
 
     def remove_agent(self, agent_id: str) -> None:
         with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self._key("agent", agent_id), self._key("lease", agent_id), self._key("assign", agent_id))
+            keys = [self._key(kind, agent_id) for kind in ("agent", "lease", "assign")]
+            pipe.execute_command("DEL", *keys)  # one command: a cluster pipeline's delete takes one key
             pipe.srem(self._key("agents"), agent_id)
             pipe.execute()
 

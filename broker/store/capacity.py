@@ -46,3 +46,22 @@ class CapacityHistory:
     def seen(self, since: datetime) -> dict[Zone, list[tuple[float, float]]]:
         """Per zone, (epoch, agents) from `since` on, led by the count in effect then, oldest first."""
         return {tuple(m.split("|")): self.series.points(m, since.timestamp()) for m in self.series.members()}
+
+
+def fleet_seen(shards: list[Store], since: datetime) -> dict[Zone, list[tuple[float, float]]]:
+    """`seen` over a sharded store: each shard's server records its own agents, so a zone's count at any time
+    is the sum of the counts the shards had in effect then (a shard not seen in a zone yet counts 0)."""
+    per_shard = [CapacityHistory(shard).seen(since) for shard in shards]
+    if len(per_shard) == 1:
+        return per_shard[0]
+    merged: dict[Zone, list[tuple[float, float]]] = {}
+    for zone in set().union(*per_shard):
+        changes = sorted((epoch, i, n) for i, seen in enumerate(per_shard) for epoch, n in seen.get(zone, []))
+        counts, points = [0.0] * len(per_shard), []
+        for epoch, i, n in changes:
+            counts[i] = n
+            if points and points[-1][0] == epoch:
+                points.pop()
+            points.append((epoch, sum(counts)))
+        merged[zone] = points
+    return merged

@@ -41,6 +41,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (10,000 higher, so the port is at most 55,535) is free too."""
+    while True:
+        port = _free_port()
+        if port <= 55_535:
+            try:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + 10_000))
+                return port
+            except OSError:
+                continue
+
+
 def _client(port: int) -> redis.Redis:
     """A client for probing and stopping: no retries, so a dead server answers at once."""
     return redis.Redis(port=port, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
@@ -127,6 +140,40 @@ def scratch():
         finally:
             process.terminate()
             process.wait(timeout=START_TIMEOUT_S)
+
+
+@contextmanager
+def cluster(nodes: int = 3, *options: str):
+    """A throwaway Redis Cluster on loopback (the tests and bench/dispatch.py): `nodes` primaries with cluster
+    mode on and `options` (AOF settings, say), joined by `redis-cli --cluster create`; stopped and removed on
+    exit. Yields the URL of its first node (a cluster client finds the others)."""
+    with tempfile.TemporaryDirectory(prefix="broker-cluster-") as root:
+        ports, processes = [_cluster_port() for _ in range(nodes)], []
+        try:
+            for port in ports:
+                data = Path(root) / str(port)
+                data.mkdir()
+                argv = [_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data), "--save", ""]
+                argv += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", *options]
+                processes.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not all(map(_alive, ports)):
+                if time.monotonic() > deadline:
+                    raise StoreUnavailableError(f"redis-server: cluster nodes on {ports} did not start")
+                time.sleep(0.05)
+            create = [shutil.which("redis-cli") or "redis-cli", "--cluster", "create"]
+            create += [f"127.0.0.1:{port}" for port in ports] + ["--cluster-replicas", "0", "--cluster-yes"]
+            subprocess.run(create, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+            while not all(_client(p).cluster("info")["cluster_state"] == "ok" for p in ports):
+                if time.monotonic() > deadline + 60:
+                    raise StoreUnavailableError(f"redis-server: the cluster on {ports} did not become ok")
+                time.sleep(0.1)
+            yield f"redis://127.0.0.1:{ports[0]}/0"
+        finally:
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                process.wait(timeout=START_TIMEOUT_S)
 
 
 def ensure(home: Path) -> EmbeddedRedis:

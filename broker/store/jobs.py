@@ -69,17 +69,26 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return redis.call('INCR', KEYS[2])
 """
 
+RESIGN = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
 
 class Store(AgentChannels):
     """Jobs and their event log in Redis."""
 
-    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, outage_s: float = 0.0):
+    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, outage_s: float = 0.0, client=None):
         """`outage_s` > 0 (the server and agents): every command rides out a Redis restart or fail-over of
-        about that long, reconnecting with backoff, instead of failing at once (what a CLI command wants)."""
+        about that long, reconnecting with backoff, instead of failing at once (what a CLI command wants).
+        `client`: a connection to share (the shards of a ShardedStore, a cluster client among them)."""
         self.url = redact_url(url)  # for messages and logs; the client keeps the real one
         self.prefix = prefix
         patience = {"retry": patient_retry(outage_s), "socket_keepalive": True} if outage_s > 0 else {}
-        self.redis = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=3, **patience)
+        self.redis = client or redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=3, **patience)
+        self.shards = [self]  # a store of one shard, as ShardedStore's clients see it
         self._report_keys: dict[str, str] = {}  # agent id -> the key its reports carry (agents registered here)
         self._ensure_durable()
 
@@ -87,6 +96,11 @@ class Store(AgentChannels):
         return self.prefix + ":".join(parts)
 
     key = _key  # for the store's other modules, which keep their keys beside these (prices.py, profiles.py)
+
+    def of_job(self, job_id: str) -> Store:
+        return self  # the shard a job belongs to (shards.py): here, this one
+
+    of_agent = of_job
 
     def clear_namespace(self) -> int:
         """Delete every key under this store's prefix (a demo's or a backtest's own); returns how many."""
@@ -147,7 +161,11 @@ class Store(AgentChannels):
         token = self.redis.eval(LEAD, 2, self._key("leader"), self._key("leader-token"), holder, lease_ms)
         return None if token is None else int(token)
 
-    def planner(self) -> str | None:
+    def resign(self, holder: str) -> bool:
+        """Give up the planning lease if `holder` has it (another replica is to plan here); True if it did."""
+        return bool(self.redis.eval(RESIGN, 1, self._key("leader"), holder))
+
+    def planner(self, job_id: str | None = None) -> str | None:
         """The replica that holds the planning lease now, or None when no server plans."""
         return self.redis.get(self._key("leader"))
 
@@ -224,7 +242,7 @@ class Store(AgentChannels):
                     if leader is not None and pipe.get(self._key("leader")) != leader:
                         return dict.fromkeys((job_id for job_id, _, _ in changes), None)
                     results, writes = {}, []
-                    for (job_id, change, also), raw in zip(changes, pipe.mget(keys)):
+                    for (job_id, change, also), raw in zip(changes, pipe.execute_command("MGET", *keys)):
                         if raw is None:
                             if missing_ok:
                                 continue
@@ -299,7 +317,7 @@ class Store(AgentChannels):
         old = [j.id for j in self.list_jobs() if tag in j.tags]
         with self.redis.pipeline(transaction=True) as pipe:
             if old:
-                pipe.delete(*(self._key("job", i) for i in old))
+                pipe.execute_command("DEL", *(self._key("job", i) for i in old))
                 pipe.zrem(self._key("jobs"), *old)
             for job in jobs:
                 pipe.set(self._key("job", job.id), job.model_dump_json())

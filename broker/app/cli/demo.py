@@ -15,6 +15,7 @@ from broker.app.cli.common import (
     out,
     print_json,
     redis_url,
+    store_for,
     user_errors,
 )
 from broker.app.settings import Settings
@@ -70,7 +71,7 @@ def demo(
             speedup,
             timeout,
             show,
-            show_in=settings.prefix,
+            show_in=store_for(settings),
         )
     if as_json:
         print_json({"quotes": quotes, **summary})
@@ -124,7 +125,7 @@ def demo_bubbles(examples: Path, timeout: float, as_json: bool) -> None:
             broker.policy,
             timeout,
             progress=show,
-            show_in=settings.prefix,
+            show_in=store_for(settings),
         )
     if as_json:
         print_json(summary)

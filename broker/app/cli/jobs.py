@@ -147,9 +147,13 @@ def run(
     spec = load_spec(job_file, broker.clock.now(), deadline=deadline, budget_usd=budget)
     job = broker.submit(spec)
     out.print(render.quote_table(job.quote, f"job {job.id} queued"))
-    server = wiring.make_server(broker, f"run-{socket.gethostname()}-{os.getpid()}")
+    server = wiring.make_server(broker, f"run-{socket.gethostname()}-{os.getpid()}", shard=broker.store.of_job(job.id))
     provisioner = LocalProvisioner(
-        redis_url(settings), settings.checkpoints, settings.home / "runs", prefix=settings.prefix
+        redis_url(settings),
+        settings.checkpoints,
+        settings.home / "runs",
+        prefix=settings.prefix,
+        shards=settings.shards,
     )
     try:
         job = run_job(broker, server, provisioner, job, show_output)

@@ -71,7 +71,7 @@ def agent(
     if metrics_port:
         serve(metrics.registry, metrics_port)
     worker = Agent(
-        store_for(settings, daemon=True),
+        store_for(settings, daemon=True).of_agent(agent_id),
         agent_id,
         catalog.offer(offer_id),
         checkpoints or settings.checkpoints,
@@ -95,7 +95,7 @@ def server(
     ),
 ) -> None:
     """Run the broker's control loop: apply agent reports, reclaim lost agents, dispatch. Run several for
-    fail-over: one plans (the lease holder), the others stand by."""
+    fail-over: one plans each shard (BROKER_SHARDS, default 1), the others stand by or plan other shards."""
     import os
     import socket
 
@@ -111,12 +111,12 @@ def server(
         serve(metrics.registry, metrics_port)
     chosen = planning.get(policy, **settings.policy_options()) if policy else None
     consumer = consumer or f"server-{socket.gethostname()}-{os.getpid()}"
-    loop = wiring.make_server(broker, consumer, chosen, ScaledClock(speedup), metrics, leader_lease_s)
+    loop = wiring.make_replica(broker, consumer, chosen, ScaledClock(speedup), metrics, leader_lease_s)
     err.print(f"broker server {consumer} running; Ctrl-C stops it")
     try:
         loop.serve()
     except KeyboardInterrupt:
-        pass
+        loop.stop()  # the other replicas take its shards now, not after a lease
 
 
 @user_errors

@@ -1,0 +1,77 @@
+"""`broker server` over a sharded store: each replica plans the shards that rendezvous hashing gives it among
+the live replicas, so planning spreads over replicas and a dead replica's shards pass to the others.
+
+Every replica writes a heartbeat (`{p}replicas` in shard 0: replica -> epoch ms of its last check) and reads who
+is alive (a heartbeat younger than the lease). A shard goes to the live replica with the highest crc32 of
+"replica/shard": all agree without talking, and a replica joining or leaving moves only its share. A replica
+gives up the lease of a shard no longer its own, and the shard's new owner takes it; each shard keeps its own
+planning lease and fencing token (Store.lead), so two replicas that briefly disagree still never both write.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Callable
+
+from broker.core.server import BrokerServer, serve_rounds
+from broker.store.jobs import Store
+from broker.store.shards import ShardedStore
+
+log = logging.getLogger(__name__)
+
+HEARTBEATS = "replicas"
+
+
+def owner(replicas: list[str], shard: int) -> str:
+    """The replica that plans the shard: highest rendezvous score among the live ones."""
+    return max(replicas, key=lambda name: (zlib.crc32(f"{name}/{shard}".encode()), name))
+
+
+class Replica:
+    """One server process: a BrokerServer per shard, run for the shards it owns."""
+
+    def __init__(self, store: ShardedStore, make: Callable[[Store], BrokerServer], name: str, lease_s: float = 5.0):
+        self.store, self.name, self.lease_ms = store, name, int(lease_s * 1000)
+        self.servers = [make(shard) for shard in store.shards]
+        self.owned: list[int] = []
+        self._checked = -float("inf")
+
+    def own(self) -> list[int]:
+        """Beat the heart and work out the shards this replica plans (at most every quarter lease)."""
+        if time.monotonic() - self._checked < self.lease_ms / 4000:
+            return self.owned
+        self._checked = time.monotonic()
+        now_ms, key = int(time.time() * 1000), self.store.key(HEARTBEATS)
+        with self.store.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(key, {self.name: now_ms})
+            pipe.zremrangebyscore(key, "-inf", now_ms - self.lease_ms)
+            pipe.zrange(key, 0, -1)
+            live = pipe.execute()[-1]
+        owned = [i for i in range(len(self.servers)) if owner(live, i) == self.name]
+        if owned != self.owned:
+            log.info("replica=%s plans shards %s of %d (%d live)", self.name, owned, len(self.servers), len(live))
+        for index in set(self.owned) - set(owned):
+            self.servers[index].resign()
+        self.owned = owned
+        return owned
+
+    def round(self, block_ms: int = 100) -> None:
+        """A round of each owned shard's server; the wait for reports is shared out between them."""
+        owned = self.own()
+        if not owned:
+            time.sleep(block_ms / 1000)
+            return
+        for index in owned:
+            self.servers[index].round(max(1, block_ms // len(owned)))
+
+    def serve(self, until=lambda: False, interval_s: float = 0.05) -> None:
+        serve_rounds(self.round, self.name, until, interval_s)
+
+    def stop(self) -> None:
+        """Leave: give up every shard and the heartbeat, so the others take over at once, not after a lease."""
+        for index in self.owned:
+            self.servers[index].resign()
+        self.store.redis.zrem(self.store.key(HEARTBEATS), self.name)
+        self.owned = []

@@ -1,0 +1,157 @@
+"""A store split into shards, so Redis Cluster can spread it and server replicas can each plan a share of it.
+
+A shard is a whole Store (jobs with their indexes and events, agents, leases, streams, its own planning lease)
+whose keys all carry one hash tag, `{prefix}{n}:` with n in braces: every transaction of a shard stays in one
+cluster slot. A job and an agent belong to the shard their id hashes to (crc32), so a job runs only on agents
+of its shard: shards are for fleets where each holds enough agents of each pool. What is not a job's or an
+agent's (prices, capacity seen, bubble profiles) lives in shard 0. ShardedStore is the clients' view: it writes
+a job to its shard and reads across all of them.
+
+One shard on a single Redis keeps the untagged keys (`{prefix}job:...`, as before shards): a store written then
+still reads. On a cluster every shard is tagged, one shard included.
+"""
+
+from __future__ import annotations
+
+import heapq
+import zlib
+from datetime import datetime
+
+import redis
+from redis.cluster import RedisCluster
+
+from broker.domain.errors import BrokerError, StoreUnavailableError
+from broker.domain.model import AgentInfo, Job, JobState
+from broker.store.connection import patient_retry, redact_url
+from broker.store.jobs import DEFAULT_PREFIX, Store
+
+
+def shard_of(name: str, count: int) -> int:
+    """The shard a job or agent id belongs to (stable across processes and Python versions)."""
+    return zlib.crc32(name.encode()) % count
+
+
+def agent_id_in(name: str, job_id: str, count: int) -> str:
+    """An agent id in the job's shard: `name`, or the first of name-1, name-2, ... that hashes there."""
+    shard = shard_of(job_id, count)
+    return next(n for n in (name, *(f"{name}-{k}" for k in range(1, 100 * count))) if shard_of(n, count) == shard)
+
+
+def shard_prefix(prefix: str, index: int, tagged: bool) -> str:
+    return f"{prefix}{{{index}}}:" if tagged else prefix
+
+
+def connect(url: str, outage_s: float = 0.0) -> redis.Redis | RedisCluster:
+    """A client for the URL: a cluster client when the server it names runs in cluster mode."""
+    options = {"decode_responses": True, "socket_connect_timeout": 3}
+    if outage_s > 0:
+        options |= {"retry": patient_retry(outage_s), "socket_keepalive": True}
+    client = redis.Redis.from_url(url, **options)
+    try:
+        clustered = client.info("cluster").get("cluster_enabled") == 1
+    except redis.ResponseError:  # an agent's ACL user may not run INFO: it is given a single server
+        clustered = False
+    except redis.ConnectionError as err:
+        raise StoreUnavailableError(f"redis: cannot reach {redact_url(url)} ({err}); check BROKER_REDIS_URL") from None
+    if not clustered:
+        return client
+    client.close()
+    return RedisCluster.from_url(url, **options)
+
+
+class ShardedStore:
+    """Jobs and agents over `count` shards (Store each); the methods clients use, routed or gathered."""
+
+    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, count: int = 1, outage_s: float = 0.0):
+        if count < 1:
+            raise BrokerError(f"BROKER_SHARDS: {count} is not a shard count; set a whole number of at least 1")
+        client = connect(url, outage_s)
+        tagged = count > 1 or isinstance(client, RedisCluster)
+        self.url, self.prefix, self.redis = redact_url(url), prefix, client
+        self.shards = [Store(url, shard_prefix(prefix, i, tagged), outage_s, client=client) for i in range(count)]
+        self.key = self.shards[0].key  # prices, capacity and bubble profiles live in shard 0
+
+    def of_job(self, job_id: str) -> Store:
+        return self.shards[shard_of(job_id, len(self.shards))]
+
+    def of_agent(self, agent_id: str) -> Store:
+        return self.shards[shard_of(agent_id, len(self.shards))]
+
+    # -- one job or agent: its shard --------------------------------------------------------
+
+    def add_job(self, job: Job) -> bool:
+        return self.of_job(job.id).add_job(job)
+
+    def get_job(self, job_id: str) -> Job:
+        return self.of_job(job_id).get_job(job_id)
+
+    def update_job(self, job_id: str, change, also=None, reason=None, emit=True, leader=None) -> Job | None:
+        return self.of_job(job_id).update_job(job_id, change, also, reason, emit, leader)
+
+    def set_state(self, job_id: str, state: JobState, now: datetime, reason: str | None = None) -> Job:
+        return self.of_job(job_id).set_state(job_id, state, now, reason)
+
+    def get_agent(self, agent_id: str) -> AgentInfo | None:
+        return self.of_agent(agent_id).get_agent(agent_id)
+
+    def ownership(self, agent_id: str, job_id: str) -> dict | None:
+        return self.of_agent(agent_id).ownership(agent_id, job_id)
+
+    def lease_alive(self, agent_id: str) -> bool:
+        return self.of_agent(agent_id).lease_alive(agent_id)
+
+    def read_log(self, agent_id: str, job_id: str, fence: int, after: str = "0") -> tuple[str, list[str]]:
+        return self.of_agent(agent_id).read_log(agent_id, job_id, fence, after)
+
+    def planner(self, job_id: str | None = None) -> str | None:
+        """The replica planning the job's shard (shard 0's without a job)."""
+        return (self.of_job(job_id) if job_id else self.shards[0]).planner()
+
+    # -- all shards -------------------------------------------------------------------------
+
+    def list_jobs(self, states: set[JobState] | None = None, limit: int | None = None) -> list[Job]:
+        jobs = list(heapq.merge(*(s.list_jobs(states) for s in self.shards), key=lambda j: j.submitted_at))
+        return jobs[-limit:] if limit else jobs
+
+    def recent_jobs(self, count: int = 200) -> list[Job]:
+        merged = heapq.merge(*(s.recent_jobs(count) for s in self.shards), key=lambda j: j.submitted_at)
+        return list(merged)[-count:]
+
+    def active_jobs(self) -> list[Job]:
+        return [job for shard in self.shards for job in shard.active_jobs()]
+
+    def pending_jobs(self, start: int = 0, count: int = 200) -> list[Job]:
+        """The most urgent waiting jobs of all shards, a page of them."""
+        pages = (s.pending_jobs(0, start + count) for s in self.shards)
+        return list(heapq.merge(*pages, key=lambda j: j.urgency))[start : start + count]
+
+    def pending_count(self) -> int:
+        return sum(s.pending_count() for s in self.shards)
+
+    def events(self, job_id: str | None = None, count: int = 1000) -> list[dict]:
+        """State-change events, oldest first (by stream id: milliseconds, then sequence)."""
+        if job_id is not None:
+            return self.of_job(job_id).events(job_id, count)
+        order = lambda e: tuple(map(int, e["id"].split("-")))  # noqa: E731
+        return list(heapq.merge(*(s.events(None, count) for s in self.shards), key=order))[-count:]
+
+    def agents(self) -> list[AgentInfo]:
+        return [agent for shard in self.shards for agent in shard.agents()]
+
+    def working_agents(self) -> list[AgentInfo]:
+        return [agent for shard in self.shards for agent in shard.working_agents()]
+
+    def leases(self, agent_ids: list[str]) -> dict[str, str | None]:
+        found: dict[str, str | None] = {}
+        for index, shard in enumerate(self.shards):
+            found |= shard.leases([a for a in agent_ids if shard_of(a, len(self.shards)) == index])
+        return found
+
+    def publish_jobs(self, source: Store, job_ids: list[str], tag: str) -> int:
+        """Copy a namespace's ended jobs here, each to its shard (Store.publish_jobs)."""
+        return sum(
+            shard.publish_jobs(source, [j for j in job_ids if self.of_job(j) is shard], tag) for shard in self.shards
+        )
+
+    def clear_namespace(self) -> int:
+        return sum(shard.clear_namespace() for shard in self.shards)

@@ -1,0 +1,149 @@
+"""A store split into shards on a real 3-node Redis Cluster: keys spread over the nodes, each shard's
+transactions stay in one slot, and server replicas share out the shards' planning and take over a leaver's."""
+
+import time
+
+import pytest
+from redis.cluster import RedisCluster
+
+from broker import planning
+from broker.agents.agent import Agent
+from broker.agents.checkpoints import CheckpointStore
+from broker.app.settings import Settings
+from broker.core.broker import Broker
+from broker.core.clock import SystemClock
+from broker.core.replica import Replica, owner
+from broker.core.server import BrokerServer
+from broker.domain.errors import BrokerError
+from broker.domain.model import JobState, Tier
+from broker.store.capacity import CapacityHistory, fleet_seen
+from broker.store.shards import ShardedStore, agent_id_in, shard_of
+from conftest import NOW, make_spec
+
+SHARDS = 4
+
+
+def l4_on_demand(catalog):
+    offers = [o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1]
+    return min((o for o in offers if o.tier == Tier.on_demand), key=lambda o: o.price_usd_per_h)
+
+
+class Fleet:
+    """A sharded store on the cluster, two agents per shard, server replicas made on demand."""
+
+    def __init__(self, url, tmp_path, catalog):
+        self.store = ShardedStore(url, "broker:", SHARDS)
+        self.root, self.runs = str(tmp_path / "ckpt"), tmp_path / "runs"
+        self.policy = planning.get()
+        self.broker = Broker(self.store, catalog, self.policy, SystemClock())
+        offer = l4_on_demand(catalog)
+        names = [f"agent-{i}" for i in range(200)]
+        per_shard = [[n for n in names if shard_of(n, SHARDS) == s][:2] for s in range(SHARDS)]
+        self.agents = [
+            Agent(self.store.of_agent(name), name, offer, self.root, self.runs, heartbeat_s=0.2, lease_s=3.0)
+            for names in per_shard
+            for name in names
+        ]
+        for agent in self.agents:
+            agent.register()
+        self.spec = make_spec(run=["true"], resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 0.01})
+
+    def replica(self, name):
+        def make(shard):
+            return BrokerServer(shard, self.policy, SystemClock(), CheckpointStore(self.root), name, lease_s=3.0)
+
+        return Replica(self.store, make, name, lease_s=1.0)
+
+    def drive(self, replicas, until, timeout_s=60):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for agent in self.agents:
+                agent.step(block_ms=5)
+            for replica in replicas:
+                replica.round(block_ms=5)
+            if until():
+                return
+        jobs = [(j.id, j.state.value, j.reason) for j in self.store.list_jobs()]
+        raise AssertionError(f"timed out; jobs: {jobs}; planners: {[s.planner() for s in self.store.shards]}")
+
+    def all_done(self, jobs):
+        return lambda: all(self.store.get_job(j.id).state == JobState.done for j in jobs)
+
+
+@pytest.fixture
+def fleet(cluster_url, tmp_path, catalog):
+    return Fleet(cluster_url, tmp_path, catalog)
+
+
+def test_shards_spread_over_the_cluster_and_read_back_as_one_store(cluster_url, catalog):
+    store = ShardedStore(cluster_url, "broker:", SHARDS)
+    broker = Broker(store, catalog, planning.get(), SystemClock())
+    jobs = [broker.submit(make_spec(name=f"job{i}")) for i in range(12)]
+    assert isinstance(store.redis, RedisCluster)
+    assert [s.prefix for s in store.shards] == [f"broker:{{{i}}}:" for i in range(SHARDS)]
+    nodes = {store.redis.get_node_from_key(s.key("jobs")).port for s in store.shards}
+    assert len(nodes) >= 2  # the shards' slots lie on more than one node
+    assert [j.id for j in store.list_jobs()] == [j.id for j in jobs]
+    assert store.pending_count() == 12 and len(store.pending_jobs(0, 5)) == 5
+    urgencies = [j.urgency for j in store.pending_jobs(0, 12)]
+    assert urgencies == sorted(urgencies)
+    cancelled = broker.cancel(jobs[5].id)  # a transaction in the job's shard: job, event, indexes
+    assert cancelled.state == JobState.cancelled and store.pending_count() == 11
+    assert [e["state"] for e in store.events(jobs[5].id)] == ["queued", "cancelled"]
+    assert sum(1 for e in store.events() if e["state"] == "queued") == 12
+    assert sorted(len(s.list_jobs()) for s in store.shards)[-1] < 12  # spread, not all in one shard
+    assert store.clear_namespace() > 0 and store.list_jobs() == []
+
+
+def test_two_replicas_share_the_shards_and_one_takes_over_when_the_other_leaves(fleet):
+    first, second = fleet.replica("replica-a"), fleet.replica("replica-b")
+    jobs = [fleet.broker.submit(fleet.spec) for _ in range(16)]
+    fleet.drive([first, second], fleet.all_done(jobs))
+    assert sorted(first.owned + second.owned) == list(range(SHARDS))
+    assert first.owned and second.owned  # crc32 of these names splits 4 shards between them
+    for index, shard in enumerate(fleet.store.shards):
+        assert shard.planner() == owner(["replica-a", "replica-b"], index)
+    for job in jobs:  # each ran once, on an agent of its own shard
+        (run,) = fleet.store.get_job(job.id).runs
+        assert shard_of(run.agent, SHARDS) == shard_of(job.id, SHARDS)
+
+    first.stop()
+    later = [fleet.broker.submit(fleet.spec) for _ in range(8)]
+    fleet.drive([second], fleet.all_done(later))
+    assert second.owned == list(range(SHARDS))
+    assert all(shard.planner() == "replica-b" for shard in fleet.store.shards)
+
+
+def test_a_replica_gives_up_only_its_own_lease(fleet):
+    shard = fleet.store.shards[0]
+    assert shard.lead("replica-a", 5000) is not None
+    assert not shard.resign("replica-b") and shard.planner() == "replica-a"
+    assert shard.resign("replica-a") and shard.planner() is None
+    assert shard.lead("replica-b", 5000) is not None  # the next holder gets a new fencing token
+
+
+def test_fleet_capacity_sums_what_each_shard_saw(redis_url):
+    store = ShardedStore(redis_url, "broker:", 2)
+    zone = ("aws", "us-east-1a", "g6.xlarge")
+    at = NOW.timestamp()
+    CapacityHistory(store.shards[0]).series.append([("|".join(zone), at, 2), ("|".join(zone), at + 60, 1)])
+    CapacityHistory(store.shards[1]).series.append([("|".join(zone), at + 30, 3)])
+    seen = fleet_seen(store.shards, NOW)
+    assert seen[zone] == [(at, 2), (at + 30, 5), (at + 60, 4)]
+
+
+def test_one_shard_on_one_redis_keeps_the_keys_stores_were_written_with(redis_url):
+    assert ShardedStore(redis_url).shards[0].prefix == "broker:"
+    assert [s.prefix for s in ShardedStore(redis_url, "broker:", 2).shards] == ["broker:{0}:", "broker:{1}:"]
+
+
+def test_a_local_agent_for_a_job_is_named_into_the_job_s_shard():
+    for job_id in ("train-1", "eval-2", "x"):
+        name = agent_id_in(f"local-{job_id}", job_id, 8)
+        assert name.startswith(f"local-{job_id}") and shard_of(name, 8) == shard_of(job_id, 8)
+
+
+@pytest.mark.parametrize("value", ["0", "four", "-2"])
+def test_a_bad_shard_count_is_one_line(value):
+    with pytest.raises(BrokerError, match=r"BROKER_SHARDS: .* is not a shard count; set a whole number"):
+        Settings.from_env({"BROKER_SHARDS": value})
