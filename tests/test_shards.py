@@ -78,15 +78,17 @@ def fleet(cluster_url, tmp_path, catalog):
 def test_shards_spread_over_the_cluster_and_read_back_as_one_store(cluster_url, catalog):
     store = ShardedStore(cluster_url, "broker:", SHARDS)
     broker = Broker(store, catalog, planning.get(), SystemClock())
-    jobs = [broker.submit(make_spec(name=f"job{i}")) for i in range(12)]
+    jobs = [broker.submit(make_spec(name=f"job{i}", priority=i % 3)) for i in range(12)]
     assert isinstance(store.redis, RedisCluster)
     assert [s.prefix for s in store.shards] == [f"broker:{{{i}}}:" for i in range(SHARDS)]
     nodes = {store.redis.get_node_from_key(s.key("jobs")).port for s in store.shards}
     assert len(nodes) >= 2  # the shards' slots lie on more than one node
     assert [j.id for j in store.list_jobs()] == [j.id for j in jobs]
     assert store.pending_count() == 12 and len(store.pending_jobs(0, 5)) == 5
-    urgencies = [j.urgency for j in store.pending_jobs(0, 12)]
-    assert urgencies == sorted(urgencies)
+    queue = store.pending_jobs(0, 12)
+    assert [j.urgency for j in queue] == sorted(j.urgency for j in queue)
+    assert [j.id for j in store.pending_jobs(5, 4)] == [j.id for j in queue[5:9]]
+    assert [j.id for j in store.recent_jobs(3)] == [j.id for j in jobs[-3:]]
     cancelled = broker.cancel(jobs[5].id)  # a transaction in the job's shard: job, event, indexes
     assert cancelled.state == JobState.cancelled and store.pending_count() == 11
     assert [e["state"] for e in store.events(jobs[5].id)] == ["queued", "cancelled"]
@@ -147,3 +149,26 @@ def test_a_local_agent_for_a_job_is_named_into_the_job_s_shard():
 def test_a_bad_shard_count_is_one_line(value):
     with pytest.raises(BrokerError, match=r"BROKER_SHARDS: .* is not a shard count; set a whole number"):
         Settings.from_env({"BROKER_SHARDS": value})
+
+
+def test_a_silent_replica_s_shards_pass_to_the_live_one_after_its_lease(redis_url, tmp_path):
+    store = ShardedStore(redis_url, "broker:", SHARDS)
+
+    def replica(name):
+        def make(shard):
+            checkpoints = CheckpointStore(str(tmp_path))
+            return BrokerServer(shard, planning.get(), SystemClock(), checkpoints, name, leader_lease_s=1.0)
+
+        return Replica(store, make, name, lease_s=1.0)
+
+    first, second = replica("replica-a"), replica("replica-b")
+    for r in (first, second, first):
+        r.round(block_ms=1)
+    assert first.owned and second.owned
+    held = list(first.owned)
+    assert all(store.shards[i].planner() == "replica-a" for i in held)
+    time.sleep(1.2)  # replica-a goes silent: no heartbeat, its planning leases lapse
+    second._checked = -float("inf")
+    second.round(block_ms=1)
+    assert second.owned == list(range(SHARDS))
+    assert all(store.shards[i].planner() == "replica-b" for i in held)

@@ -1,7 +1,8 @@
 """Redis persistence for jobs and their state changes, durable before acknowledged; the agent channel (agents,
 leases, assignment and report streams, views) is its base class in agents.py.
 
-Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis):
+Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis; a Store is one shard of a
+ShardedStore, and a shard's prefix carries its hash tag, `broker:{3}:`, when there are several or on a cluster):
 
     {p}job:{id}          STRING  the Job as JSON: spec, quote, state, runs (the source of truth for one job)
     {p}jobs              ZSET    job id -> submitted_at (epoch seconds), for listing in order
@@ -90,7 +91,8 @@ class Store(AgentChannels):
         self.redis = client or redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=3, **patience)
         self.shards = [self]  # a store of one shard, as ShardedStore's clients see it
         self._report_keys: dict[str, str] = {}  # agent id -> the key its reports carry (agents registered here)
-        self._ensure_durable()
+        if client is None:  # a shared client's owner (ShardedStore) checks once
+            self._ensure_durable()
 
     def _key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)

@@ -4,8 +4,9 @@ A shard is a whole Store (jobs with their indexes and events, agents, leases, st
 whose keys all carry one hash tag, `{prefix}{n}:` with n in braces: every transaction of a shard stays in one
 cluster slot. A job and an agent belong to the shard their id hashes to (crc32), so a job runs only on agents
 of its shard: shards are for fleets where each holds enough agents of each pool. What is not a job's or an
-agent's (prices, capacity seen, bubble profiles) lives in shard 0. ShardedStore is the clients' view: it writes
-a job to its shard and reads across all of them.
+agent's (prices, bubble profiles, the replicas' heartbeats) lives in shard 0; the spot capacity each shard's
+server saw stays in its shard (capacity.fleet_seen sums it). ShardedStore is the clients' view: it writes a job
+to its shard and reads across all of them.
 
 One shard on a single Redis keeps the untagged keys (`{prefix}job:...`, as before shards): a store written then
 still reads. On a cluster every shard is tagged, one shard included.
@@ -69,7 +70,8 @@ class ShardedStore:
         tagged = count > 1 or isinstance(client, RedisCluster)
         self.url, self.prefix, self.redis = redact_url(url), prefix, client
         self.shards = [Store(url, shard_prefix(prefix, i, tagged), outage_s, client=client) for i in range(count)]
-        self.key = self.shards[0].key  # prices, capacity and bubble profiles live in shard 0
+        self.key = self.shards[0].key  # prices, replicas' heartbeats and bubble profiles live in shard 0
+        self.shards[0]._ensure_durable()
 
     def of_job(self, job_id: str) -> Store:
         return self.shards[shard_of(job_id, len(self.shards))]
@@ -114,16 +116,30 @@ class ShardedStore:
         return jobs[-limit:] if limit else jobs
 
     def recent_jobs(self, count: int = 200) -> list[Job]:
-        merged = heapq.merge(*(s.recent_jobs(count) for s in self.shards), key=lambda j: j.submitted_at)
-        return list(merged)[-count:]
+        """The `count` newest jobs of all shards, in submission order."""
+        return self._read(self._ranked("jobs", count, lowest=False))
 
     def active_jobs(self) -> list[Job]:
         return [job for shard in self.shards for job in shard.active_jobs()]
 
     def pending_jobs(self, start: int = 0, count: int = 200) -> list[Job]:
         """The most urgent waiting jobs of all shards, a page of them."""
-        pages = (s.pending_jobs(0, start + count) for s in self.shards)
-        return list(heapq.merge(*pages, key=lambda j: j.urgency))[start : start + count]
+        return self._read(self._ranked("pending", start + count, lowest=True)[start:])
+
+    def _ranked(self, index: str, n: int, lowest: bool) -> list[tuple[float, str, Store]]:
+        """The n lowest (or highest) scored ids of a sorted job index over all shards, in score order, as
+        (score, id, shard): ids and scores are merged first, so only the page's jobs are read and parsed."""
+        ranked = []
+        for shard in self.shards if n > 0 else []:
+            window = (0, n - 1) if lowest else (-n, -1)
+            members = shard.redis.zrange(shard.key(index), *window, withscores=True)
+            ranked += [(score, job_id, shard) for job_id, score in members]
+        ranked.sort(key=lambda r: r[:2])
+        return ranked[:n] if lowest else ranked[-n:]
+
+    def _read(self, ranked: list[tuple[float, str, Store]]) -> list[Job]:
+        found = {job.id: job for shard in self.shards for job in shard._jobs([i for _, i, s in ranked if s is shard])}
+        return [found[job_id] for _, job_id, _ in ranked if job_id in found]
 
     def pending_count(self) -> int:
         return sum(s.pending_count() for s in self.shards)
