@@ -129,3 +129,18 @@ def test_bad_names_and_users_without_acl_rights_are_refused_in_one_line(admin_ur
     with pytest.raises(BrokerError, match="admin user"):
         acl.agent_user(agent_url, P, "delta")
     assert redis.Redis.from_url(admin_url).acl_getuser("agent-delta") is None  # nothing created by the refused call
+
+
+def test_with_shards_an_agent_s_user_reaches_its_own_shard_s_keys(admin_url, monkeypatch):
+    from broker.store.shards import ShardedStore, shard_of
+
+    monkeypatch.setenv("BROKER_REDIS_URL", admin_url)
+    monkeypatch.setenv("BROKER_SHARDS", "4")
+    made = CliRunner().invoke(app, ["acl", "agent", "--id", "gamma"])
+    assert made.exit_code == 0, made.output
+    store = ShardedStore(made.output.strip(), P, 4).of_agent("gamma")  # as `broker agent` opens it
+    assert store.prefix == f"{P}{{{shard_of('gamma', 4)}}}:"
+    assert store.renew_lease("gamma", 1000) is False  # its own lease key in its shard: allowed (none yet)
+    gamma = redis.Redis.from_url(made.output.strip())
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        gamma.set(f"{P}lease:gamma", 1)  # the unsharded key is not its own
