@@ -167,7 +167,7 @@ class Store(AgentChannels):
         """Give up the planning lease if `holder` has it (another replica is to plan here); True if it did."""
         return bool(self.redis.eval(RESIGN, 1, self._key("leader"), holder))
 
-    def planner(self, job_id: str | None = None) -> str | None:
+    def planner(self) -> str | None:
         """The replica that holds the planning lease now, or None when no server plans."""
         return self.redis.get(self._key("leader"))
 

@@ -105,10 +105,6 @@ class ShardedStore:
     def read_log(self, agent_id: str, job_id: str, fence: int, after: str = "0") -> tuple[str, list[str]]:
         return self.of_agent(agent_id).read_log(agent_id, job_id, fence, after)
 
-    def planner(self, job_id: str | None = None) -> str | None:
-        """The replica planning the job's shard (shard 0's without a job)."""
-        return (self.of_job(job_id) if job_id else self.shards[0]).planner()
-
     # -- all shards -------------------------------------------------------------------------
 
     def list_jobs(self, states: set[JobState] | None = None, limit: int | None = None) -> list[Job]:
@@ -149,7 +145,7 @@ class ShardedStore:
         if job_id is not None:
             return self.of_job(job_id).events(job_id, count)
         order = lambda e: tuple(map(int, e["id"].split("-")))  # noqa: E731
-        return list(heapq.merge(*(s.events(None, count) for s in self.shards), key=order))[-count:]
+        return list(heapq.merge(*(s.events(None, count) for s in self.shards), key=order))[:count]
 
     def agents(self) -> list[AgentInfo]:
         return [agent for shard in self.shards for agent in shard.agents()]
