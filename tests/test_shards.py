@@ -124,8 +124,8 @@ def test_a_replica_gives_up_only_its_own_lease(fleet):
     assert shard.lead("replica-b", 5000) is not None  # the next holder gets a new fencing token
 
 
-def test_fleet_capacity_sums_what_each_shard_saw(redis_url):
-    store = ShardedStore(redis_url, "broker:", 2)
+def test_fleet_capacity_sums_what_each_shard_saw(cluster_url):
+    store = ShardedStore(cluster_url, "broker:", 2)  # each shard's series written by its Lua script on the cluster
     zone = ("aws", "us-east-1a", "g6.xlarge")
     at = NOW.timestamp()
     CapacityHistory(store.shards[0]).series.append([("|".join(zone), at, 2), ("|".join(zone), at + 60, 1)])

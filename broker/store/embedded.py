@@ -173,7 +173,11 @@ def cluster(nodes: int = 3, *options: str):
             for process in processes:
                 process.terminate()
             for process in processes:
-                process.wait(timeout=START_TIMEOUT_S)
+                try:
+                    process.wait(timeout=START_TIMEOUT_S)
+                except subprocess.TimeoutExpired:  # busy writing its files: it is thrown away anyway
+                    process.kill()
+                    process.wait()
 
 
 def ensure(home: Path) -> EmbeddedRedis:
