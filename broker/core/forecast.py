@@ -30,7 +30,9 @@ from broker.planning.option_table import measured_speed, work_left
 from broker.pricing.availability import MarketModel
 
 FUTURES = 1000
-MIN_SPEED_EVIDENCE = 5  # finished jobs with a measured speed before their spread counts
+# log sd of a speed estimate nothing has checked yet: AMP's latency model error, 23% (Pipette; papers.md)
+SPEED_PRIOR_SIGMA = 0.23
+SPEED_PRIOR_JOBS = 5  # the prior weighs as much as this many finished jobs' measured speeds
 NO_DEADLINE_H = 7 * 24.0  # horizon of a job without a deadline
 ARRIVALS_H = 24.0  # the recent submissions whose rate and kind say what will arrive
 
@@ -42,7 +44,7 @@ class Fleet:
 
     agents: dict[str, int] = field(default_factory=dict)
     others: list[tuple[frozenset[str], float]] = field(default_factory=list)
-    speed_sigma: float = 0.0  # spread (log) of finished jobs' measured speed over their estimate
+    speed_sigma: float = SPEED_PRIOR_SIGMA  # spread (log) of the true speed over the estimate (speed_spread)
     arrivals_per_h: float = 0.0  # jobs submitted per hour lately
     # per job submitted lately that may use spot: the offer ids it may use, hours held, hours to its deadline
     arrived: list[tuple[frozenset[str], float, float]] = field(default_factory=list)
@@ -51,15 +53,14 @@ class Fleet:
     def of(cls, agents: list, jobs: list[Job], now: datetime, recent: list[Job] = ()) -> Fleet:
         """From the live agents (AgentInfo), the active jobs and the newest ones (`recent`); a job pinned to or
         running on on-demand holds no spot slot. The estimate's error is learned from the finished jobs whose speed
-        was measured (at least MIN_SPEED_EVIDENCE of them; none: the estimate is taken as exact); the jobs to come
-        from those submitted in the last ARRIVALS_H hours: their rate (from the first of them to now) and kind."""
+        was measured (speed_spread); the jobs to come from those submitted in the last ARRIVALS_H hours: their rate
+        (from the first of them to now) and kind."""
         count: dict[str, int] = {}
         for agent in agents:
             count[agent.offer.id] = count.get(agent.offer.id, 0) + 1
         others = [(_zones(job), work_left(job) * job.quote.chosen.expected_wall_h) for job in jobs if _on_spot(job)]
         finished = [j for j in recent if j.state == JobState.done]
-        speeds = [v for v in map(measured_speed, finished) if v is not None]
-        sigma = float(np.std(np.log(speeds), ddof=1)) if len(speeds) >= MIN_SPEED_EVIDENCE else 0.0
+        sigma = speed_spread([v for v in map(measured_speed, finished) if v is not None])
         lately = [j for j in recent if j.submitted_at >= now - timedelta(hours=ARRIVALS_H)]
         span_h = (now - min((j.submitted_at for j in lately), default=now)).total_seconds() / 3600
         rate = (len(lately) - 1) / span_h if len(lately) >= 2 and span_h > 0 else 0.0
@@ -95,6 +96,16 @@ class Fleet:
         """Ticks each other job that may use one of `zones` still holds a slot (at least one)."""
         ids = {o.id for o in zones}
         return np.asarray([max(1, math.ceil(h / tick_h)) for offers, h in self.others if offers & ids], dtype=int)
+
+
+def speed_spread(speeds: list[float]) -> float:
+    """The log sd of true speed over the estimate: the prior, pooled with the measured speeds' own spread as jobs
+    finish (its weight SPEED_PRIOR_JOBS against n - 1 for n measured). A quote made before any job finished is
+    as unsure of the speed as an untested performance model is; one made after many says what they showed."""
+    logs = np.log(np.asarray(speeds, dtype=float))
+    squares = float(np.sum((logs - logs.mean()) ** 2)) if len(logs) >= 2 else 0.0
+    weight = max(len(logs) - 1, 0)
+    return math.sqrt((SPEED_PRIOR_JOBS * SPEED_PRIOR_SIGMA**2 + squares) / (SPEED_PRIOR_JOBS + weight))
 
 
 def _on_spot(job: Job) -> bool:
@@ -148,8 +159,9 @@ def forecast(
     fallback = quote.chosen.fallback or (quote.on_demand_baseline.offer if quote.on_demand_baseline else None)
     window = window_hours(spec, now)
     rng = np.random.default_rng(seed)
-    # each future's true speed over the estimate, spread as our finished jobs' were (median 1)
-    speed = np.exp(rng.normal(0.0, fleet.speed_sigma, futures)) if fleet and fleet.speed_sigma > 0 else np.ones(1)
+    # each future's true speed over the estimate (median 1), spread as finished jobs showed, or the prior's
+    sigma = (fleet or Fleet()).speed_sigma
+    speed = np.exp(rng.normal(0.0, sigma, futures)) if sigma > 0 else np.ones(1)
     if chosen.tier == Tier.on_demand:
         return _on_demand(spec, quote, chosen, now, speed)
     od_offer = fallback or chosen
@@ -199,7 +211,9 @@ def _on_demand(spec: JobSpec, quote: Quote, offer: Offer, now: datetime, speed: 
 
 def _speed_note(speed: np.ndarray) -> str:
     return (
-        f"; speed off the estimate by {np.std(np.log(speed)):.2f} (log sd, as finished jobs')" if len(speed) > 1 else ""
+        f"; speed off the estimate by {np.std(np.log(speed)):.2f} (log sd: the prior with finished jobs' speeds)"
+        if len(speed) > 1
+        else ""
     )
 
 
