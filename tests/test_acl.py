@@ -144,3 +144,25 @@ def test_with_shards_an_agent_s_user_reaches_its_own_shard_s_keys(admin_url, mon
     gamma = redis.Redis.from_url(made.output.strip())
     with pytest.raises(redis.exceptions.NoPermissionError):
         gamma.set(f"{P}lease:gamma", 1)  # the unsharded key is not its own
+
+
+def test_on_a_cluster_an_agent_s_user_is_made_on_every_node_and_reaches_its_own_keys_there(cluster_url, monkeypatch):
+    from redis.cluster import RedisCluster
+
+    from broker.store.shards import ShardedStore
+
+    monkeypatch.setenv("BROKER_REDIS_URL", cluster_url)
+    monkeypatch.setenv("BROKER_SHARDS", "3")
+    made = CliRunner().invoke(app, ["acl", "agent", "--id", "delta"])
+    assert made.exit_code == 0, made.output
+    admin = RedisCluster.from_url(cluster_url)
+    try:
+        users = admin.execute_command("ACL", "USERS", target_nodes=RedisCluster.ALL_NODES)
+        assert len(users) == 3 and all(b"agent-delta" in on_node for on_node in users.values())
+        store = ShardedStore(made.output.strip(), P, 3).of_agent("delta")  # as `broker agent` opens it
+        assert isinstance(store.redis, RedisCluster)
+        assert store.renew_lease("delta", 1000) is False  # its own lease key, on whichever node: allowed
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            store.redis.get(f"{P}lease:delta")  # the unsharded key is not its own
+    finally:
+        admin.execute_command("ACL", "DELUSER", "agent-delta", target_nodes=RedisCluster.ALL_NODES)

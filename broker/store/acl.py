@@ -4,7 +4,8 @@ An agent's user reaches its own assignment stream, lease and registration record
 the jobs it was given ({p}own:{agent}:*), adds itself to the agent set and appends to the agent-events
 stream and its own log stream; it cannot read the event stream, any job, or another agent's keys. The last
 three rights are Redis 7 selectors, so `SADD` and `XADD` work on those keys and nothing else does (no SET
-over the streams).
+over the streams). On a Redis Cluster each node keeps its own users, so a user is made on every node, and an
+agent may ask where keys live (CLUSTER SLOTS, COMMAND), as redis-py's cluster client does.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ import re
 import secrets
 
 import redis
+from redis.cluster import RedisCluster
 
 from broker.domain.errors import BrokerError
 from broker.store.connection import with_credentials
+from broker.store.shards import connect
 
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # no glob or ':' characters: they would widen the key patterns
 CONNECT = ["+ping", "+hello", "+auth", "+select", "+client|setname", "+multi", "+exec", "+discard"]
+CLUSTER = ["+cluster|info", "+cluster|slots", "+command"]  # a cluster client learns where keys live
 AGENT_COMMANDS = ["+get", "+set", "+xreadgroup", "+xack", "+xgroup|create"]
 
 
@@ -35,7 +39,7 @@ def agent_rules(prefix: str, agent_id: str) -> list[str]:
         f"(+sadd %W~{prefix}agents)",
         f"(+xadd %W~{prefix}log:{agent_id})",
     ]
-    return ["resetkeys", "resetchannels", "-@all", *CONNECT, *AGENT_COMMANDS, *keys, *selectors]
+    return ["resetkeys", "resetchannels", "-@all", *CONNECT, *CLUSTER, *AGENT_COMMANDS, *keys, *selectors]
 
 
 def broker_rules(prefix: str) -> list[str]:
@@ -60,11 +64,13 @@ def _plain(name: str, field: str) -> str:
 
 
 def create_user(admin_url: str, user: str, rules: list[str], password: str | None = None) -> str:
-    """Create or replace the ACL user; returns the Redis URL it connects with (the admin URL's host, db, TLS)."""
+    """Create or replace the ACL user, on every node of a cluster (each keeps its own users); returns the Redis URL
+    it connects with (the admin URL's host, db, TLS)."""
     password = password or secrets.token_urlsafe(24)
-    client = redis.Redis.from_url(admin_url, socket_connect_timeout=3)
+    client = connect(admin_url)
+    on_every_node = {"target_nodes": RedisCluster.ALL_NODES} if isinstance(client, RedisCluster) else {}
     try:
-        client.execute_command("ACL", "SETUSER", user, "reset", "on", f">{password}", *rules)
+        client.execute_command("ACL", "SETUSER", user, "reset", "on", f">{password}", *rules, **on_every_node)
     except redis.exceptions.NoPermissionError:
         raise BrokerError(
             "BROKER_REDIS_URL: its user may not run ACL SETUSER; use an admin user's URL for this command"

@@ -49,8 +49,8 @@ def connect(url: str, outage_s: float = 0.0) -> redis.Redis | RedisCluster:
         options |= {"retry": patient_retry(outage_s), "socket_keepalive": True}
     client = redis.Redis.from_url(url, **options)
     try:
-        clustered = client.info("cluster").get("cluster_enabled") == 1
-    except redis.ResponseError:  # an agent's ACL user may not run INFO: it is given a single server
+        clustered = bool(client.execute_command("CLUSTER", "INFO"))
+    except redis.ResponseError:  # cluster support disabled (or a user made before agents could ask): one server
         clustered = False
     except redis.ConnectionError as err:
         raise StoreUnavailableError(f"redis: cannot reach {redact_url(url)} ({err}); check BROKER_REDIS_URL") from None

@@ -9,7 +9,7 @@ from broker.app.cli.common import user_errors
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
 from broker.store import acl
-from broker.store.shards import shard_of, shard_prefix
+from broker.store.shards import ShardedStore
 
 acl_app = typer.Typer(no_args_is_help=True, help="Redis ACL users: the broker's and one per agent.")
 
@@ -31,8 +31,8 @@ def agent_user(
 ) -> None:
     """Create (or replace) the agent's user: its own stream, lease and job views, write-only agent-events."""
     settings = Settings.from_env()
-    prefix = shard_prefix(settings.prefix, shard_of(agent_id, settings.shards), tagged=settings.shards > 1)
-    typer.echo(acl.agent_user(_admin_url(), prefix, agent_id, password))  # its keys are in its shard
+    prefix = ShardedStore(_admin_url(), settings.prefix, settings.shards).of_agent(agent_id).prefix  # as it opens it
+    typer.echo(acl.agent_user(_admin_url(), prefix, agent_id, password))
 
 
 @acl_app.command("broker")
