@@ -47,6 +47,11 @@ MIN_SPEED = 1e-3  # the least speed an offer states
 ASSIGNMENT_EVERY_S = 0.2  # bubble signals come tens of times a second; the stream needs no such rate
 
 
+def stage_agent_id(profile: BubbleProfile) -> str:
+    """The agent id of a main job's stage (its shard follows from it)."""
+    return f"{profile.main_job}-stage{profile.stage}"
+
+
 class FillAgent:
     """One stage's agent: one fill job at a time, run in the stage's bubbles."""
 
@@ -54,7 +59,7 @@ class FillAgent:
         self, store: Store, checkpoints: CheckpointStore, profile: BubbleProfile, offer: Offer, lease_s: float = 10.0
     ):
         self.store, self.checkpoints, self.offer = store, checkpoints, offer
-        self.id = f"{profile.main_job}-stage{profile.stage}"
+        self.id = stage_agent_id(profile)
         self.window_s = {w.kind: w.p10_s * WINDOW_MARGIN for w in profile.windows}
         self.median_s = {w.kind: w.median_s for w in profile.windows}
         self.bubbles = [(self.window_s[w.kind], w.free_bytes) for w in profile.windows]  # Algorithm 1's B[i], M[i]

@@ -23,12 +23,11 @@ from datetime import UTC, datetime
 import torch
 
 from broker.agents.checkpoints import CheckpointStore
-from broker.bubbles.agent import FillAgent
+from broker.bubbles.agent import FillAgent, stage_agent_id
 from broker.bubbles.capacity import bubble_offer
 from broker.bubbles.instrument import instrument
 from broker.bubbles.profiler import profile
 from broker.bubbles.recorder import BubbleRecorder
-from broker.store.jobs import Store
 from broker.store.profiles import save_profile
 from broker.store.shards import ShardedStore
 
@@ -40,7 +39,7 @@ class Bubbles:
         self,
         engine,
         main_job: str,
-        store: Store,
+        store: ShardedStore,
         checkpoints: CheckpointStore,
         accelerator: str,
         profile_steps: int = 2,
@@ -73,11 +72,11 @@ class Bubbles:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         stage = self.engine.stage_id
         measured = profile(self.main_job, stage, device, self.recorder.windows, self.iterations, datetime.now(UTC))
-        save_profile(self.store, measured)
+        save_profile(self.store.shards[0], measured)  # profiles live in shard 0
         offer = bubble_offer(measured, "local", "local", self.accelerator, min_window_s=self.min_window_s)
         if offer is None:
             return None
-        agent = FillAgent(self.store, self.checkpoints, measured, offer)
+        agent = FillAgent(self.store.of_agent(stage_agent_id(measured)), self.checkpoints, measured, offer)
         self.recorder.signal = agent.signal
         agent.start()
         return agent
@@ -105,8 +104,10 @@ def attach(
     checkpoints: str,
     prefix: str = "broker:",
     accelerator: str = "H100",
+    shards: int = 1,
     **options,
 ) -> Bubbles:
-    """Offer a DeepSpeed PipelineEngine's bubbles to the broker at `redis_url` (checkpoints: an fsspec URL)."""
-    store = ShardedStore(redis_url, prefix).shards[0]  # one shard (its keys tagged on a cluster)
+    """Offer a DeepSpeed PipelineEngine's bubbles to the broker at `redis_url` (checkpoints: an fsspec URL); each
+    stage's executor is an agent in the shard its id hashes to, of the broker's `shards` (BROKER_SHARDS)."""
+    store = ShardedStore(redis_url, prefix, shards)
     return Bubbles(engine, main_job, store, CheckpointStore(checkpoints), accelerator, **options)

@@ -218,6 +218,7 @@ def offer_bubbles(engine, args):
         redis_url=settings.redis_url,
         checkpoints=settings.checkpoints,
         prefix=settings.prefix,
+        shards=settings.shards,
         accelerator=args.accelerator,
         profile_steps=args.profile_steps,
         min_window_s=0.001,  # CPU windows last milliseconds
