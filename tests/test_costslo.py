@@ -239,3 +239,18 @@ def test_quote_with_the_planner_matches_its_single_job_plan(catalog):
 def test_registry_lists_the_planner():
     assert {"cheapest", "costslo"} <= set(names())
     assert isinstance(get("costslo"), CostSLO)
+
+
+def test_the_lp_prints_nothing_to_stdout_so_json_output_stays_json(tmp_path):
+    """HiGHS prints a banner to fd 1 when a process makes its first instance; `broker backtest --json` printed it
+    before its JSON. The command in a process of its own: what it prints must parse."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    broker = Path(sys.executable).with_name("broker")
+    command = [str(broker), "backtest", "--jobs", "2", "--policies", "costslo", "--json"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["policies"][0]["policy"] == "costslo"

@@ -18,6 +18,8 @@ so the final LP is optimal over all options and its value is a true lower bound.
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 from datetime import datetime
 
@@ -191,6 +193,28 @@ def _cheapest_columns(table: OptionTable, rows: np.ndarray, per_job: int, key: n
     return rows[smallest_per_job(table.job[rows], key, per_job)]
 
 
+_quiet_yet = False  # the process's first HiGHS prints its banner; the later ones print nothing
+
+
+def _highs() -> highspy.Highs:
+    """A silent HiGHS. The first one a process makes prints HiGHS's banner to fd 1 as it is made, before any option
+    can stop it, and would break what `--json` commands print: fd 1 points at /dev/null meanwhile."""
+    global _quiet_yet
+    if _quiet_yet:
+        return highspy.Highs()
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            made = highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    _quiet_yet = True
+    return made
+
+
 class _Program:
     """The LP in HiGHS, kept alive across pricing passes: new columns are added to the solved model
     and the simplex restarts from the previous basis (a warm start)."""
@@ -207,7 +231,7 @@ class _Program:
         self.table, self.cap, self.penalty, self.budget = table, cap, penalty, budget
         self.value = None
         self.active = np.zeros(0, dtype=np.int64)
-        self.highs = highspy.Highs()
+        self.highs = _highs()
         self.highs.setOptionValue("output_flag", False)
         self.highs.setOptionValue("time_limit", float(time_limit_s))
         self.highs.setOptionValue(
