@@ -81,6 +81,33 @@ def test_the_plan_counts_the_wait_from_when_the_job_became_idle():
     assert plan.assignments == {"stuck": od.id} and plan.unplaced == {"fresh": "waiting for spot"}
 
 
+def test_a_job_waiting_behind_other_jobs_follows_uniform_progress_not_the_markets_gaps():
+    """Idle because the fleet's spot agents are all busy is a queue, not a market gap: the market's short gaps say
+    wait, Uniform Progress (behind ep(t)) says on-demand, and the plan takes Uniform Progress's move."""
+    spot, od = offer("s", Tier.spot, 1.0), offer("o", Tier.on_demand, 3.0)
+    spec = make_spec(work={"gpu_hours": 10}, deadline="+13h")
+    item = PlanItem("j", spec, submitted_at=NOW - timedelta(hours=0.5), idle_since=NOW - timedelta(hours=0.5))
+    busy = {spot.id: 0}  # its spot agent is taken
+    market_gap = planning.get("hedge", hedge=lambda spec: GAPS_OF_3_H, live_spot=lambda: [])
+    assert market_gap.plan([item], [spot, od], busy, NOW).unplaced == {"j": "waiting for spot"}
+    queued = planning.get("hedge", hedge=lambda spec: GAPS_OF_3_H, live_spot=lambda: [spot])
+    assert queued.plan([item], [spot, od], busy, NOW).assignments == {"j": od.id}
+
+
+def test_the_quotes_futures_play_the_same_split_between_a_queue_and_a_market_gap():
+    from test_market_model import _setting
+
+    from broker.models.contention import launchable
+    from broker.models.futures import simulate
+
+    available = np.ones((1, 1, 200), dtype=bool)  # the market always has capacity ...
+    held = launchable(available, np.array([1]), np.array([60]))  # ... and another job holds it for 10 h
+    hedge = _setting(rule="hedge", window_h=14.0)
+    queued = simulate(hedge, available, 1 / 6, GAPS_OF_3_H, launchable=held)  # behind ep(t): on-demand at once
+    gap = simulate(hedge, held, 1 / 6, GAPS_OF_3_H)  # the same 10 h with no capacity at all: it waits a* first
+    assert queued.od_h[0] > gap.od_h[0] > 0
+
+
 @pytest.mark.parametrize("name, moves", [("hedge", True), ("uniform-progress", False)])
 def test_the_guard_moves_a_hedge_job_on_spot_to_a_cheaper_zone_that_comes_back(
     redis_url, catalog, tmp_path, name, moves
@@ -125,3 +152,4 @@ def test_the_broker_hands_a_hedge_policy_the_market_models_view_of_each_jobs_spo
     assert view.zone_up_h[0] == model.for_offer(spot[0]).mean_up_h
     assert policy.hedge(spec.model_copy(update={"name": "another"})) is view  # sampled once per set of zones
     assert policy.hedge(spec.model_copy(update={"tiers": [Tier.on_demand]})) is None
+    assert policy.live_spot is None  # no store: no fleet to tell a queue from a market gap

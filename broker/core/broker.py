@@ -40,6 +40,8 @@ class Broker:
         self.hedges = MarketHedge(self.market_now, lambda: self.catalog.offers) if market is not None else None
         if self.hedges and getattr(policy, "hedge", False) is None:  # a policy that decides from the market
             policy.hedge = self.hedges
+        if store is not None and getattr(policy, "live_spot", False) is None:  # ... and tells market from queue
+            policy.live_spot = lambda: [a.offer for a in store.working_agents() if a.offer.tier == Tier.spot]
 
     @cached_property
     def market(self) -> MarketModel | None:

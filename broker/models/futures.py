@@ -13,7 +13,8 @@ from the market model for a quote or cut from the traces for a backtest, the way
   `greedy` waits for spot; `uniform` is Uniform Progress exactly as planning/uniform_progress.decide
   runs it (on-demand when idle and behind ep(t), back once ahead of ep(t + 2d)); `hedge` waits out
   the short no-capacity spells and pays on-demand through the long ones, the split set by what the
-  market model says of spell lengths (Hedge below); `spot-only` (SkyPilot's managed spot) has no guard.
+  market model says of spell lengths (Hedge below), and moves as `uniform` does while other jobs hold
+  the capacity there is; `spot-only` (SkyPilot's managed spot) has no guard.
 Launches go to the first (cheapest) zone with capacity. All futures advance together (numpy over
 the futures axis): 1,000 futures of a few hundred ticks take tens of milliseconds. Pure: no clock, no I/O.
 """
@@ -157,7 +158,7 @@ def simulate(
             cost = np.where(net, cost + s.od_price * hours, cost)
             od_h = np.where(net, od_h + hours, od_h)
             state = np.where(net, DONE, state)
-            to_od, leave_od = _rule_moves(s, hedge, now, done, state, any_up, down_age, zone, prices)
+            to_od, leave_od = _rule_moves(s, hedge, now, done, state, any_up, up.any(axis=0), down_age, zone, prices)
             saved = np.where(leave_od, done, saved)  # on-demand is left at a checkpoint
             state = np.where(leave_od, WAIT, state)
             dead = np.where(to_od, s.restart_h, dead)
@@ -207,16 +208,17 @@ def simulate(
     return Outcomes(cost, finish, spot_h, od_h)
 
 
-def _rule_moves(s: Setting, hedge: Hedge | None, now, done, state, any_up, down_age, zone, prices):
-    """(to on-demand, leave on-demand) per future under the rule, after the safety net."""
+def _rule_moves(s: Setting, hedge: Hedge | None, now, done, state, any_up, market_up, down_age, zone, prices):
+    """(to on-demand, leave on-demand) per future under the rule, after the safety net. `any_up`: a slot free for
+    the job in some zone; `market_up`: some zone has capacity (free or held by other jobs)."""
     idle = (state == WAIT) & ~any_up
     nothing = np.zeros_like(idle)
+
+    def behind(at_h: float) -> np.ndarray:  # done < ep(at), as planning/uniform_progress.decide has it
+        expected = min(1.0, at_h / s.window_h) if s.window_h > 0 else 1.0
+        return done * s.od_work_h < expected * s.od_work_h - TIE_H
+
     if s.rule == "uniform":
-
-        def behind(at_h: float) -> np.ndarray:  # done < ep(at), as planning/uniform_progress.decide has it
-            expected = min(1.0, at_h / s.window_h) if s.window_h > 0 else 1.0
-            return done * s.od_work_h < expected * s.od_work_h - TIE_H
-
         return idle & behind(now), (state == OD) & ~behind(now + 2 * s.restart_h)
     if s.rule != "hedge":
         return nothing, nothing
@@ -224,7 +226,8 @@ def _rule_moves(s: Setting, hedge: Hedge | None, now, done, state, any_up, down_
     longest_wait = hedge.longest_wait(slack, (1 - done) * s.work_h, s.restart_h, _zone_up(hedge, zone))
     worth = hedge.spot_worth(s.od_price, prices[zone], s.restart_h)
     back = (state == OD) & any_up & worth & (slack >= s.restart_h)
-    return idle & (down_age > longest_wait), back
+    queued = idle & market_up  # other jobs hold the capacity: Uniform Progress's move (planning/hedge.py)
+    return (queued & behind(now)) | (idle & ~market_up & (down_age > longest_wait)), back
 
 
 def _cheaper_zone(s: Setting, hedge: Hedge, now, done, state, up, zone, prices) -> np.ndarray:

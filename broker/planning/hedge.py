@@ -4,7 +4,9 @@ market model (the rule the quote's futures play as `hedge`, models/futures.py).
 Spot gaps are heavy-tailed: the longer one has lasted, the longer it goes on. With slack S (time left beyond
 the on-demand work and the safety net's 2d) and about N more gaps before the work is done, a job can afford to
 wait a* per gap (Hedge.longest_wait); one idle longer than a* is in a long gap and goes on-demand, where
-Uniform Progress would have gone at once when behind and Greedy not before the safety net. It leaves
+Uniform Progress would have gone at once when behind and Greedy not before the safety net. That split is the
+market's: a job idle because the fleet's spot agents that fit it are all busy (other jobs hold them) waits for a
+slot, not for the market, and there it follows Uniform Progress. It leaves
 on-demand for an idle spot agent when a mean up-spell there saves more than the two changeovers cost and the
 slack pays one, and moves a run on spot to a cheaper idle spot agent when the saving over that zone's mean
 up-spell pays the changeover (SpotHedge's idea). Without a market model it is Uniform Progress.
@@ -15,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from broker.domain.model import JobSpec, Offer
+from broker.domain.model import JobSpec, Offer, Plan
 from broker.models.futures import Hedge
+from broker.models.risk import fits
 from broker.planning import register
 from broker.planning.option_table import PlanItem
 from broker.planning.uniform_progress import Move, Progress, UniformProgress, decide
@@ -34,8 +37,22 @@ class HedgePolicy(UniformProgress):
     name = "hedge"
     rule = "hedge"
 
-    def __init__(self, hedge: Callable[[JobSpec], Hedge | None] | None = None):
+    def __init__(
+        self,
+        hedge: Callable[[JobSpec], Hedge | None] | None = None,
+        live_spot: Callable[[], list[Offer]] | None = None,
+    ):
         self.hedge = hedge  # the market's view for a job's spot zones (core/hedging.MarketHedge)
+        self.live_spot = live_spot  # the spot offers of the fleet's working agents, busy or idle (core/broker.py)
+        self._live: list[Offer] = []  # read once a plan
+
+    def plan(self, items: list[PlanItem], offers: list[Offer], capacity: dict[str, int], now: datetime) -> Plan:
+        self._live = self.live_spot() if self.live_spot else []
+        return super().plan(items, offers, capacity, now)
+
+    def held_by_others(self, spec: JobSpec) -> bool:
+        """Whether the fleet has spot agents that fit the job (so the market has capacity), all busy now."""
+        return any(fits(spec, offer) for offer in self._live)
 
     def view(self, spec: JobSpec) -> Hedge | None:
         """The market's view for the job's spot zones; None without a market model or a spot zone it fits."""
@@ -43,8 +60,13 @@ class HedgePolicy(UniformProgress):
 
     def idle_move(self, item: PlanItem, progress: Progress, spot_available: bool, now: datetime) -> Move:
         view = self.view(item.spec)
-        if spot_available or view is None or decide(progress, None, False, uniform=False) == Move.on_demand:
-            return super().idle_move(item, progress, spot_available, now)  # spot, the safety net, or no model
+        if (
+            spot_available
+            or view is None
+            or decide(progress, None, False, uniform=False) == Move.on_demand
+            or self.held_by_others(item.spec)
+        ):
+            return super().idle_move(item, progress, spot_available, now)  # spot, the net, no model, or a queue
         left_h = progress.total_h - progress.done_h
         zone_up_h = view.zone_up_h[0] if view.zone_up_h else view.mean_up_h  # it launches in the cheapest first
         wait_ticks = int(view.longest_wait(slack_h(progress), left_h, progress.changeover_h, zone_up_h))
