@@ -364,3 +364,16 @@ def test_the_command_loads_no_numeric_library_until_a_command_prices():
     code = f"import sys; import broker.app.cli.main; from broker.core import waiting; print(sorted({heavy}))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_replica_reads_the_live_catalog_once_for_all_its_shards(env, monkeypatch):
+    from broker.app import wiring
+    from broker.app.cli.common import make_broker
+
+    monkeypatch.setenv("BROKER_SHARDS", "4")
+    reads = []
+    live = wiring.live_catalog
+    monkeypatch.setattr(wiring, "live_catalog", lambda store, settings: reads.append(1) or live(store, settings))
+    replica = wiring.make_replica(make_broker(), "r1")
+    priced = [server.newest_offers() for server in replica.servers]
+    assert len(replica.servers) == 4 and len(reads) == 1 and all(p == priced[0] for p in priced) and priced[0]

@@ -3,6 +3,7 @@ it, and the core. The CLI, the dashboard and the server all come through here.""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -57,11 +58,18 @@ def make_broker(with_store: bool = True, live: bool = False, daemon: bool = Fals
 
 
 def make_server(
-    broker: Broker, consumer: str, policy=None, clock=None, metrics=None, leader_lease_s: float = 5.0, shard=None
+    broker: Broker,
+    consumer: str,
+    policy=None,
+    clock=None,
+    metrics=None,
+    leader_lease_s: float = 5.0,
+    shard=None,
+    prices=None,
 ):
     """A server on one shard of the broker's store (default the first): it plans with `policy` (default the
     broker's) while it holds the shard's planning lease and stands by while another replica does; idle agents are
-    priced at the live catalog."""
+    priced at the live catalog (`prices`, default read afresh when the server asks)."""
     from broker.agents.checkpoints import CheckpointStore
     from broker.core.clock import SystemClock
     from broker.core.server import BrokerServer
@@ -76,7 +84,7 @@ def make_server(
         metrics=metrics,
         agent_secret=settings.agent_secret,
         leader_lease_s=leader_lease_s,
-        prices=lambda: live_catalog(broker.store, settings).offers,
+        prices=prices or (lambda: live_catalog(broker.store, settings).offers),
         fill_order=settings.fill_order,
     )
 
@@ -85,9 +93,17 @@ def make_replica(broker: Broker, consumer: str, policy=None, clock=None, metrics
     """`broker server`: a server per shard, run for the shards this replica owns among the live ones
     (core/replica.py); with one shard, one replica plans and the others stand by."""
     from broker.core.replica import Replica
+    from broker.core.server import PRICES_EVERY_S
+
+    settings, priced = Settings.from_env(), {}
+
+    def prices():  # one live catalog a PRICES_EVERY_S for all of this replica's shards, not one per shard
+        if "at" not in priced or time.monotonic() - priced["at"] >= PRICES_EVERY_S:
+            priced.update(offers=live_catalog(broker.store, settings).offers, at=time.monotonic())
+        return priced["offers"]
 
     def make(shard: Store):
-        return make_server(broker, consumer, policy, clock, metrics, leader_lease_s, shard)
+        return make_server(broker, consumer, policy, clock, metrics, leader_lease_s, shard, prices)
 
     return Replica(broker.store, make, consumer, leader_lease_s)
 
