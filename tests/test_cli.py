@@ -230,7 +230,7 @@ def test_the_installed_command_runs_as_a_real_process(env, tmp_path):
 def test_policies_lists_the_registry_and_marks_the_active_one(env, monkeypatch):
     rows = {r["name"]: r for r in json.loads(run("policies", "--json").stdout)}
     assert {"cheapest", "costslo", "uniform-progress", "max-min-fairness", "min-makespan"} <= set(rows)
-    assert rows["costslo"]["active"] and not rows["cheapest"]["active"]
+    assert rows["hedge"]["active"] and not rows["costslo"]["active"] and not rows["cheapest"]["active"]
     monkeypatch.setenv("BROKER_POLICY", "uniform-progress")
     assert json.loads(run("policies", "--json").stdout)[-1]["active"]
 
@@ -247,6 +247,9 @@ def test_a_round_budget_reaches_the_planner_and_a_bad_one_is_one_line(env, tmp_p
     from broker.app.cli.common import make_broker
 
     monkeypatch.setenv("BROKER_ROUND_BUDGET_USD", "250")
+    result = run("submit", job_file(tmp_path), "--quote")  # the default, hedge, plans no round budget
+    assert result.exit_code == 2 and "policy: hedge takes no budget_usd; use costslo" in result.output
+    monkeypatch.setenv("BROKER_POLICY", "costslo")
     assert make_broker(with_store=False).policy.budget_usd == 250
     monkeypatch.setenv("BROKER_ROUND_BUDGET_USD", "lots")
     result = run("submit", job_file(tmp_path), "--quote")

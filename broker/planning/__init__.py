@@ -13,7 +13,7 @@ from broker.domain.errors import BrokerError
 _REGISTRY: dict[str, type] = {}
 _LOADED = False
 
-DEFAULT_POLICY = "costslo"
+DEFAULT_POLICY = "hedge"
 FILL_ORDERS = ("sjf", "makespan", "deadline")  # fill.py's scores, named here for settings that load no numpy
 
 

@@ -32,7 +32,16 @@ from broker.sim.omniscient import Bound, joint, omniscient
 from broker.sim.workloads import Arrival
 from broker.store.jobs import Store
 
-DEFAULT_POLICIES = ("on-demand", "skypilot-eager", "cbl-greedy", "uniform-progress", "costslo", "costslo+bubbles")
+DEFAULT_POLICIES = (
+    "on-demand",
+    "skypilot-eager",
+    "cbl-greedy",
+    "uniform-progress",
+    "costslo",
+    "costslo+bubbles",
+    "hedge",
+    "hedge+bubbles",
+)
 OMNISCIENT = "omniscient"
 JOINT = "joint omniscient"  # a row of the summary: all jobs at once, capacity shared (asked for with omniscient)
 BUBBLES = "+bubbles"

@@ -26,7 +26,7 @@ def command(
     policies: str | None = typer.Option(
         None,
         help="Comma-separated: registered policies, NAME+bubbles, omniscient; default the baselines, "
-        "costslo, costslo+bubbles and omniscient.",
+        "costslo, hedge (each also +bubbles) and omniscient.",
     ),
     out_dir: Path | None = typer.Option(
         None, "--out", help="Write policies.csv, jobs.csv, spend.csv, summary.json and PNG plots here."

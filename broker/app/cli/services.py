@@ -89,7 +89,7 @@ def server(
     speedup: float = typer.Option(1.0, help="Clock compression (demos and tests)."),
     consumer: str = typer.Option(None, help="This replica's name (consumer group, planning lease); default host-pid."),
     metrics_port: int = typer.Option(9464, help="Serve Prometheus metrics on this loopback port (0: off)."),
-    policy: str = typer.Option(None, help="Planning policy (see `broker policies`); default BROKER_POLICY or costslo."),
+    policy: str = typer.Option(None, help="Planning policy (see `broker policies`); default BROKER_POLICY or hedge."),
     leader_lease_s: float = typer.Option(
         5.0, min=0.1, help="Planning lease: a standby replica takes over this long after the leader stops."
     ),
