@@ -1,7 +1,9 @@
 """Cost benchmark: every policy over every shared trace directory that maps to GPU offers, 3 seeds each.
 
 Each (directory, seed) is one `broker backtest` (the ML mix of --jobs jobs arriving over 48 h, bubbles
-from the two FreeRide-like main jobs, the omniscient bound per job). The summary adds the runs up per
+from the two FreeRide-like main jobs, the omniscient bound per job), with the market model that quotes and
+the hedge policy decide from fitted on the *other* GPU trace directories (leave one out, as bench/forecast.py
+does: the evaluated traces are never seen by the model). The summary adds the runs up per
 policy: total cost, savings against all on-demand, deadline misses, cost / omniscient, migrations,
 work lost and the mean quote error, and checks the issue's goals.
 
@@ -21,6 +23,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from broker.domain.errors import BrokerError
+from broker.planning import DEFAULT_POLICY
+from broker.pricing.availability import MarketModel
+from broker.pricing.traces import load_traces
 from broker.sim import backtest
 from broker.sim.market import backtest_market
 from broker.sim.workloads import backtest_workload
@@ -33,15 +38,32 @@ def leaf_directories(root: Path) -> list[Path]:
     return sorted({p.parent for p in root.glob("**/*.json")})
 
 
-def one(directory: str, seed: int, jobs: int) -> dict:
-    """One backtest; its rows, or why the directory has no GPU offers."""
+def gpu_directories(root: Path) -> list[Path]:
+    """Trace directories whose traces map to GPU offers (the backtest skips the others)."""
+    out = []
+    for directory in leaf_directories(root):
+        try:
+            backtest_market(directory)
+        except BrokerError:
+            continue
+        out.append(directory)
+    return out
+
+
+def fitted_on(directories: list[str], tick_s: float) -> MarketModel:
+    """The market model learned from these trace directories only."""
+    return MarketModel.fit([t for d in directories for t in load_traces(Path(d))], tick_s)
+
+
+def one(directory: str, seed: int, jobs: int, fit: list[str]) -> dict:
+    """One backtest, its market model fitted on `fit`; its rows, or why the directory has no GPU offers."""
     try:
         market = backtest_market(Path(directory))
     except BrokerError as err:
         return {"traces": directory, "seed": seed, "skipped": str(err)}
     arrivals = backtest_workload(market, seed, jobs)
     with embedded.scratch() as url:
-        result = backtest.run(market, arrivals, POLICIES, seed, url)
+        result = backtest.run(market, arrivals, POLICIES, seed, url, model=fitted_on(fit, market.tick_s))
     bound_status = sorted({b.status for b in result.bound.values()})
     return {"traces": directory, "seed": seed, "rows": result.rows, "bound_status": bound_status}
 
@@ -73,7 +95,7 @@ def aggregate(runs: list[dict]) -> list[dict]:
 
 def goals(table: list[dict]) -> dict:
     by = {row["policy"]: row for row in table}
-    broker, up = by["costslo+bubbles"], by["uniform-progress"]
+    broker, up = by[f"{DEFAULT_POLICY}+bubbles"], by["uniform-progress"]
     return {
         "broker_vs_omniscient_le_1.10": broker["cost_vs_omniscient"] <= 1.10,
         "broker_misses_0": broker["deadline_misses"] == 0,
@@ -93,12 +115,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    tasks = [(str(d), s) for d in leaf_directories(args.traces) for s in args.seeds]
+    gpu = [str(d) for d in gpu_directories(args.traces)]
+    tasks = [(str(d), s, [f for f in gpu if f != str(d)]) for d in leaf_directories(args.traces) for s in args.seeds]
     console = Console(stderr=True)
     runs = []
     with Progress(console=console) as bar, ProcessPoolExecutor(args.workers) as pool:
         task = bar.add_task("backtests", total=len(tasks))
-        for run in pool.map(one, *zip(*tasks), [args.jobs] * len(tasks)):
+        directories, seeds, fits = zip(*tasks)
+        for run in pool.map(one, directories, seeds, [args.jobs] * len(tasks), fits):
             runs.append(run)
             bar.advance(task)
     table = aggregate(runs)

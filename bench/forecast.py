@@ -28,16 +28,13 @@ from concurrent.futures import ProcessPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
-from cost import leaf_directories  # bench/cost.py, beside this file
+from cost import fitted_on, gpu_directories  # bench/cost.py, beside this file
 from rich.console import Console
 from rich.progress import Progress
 
 from broker import planning
 from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
-from broker.domain.errors import BrokerError
-from broker.pricing.availability import MarketModel
-from broker.pricing.traces import load_traces
 from broker.sim import backtest
 from broker.sim.calibration import cost_coverage, cost_errors_pct, job_rows, reliability
 from broker.sim.market import OfferBook, backtest_market
@@ -48,22 +45,10 @@ POLICIES = ["on-demand", "uniform-progress", "cbl-greedy", "costslo", "hedge"]
 FORECASTING = ["uniform-progress", "cbl-greedy", "costslo"]  # pooled as before (on-demand is certain); hedge per policy
 
 
-def gpu_directories(root: Path) -> list[Path]:
-    """Trace directories whose traces map to GPU offers (the backtest skips the others)."""
-    out = []
-    for directory in leaf_directories(root):
-        try:
-            backtest_market(directory)
-        except BrokerError:
-            continue
-        out.append(directory)
-    return out
-
-
 def one(directory: str, fit: list[str], seed: int, jobs: int) -> dict:
     """One backtest on `directory` with quotes forecast on a model fitted on `fit`; per policy its row and jobs."""
     market = backtest_market(Path(directory))
-    model = MarketModel.fit([t for d in fit for t in load_traces(Path(d))], market.tick_s)
+    model = fitted_on(fit, market.tick_s)
     arrivals = backtest_workload(market, seed, jobs)
     with embedded.scratch() as url:
         result = backtest.run(market, arrivals, POLICIES, seed, url, model=model)
@@ -110,7 +95,7 @@ def aggregate(runs: list[dict]) -> dict:
 def quote_seconds(directory: str, fit: list[str], jobs: int) -> dict:
     """Seconds per quote with its forecast (1,000 futures), costslo, over one workload's jobs."""
     market = backtest_market(Path(directory))
-    model = MarketModel.fit([t for d in fit for t in load_traces(Path(d))], market.tick_s)
+    model = fitted_on(fit, market.tick_s)
     clock = SimulatedClock(market.start)
     broker = Broker(None, OfferBook(market.offers()), planning.get("costslo"), clock, model)
     seconds = []
