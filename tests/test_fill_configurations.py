@@ -104,3 +104,35 @@ def test_a_fill_job_that_needs_more_memory_than_the_windows_have_is_handed_back(
     assert job.runs[-1].end_reason == "unfit" and job.pending and len(job.runs) == 1
     assert job.runs[-1].checkpoint_step > 0  # the steps it ran while timed are kept
     assert seen[1] == MIN_SPEED  # what the stage offers once no configuration of the job fit it
+
+
+def test_the_lease_outlives_a_blocked_serving_thread_and_a_lapsed_one_registers_again(store, tmp_path):
+    """Starting a fill process (a torch import) can outlast the lease on a busy machine: the heartbeat has its own
+    thread. A lease lost anyway (a long pause: the server then removes the agent) is registered afresh, as an
+    ordinary agent does; before, the stage's executor was gone from the broker for good."""
+    profile = BubbleProfile(
+        main_job="llm",
+        stage=1,
+        device="cpu",
+        iteration_s=0.06,
+        measured_at=datetime.now(UTC),
+        windows=[WindowStats(kind="fill-drain", median_s=0.035, p10_s=0.035, free_bytes=4 * 10**9, count=50)],
+    )
+    offer = bubble_offer(profile, "local", "local", "T4", min_window_s=0.01)
+    agent = FillAgent(store, CheckpointStore(str(tmp_path / "ckpt")), profile, offer, lease_s=1.0)
+    blocked = threading.Event()
+    agent._take_assignment = lambda: blocked.wait(3.0)  # the serving thread stuck for 3 leases
+    agent.start()
+    try:
+        time.sleep(2.0)
+        assert store.lease_alive(agent.id)  # renewed while the serving thread waits
+        blocked.set()
+        store.remove_agent(agent.id)  # what the server does to a lapsed agent
+        deadline = time.monotonic() + 10
+        while store.get_agent(agent.id) is None:
+            assert time.monotonic() < deadline, "the fill agent did not register again"
+            time.sleep(0.1)
+        assert store.lease_alive(agent.id)
+    finally:
+        agent.stop()
+    assert store.get_agent(agent.id) is None  # stopping removes it, and no heartbeat brings it back

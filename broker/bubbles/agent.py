@@ -78,9 +78,13 @@ class FillAgent:
         self.total_steps = 0
         self.served: list[str] = []  # job ids it ran, in order
         self._thread = threading.Thread(target=self._serve, name=f"fill-agent-{self.id}", daemon=True)
-        self._beat = self._owned = self._saved = self._reported = self._published = self._polled = 0.0
+        self._beating = threading.Thread(target=self._heartbeat, name=f"fill-lease-{self.id}", daemon=True)
+        self._owned = self._saved = self._reported = self._published = self._polled = 0.0
         self._leaving = threading.Event()  # asked: take no new job
         self._left = threading.Event()  # done: the lease says "leaving" and no heartbeat will undo it
+        self._lease = threading.Lock()  # a heartbeat never lands between the mark "leaving" and the exit
+        self._lapsed = threading.Event()  # a heartbeat found the lease gone: the serving thread starts afresh
+        self._stopped = threading.Event()
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -96,6 +100,7 @@ class FillAgent:
     def start(self) -> None:
         self.contract.register(self.offer, self.lease_ms)
         self._thread.start()
+        self._beating.start()
 
     def leaving(self) -> None:
         """Training is ending: take no new job. Every stage says so before any hands its job back, or the
@@ -126,17 +131,33 @@ class FillAgent:
             if self.executor is not None:
                 self._end("preempted", checkpoint=True)
             self._publish()
-            self.contract.remove()
+            with self._lease:
+                self._stopped.set()
+                self.contract.remove()
+
+    def _heartbeat(self) -> None:
+        """The lease, renewed on a thread of its own: starting or restarting a fill process (a torch import) can
+        outlast the lease on a busy machine, and the serving thread waits for it meanwhile."""
+        while not self._stopped.wait(self.lease_ms / 4000):
+            with self._lease:
+                if self._stopped.is_set() or self._leaving.is_set():
+                    continue
+                if not self.contract.renew(self.lease_ms):
+                    self._lapsed.set()
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
-        if self._leaving.is_set():  # here, on the serving thread, so no heartbeat runs after the mark
-            if not self._left.is_set():
+        if self._leaving.is_set() and not self._left.is_set():
+            with self._lease:  # no heartbeat after the mark
                 self.contract.leave()
-                self._left.set()
-        elif now - self._beat >= self.lease_ms / 4000:
-            self._beat = now
-            self.contract.renew(self.lease_ms)
+            self._left.set()
+        if self._lapsed.is_set() and not self._leaving.is_set():  # a long pause: the broker may have moved our job
+            self._lapsed.clear()
+            if self.executor is not None:
+                self._end("lost", checkpoint=False)
+            log.warning("agent=%s lease lapsed; re-registering", self.id)
+            with self._lease:
+                self.contract.register(self.offer, self.lease_ms)
         if now - self._published >= STATS_EVERY_S:
             self._publish()
         if self.executor is None:
