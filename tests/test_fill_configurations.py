@@ -31,16 +31,21 @@ def importable(monkeypatch):
     monkeypatch.syspath_prepend(str(FILL.parent))  # the spawned child imports fill_mlp by name
 
 
-def serve_fill_job(store, catalog, tmp_path, free_bytes: int, env: dict, until):
-    """A stage with 35 ms windows every 60 ms serves the example fill job until `until(agent, job)` holds."""
-    profile = BubbleProfile(
+def stage_profile(free_bytes: int, stage: int = 0) -> BubbleProfile:
+    """A stage of main job "llm" with 35 ms windows every 60 ms, `free_bytes` free in them."""
+    return BubbleProfile(
         main_job="llm",
-        stage=0,
+        stage=stage,
         device="cpu",
         iteration_s=0.06,
         measured_at=datetime.now(UTC),
         windows=[WindowStats(kind="fill-drain", median_s=0.035, p10_s=0.035, free_bytes=free_bytes, count=50)],
     )
+
+
+def serve_fill_job(store, catalog, tmp_path, free_bytes: int, env: dict, until):
+    """A stage with 35 ms windows every 60 ms serves the example fill job until `until(agent, job)` holds."""
+    profile = stage_profile(free_bytes)
     root = str(tmp_path / "ckpt")
     agent = FillAgent(
         store, CheckpointStore(root), profile, bubble_offer(profile, "local", "local", "T4", min_window_s=0.01)
@@ -110,14 +115,7 @@ def test_the_lease_outlives_a_blocked_serving_thread_and_a_lapsed_one_registers_
     """Starting a fill process (a torch import) can outlast the lease on a busy machine: the heartbeat has its own
     thread. A lease lost anyway (a long pause: the server then removes the agent) is registered afresh, as an
     ordinary agent does; before, the stage's executor was gone from the broker for good."""
-    profile = BubbleProfile(
-        main_job="llm",
-        stage=1,
-        device="cpu",
-        iteration_s=0.06,
-        measured_at=datetime.now(UTC),
-        windows=[WindowStats(kind="fill-drain", median_s=0.035, p10_s=0.035, free_bytes=4 * 10**9, count=50)],
-    )
+    profile = stage_profile(4 * 10**9, stage=1)
     offer = bubble_offer(profile, "local", "local", "T4", min_window_s=0.01)
     agent = FillAgent(store, CheckpointStore(str(tmp_path / "ckpt")), profile, offer, lease_s=1.0)
     blocked = threading.Event()
