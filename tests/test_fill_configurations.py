@@ -134,3 +134,23 @@ def test_the_lease_outlives_a_blocked_serving_thread_and_a_lapsed_one_registers_
     finally:
         agent.stop()
     assert store.get_agent(agent.id) is None  # stopping removes it, and no heartbeat brings it back
+
+
+def test_a_hung_serving_thread_lets_the_lease_lapse(store, tmp_path, monkeypatch):
+    """The heartbeat's own thread keeps the lease through a slow start, not through a hang: past the time a fill
+    process may take to start, the lease lapses and the broker moves the job."""
+    from broker.bubbles import agent as fill_agent
+
+    monkeypatch.setattr(fill_agent, "START_TIMEOUT_S", 0.5)
+    profile = stage_profile(4 * 10**9, stage=2)
+    offer = bubble_offer(profile, "local", "local", "T4", min_window_s=0.01)
+    agent = FillAgent(store, CheckpointStore(str(tmp_path / "ckpt")), profile, offer, lease_s=1.0)
+    hung = threading.Event()
+    agent._take_assignment = lambda: hung.wait(10.0)
+    agent.start()
+    try:
+        time.sleep(3.5)  # 0.5 s allowed to start, then one lease
+        assert not store.lease_alive(agent.id)
+    finally:
+        hung.set()
+        agent.stop()

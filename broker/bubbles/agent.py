@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.contract import Assignment, Contract, Verdict
 from broker.bubbles.capacity import measured_speed
-from broker.bubbles.executor import FillExecutor
+from broker.bubbles.executor import START_TIMEOUT_S, FillExecutor
 from broker.bubbles.probe import NEXT, TIMING, UNFIT, ConfigurationProbe
 from broker.domain.bubbles import BubbleProfile, FillStats
 from broker.domain.model import Offer
@@ -85,6 +85,7 @@ class FillAgent:
         self._lease = threading.Lock()  # a heartbeat never lands between the mark "leaving" and the exit
         self._lapsed = threading.Event()  # a heartbeat found the lease gone: the serving thread starts afresh
         self._stopped = threading.Event()
+        self._turned = time.monotonic()  # the serving thread's last turn: a hung one lets the lease lapse
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -137,16 +138,18 @@ class FillAgent:
 
     def _heartbeat(self) -> None:
         """The lease, renewed on a thread of its own: starting or restarting a fill process (a torch import) can
-        outlast the lease on a busy machine, and the serving thread waits for it meanwhile."""
+        outlast the lease on a busy machine, and the serving thread waits for it meanwhile. A serving thread that
+        has not turned for longer than a process may take to start is hung: the lease lapses, the job moves."""
         while not self._stopped.wait(self.lease_ms / 4000):
             with self._lease:
-                if self._stopped.is_set() or self._leaving.is_set():
+                hung = time.monotonic() - self._turned > START_TIMEOUT_S + self.lease_ms / 1000
+                if self._stopped.is_set() or self._leaving.is_set() or hung:
                     continue
                 if not self.contract.renew(self.lease_ms):
                     self._lapsed.set()
 
     def _housekeeping(self) -> None:
-        now = time.monotonic()
+        now = self._turned = time.monotonic()
         if self._leaving.is_set() and not self._left.is_set():
             with self._lease:  # no heartbeat after the mark
                 self.contract.leave()
