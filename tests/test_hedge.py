@@ -153,3 +153,18 @@ def test_the_broker_hands_a_hedge_policy_the_market_models_view_of_each_jobs_spo
     assert policy.hedge(spec.model_copy(update={"name": "another"})) is view  # sampled once per set of zones
     assert policy.hedge(spec.model_copy(update={"tiers": [Tier.on_demand]})) is None
     assert policy.live_spot is None  # no store: no fleet to tell a queue from a market gap
+
+
+def test_the_broker_tells_the_policy_its_live_spot_offers_read_at_most_once_a_second(store, catalog):
+    from test_market_model import _offer
+
+    clock = SimulatedClock(NOW)
+    policy = planning.get("hedge")
+    Broker(store, catalog, policy, clock)
+    Contract(store, "a").register(_offer("us-east-1a"), 60_000, host="test", pid=0, at=NOW)
+    Contract(store, "od").register(_offer("us-east-1z", "on_demand", 3.06), 60_000, host="test", pid=0, at=NOW)
+    assert [o.zone for o in policy.live_spot()] == ["us-east-1a"]  # spot only
+    Contract(store, "b").register(_offer("us-east-1b"), 60_000, host="test", pid=0, at=NOW)
+    assert len(policy.live_spot()) == 1  # the same second: as read
+    clock.advance(seconds=1)
+    assert sorted(o.zone for o in policy.live_spot()) == ["us-east-1a", "us-east-1b"]

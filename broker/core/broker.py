@@ -18,6 +18,7 @@ from broker.store.jobs import Store
 
 OTHERS_SEEN = 1000  # jobs a quote looks at: those waiting ahead of it, and the finished ones it learns speed from
 RECENT_H = 7 * 24.0  # hours of our fleet's spot capacity the market model learns from
+LIVE_SPOT_S = 1.0  # how stale the fleet's live spot offers may be when the policy tells a queue from a market gap
 
 
 class Broker:
@@ -41,7 +42,18 @@ class Broker:
         if self.hedges and getattr(policy, "hedge", False) is None:  # a policy that decides from the market
             policy.hedge = self.hedges
         if store is not None and getattr(policy, "live_spot", False) is None:  # ... and tells market from queue
-            policy.live_spot = lambda: [a.offer for a in store.working_agents() if a.offer.tier == Tier.spot]
+            policy.live_spot = self.live_spot
+        self._live_spot: tuple[datetime | None, list[Offer]] = (None, [])
+
+    def live_spot(self) -> list[Offer]:
+        """The spot offers of the fleet's working agents, busy or idle; read at most once in LIVE_SPOT_S (the policy
+        asks every plan page, and the server reads every agent each round already)."""
+        read_at, offers = self._live_spot
+        now = self.clock.now()  # the backtest's clock: a fresh read every simulated tick, the same on every machine
+        if read_at is None or (now - read_at).total_seconds() >= LIVE_SPOT_S or now < read_at:
+            offers = [a.offer for a in self.store.working_agents() if a.offer.tier == Tier.spot]
+            self._live_spot = (now, offers)
+        return offers
 
     @cached_property
     def market(self) -> MarketModel | None:
