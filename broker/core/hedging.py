@@ -14,7 +14,7 @@ import numpy as np
 
 from broker.domain.model import JobSpec, Offer, Tier
 from broker.models.futures import Hedge
-from broker.models.risk import fits
+from broker.models.risk import fit_key, fits
 from broker.pricing.availability import MarketModel, spells
 
 HORIZON_H = 400.0  # hours of sampled futures: long enough for the heavy tail of the spells
@@ -46,7 +46,7 @@ class MarketHedge:
         self._of: MarketModel | None = None  # the model those were computed on (it is learned again as it goes)
 
     def __call__(self, spec: JobSpec) -> Hedge | None:
-        shape = spec.model_dump_json(include={"resources", "tiers", "fill", "transformer"})
+        shape = fit_key(spec)
         if shape not in self._zones:
             fitting = (o for o in self.offers() if o.tier == Tier.spot and fits(spec, o))
             self._zones[shape] = tuple(sorted(fitting, key=lambda o: o.price_usd_per_h)[:MAX_ZONES])

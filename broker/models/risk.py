@@ -52,6 +52,11 @@ def fits(spec: JobSpec, offer: Offer) -> bool:
     )
 
 
+def fit_key(spec: JobSpec) -> str:
+    """What `fits` reads of a spec, as a key: jobs alike in it fit the same offers (a plan checks each kind once)."""
+    return spec.model_dump_json(include={"resources", "tiers", "fill", "transformer"})
+
+
 def allowed_tiers(spec: JobSpec) -> set[Tier]:
     """The tiers the job accepts; bubbles only for jobs that implement the fill step interface."""
     return {t for t in spec.tiers if t != Tier.bubble or spec.fill}

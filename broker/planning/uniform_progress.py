@@ -16,7 +16,7 @@ from datetime import datetime
 from enum import Enum
 
 from broker.domain.model import Offer, Plan, Tier, Unplaced
-from broker.models.risk import STARTUP_H, evaluate, fits, restart_hours, window_hours
+from broker.models.risk import STARTUP_H, evaluate, exclusive_hours, fit_key, fits, restart_hours, window_hours
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
 from broker.planning.option_table import PlanItem
@@ -84,19 +84,23 @@ class UniformProgress(CheapestFeasible):
         """Place each job (in the given order) on the cheapest fitting spot offer, or on-demand when behind."""
         left = {o.id: capacity.get(o.id, 10**9) for o in offers}
         plan = Plan(policy=self.name)
+        fit_by_kind: dict[str, list[Offer]] = {}
         for item in items:
-            fitting = [o for o in offers if fits(item.spec, o) and left[o.id] > 0]
+            kind = fit_key(item.spec)
+            if kind not in fit_by_kind:
+                fit_by_kind[kind] = [o for o in offers if fits(item.spec, o)]
+            fitting = [o for o in fit_by_kind[kind] if left[o.id] > 0]
             spot = sorted((o for o in fitting if o.tier != Tier.on_demand), key=lambda o: o.price_usd_per_h)
-            od = [evaluate(item.spec, o, now) for o in fitting if o.tier == Tier.on_demand]
+            od = [o for o in fitting if o.tier == Tier.on_demand]
             if item.spec.deadline is None:
                 move = Move.spot if spot else Move.on_demand
             else:
-                od_h = min((o.exclusive_h for o in od), default=float("inf")) / item.speed
+                od_h = min((exclusive_hours(item.spec, o) for o in od), default=float("inf")) / item.speed
                 move = self.idle_move(item, progress_of(item, od_h, item.submitted_at or now, now), bool(spot), now)
             if move == Move.spot and spot:
                 chosen = spot[0]
-            elif move == Move.on_demand and od:
-                chosen = min(od, key=lambda o: o.expected_cost_usd).offer
+            elif move == Move.on_demand and od:  # priced only when chosen: most jobs take spot or wait
+                chosen = min((evaluate(item.spec, o, now) for o in od), key=lambda o: o.expected_cost_usd).offer
             else:
                 plan.unplaced[item.id] = Unplaced.capacity if move != Move.wait else Unplaced.waiting
                 continue
