@@ -77,6 +77,9 @@ def aggregate(runs: list[dict]) -> list[dict]:
         od = sum(row["cost_usd"] for r in done for row in r["rows"] if row["policy"] == "on-demand")
         best = sum(row["cost_usd"] for r in done for row in r["rows"] if row["policy"] == backtest.OMNISCIENT)
         cost = sum(row["cost_usd"] for row in rows)
+        # on the jobs each joint bound covers (those some schedule meets): a run's ratio times its bound, pooled
+        joint = [(_cost(r, backtest.JOINT), _cost(r, policy, "cost_vs_joint_omniscient")) for r in done]
+        joint_usd = sum(bound for bound, _ in joint)
         errors = [row["median_abs_cost_error_pct"] for row in rows if row["median_abs_cost_error_pct"] is not None]
         out.append(
             {
@@ -85,12 +88,18 @@ def aggregate(runs: list[dict]) -> list[dict]:
                 "savings_pct": round(100 * (1 - cost / od), 1),
                 "deadline_misses": sum(row["deadline_misses"] for row in rows),
                 "cost_vs_omniscient": round(cost / best, 3),
+                "cost_vs_joint_omniscient": round(sum(b * x for b, x in joint) / joint_usd, 3) if joint_usd else None,
                 "migrations": sum(row["migrations"] for row in rows),
                 "work_lost_h": round(sum(row["work_lost_h"] for row in rows), 1),
                 "median_abs_cost_error_pct": round(float(np.median(errors)), 1) if errors else None,
             }
         )
     return out
+
+
+def _cost(run: dict, policy: str, key: str = "cost_usd") -> float:
+    """A figure of one policy's row in one run (0 when it has none)."""
+    return next((row[key] or 0.0 for row in run["rows"] if row["policy"] == policy), 0.0)
 
 
 def goals(table: list[dict]) -> dict:
