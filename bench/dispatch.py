@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=1, help="shards jobs and agents are split over")
     parser.add_argument("--replicas", type=int, default=1, help="server processes sharing out the shards")
     parser.add_argument("--cluster-nodes", type=int, default=0, help="primaries of a Redis Cluster (0: one server)")
+    parser.add_argument("--policy", default=planning.DEFAULT_POLICY, help="the servers' planning policy")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -80,7 +81,7 @@ def run(url: str, home: Path, args) -> dict:
         {"name": "bench", "run": ["true"], "resources": {"accelerators": ["L4:1"]}, "work": {"gpu_hours": 0.01}},
         clock.now(),
     )
-    quote = planning.get().quote(spec, [offer], clock.now())
+    quote = planning.get(args.policy).quote(spec, [offer], clock.now())
 
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
@@ -144,6 +145,7 @@ def run(url: str, home: Path, args) -> dict:
         "replicas": args.replicas,
         "shards": args.shards,
         "cluster_nodes": args.cluster_nodes,  # 0: a single redis-server
+        "policy": args.policy,
     }
 
 
@@ -197,7 +199,8 @@ def server_host(url: str, home: str, stop, index: int, args) -> None:
     name = f"server-{index}"
 
     def make(shard):
-        return BrokerServer(shard, planning.get(), SystemClock(), CheckpointStore(f"{home}/ckpt"), name, lease_s=30.0)
+        policy = planning.get(args.policy)
+        return BrokerServer(shard, policy, SystemClock(), CheckpointStore(f"{home}/ckpt"), name, lease_s=30.0)
 
     replica = Replica(ShardedStore(url, count=args.shards), make, name)
     while not stop.is_set():
