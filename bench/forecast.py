@@ -5,7 +5,10 @@ For every shared trace directory that maps to GPU offers (the p3.2xlarge ones) a
 of the ML mix: the market model is fitted on all the *other* GPU trace directories (leave one out: the
 evaluated traces are never seen by the model), each policy's quotes carry a forecast (1,000 futures of
 that model, run by the policy's rule), and the simulated world takes its truth from the evaluated traces
-and from each job's true speed (off the planner's estimate by a log-normal factor no policy sees).
+and from each job's true speed (off the planner's estimate by a log-normal factor no policy sees). Each
+(directory, seed) draws its own jobs (workload seed: seed x directories + the directory's index): whether a job
+meets its deadline rests mostly on its window and true speed, so the same jobs in every market would count each
+job's outcome once per market, and the reliability bins would hold a quarter as many independent jobs as they show.
 
 Prints one JSON object: `jobs`, the quote figures pooled over every job of the forecasting policies
 (`median_abs_cost_error_pct`, `p90_abs_cost_error_pct` of |realised / quoted p50 - 1|,
@@ -45,17 +48,19 @@ POLICIES = ["on-demand", "uniform-progress", "cbl-greedy", "costslo", "hedge"]
 FORECASTING = ["uniform-progress", "cbl-greedy", "costslo"]  # pooled as before (on-demand is certain); hedge per policy
 
 
-def one(directory: str, fit: list[str], seed: int, jobs: int) -> dict:
-    """One backtest on `directory` with quotes forecast on a model fitted on `fit`; per policy its row and jobs."""
+def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int) -> dict:
+    """One backtest on `directory` with quotes forecast on a model fitted on `fit`, of the jobs workload seed
+    `workload` draws; per policy its row and jobs."""
     market = backtest_market(Path(directory))
     model = fitted_on(fit, market.tick_s)
-    arrivals = backtest_workload(market, seed, jobs)
+    arrivals = backtest_workload(market, workload, jobs)
     with embedded.scratch() as url:
         result = backtest.run(market, arrivals, POLICIES, seed, url, model=model)
     return {
         "traces": directory,
         "fit_on": fit,
         "seed": seed,
+        "workload_seed": workload,
         "rows": result.rows,
         "jobs": {o.policy: job_rows(o.jobs, o.end) for o in result.outcomes},
     }
@@ -117,11 +122,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     directories = [str(d) for d in gpu_directories(args.traces)]
-    tasks = [(d, [f for f in directories if f != d], s) for d in directories for s in args.seeds]
+    tasks = [
+        (d, [f for f in directories if f != d], s, args.jobs, s * len(directories) + i)
+        for i, d in enumerate(directories)
+        for s in args.seeds
+    ]
     runs = []
     with Progress(console=Console(stderr=True)) as bar, ProcessPoolExecutor(args.workers) as pool:
         task = bar.add_task("backtests", total=len(tasks))
-        for run in pool.map(one, *zip(*tasks), [args.jobs] * len(tasks)):
+        for run in pool.map(one, *zip(*tasks)):
             runs.append(run)
             bar.advance(task)
     body = {
@@ -132,7 +141,7 @@ def main() -> None:
         "quote_seconds": quote_seconds(tasks[0][0], tasks[0][1], args.jobs),
         "runs": [
             {
-                **{k: r[k] for k in ("traces", "fit_on", "seed", "rows")},
+                **{k: r[k] for k in ("traces", "fit_on", "seed", "workload_seed", "rows")},
                 "median_abs_cost_error_pct": cost_errors_pct([j for p in FORECASTING for j in r["jobs"].get(p, [])])[0],
             }
             for r in runs
