@@ -13,6 +13,8 @@ job's outcome once per market, and the reliability bins would hold a quarter as 
 Prints one JSON object: `jobs`, the quote figures pooled over every job of the forecasting policies
 (`median_abs_cost_error_pct`, `p90_abs_cost_error_pct` of |realised / quoted p50 - 1|,
 `calibration_max_gap_pts` of the reliability diagram of P(meet) in 10-point bins with >= 20 jobs,
+`calibration_mean_gap_pts` (the bins' gaps weighted by jobs), `calibration_max_gap_if_calibrated_pts` (median and
+90th percentile of the largest gap that true odds would show on the same quotes: the figure's noise floor),
 `brier`, `cost_at_or_below_p10_p50_p90`: the share of jobs whose realised cost was at most the quoted p10, p50 and
 p90 (true quotes: 0.1, 0.5, 0.9), `median_quoted_spread_pct`: the median over quotes of their own futures' median
 |cost / p50 - 1|, the error a quote makes even when its model is right), and per policy the same plus
@@ -75,6 +77,8 @@ def figures(rows: list[dict]) -> dict:
         "p90_abs_cost_error_pct": p90,
         **cost_coverage(rows),
         "calibration_max_gap_pts": calibration["calibration_max_gap_pts"],
+        "calibration_mean_gap_pts": calibration["calibration_mean_gap_pts"],
+        "calibration_max_gap_if_calibrated_pts": calibration["calibration_max_gap_if_calibrated_pts"],
         "brier": calibration["brier"],
         "reliability": calibration["bins"],
     }

@@ -188,6 +188,11 @@ def test_quote_figures_count_errors_and_calibration():
     assert cost_errors_pct(rows) == (10.0, 50.0)
     figures = reliability(rows)
     assert figures["calibration_max_gap_pts"] == pytest.approx(5.0) and figures["brier"] == pytest.approx(0.13)
+    assert figures["calibration_mean_gap_pts"] == pytest.approx(5.0)
+    # 20 jobs at 0.9 that meet at those odds: 18 meet with P 0.29, 17 or 19 with 0.46, 16 or fewer, or 20, with 0.25
+    assert figures["calibration_max_gap_if_calibrated_pts"] == [5.0, 10.0]  # median and 90th percentile
+    many = [{"quoted_cost_usd": 1.0, "cost_usd": 1.0, "p_meet": 0.9, "met": i % 10 != 0} for i in range(2000)]
+    assert reliability(many)["calibration_max_gap_if_calibrated_pts"][1] < 2.0  # 2,000 jobs: a tight floor
 
 
 def test_a_quote_sees_the_jobs_ahead_of_it_in_the_fleet(store):
@@ -226,17 +231,17 @@ def test_a_job_slower_than_estimated_is_seen_by_its_progress():
     assert observed_speed(job) == pytest.approx(0.5, rel=0.1)
 
 
-def _finished(quote, speed: float, name: str) -> Job:
-    """A finished job whose one run progressed at `speed` times the estimate for 3 productive hours."""
+def _finished(quote, speed: float, name: str, state: JobState = JobState.done) -> Job:
+    """A finished (or `state`) job whose one run progressed at `speed` times the estimate for 3 productive hours."""
     offer, spec = quote.chosen.offer, _quote_spec(30.0)
     started = NOW + timedelta(hours=1)
     run = Run(fence=1, agent="a", offer=offer, dispatched_at=started, started_at=started, progress_total=1000.0)
     run.last_progress_at = started + timedelta(hours=3 + spec.checkpoint.restore_minutes / 60 + 0.05)
     run.progress_done = 1000 * speed * 3 / quote.chosen.exclusive_h
-    return Job(id=name, spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, runs=[run], state=JobState.done)
+    return Job(id=name, spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, runs=[run], state=state)
 
 
-def test_quotes_learn_how_far_off_the_speed_estimate_is_from_finished_jobs():
+def test_quotes_learn_how_far_off_the_speed_estimate_is_from_measured_jobs():
     from broker.core.forecast import SPEED_PRIOR_SIGMA, Fleet, forecast
 
     model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
@@ -246,6 +251,11 @@ def test_quotes_learn_how_far_off_the_speed_estimate_is_from_finished_jobs():
         speeds = np.exp(np.random.default_rng(1).normal(0.0, sigma, 60))
         learned = Fleet.of([], [], NOW, [_finished(quote, v, f"j{i}") for i, v in enumerate(speeds)]).speed_sigma
         assert learned < SPEED_PRIOR_SIGMA / 2 if sigma < SPEED_PRIOR_SIGMA else learned > 0.4
+    wide = np.exp(np.random.default_rng(2).normal(0.0, 0.5, 60))
+    running = [_finished(quote, v, f"r{i}", JobState.running) for i, v in enumerate(wide)]
+    learned = Fleet.of([], running, NOW, []).speed_sigma
+    assert learned > 0.4  # a running job's measured rate counts before it finishes
+    assert Fleet.of([], running, NOW, running).speed_sigma == pytest.approx(learned)  # recent and active: once
     few = [_finished(quote, v, f"j{i}") for i, v in enumerate([0.99, 1.0, 1.01])]
     assert 0.5 * SPEED_PRIOR_SIGMA < Fleet.of([], [], NOW, few).speed_sigma < SPEED_PRIOR_SIGMA  # a few: pooled
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from broker.core.hedging import MAX_ZONES, hedge_for
-from broker.domain.model import Forecast, Job, JobSpec, JobState, Offer, Quote, Tier
+from broker.domain.model import Forecast, Job, JobSpec, Offer, Quote, Tier
 from broker.models.contention import arrivals, launchable
 from broker.models.futures import Hedge, Setting, simulate
 from broker.models.placement import transfer_usd
@@ -52,15 +52,16 @@ class Fleet:
     @classmethod
     def of(cls, agents: list, jobs: list[Job], now: datetime, recent: list[Job] = ()) -> Fleet:
         """From the live agents (AgentInfo), the active jobs and the newest ones (`recent`); a job pinned to or
-        running on on-demand holds no spot slot. The estimate's error is learned from the finished jobs whose speed
-        was measured (speed_spread); the jobs to come from those submitted in the last ARRIVALS_H hours: their rate
-        (from the first of them to now) and kind."""
+        running on on-demand holds no spot slot. The estimate's error is learned from every job whose speed was
+        measured (speed_spread), running or done: a run's rate counts after its first half hour of progress
+        (option_table.measured_speed), so quotes learn it hours before the first jobs finish. The jobs to come are
+        like those submitted in the last ARRIVALS_H hours: their rate (from the first of them to now) and kind."""
         count: dict[str, int] = {}
         for agent in agents:
             count[agent.offer.id] = count.get(agent.offer.id, 0) + 1
         others = [(_zones(job), work_left(job) * job.quote.chosen.expected_wall_h) for job in jobs if _on_spot(job)]
-        finished = [j for j in recent if j.state == JobState.done]
-        sigma = speed_spread([v for v in map(measured_speed, finished) if v is not None])
+        seen = {job.id: job for job in [*recent, *jobs]}  # a job both recent and active counts once
+        sigma = speed_spread([v for v in map(measured_speed, seen.values()) if v is not None])
         lately = [j for j in recent if j.submitted_at >= now - timedelta(hours=ARRIVALS_H)]
         span_h = (now - min((j.submitted_at for j in lately), default=now)).total_seconds() / 3600
         rate = (len(lately) - 1) / span_h if len(lately) >= 2 and span_h > 0 else 0.0

@@ -10,6 +10,7 @@ from broker.models.accounting import missed_deadline, spend_usd
 
 BINS = 10  # reliability diagram: P(meet) in 10-point bins
 MIN_PER_BIN = 20  # a bin counts toward the calibration gap only with this many jobs
+NOISE_DRAWS = 1000  # outcomes drawn at the quoted odds for the noise floor of the largest gap
 
 
 def quoted(job: Job) -> tuple[float, float]:
@@ -68,32 +69,44 @@ def cost_coverage(rows: list[dict]) -> dict:
 
 
 def reliability(rows: list[dict]) -> dict:
-    """P(meet) against the share that met, in BINS bins: per bin (from, to, jobs, predicted, observed), the
-    largest |predicted - observed| in points over bins with MIN_PER_BIN jobs, and the Brier score."""
+    """P(meet) against the share that met, in BINS bins: per bin (from, to, jobs, predicted, observed); the largest
+    |predicted - observed| in points over bins with MIN_PER_BIN jobs, and the same gap weighted by jobs over all bins
+    (`calibration_mean_gap_pts`); the Brier score; and `calibration_max_gap_if_calibrated_pts`: the median and 90th
+    percentile of the largest gap that perfectly calibrated odds would show on these very quotes (each job meeting
+    with its quoted P), the noise floor below which a largest gap says nothing."""
     if not rows:
-        return {"bins": [], "calibration_max_gap_pts": None, "brier": None}
+        return {
+            "bins": [],
+            "calibration_max_gap_pts": None,
+            "calibration_mean_gap_pts": None,
+            "calibration_max_gap_if_calibrated_pts": None,
+            "brier": None,
+        }
     p = np.array([r["p_meet"] for r in rows], dtype=float)
     y = np.array([r["met"] for r in rows], dtype=float)
     which = np.minimum((p * BINS).astype(int), BINS - 1)
-    bins, gaps = [], []
-    for b in range(BINS):
+    bins = []
+    for b in np.unique(which):
         here = which == b
-        if not here.any():
-            continue
-        predicted, observed = float(p[here].mean()), float(y[here].mean())
         bins.append(
             {
                 "from": b / BINS,
                 "to": (b + 1) / BINS,
                 "jobs": int(here.sum()),
-                "predicted": round(predicted, 4),
-                "observed": round(observed, 4),
+                "predicted": round(float(p[here].mean()), 4),
+                "observed": round(float(y[here].mean()), 4),
             }
         )
-        if here.sum() >= MIN_PER_BIN:
-            gaps.append(abs(predicted - observed))
+    gaps = np.array([abs(b["predicted"] - b["observed"]) for b in bins])
+    jobs = np.array([b["jobs"] for b in bins])
+    counted = gaps[jobs >= MIN_PER_BIN]
+    draws = np.random.default_rng(0).random((NOISE_DRAWS, len(p))) < p  # outcomes if the odds were true
+    masks = [which == b for b in np.unique(which) if np.sum(which == b) >= MIN_PER_BIN]
+    chance = np.max([np.abs(p[m].mean() - draws[:, m].mean(axis=1)) for m in masks] or [np.zeros(1)], axis=0)
     return {
         "bins": bins,
-        "calibration_max_gap_pts": round(100 * max(gaps), 1) if gaps else None,
+        "calibration_max_gap_pts": round(100 * float(counted.max()), 1) if len(counted) else None,
+        "calibration_mean_gap_pts": round(100 * float(np.sum(gaps * jobs) / jobs.sum()), 1),
+        "calibration_max_gap_if_calibrated_pts": [round(100 * float(np.percentile(chance, q)), 1) for q in (50, 90)],
         "brier": round(float(np.mean((p - y) ** 2)), 4),
     }
