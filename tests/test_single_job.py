@@ -70,6 +70,13 @@ def test_the_single_job_mode_on_held_out_traces_bounds_every_rule_and_misses_not
     by = {(r["setting"], r["deadline_h"], r["policy"]): r["mean_cost_usd"] for r in rows}
     for s, d, _ in [k for k in by if k[2] == "hedge"]:
         assert by[s, d, "hedge"] < by[s, d, "uniform"] < by[s, d, "on-demand"]
+    for r in rows:  # the pooled saving is a weighted mean of the zones' own, so it lies within their range
+        if r["setting"] == "1 zone":
+            low, high = r["vs_uniform_zone_range_pct"]
+            assert low - 0.1 <= r["vs_uniform_1_zone_pct"] <= high + 0.1
+            assert (low, high) == (0.0, 0.0) if r["policy"] == "uniform" else low < high
+        else:
+            assert r["vs_uniform_zone_range_pct"] is None
 
 
 def test_broker_backtest_single_job_prints_the_rows_as_json():

@@ -154,7 +154,7 @@ def _single_job(traces: Path | None, stride_h: float, as_json: bool) -> None:
     for column in columns:
         table.add_column(column, justify="left" if column in ("setting", "policy") else "right")
     for row in rows:
-        table.add_row(*(str(row[c]) for c in columns))
+        table.add_row(*("-" if row[c] is None else str(row[c]) for c in columns))
     out.print(table)
 
 
