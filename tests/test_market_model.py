@@ -180,6 +180,25 @@ def test_a_quote_on_a_flaky_zone_is_not_certain_and_on_a_calm_one_it_is_cheap():
     assert tight.finish_p50 <= NOW + timedelta(hours=14.0)
 
 
+def test_a_quote_shows_and_saves_against_its_futures_not_the_money_model():
+    from rich.console import Console
+
+    from broker.app import render
+
+    flaky = MarketModel.fit([trace("us-east-1a", [1] * 3 + [0] * 9, 300)])  # up a quarter of the time
+    quote = _quote(flaky, 14.0)
+    chosen, base = quote.forecast, quote.on_demand_baseline.forecast
+    assert base.rule == "on-demand" and base.p_meet_deadline < 1.0  # even on-demand: the speed estimate may be off
+    assert quote.savings_usd == pytest.approx(base.cost_p50_usd - chosen.cost_p50_usd)
+    analytic = quote.on_demand_baseline.expected_cost_usd - quote.chosen.expected_cost_usd
+    assert abs(quote.savings_usd - analytic) > 0.05  # the money model's, which thinks spot always launchable
+    console = Console(width=160, record=True)
+    console.print(render.quote_table(quote, "quote"))
+    row = next(line.split() for line in console.export_text().splitlines() if line.startswith("chosen"))
+    assert f"${chosen.cost_p50_usd:,.2f}" in row and f"{chosen.p_meet_deadline:.2f}" in row
+    assert f"{quote.chosen.p_meet_deadline:.3f}" not in row
+
+
 def test_quote_figures_count_errors_and_calibration():
     rows = [
         {"quoted_cost_usd": 10.0, "cost_usd": c, "p_meet": 0.9, "met": m}

@@ -68,6 +68,7 @@ def quote_table(quote: Quote, title: str) -> Fitted:
     if quote.on_demand_baseline is not None:
         rows.append(("on-demand", quote.on_demand_baseline))
     for label, option in rows:
+        f = quote.forecast if label == "chosen" else option.forecast
         table.add_row(
             f"[bold green]{label}[/]" if label == "chosen" else label,
             option.offer.tier.value + ("+od" if option.fallback else ""),
@@ -75,13 +76,22 @@ def quote_table(quote: Quote, title: str) -> Fitted:
             gpus(option),
             f"{option.offer.price_usd_per_h:,.4f}",
             duration(option.expected_wall_h),
-            _money(option.expected_cost_usd),
-            f"{option.p_meet_deadline:.3f}",
-            when(option.expected_finish),
+            _money(f.cost_p50_usd if f else option.expected_cost_usd),
+            f"{(f or option).p_meet_deadline:.2f}" if f else f"{option.p_meet_deadline:.3f}",
+            when(f.finish_p50 if f and f.finish_p50 else option.expected_finish),
         )
     notes = []
+    if quote.forecast is not None:
+        notes.append(
+            "chosen and on-demand: cost, P(meet) and finish are their futures' median, odds and median finish; "
+            "alternatives: the money model's (spot always launchable, a constant hazard)"
+        )
     if quote.savings_usd is not None:
-        notes.append(f"savings vs cheapest on-demand: {_money(quote.savings_usd)} ({quote.savings_pct:.1f}%)")
+        medians = quote.forecast is not None and quote.on_demand_baseline.forecast is not None
+        notes.append(
+            f"savings vs cheapest on-demand: {_money(quote.savings_usd)} ({quote.savings_pct:.1f}%)"
+            + (" of the futures' medians" if medians else "")
+        )
     if quote.chosen.fallback is not None:
         notes.append(
             f"+od: the deadline guard moves the job to {quote.chosen.fallback.instance_type} "

@@ -10,7 +10,7 @@ from functools import cached_property
 from broker.core.forecast import Fleet, forecast
 from broker.core.hedging import MarketHedge
 from broker.domain.errors import BrokerError
-from broker.domain.model import AgentInfo, Job, JobSpec, JobState, Offer, Quote, Tier
+from broker.domain.model import AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
 from broker.pricing.availability import MarketModel, seen_ticks
 from broker.pricing.catalog import PriceCatalog
 from broker.store.capacity import fleet_seen
@@ -87,7 +87,8 @@ class Broker:
 
     def quote(self, spec: JobSpec) -> Quote:
         """Price the job on every offer and pick one, then simulate the choice by the policy's rule on the market
-        model's futures, against the other jobs for the fleet's capacity; raises InfeasibleError when none fits."""
+        model's futures, against the other jobs for the fleet's capacity, and the on-demand baseline at the same
+        spread of speeds (what the savings are against); raises InfeasibleError when none fits."""
         now = self.clock.now()
         agents = self.store.working_agents() if self.store is not None else []
         offers = self.offers(agents)
@@ -100,9 +101,15 @@ class Broker:
         if self.store is not None:  # the jobs ahead of it (running, then the most urgent waiting), and the newest
             others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)
             fleet = Fleet.of(agents, others, now, self.store.recent_jobs(OTHERS_SEEN))
-        update = {
-            "forecast": forecast(spec, quote, offers, market, rule, now, fleet=fleet, hedges=self.hedges.for_zones)
-        }
+
+        def simulated(option: Option) -> Forecast:
+            played = quote.model_copy(update={"chosen": option})
+            return forecast(spec, played, offers, market, rule, now, fleet=fleet, hedges=self.hedges.for_zones)
+
+        update: dict = {"forecast": simulated(quote.chosen)}
+        baseline = quote.on_demand_baseline
+        if baseline is not None:  # no market randomness there: only the speed's (cheap)
+            update["on_demand_baseline"] = baseline.model_copy(update={"forecast": simulated(baseline)})
         return quote.model_copy(update=update)
 
     def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:

@@ -67,29 +67,9 @@ class Offer(BaseModel):
         return offer_id(self.cloud, self.zone or self.region, self.instance_type, self.tier)
 
 
-class Option(BaseModel):
-    """One job priced on one offer: what it would take and cost, and its deadline odds."""
-
-    offer: Offer
-    fallback: Offer | None = None  # on-demand kept in reserve: the deadline guard moves the job there
-    exclusive_h: float
-    checkpoint_interval_h: float | None
-    expected_wall_h: float
-    expected_cost_usd: float
-    p_meet_deadline: float
-    expected_finish: datetime
-    meets_deadline: bool
-    within_budget: bool
-
-    @computed_field
-    @property
-    def feasible(self) -> bool:
-        return self.meets_deadline and self.within_budget
-
-
 class Forecast(BaseModel):
-    """The chosen option played out by the policy's rule on sampled futures of the market model
-    (core/forecast.py): what the job may cost and when it may finish, with the odds."""
+    """An option (the chosen one, or the on-demand baseline) played out by the policy's rule on sampled futures of
+    the market model (core/forecast.py): what the job may cost and when it may finish, with the odds."""
 
     futures: int
     rule: str  # the policy's rule the futures were run with (greedy, uniform, spot-only, on-demand)
@@ -107,6 +87,27 @@ class Forecast(BaseModel):
     evidence: str  # what the market model of its zones rests on
 
 
+class Option(BaseModel):
+    """One job priced on one offer: what it would take and cost, and its deadline odds."""
+
+    offer: Offer
+    fallback: Offer | None = None  # on-demand kept in reserve: the deadline guard moves the job there
+    exclusive_h: float
+    checkpoint_interval_h: float | None
+    expected_wall_h: float
+    expected_cost_usd: float
+    p_meet_deadline: float
+    expected_finish: datetime
+    meets_deadline: bool
+    within_budget: bool
+    forecast: Forecast | None = None  # the on-demand baseline at the chosen one's spread of speeds (Broker.quote)
+
+    @computed_field
+    @property
+    def feasible(self) -> bool:
+        return self.meets_deadline and self.within_budget
+
+
 class Quote(BaseModel):
     """The broker's answer to a submit: the chosen option, alternatives, and the savings; `forecast` is the
     chosen option simulated on the market model's futures (None where no market model was given)."""
@@ -118,19 +119,28 @@ class Quote(BaseModel):
     on_demand_baseline: Option | None
     forecast: Forecast | None = None
 
+    def _costs(self) -> tuple[float, float] | None:
+        """(chosen, on-demand) cost: the forecasts' medians when both were simulated, else the money model's."""
+        base = self.on_demand_baseline
+        if base is None:
+            return None
+        if self.forecast is not None and base.forecast is not None:
+            return self.forecast.cost_p50_usd, base.forecast.cost_p50_usd
+        return self.chosen.expected_cost_usd, base.expected_cost_usd
+
     @computed_field
     @property
     def savings_usd(self) -> float | None:
-        base = self.on_demand_baseline
-        return None if base is None else base.expected_cost_usd - self.chosen.expected_cost_usd
+        costs = self._costs()
+        return None if costs is None else costs[1] - costs[0]
 
     @computed_field
     @property
     def savings_pct(self) -> float | None:
-        base = self.on_demand_baseline
-        if base is None or base.expected_cost_usd <= 0:
+        costs = self._costs()
+        if costs is None or costs[1] <= 0:
             return None
-        return 100.0 * self.savings_usd / base.expected_cost_usd
+        return 100.0 * (costs[1] - costs[0]) / costs[1]
 
 
 def relative_gap(objective: float, bound: float) -> float:
