@@ -84,7 +84,7 @@ def jobs_page() -> None:
     chosen = st.selectbox("Job", [j.id for j in jobs], index=len(jobs) - 1)
     job = next(j for j in jobs if j.id == chosen)
     cols = st.columns(3)
-    cols[0].metric("Quoted", money(job.quote.chosen.expected_cost_usd))
+    cols[0].metric("Quoted", money(job.quote.cost_usd))
     cols[1].metric("Realised so far", money(accounting.spend_usd(job, now())))
     cols[2].metric("Migrations", job.migrations)
     if job.runs:

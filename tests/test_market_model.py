@@ -184,6 +184,7 @@ def test_a_quote_shows_and_saves_against_its_futures_not_the_money_model():
     from rich.console import Console
 
     from broker.app import render
+    from broker.models import accounting
 
     flaky = MarketModel.fit([trace("us-east-1a", [1] * 3 + [0] * 9, 300)])  # up a quarter of the time
     quote = _quote(flaky, 14.0)
@@ -197,6 +198,9 @@ def test_a_quote_shows_and_saves_against_its_futures_not_the_money_model():
     row = next(line.split() for line in console.export_text().splitlines() if line.startswith("chosen"))
     assert f"${chosen.cost_p50_usd:,.2f}" in row and f"{chosen.p_meet_deadline:.2f}" in row
     assert f"{quote.chosen.p_meet_deadline:.3f}" not in row
+    job = Job(id="j", spec=_quote_spec(14.0), submitted_at=NOW, updated_at=NOW, quote=quote)
+    assert quote.cost_usd == chosen.cost_p50_usd != quote.chosen.expected_cost_usd
+    assert accounting.jobs_frame([job], NOW)["quote $"].iloc[0] == pytest.approx(chosen.cost_p50_usd, abs=1e-4)
 
 
 def test_quote_figures_count_errors_and_calibration():

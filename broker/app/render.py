@@ -77,7 +77,7 @@ def quote_table(quote: Quote, title: str) -> Fitted:
             f"{option.offer.price_usd_per_h:,.4f}",
             duration(option.expected_wall_h),
             _money(f.cost_p50_usd if f else option.expected_cost_usd),
-            f"{(f or option).p_meet_deadline:.2f}" if f else f"{option.p_meet_deadline:.3f}",
+            f"{f.p_meet_deadline:.2f}" if f else f"{option.p_meet_deadline:.3f}",
             when(f.finish_p50 if f and f.finish_p50 else option.expected_finish),
         )
     notes = []
@@ -138,7 +138,7 @@ def jobs_table(jobs: list[Job]) -> Fitted:
             offer.tier.value,
             f"{offer.cloud} {offer.instance_type} {offer.zone or offer.region}",
             f"{offer.accelerator_count}x {offer.accelerator}",
-            _money(chosen.expected_cost_usd),
+            _money(job.quote.cost_usd),
             _money(job.cost_usd),
             _money(job.spec.budget_usd),
             str(len(job.runs)),

@@ -119,6 +119,16 @@ class Quote(BaseModel):
     on_demand_baseline: Option | None
     forecast: Forecast | None = None
 
+    @property
+    def cost_usd(self) -> float:
+        """What the quote says the job will cost: its forecast's median, else the money model's expectation."""
+        return self.forecast.cost_p50_usd if self.forecast is not None else self.chosen.expected_cost_usd
+
+    @property
+    def p_meet_deadline(self) -> float:
+        """The quote's odds of meeting the deadline: its forecast's, else the money model's."""
+        return self.forecast.p_meet_deadline if self.forecast is not None else self.chosen.p_meet_deadline
+
     def _costs(self) -> tuple[float, float] | None:
         """(chosen, on-demand) cost: the forecasts' medians when both were simulated, else the money model's."""
         base = self.on_demand_baseline

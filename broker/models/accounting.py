@@ -114,7 +114,7 @@ def jobs_frame(jobs: list[Job], now: datetime) -> pd.DataFrame:
                 "offer": f"{offer.cloud} {offer.instance_type} {offer.zone or offer.region}",
                 "deadline slack h": None if job.state.terminal or slack_h is None else round(slack_h, 2),
                 "cost so far $": round(spend, 4),
-                "quote $": round(job.quote.chosen.expected_cost_usd, 4),
+                "quote $": round(job.quote.cost_usd, 4),
                 "budget used %": round(100 * spend / job.spec.budget_usd, 1) if job.spec.budget_usd else None,
                 "migrations": job.migrations,
                 "tags": ", ".join(job.tags),

@@ -16,9 +16,7 @@ NOISE_DRAWS = 1000  # outcomes drawn at the quoted odds for the noise floor of t
 def quoted(job: Job) -> tuple[float, float]:
     """(cost, P(meet)) the job was quoted at submit: the forecast's median and odds when it has one, else the money
     model's expectation."""
-    if job.quote.forecast is not None:
-        return job.quote.forecast.cost_p50_usd, job.quote.forecast.p_meet_deadline
-    return job.quote.chosen.expected_cost_usd, job.quote.chosen.p_meet_deadline
+    return job.quote.cost_usd, job.quote.p_meet_deadline
 
 
 def job_rows(jobs: list[Job], end) -> list[dict]:

@@ -42,7 +42,7 @@ def jobs_frame(result: Result) -> pd.DataFrame:
                     "job": job.id,
                     "state": job.state.value,
                     "cost_usd": round(job.cost_usd, 4),
-                    "quote_usd": round(job.quote.chosen.expected_cost_usd, 4),
+                    "quote_usd": round(job.quote.cost_usd, 4),
                     "migrations": job.migrations,
                     "missed_deadline": missed_deadline(job, out.end),
                     "omniscient_usd": round(bound.cost_usd, 4) if bound else None,
