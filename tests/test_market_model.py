@@ -203,6 +203,17 @@ def test_a_quote_shows_and_saves_against_its_futures_not_the_money_model():
     assert accounting.jobs_frame([job], NOW)["quote $"].iloc[0] == pytest.approx(chosen.cost_p50_usd, abs=1e-4)
 
 
+def test_a_quote_launches_only_where_the_job_runs_as_fast_as_on_its_chosen_offer():
+    from broker.core.forecast import zones_for
+
+    base = _quote_spec(30.0)
+    spec = type(base).model_validate({**base.model_dump(), "resources": {"accelerators": ["V100:1", "T4:1"]}})
+    v100, other_v100 = _offer("us-east-1a"), _offer("us-east-1b", price=0.8)
+    t4 = _offer("us-east-1c", price=0.3).model_copy(update={"accelerator": "T4", "instance_type": "g4dn.xlarge"})
+    zones = zones_for(spec, v100, [v100, other_v100, t4], 3.06)
+    assert [o.id for o in zones] == [other_v100.id, v100.id]  # the cheap T4 is slower: not a zone of this quote
+
+
 def test_quote_figures_count_errors_and_calibration():
     rows = [
         {"quoted_cost_usd": 10.0, "cost_usd": c, "p_meet": 0.9, "met": m}

@@ -125,9 +125,11 @@ def _zones(job: Job) -> frozenset[str]:
 
 def zones_for(spec: JobSpec, chosen: Offer, offers: list[Offer], ceiling_usd_per_h: float) -> list[Offer]:
     """The offers of the chosen one's tier a job may launch in, then and after each preemption: every one it fits
-    that is cheaper than its fallback and no further from its data (the policies take the cheapest with room,
-    wherever it is), cheapest first, at most MAX_ZONES."""
+    that is cheaper than its fallback, no further from its data and as fast for it (the policies take the cheapest
+    with room, wherever it is; the futures play the job at one speed, so an 8x A100 zone is not one for a job
+    chosen on 8x H200), cheapest first, at most MAX_ZONES."""
     moving = transfer_usd(spec, chosen)
+    work_h = exclusive_hours(spec, chosen)
     same = [
         o
         for o in offers
@@ -136,6 +138,7 @@ def zones_for(spec: JobSpec, chosen: Offer, offers: list[Offer], ceiling_usd_per
         and fits(spec, o)
         and o.price_usd_per_h < ceiling_usd_per_h
         and transfer_usd(spec, o) <= moving  # no further from its data
+        and math.isclose(exclusive_hours(spec, o), work_h, rel_tol=1e-6)
     ]
     return sorted([chosen, *same], key=lambda o: (o.price_usd_per_h, o.id))[:MAX_ZONES]
 
