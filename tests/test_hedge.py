@@ -138,6 +138,26 @@ def test_the_guard_moves_a_hedge_job_on_spot_to_a_cheaper_zone_that_comes_back(
         assert server.step() == [("j", "cheap")]
 
 
+def test_the_guard_does_not_move_a_job_to_a_cheaper_hour_on_slower_gpus(redis_url, catalog, tmp_path):
+    store, clock = Store(redis_url, prefix="slower:"), SimulatedClock(NOW)
+    up_10_h = Hedge(np.arange(50) * 0.1, 10.0, (), 0.1)
+    policy = planning.get("hedge", hedge=lambda spec: up_10_h)
+    server = BrokerServer(store, policy, clock, CheckpointStore(str(tmp_path)), consumer="test")
+    spot = sorted((o for o in catalog.offers if o.tier == Tier.spot), key=lambda o: o.price_usd_per_h)
+    l4 = next(o for o in reversed(spot) if o.accelerator == "L4" and o.accelerator_count == 1)
+    t4 = next(o for o in spot if o.accelerator == "T4" and o.accelerator_count == 1)  # half an L4's speed
+    assert t4.price_usd_per_h < 0.5 * l4.price_usd_per_h  # cheaper by the hour than the L4 it runs on
+    running = Contract(store, "l4")
+    running.register(l4, 10**10, host="test", pid=0, at=clock.now())
+    spec = make_spec(resources={"accelerators": ["L4:1", "T4:1"]}, work={"gpu_hours": 8}, deadline="+40h")
+    Broker(store, catalog, policy, clock).submit(spec, job_id="j")
+    assert server.step() == [("j", "l4")]
+    run_an_hour(running, clock, 100)
+    Contract(store, "t4").register(t4, 10**10, host="test", pid=0, at=clock.now())
+    server.step()
+    assert not store.get_job("j").move_requested
+
+
 def test_the_broker_hands_a_hedge_policy_the_market_models_view_of_each_jobs_spot_zones(catalog):
     model = MarketModel.fit([trace("us-east-1a", [1] * 6 + [0] * 12, 200)])
     policy = planning.get("hedge")

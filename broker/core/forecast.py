@@ -25,7 +25,15 @@ from broker.domain.model import Forecast, Job, JobSpec, Offer, Quote, Tier
 from broker.models.contention import arrivals, launchable
 from broker.models.futures import Hedge, Setting, simulate
 from broker.models.placement import transfer_usd
-from broker.models.risk import checkpoint_hours, exclusive_hours, fits, restart_hours, window_hours, young_interval_h
+from broker.models.risk import (
+    as_fast,
+    checkpoint_hours,
+    exclusive_hours,
+    fits,
+    restart_hours,
+    window_hours,
+    young_interval_h,
+)
 from broker.planning.option_table import measured_speed, work_left
 from broker.pricing.availability import MarketModel
 
@@ -129,7 +137,6 @@ def zones_for(spec: JobSpec, chosen: Offer, offers: list[Offer], ceiling_usd_per
     with room, wherever it is; the futures play the job at one speed, so an 8x A100 zone is not one for a job
     chosen on 8x H200), cheapest first, at most MAX_ZONES."""
     moving = transfer_usd(spec, chosen)
-    work_h = exclusive_hours(spec, chosen)
     same = [
         o
         for o in offers
@@ -138,7 +145,7 @@ def zones_for(spec: JobSpec, chosen: Offer, offers: list[Offer], ceiling_usd_per
         and fits(spec, o)
         and o.price_usd_per_h < ceiling_usd_per_h
         and transfer_usd(spec, o) <= moving  # no further from its data
-        and math.isclose(exclusive_hours(spec, o), work_h, rel_tol=1e-6)
+        and as_fast(spec, o, chosen)
     ]
     return sorted([chosen, *same], key=lambda o: (o.price_usd_per_h, o.id))[:MAX_ZONES]
 

@@ -9,7 +9,7 @@ import logging
 from datetime import datetime
 
 from broker.domain.model import AgentInfo, Job, Offer, Tier
-from broker.models.risk import fits
+from broker.models.risk import as_fast, fits
 from broker.planning.option_table import PlanItem
 from broker.planning.uniform_progress import Move, decide, progress_of
 from broker.store.jobs import Store
@@ -75,7 +75,14 @@ class DeadlineGuard:
             if agent and self.policy.leaves_on_demand(item, progress, agent.offer, on):
                 return None, agent, f"; back to spot ({self.policy.name}'s rule)"
         elif on.tier == Tier.spot:
-            agent = next((a for a in spot_idle if a.offer.tier == Tier.spot and fits(item.spec, a.offer)), None)
+            agent = next(
+                (
+                    a
+                    for a in spot_idle
+                    if a.offer.tier == Tier.spot and fits(item.spec, a.offer) and as_fast(item.spec, a.offer, on)
+                ),
+                None,
+            )  # only where it keeps its pace: a cheaper hour on slower GPUs may cost more work and the deadline
             if agent and self.policy.moves_zone(item, progress, on, agent.offer):
                 where = agent.offer.zone or agent.offer.region
                 return None, agent, f"; to a cheaper zone, {where} ({self.policy.name}'s rule)"

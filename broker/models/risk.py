@@ -98,6 +98,12 @@ def exclusive_hours(spec: JobSpec, offer: Offer) -> float:
     return exclusive_hours_on(spec, offer.accelerator, offer.accelerator_count) / offer.speed_factor
 
 
+def as_fast(spec: JobSpec, offer: Offer, than: Offer) -> bool:
+    """Whether the job takes as long on `offer` as on `than` (the same hardware for it): a move or a zone between
+    them keeps the job's pace, so their hourly prices compare as costs of the same work."""
+    return math.isclose(exclusive_hours(spec, offer), exclusive_hours(spec, than), rel_tol=1e-6)
+
+
 def checkpoint_hours(spec: JobSpec) -> float:
     """Time to write one checkpoint of the job."""
     return spec.checkpoint.size_gb / CHECKPOINT_WRITE_GB_PER_S / 3600
