@@ -158,6 +158,37 @@ def test_the_guard_does_not_move_a_job_to_a_cheaper_hour_on_slower_gpus(redis_ur
     assert not store.get_job("j").move_requested
 
 
+def test_the_guard_takes_a_job_back_from_on_demand_only_where_it_runs_as_fast_as_planned(redis_url, catalog, tmp_path):
+    store, clock = Store(redis_url, prefix="back-pace:"), SimulatedClock(NOW)
+    market = Hedge(np.arange(50) * 100.0, 100.0, (), 100.0)  # up-spells of 100 h: spot is worth going back to
+    policy = planning.get("hedge", hedge=lambda spec: market)
+    server = BrokerServer(store, policy, clock, CheckpointStore(str(tmp_path)), consumer="test")
+    cheapest = {
+        (a, t): min(
+            (o for o in catalog.offers if o.accelerator == a and o.accelerator_count == 1 and o.tier == t),
+            key=lambda o: o.price_usd_per_h,
+        )
+        for a in ("L4", "T4")
+        for t in (Tier.spot, Tier.on_demand)
+    }
+    on_demand = Contract(store, "od")
+    on_demand.register(cheapest["L4", Tier.on_demand], 10**10, host="test", pid=0, at=clock.now())
+    # 2 GPU-hours: 5.2 h on an L4, 9.6 h on a T4, so a deadline in 8 h leaves only the L4
+    spec = make_spec(resources={"accelerators": ["L4:1", "T4:1"]}, work={"gpu_hours": 2}, deadline="+8h")
+    job = Broker(store, catalog, policy, clock).submit(spec, job_id="j")
+    assert job.quote.chosen.offer.accelerator == "L4"
+    clock.advance(hours=0.5)  # no spot at all: on-demand
+    assert server.step() == [("j", "od")]
+    assignment = run_an_hour(on_demand, clock, 150)
+    for name, accelerator in (("t4", "T4"), ("l4", "L4")):  # the T4's hour is the cheaper one
+        Contract(store, name).register(cheapest[accelerator, Tier.spot], 10**10, host="test", pid=0, at=clock.now())
+    assert cheapest["T4", Tier.spot].price_usd_per_h < cheapest["L4", Tier.spot].price_usd_per_h
+    server.step()
+    assert store.get_job("j").move_requested
+    on_demand.exited("j", assignment.fence, "moved", at=clock.now().timestamp())
+    assert server.step() == [("j", "l4")]
+
+
 def test_the_broker_hands_a_hedge_policy_the_market_models_view_of_each_jobs_spot_zones(catalog):
     model = MarketModel.fit([trace("us-east-1a", [1] * 6 + [0] * 12, 200)])
     policy = planning.get("hedge")

@@ -113,6 +113,25 @@ def test_with_no_spot_at_all_the_job_still_finishes_on_demand():
     assert spot_h == 0 and finish is not None and finish <= 72
 
 
+@pytest.mark.parametrize("name", ["uniform-progress", "hedge"])
+@pytest.mark.parametrize("deadline, takes", [("+8h", "L4"), ("+30h", "T4")])
+def test_spot_is_the_cheapest_work_that_still_makes_the_deadline_not_the_cheapest_hour(catalog, name, deadline, takes):
+    """2 GPU-hours take 5.2 h on an L4 and 9.6 h on a T4, whose hour and work are both cheaper: with 8 h to go the
+    T4 is no spot for the job (it could not finish there even uninterrupted), with 30 h it is the cheaper work."""
+    offers = [
+        min(
+            (o for o in catalog.offers if o.accelerator == a and o.accelerator_count == 1 and o.tier == t),
+            key=lambda o: o.price_usd_per_h,
+        )
+        for a in ("L4", "T4")
+        for t in (Tier.spot, Tier.on_demand)
+    ]
+    spec = make_spec(resources={"accelerators": ["L4:1", "T4:1"]}, work={"gpu_hours": 2}, deadline=deadline)
+    plan = planning.get(name).plan([PlanItem("j", spec, submitted_at=NOW)], offers, {}, NOW)
+    chosen = next(o for o in offers if o.id == plan.assignments["j"])
+    assert chosen.tier == Tier.spot and chosen.accelerator == takes
+
+
 def run_an_hour(agent, clock, done: float):
     """The agent takes job "j", starts it and an hour later reports `done` of 1,000 steps; its assignment."""
     assignment = agent.take(block_ms=None)

@@ -133,9 +133,10 @@ def _zones(job: Job) -> frozenset[str]:
 
 def zones_for(spec: JobSpec, chosen: Offer, offers: list[Offer], ceiling_usd_per_h: float) -> list[Offer]:
     """The offers of the chosen one's tier a job may launch in, then and after each preemption: every one it fits
-    that is cheaper than its fallback, no further from its data and as fast for it (the policies take the cheapest
-    with room, wherever it is; the futures play the job at one speed, so an 8x A100 zone is not one for a job
-    chosen on 8x H200), cheapest first, at most MAX_ZONES."""
+    that is cheaper than its fallback, no further from its data and at least as fast for it (the policies take the
+    cheapest with room, wherever it is, and the guard moves a job only where it keeps its pace; the futures play the
+    chosen one's speed, so an 8x A100 zone is not one for a job chosen on 8x H200), cheapest first, at most
+    MAX_ZONES."""
     moving = transfer_usd(spec, chosen)
     same = [
         o

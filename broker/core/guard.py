@@ -44,7 +44,7 @@ class DeadlineGuard:
                 continue  # nowhere to go back to: skip the planner's view of it
             item = PlanItem.from_job(job)  # its work on on-demand at the speed it has shown
             progress = progress_of(item, item.on_demand_h, job.submitted_at, now)
-            decided = self._move(item, progress, run.offer, spot_idle)
+            decided = self._move(item, progress, run.offer, job.quote.chosen.offer, spot_idle)
             if decided is None:
                 continue
             pin, spot_agent, because = decided
@@ -65,13 +65,18 @@ class DeadlineGuard:
                     spot_idle.remove(spot_agent)  # one job per idle spot agent: the others would only wait
         return moved
 
-    def _move(self, item: PlanItem, progress, on: Offer, spot_idle: list[AgentInfo]):
+    def _move(self, item: PlanItem, progress, on: Offer, planned: Offer, spot_idle: list[AgentInfo]):
         """(pinned tier, the idle spot agent it goes to, why) for a job the guard moves now, else None: off spot to
-        on-demand at the safety net; by the policy's rule off on-demand, or from spot to a cheaper zone."""
+        on-demand at the safety net; by the policy's rule off on-demand, or from spot to a cheaper zone. It goes
+        back from on-demand only where it runs at least as fast as on the offer it was `planned` on, and to a
+        cheaper zone only where it keeps the pace it has (a cheaper hour on slower GPUs may cost more work and
+        the deadline)."""
         if on.tier != Tier.on_demand and decide(progress, on.tier, spot_available=True) == Move.on_demand:
             return Tier.on_demand, None, ""
         if on.tier == Tier.on_demand:
-            agent = next((a for a in spot_idle if fits(item.spec, a.offer)), None)  # the cheapest first
+            agent = next(
+                (a for a in spot_idle if fits(item.spec, a.offer) and as_fast(item.spec, a.offer, planned)), None
+            )  # the cheapest first
             if agent and self.policy.leaves_on_demand(item, progress, agent.offer, on):
                 return None, agent, f"; back to spot ({self.policy.name}'s rule)"
         elif on.tier == Tier.spot:
@@ -82,7 +87,7 @@ class DeadlineGuard:
                     if a.offer.tier == Tier.spot and fits(item.spec, a.offer) and as_fast(item.spec, a.offer, on)
                 ),
                 None,
-            )  # only where it keeps its pace: a cheaper hour on slower GPUs may cost more work and the deadline
+            )
             if agent and self.policy.moves_zone(item, progress, on, agent.offer):
                 where = agent.offer.zone or agent.offer.region
                 return None, agent, f"; to a cheaper zone, {where} ({self.policy.name}'s rule)"

@@ -99,9 +99,10 @@ def exclusive_hours(spec: JobSpec, offer: Offer) -> float:
 
 
 def as_fast(spec: JobSpec, offer: Offer, than: Offer) -> bool:
-    """Whether the job takes as long on `offer` as on `than` (the same hardware for it): a move or a zone between
-    them keeps the job's pace, so their hourly prices compare as costs of the same work."""
-    return math.isclose(exclusive_hours(spec, offer), exclusive_hours(spec, than), rel_tol=1e-6)
+    """Whether the job runs at least as fast on `offer` as on `than`: a move there keeps the pace its deadline was
+    planned at, and a cheaper hour there is cheaper work (on slower GPUs a cheaper hour may be dearer work and a
+    missed deadline)."""
+    return exclusive_hours(spec, offer) <= exclusive_hours(spec, than) * (1 + 1e-6)
 
 
 def checkpoint_hours(spec: JobSpec) -> float:

@@ -72,6 +72,17 @@ def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now:
     )
 
 
+def spot_in_time(item: PlanItem, offers: list[Offer], now: datetime) -> list[Offer]:
+    """The spot (and bubble) offers where the job's work left, at its speed, would be done by its deadline if never
+    interrupted, cheapest work first (price x hours: a cheaper hour on slower GPUs may be dearer work). Can't Be
+    Late's rule has one instance type; with several, one too slow for the deadline is no spot for the job."""
+    hours = {o.id: item.remaining * exclusive_hours(item.spec, o) / item.speed for o in offers}
+    if item.spec.deadline is not None:
+        time_left_h = (item.spec.deadline - now).total_seconds() / 3600 - restart_hours(item.spec) - STARTUP_H
+        offers = [o for o in offers if hours[o.id] <= time_left_h]
+    return sorted(offers, key=lambda o: (o.price_usd_per_h * hours[o.id], o.price_usd_per_h))
+
+
 @register("uniform-progress")
 class UniformProgress(CheapestFeasible):
     """Can't Be Late's Uniform Progress as a placement policy: spot when there is some, on-demand when behind."""
@@ -90,8 +101,8 @@ class UniformProgress(CheapestFeasible):
             if kind not in fit_by_kind:
                 fit_by_kind[kind] = [o for o in offers if fits(item.spec, o)]
             fitting = [o for o in fit_by_kind[kind] if left[o.id] > 0]
-            spot = sorted((o for o in fitting if o.tier != Tier.on_demand), key=lambda o: o.price_usd_per_h)
             od = [o for o in fitting if o.tier == Tier.on_demand]
+            spot = spot_in_time(item, [o for o in fitting if o.tier != Tier.on_demand], now)
             if item.spec.deadline is None:
                 move = Move.spot if spot else Move.on_demand
             else:
