@@ -73,13 +73,14 @@ def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now:
 
 
 def spot_in_time(item: PlanItem, offers: list[Offer], now: datetime) -> list[Offer]:
-    """The spot (and bubble) offers where the job's work left, at its speed, would be done by its deadline if never
-    interrupted, cheapest work first (price x hours: a cheaper hour on slower GPUs may be dearer work). Can't Be
-    Late's rule has one instance type; with several, one too slow for the deadline is no spot for the job."""
+    """The spot and bubble offers, cheapest work first (price x hours: a cheaper hour on slower GPUs may be dearer
+    work), less the spot ones where the job's work left, at its speed, would not be done by its deadline even if
+    never interrupted. Can't Be Late's rule has one instance type; with several, one too slow for the deadline is
+    no spot for the job. A bubble stays: its work is free, and the guard moves the job off when it falls behind."""
     hours = {o.id: item.remaining * exclusive_hours(item.spec, o) / item.speed for o in offers}
     if item.spec.deadline is not None:
         time_left_h = (item.spec.deadline - now).total_seconds() / 3600 - restart_hours(item.spec) - STARTUP_H
-        offers = [o for o in offers if hours[o.id] <= time_left_h]
+        offers = [o for o in offers if o.tier == Tier.bubble or hours[o.id] <= time_left_h]
     return sorted(offers, key=lambda o: (o.price_usd_per_h * hours[o.id], o.price_usd_per_h))
 
 
