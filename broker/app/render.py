@@ -87,10 +87,9 @@ def quote_table(quote: Quote, title: str) -> Fitted:
             "alternatives: the money model's (spot always launchable, a constant hazard)"
         )
     if quote.savings_usd is not None:
-        medians = quote.forecast is not None and quote.on_demand_baseline.forecast is not None
         notes.append(
             f"savings vs cheapest on-demand: {_money(quote.savings_usd)} ({quote.savings_pct:.1f}%)"
-            + (" of the futures' medians" if medians else "")
+            + (" of the futures' medians" if quote.simulated_savings else "")
         )
     if quote.chosen.fallback is not None:
         notes.append(

@@ -129,13 +129,22 @@ class Quote(BaseModel):
         """The quote's odds of meeting the deadline: its forecast's, else the money model's."""
         return self.forecast.p_meet_deadline if self.forecast is not None else self.chosen.p_meet_deadline
 
+    @property
+    def simulated_savings(self) -> bool:
+        """Whether the savings are of the forecasts' medians (the chosen option and the baseline both simulated)."""
+        return (
+            self.forecast is not None
+            and self.on_demand_baseline is not None
+            and self.on_demand_baseline.forecast is not None
+        )
+
     def _costs(self) -> tuple[float, float] | None:
         """(chosen, on-demand) cost: the forecasts' medians when both were simulated, else the money model's."""
         base = self.on_demand_baseline
         if base is None:
             return None
-        if self.forecast is not None and base.forecast is not None:
-            return self.forecast.cost_p50_usd, base.forecast.cost_p50_usd
+        if self.simulated_savings:
+            return self.cost_usd, base.forecast.cost_p50_usd
         return self.chosen.expected_cost_usd, base.expected_cost_usd
 
     @computed_field

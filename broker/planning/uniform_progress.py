@@ -72,14 +72,15 @@ def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now:
     )
 
 
-def spot_in_time(item: PlanItem, offers: list[Offer], now: datetime) -> list[Offer]:
+def spot_in_time(item: PlanItem, offers: list[Offer], progress: Progress | None) -> list[Offer]:
     """The spot and bubble offers, cheapest work first (price x hours: a cheaper hour on slower GPUs may be dearer
     work), less the spot ones where the job's work left, at its speed, would not be done by its deadline even if
-    never interrupted. Can't Be Late's rule has one instance type; with several, one too slow for the deadline is
-    no spot for the job. A bubble stays: its work is free, and the guard moves the job off when it falls behind."""
+    never interrupted (`progress`: its window; None without a deadline). Can't Be Late's rule has one instance
+    type; with several, one too slow for the deadline is no spot for the job. A bubble stays: its work is free, and
+    the guard moves the job off when it falls behind."""
     hours = {o.id: item.remaining * exclusive_hours(item.spec, o) / item.speed for o in offers}
-    if item.spec.deadline is not None:
-        time_left_h = (item.spec.deadline - now).total_seconds() / 3600 - restart_hours(item.spec) - STARTUP_H
+    if progress is not None:
+        time_left_h = progress.window_h - progress.elapsed_h - progress.changeover_h
         offers = [o for o in offers if o.tier == Tier.bubble or hours[o.id] <= time_left_h]
     return sorted(offers, key=lambda o: (o.price_usd_per_h * hours[o.id], o.price_usd_per_h))
 
@@ -103,12 +104,15 @@ class UniformProgress(CheapestFeasible):
                 fit_by_kind[kind] = [o for o in offers if fits(item.spec, o)]
             fitting = [o for o in fit_by_kind[kind] if left[o.id] > 0]
             od = [o for o in fitting if o.tier == Tier.on_demand]
-            spot = spot_in_time(item, [o for o in fitting if o.tier != Tier.on_demand], now)
-            if item.spec.deadline is None:
+            progress = None
+            if item.spec.deadline is not None:
+                od_h = min((exclusive_hours(item.spec, o) for o in od), default=float("inf")) / item.speed
+                progress = progress_of(item, od_h, item.submitted_at or now, now)
+            spot = spot_in_time(item, [o for o in fitting if o.tier != Tier.on_demand], progress)
+            if progress is None:
                 move = Move.spot if spot else Move.on_demand
             else:
-                od_h = min((exclusive_hours(item.spec, o) for o in od), default=float("inf")) / item.speed
-                move = self.idle_move(item, progress_of(item, od_h, item.submitted_at or now, now), bool(spot), now)
+                move = self.idle_move(item, progress, bool(spot), now)
             if move == Move.spot and spot:
                 chosen = spot[0]
             elif move == Move.on_demand and od:  # priced only when chosen: most jobs take spot or wait

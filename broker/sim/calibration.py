@@ -83,27 +83,25 @@ def reliability(rows: list[dict]) -> dict:
     p = np.array([r["p_meet"] for r in rows], dtype=float)
     y = np.array([r["met"] for r in rows], dtype=float)
     which = np.minimum((p * BINS).astype(int), BINS - 1)
-    bins = []
-    for b in np.unique(which):
-        here = which == b
-        bins.append(
-            {
-                "from": b / BINS,
-                "to": (b + 1) / BINS,
-                "jobs": int(here.sum()),
-                "predicted": round(float(p[here].mean()), 4),
-                "observed": round(float(y[here].mean()), 4),
-            }
-        )
+    masks = {int(b): which == b for b in np.unique(which)}
+    bins = [
+        {
+            "from": b / BINS,
+            "to": (b + 1) / BINS,
+            "jobs": int(m.sum()),
+            "predicted": round(float(p[m].mean()), 4),
+            "observed": round(float(y[m].mean()), 4),
+        }
+        for b, m in masks.items()
+    ]
     gaps = np.array([abs(b["predicted"] - b["observed"]) for b in bins])
     jobs = np.array([b["jobs"] for b in bins])
-    counted = gaps[jobs >= MIN_PER_BIN]
+    counted = [m for m in masks.values() if m.sum() >= MIN_PER_BIN]
     draws = np.random.default_rng(0).random((NOISE_DRAWS, len(p))) < p  # outcomes if the odds were true
-    masks = [which == b for b in np.unique(which) if np.sum(which == b) >= MIN_PER_BIN]
-    chance = np.max([np.abs(p[m].mean() - draws[:, m].mean(axis=1)) for m in masks] or [np.zeros(1)], axis=0)
+    chance = np.max([np.abs(p[m].mean() - draws[:, m].mean(axis=1)) for m in counted] or [np.zeros(1)], axis=0)
     return {
         "bins": bins,
-        "calibration_max_gap_pts": round(100 * float(counted.max()), 1) if len(counted) else None,
+        "calibration_max_gap_pts": round(100 * float(gaps[jobs >= MIN_PER_BIN].max()), 1) if counted else None,
         "calibration_mean_gap_pts": round(100 * float(np.sum(gaps * jobs) / jobs.sum()), 1),
         "calibration_max_gap_if_calibrated_pts": [round(100 * float(np.percentile(chance, q)), 1) for q in (50, 90)],
         "brier": round(float(np.mean((p - y) ** 2)), 4),

@@ -104,7 +104,6 @@ def run(traces: Path, fit_share: float = 0.5, stride_h: float = 6.0, prices_dir:
             bound = float(np.mean(costs["omniscient"]))
             for policy, cost in costs.items():
                 mean = float(np.mean(cost))
-                per_zone = [100 * (1 - np.mean(r[0][policy]) / np.mean(r[0]["uniform"])) for r in single]
                 rows.append(
                     {
                         "setting": setting,
@@ -115,11 +114,15 @@ def run(traces: Path, fit_share: float = 0.5, stride_h: float = 6.0, prices_dir:
                         "savings_pct": round(100 * (1 - mean / float(np.mean(costs["on-demand"]))), 1),
                         "vs_uniform_1_zone_pct": round(100 * (1 - mean / baseline), 1),
                         # per zone, against Uniform Progress in that zone: the least and the most it saves
-                        "vs_uniform_zone_range_pct": [round(float(f(per_zone)), 1) for f in (min, max)]
-                        if setting == "1 zone"
-                        else None,
+                        "vs_uniform_zone_range_pct": _zone_range(single, policy) if setting == "1 zone" else None,
                         "cost_vs_omniscient": round(mean / bound, 3),
                         "deadline_misses": int(missed[policy].sum()) if policy in missed else 0,
                     }
                 )
     return rows
+
+
+def _zone_range(single: list, policy: str) -> list[float]:
+    """The least and the most `policy` saves in one zone against Uniform Progress in that zone, in percent."""
+    per_zone = [100 * (1 - np.mean(costs[policy]) / np.mean(costs["uniform"])) for costs, _missed in single]
+    return [round(float(min(per_zone)), 1), round(float(max(per_zone)), 1)]
