@@ -74,21 +74,17 @@ class DeadlineGuard:
         if on.tier != Tier.on_demand and decide(progress, on.tier, spot_available=True) == Move.on_demand:
             return Tier.on_demand, None, ""
         if on.tier == Tier.on_demand:
-            agent = next(
-                (a for a in spot_idle if fits(item.spec, a.offer) and as_fast(item.spec, a.offer, planned)), None
-            )  # the cheapest first
+            agent = _cheapest_idle(item, spot_idle, as_fast_as=planned)
             if agent and self.policy.leaves_on_demand(item, progress, agent.offer, on):
                 return None, agent, f"; back to spot ({self.policy.name}'s rule)"
         elif on.tier == Tier.spot:
-            agent = next(
-                (
-                    a
-                    for a in spot_idle
-                    if a.offer.tier == Tier.spot and fits(item.spec, a.offer) and as_fast(item.spec, a.offer, on)
-                ),
-                None,
-            )
+            agent = _cheapest_idle(item, [a for a in spot_idle if a.offer.tier == Tier.spot], as_fast_as=on)
             if agent and self.policy.moves_zone(item, progress, on, agent.offer):
                 where = agent.offer.zone or agent.offer.region
                 return None, agent, f"; to a cheaper zone, {where} ({self.policy.name}'s rule)"
         return None
+
+
+def _cheapest_idle(item: PlanItem, idle: list[AgentInfo], as_fast_as: Offer) -> AgentInfo | None:
+    """The first `idle` agent (they come cheapest first) that fits the job and runs it as fast as `as_fast_as`."""
+    return next((a for a in idle if fits(item.spec, a.offer) and as_fast(item.spec, a.offer, as_fast_as)), None)

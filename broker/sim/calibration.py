@@ -13,24 +13,17 @@ MIN_PER_BIN = 20  # a bin counts toward the calibration gap only with this many 
 NOISE_DRAWS = 1000  # outcomes drawn at the quoted odds for the noise floor of the largest gap
 
 
-def quoted(job: Job) -> tuple[float, float]:
-    """(cost, P(meet)) the job was quoted at submit: the forecast's median and odds when it has one, else the money
-    model's expectation."""
-    return job.quote.cost_usd, job.quote.p_meet_deadline
-
-
 def job_rows(jobs: list[Job], end) -> list[dict]:
     """One row per job with a deadline or a cost: quoted and realised cost, quoted P(meet), and whether it met."""
     rows = []
     for job in jobs:
-        cost, p_meet = quoted(job)
         forecast = job.quote.forecast
         rows.append(
             {
                 "job": job.id,
-                "quoted_cost_usd": cost,
+                "quoted_cost_usd": job.quote.cost_usd,  # the forecast's median, else the money model's
                 "cost_usd": spend_usd(job, end),
-                "p_meet": p_meet,
+                "p_meet": job.quote.p_meet_deadline,
                 "met": job.state == JobState.done and not missed_deadline(job, end),
                 **(
                     {f"quoted_{q}_usd": getattr(forecast, f"cost_{q}_usd") for q in ("p10", "p90")}
