@@ -4,7 +4,7 @@ Each (directory, seed) is one `broker backtest` (the ML mix of --jobs jobs arriv
 from the two FreeRide-like main jobs, the omniscient bound per job), with the market model that quotes and
 the hedge policy decide from fitted on the *other* GPU trace directories (leave one out, as bench/forecast.py
 does: the evaluated traces are never seen by the model). The summary adds the runs up per
-policy: total cost, savings against all on-demand, deadline misses, cost / omniscient, migrations,
+policy: total cost, savings against all on-demand, deadline misses and hours late, cost / omniscient, migrations,
 work lost and the mean quote error, and checks the issue's goals.
 
     python bench/cost.py --json [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
@@ -87,6 +87,7 @@ def aggregate(runs: list[dict]) -> list[dict]:
                 "cost_usd": round(cost, 2),
                 "savings_pct": round(100 * (1 - cost / od), 1),
                 "deadline_misses": sum(row["deadline_misses"] for row in rows),
+                "hours_late": round(sum(row["hours_late"] for row in rows), 1),
                 "cost_vs_omniscient": round(cost / best, 3),
                 "cost_vs_joint_omniscient": round(sum(b * x for b, x in joint) / joint_usd, 3) if joint_usd else None,
                 "migrations": sum(row["migrations"] for row in rows),

@@ -18,8 +18,9 @@ Prints one JSON object: `jobs`, the quote figures pooled over every job of the f
 `brier`, `cost_at_or_below_p10_p50_p90`: the share of jobs whose realised cost was at most the quoted p10, p50 and
 p90 (true quotes: 0.1, 0.5, 0.9), `median_quoted_spread_pct`: the median over quotes of their own futures' median
 |cost / p50 - 1|, the error a quote makes even when its model is right), and per policy the same plus
-`savings_pct` (vs all on-demand in the same backtests), `deadline_misses`, and `cost_vs_joint_omniscient` (null
-here: `broker backtest` with omniscient reports it); and the seconds a quote with its forecast takes (`quote_seconds`).
+`savings_pct` (vs all on-demand in the same backtests), `deadline_misses`, `hours_late` (summed past the
+deadlines), and `cost_vs_joint_omniscient` (null here: `broker backtest` with omniscient reports it); and the seconds
+a quote with its forecast takes (`quote_seconds`).
 
     python bench/forecast.py [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
 """
@@ -94,6 +95,7 @@ def aggregate(runs: list[dict]) -> dict:
             "cost_usd": round(cost, 2),
             "savings_pct": round(100 * (1 - cost / od), 1) if od else None,
             "deadline_misses": sum(row["deadline_misses"] for row in rows),
+            "hours_late": round(sum(row["hours_late"] for row in rows), 1),
             "cost_vs_joint_omniscient": None,
             **figures([j for r in runs for j in r["jobs"].get(policy, [])]),
         }

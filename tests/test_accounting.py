@@ -8,7 +8,7 @@ from test_dashboard import ended_run, offer
 
 from broker import planning
 from broker.domain.model import MAX_PROGRESS_POINTS, Job, JobState, Tier
-from broker.models.accounting import progress_frame, spend_over_time
+from broker.models.accounting import hours_late, progress_frame, spend_over_time
 from conftest import make_spec
 
 
@@ -51,3 +51,27 @@ def test_progress_points_are_thinned_to_a_bound_and_keep_the_curves_ends(catalog
     frame = progress_frame(job)
     assert list(frame.columns) == ["time", "done", "run"] and len(frame) == len(points)
     assert frame["time"].iloc[0] == pd.Timestamp(start) and set(frame["run"]) == {"r1"}
+
+
+@pytest.mark.parametrize(
+    "state, run_hours, deadline_h, late_h",
+    [
+        (JobState.done, 10, 8, 2.0),  # finished 2 h past its deadline
+        (JobState.done, 6, 8, 0.0),  # on time
+        (JobState.running, 6, 8, 4.0),  # unfinished, and now 12 h after it came
+        (JobState.running, 6, 20, 0.0),  # unfinished, deadline still ahead
+    ],
+)
+def test_hours_late_count_past_the_deadline_at_the_finish_or_now(catalog, state, run_hours, deadline_h, late_h):
+    start = datetime(2026, 11, 23, tzinfo=UTC)
+    spec = make_spec(deadline=f"+{deadline_h}h", now=start)
+    job = Job(
+        id="j",
+        spec=spec,
+        state=state,
+        submitted_at=start,
+        updated_at=start,
+        quote=planning.get().quote(make_spec(), catalog.offers, start),
+        runs=[ended_run(1, offer(catalog, Tier.spot), start, run_hours, "finished")],
+    )
+    assert hours_late(job, start + timedelta(hours=12)) == pytest.approx(late_h)

@@ -306,6 +306,7 @@ def test_simulated_agents_learn_of_a_guard_move_from_their_view_and_hand_the_job
     from broker.core.broker import Broker
     from broker.core.clock import SimulatedClock
     from broker.core.server import BrokerServer
+    from broker.domain.model import IfLate
     from broker.sim.fleet import SimFleet
     from broker.sim.market import OfferBook
     from broker.store.jobs import Store
@@ -316,7 +317,10 @@ def test_simulated_agents_learn_of_a_guard_move_from_their_view_and_hand_the_job
     server = BrokerServer(store, policy, clock, checkpoints, consumer="test")
     fleet = SimFleet(store, checkpoints, market, bubbles=False)
     [arrival] = ml_mix(0, 1, 3.06, arrival_h=0)
-    spec = arrival.spec.model_copy(update={"deadline": clock.now() + timedelta(hours=arrival.window_h)})
+    deadline = clock.now() + timedelta(hours=arrival.window_h)
+    spec = arrival.spec.model_copy(
+        update={"deadline": deadline, "if_late": IfLate.soonest}
+    )  # lost: on-demand to the end
     Broker(store, OfferBook(market.offers(False)), policy, clock).submit(spec, job_id="j")
     fleet.provision(0, clock.now(), store.pending_count())
     fleet.take(server.step(), clock.now())

@@ -20,7 +20,7 @@ from broker.app.demo import pick_agents
 from broker.core.broker import Broker
 from broker.core.clock import ManualClock, SystemClock
 from broker.core.server import BrokerServer
-from broker.domain.model import JobState, Tier
+from broker.domain.model import IfLate, JobState, Tier
 from broker.store.jobs import Store
 from conftest import Switch, assert_same_weights, make_spec, train_spec
 
@@ -112,7 +112,7 @@ def test_the_deadline_guard_moves_a_job_falling_behind_from_spot_to_on_demand(sy
     system.agent("ondemand-a")
     job = system.broker.submit(
         train_spec(OUTPUT=str(tmp_path / "final.pt"), STEP_SLEEP_S="0.03").model_copy(
-            update={"deadline": system.server.clock.now() + timedelta(hours=2)}
+            update={"deadline": system.server.clock.now() + timedelta(hours=2), "if_late": IfLate.soonest}
         )
     )
     system.drive(lambda: progressed(system, job.id, 15))

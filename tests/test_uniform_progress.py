@@ -1,6 +1,7 @@
 """Uniform Progress (Can't Be Late): the paper's rule table, and deadlines kept on hand-made spot traces."""
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -50,7 +51,20 @@ def test_on_demand_is_left_only_once_ahead_of_the_expected_progress_two_changeov
     assert decide(at(done_h=ep_later + 0.01, elapsed_h=24), on=Tier.on_demand, spot_available=False) == Move.wait
 
 
-def simulate(trace: list[bool], total_h=48.0, window_h=72.0, step_h=0.1):
+def test_a_lost_deadline_run_cheapest_takes_spot_whenever_there_is_some_and_is_never_idle():
+    lost = Progress(48.0, 10.0, 40.0, 72.0, D, cheapest_if_late=True)  # 38 h of work, 32 h left: lost
+    assert lost.lost(None) and not at(done_h=10, elapsed_h=40).runs_cheapest(None)
+    assert decide(lost, on=Tier.spot, spot_available=False) == Move.spot  # no net: it stays until preempted
+    assert decide(lost, on=None, spot_available=True) == Move.spot
+    assert decide(lost, on=None, spot_available=False) == Move.on_demand
+    assert decide(lost, on=Tier.on_demand, spot_available=True) == Move.spot
+    assert decide(lost, on=Tier.on_demand, spot_available=False) == Move.on_demand
+    assert decide(lost, on=Tier.bubble, spot_available=True) == Move.on_demand  # a bubble is left at the net
+    in_time = Progress(48.0, 10.0, 33.7, 72.0, D, cheapest_if_late=True)  # 38.3 h to go < 38 + 2d: the net
+    assert decide(in_time, on=Tier.spot, spot_available=True) == Move.on_demand
+
+
+def simulate(trace: list[bool], total_h=48.0, window_h=72.0, step_h=0.1, cheapest_if_late=False):
     """Run one job under the guard on an availability trace; returns (finish hour or None, spot hours, od hours)."""
     on, done, busy, spot_h, od_h = None, 0.0, 0, 0.0, 0.0
     for step, available in enumerate(trace):
@@ -59,7 +73,7 @@ def simulate(trace: list[bool], total_h=48.0, window_h=72.0, step_h=0.1):
             return t, spot_h, od_h
         if on == Tier.spot and not available:
             on = None  # preempted
-        move = decide(Progress(total_h, done, t, window_h, D), on, available)
+        move = decide(Progress(total_h, done, t, window_h, D, cheapest_if_late), on, available)
         target = {Move.spot: Tier.spot, Move.on_demand: Tier.on_demand, Move.wait: None}[move]
         if target != on:
             on = target
@@ -103,6 +117,27 @@ def test_quotes_simulate_the_same_uniform_progress_the_server_runs(seed):
     assert (out.finish_h[0], out.spot_h[0], out.od_h[0]) == pytest.approx((finish, spot_h, od_h), abs=1e-6)
 
 
+def test_quotes_simulate_a_lost_deadline_run_cheapest_as_the_server_runs_it():
+    """48 h of work and 40 h to go: lost from the start. Run cheapest it takes spot whenever there is some and
+    on-demand in between, the same in the futures as in decide(); the futures price the rest past their horizon
+    (the deadline) on on-demand, and it costs less than on-demand to the end."""
+    rng = random.Random(7)
+    trace, available = [], True
+    for _ in range(400):
+        if rng.random() < 0.1:
+            available = not available
+        trace.append(available)
+    finish, spot_h, od_h = simulate(trace, window_h=40.0, cheapest_if_late=True)
+    assert finish is None and spot_h > 10 and od_h > 5
+    available = np.array(trace, dtype=bool)[None, None, :]
+    cheapest = Setting(48.0, 48.0, (1.0,), 3.0, D, 0.0, None, 40.0, "uniform", True, cheapest_if_late=True)
+    out = futures.simulate(cheapest, available, 0.1)
+    assert out.spot_h[0] == pytest.approx(spot_h, abs=1e-6)
+    assert out.od_h[0] - od_h == pytest.approx(out.finish_h[0] - 40.0, abs=1e-6) and out.finish_h[0] > 40.0
+    soonest = futures.simulate(replace(cheapest, cheapest_if_late=False), available, 0.1)
+    assert soonest.spot_h[0] == 0 and out.cost_usd[0] < soonest.cost_usd[0] and soonest.finish_h[0] < out.finish_h[0]
+
+
 def test_with_spot_always_there_the_guard_never_pays_on_demand():
     finish, spot_h, od_h = simulate([True] * 720)
     assert od_h == 0 and finish == pytest.approx(48 + D, abs=0.11)
@@ -130,6 +165,28 @@ def test_spot_is_the_cheapest_work_that_still_makes_the_deadline_not_the_cheapes
     plan = planning.get(name).plan([PlanItem("j", spec, submitted_at=NOW)], offers, {}, NOW)
     chosen = next(o for o in offers if o.id == plan.assignments["j"])
     assert chosen.tier == Tier.spot and chosen.accelerator == takes
+
+
+def an_hour_on_demand(store, catalog, policy, clock, tmp_path, done: float, if_late="cheapest"):
+    """Job "j" (2 GPU-hours on an L4, 12 h to go) placed an hour in, with no spot, on the on-demand agent "od", which
+    reports `done` of 1,000 steps an hour later; (server, that agent, its assignment, the cheapest spot L4 offer)."""
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.agents.contract import Contract
+    from broker.core.broker import Broker
+    from broker.core.server import BrokerServer
+
+    server = BrokerServer(store, policy, clock, CheckpointStore(str(tmp_path)), consumer="test")
+    l4 = [o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1]
+    cheapest = {
+        t: min((o for o in l4 if o.tier == t), key=lambda o: o.price_usd_per_h) for t in (Tier.spot, Tier.on_demand)
+    }
+    on_demand = Contract(store, "od")
+    on_demand.register(cheapest[Tier.on_demand], 10**10, host="test", pid=0, at=clock.now())
+    spec = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 2}, deadline="+12h", if_late=if_late)
+    Broker(store, catalog, policy, clock).submit(spec, job_id="j")
+    clock.advance(hours=1)  # no spot at all, idle and behind ep(t): on-demand
+    assert server.step() == [("j", "od")]
+    return server, on_demand, run_an_hour(on_demand, clock, done), cheapest[Tier.spot]
 
 
 def run_an_hour(agent, clock, done: float):
@@ -167,49 +224,70 @@ def test_the_policy_places_on_spot_when_available_and_waits_when_ahead():
     assert UniformProgress().plan([tight], [spot, od], {spot.id: 0}, NOW).assignments == {"t": od.id}
 
 
-@pytest.mark.parametrize(
-    "name, done, spot_agent, back",
-    [
-        ("uniform-progress", 900, True, True),
-        ("uniform-progress", 900, False, False),
-        ("uniform-progress", 50, True, False),
-        ("uniform-progress", 150, True, False),
-        ("hedge", 150, True, True),  # behind ep(t + 2d), with the slack for the changeovers
-        ("hedge", 150, False, False),
-        ("hedge", 50, True, False),  # measured so slow that no slack is left
-    ],
-)
-def test_the_guard_takes_a_job_back_from_on_demand_to_spot_by_the_policys_rule(
-    redis_url, catalog, tmp_path, name, done, spot_agent, back
-):
-    """Can't Be Late's rule leaves on-demand once progress is past ep(t + 2d), and the server runs it so (the
-    quote's forecast always did): only with an idle spot agent that fits, and only when that far ahead. Hedge
-    leaves as soon as a spell on spot pays for the changeovers, however far behind (it has the slack)."""
-    from broker.agents.checkpoints import CheckpointStore
+def test_lost_deadlines_run_cheapest_are_planned_after_the_jobs_that_can_still_make_theirs():
+    spot, od = offer("s", Tier.spot, 1.0), offer("o", Tier.on_demand, 3.0)
+    lost = PlanItem("lost", make_spec(work={"gpu_hours": 10}, deadline="+8h"))  # on-demand needs 10 h
+    soonest = PlanItem("soonest", make_spec(work={"gpu_hours": 10}, deadline="+8h", if_late="soonest"))
+    ahead = PlanItem("ahead", make_spec(work={"gpu_hours": 10}, deadline="+40h"))
+    plan = UniformProgress().plan([lost, ahead], [spot, od], {spot.id: 1}, NOW)
+    assert plan.assignments == {"ahead": spot.id, "lost": od.id}  # never idle: on-demand when no spot is left
+    plan = UniformProgress().plan([lost, ahead], [spot, od], {spot.id: 2}, NOW)
+    assert plan.assignments == {"ahead": spot.id, "lost": spot.id}  # spot nobody in time needs: taken
+    plan = UniformProgress().plan([soonest, ahead], [spot, od], {spot.id: 2}, NOW)
+    assert plan.assignments == {"soonest": od.id, "ahead": spot.id}  # Can't Be Late's net
+
+
+def test_a_lost_deadline_on_on_demand_yields_idle_spot_to_a_job_that_waits(redis_url, catalog, tmp_path):
+    """The guard takes a lost job run cheapest back to spot only where no pending job fits: the pending job gets it."""
     from broker.agents.contract import Contract
     from broker.core.broker import Broker
     from broker.core.clock import SimulatedClock
-    from broker.core.server import BrokerServer
     from broker.store.jobs import Store
 
-    store, clock = Store(redis_url, prefix=f"return-{name}-{done}-{spot_agent}:"), SimulatedClock(NOW)
+    store, clock = Store(redis_url, prefix="yield:"), SimulatedClock(NOW)
+    policy = planning.get("uniform-progress")
+    server, _, _, spot = an_hour_on_demand(store, catalog, policy, clock, tmp_path, done=50)  # its deadline is lost
+    waiting = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 2}, deadline="+48h")
+    Broker(store, catalog, policy, clock).submit(waiting, job_id="w")
+    Contract(store, "spot").register(spot, 10**10, host="test", pid=0, at=clock.now())
+    assert server.step() == [("w", "spot")]
+    assert not store.get_job("j").move_requested
+
+
+@pytest.mark.parametrize(
+    "name, done, spot_agent, back, if_late",
+    [
+        ("uniform-progress", 900, True, True, "soonest"),
+        ("uniform-progress", 900, False, False, "soonest"),
+        ("uniform-progress", 50, True, False, "soonest"),
+        ("uniform-progress", 150, True, False, "soonest"),
+        ("hedge", 150, True, True, "soonest"),  # behind ep(t + 2d), with the slack for the changeovers
+        ("hedge", 150, False, False, "soonest"),
+        ("hedge", 50, True, False, "soonest"),  # measured so slow that its deadline is lost: on-demand to the end
+        ("uniform-progress", 50, True, True, "cheapest"),  # ... unless it runs cheapest once late
+        ("hedge", 50, True, True, "cheapest"),
+        ("hedge", 50, False, False, "cheapest"),
+        ("uniform-progress", 150, True, False, "cheapest"),  # behind but not lost: the rule as before
+    ],
+)
+def test_the_guard_takes_a_job_back_from_on_demand_to_spot_by_the_policys_rule(
+    redis_url, catalog, tmp_path, name, done, spot_agent, back, if_late
+):
+    """Can't Be Late's rule leaves on-demand once progress is past ep(t + 2d), and the server runs it so (the
+    quote's forecast always did): only with an idle spot agent that fits, and only when that far ahead. Hedge
+    leaves as soon as a spell on spot pays for the changeovers, however far behind (it has the slack). A job whose
+    deadline is lost stays on on-demand to finish soonest, or with `if_late: cheapest` goes back to idle spot."""
+    from broker.agents.contract import Contract
+    from broker.core.clock import SimulatedClock
+    from broker.store.jobs import Store
+
+    store, clock = Store(redis_url, prefix=f"return-{name}-{done}-{spot_agent}-{if_late}:"), SimulatedClock(NOW)
     # hedge's market here: gaps that never end (no wait is worth it) and up-spells of 100 h (spot is worth it)
     market = futures.Hedge(np.arange(50) * 100.0, 100.0, (), 100.0)
     policy = planning.get(name, **({"hedge": lambda spec: market} if name == "hedge" else {}))
-    server = BrokerServer(store, policy, clock, CheckpointStore(str(tmp_path)), consumer="test")
-    l4 = [o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1]
-    cheapest = {
-        t: min((o for o in l4 if o.tier == t), key=lambda o: o.price_usd_per_h) for t in (Tier.spot, Tier.on_demand)
-    }
-    on_demand = Contract(store, "od")
-    on_demand.register(cheapest[Tier.on_demand], 10**10, host="test", pid=0, at=clock.now())
-    spec = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 2}, deadline="+12h")
-    Broker(store, catalog, policy, clock).submit(spec, job_id="j")
-    clock.advance(hours=1)  # no spot at all, idle and behind ep(t): on-demand
-    assert server.step() == [("j", "od")]
-    assignment = run_an_hour(on_demand, clock, done)
+    server, on_demand, assignment, spot = an_hour_on_demand(store, catalog, policy, clock, tmp_path, done, if_late)
     if spot_agent:
-        Contract(store, "spot").register(cheapest[Tier.spot], 10**10, host="test", pid=0, at=clock.now())
+        Contract(store, "spot").register(spot, 10**10, host="test", pid=0, at=clock.now())
     server.step()
     job = store.get_job("j")
     assert job.move_requested == back and job.pinned_tier is None

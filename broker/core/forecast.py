@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from broker.core.hedging import MAX_ZONES, hedge_for
-from broker.domain.model import Forecast, Job, JobSpec, Offer, Quote, Tier
+from broker.domain.model import Forecast, IfLate, Job, JobSpec, Offer, Quote, Tier
 from broker.models.contention import arrivals, launchable
 from broker.models.futures import Hedge, Setting, simulate
 from broker.models.placement import transfer_usd
@@ -201,6 +201,7 @@ def forecast(
         interval_h=young_interval_h(checkpoint_hours(spec), chosen.hazard_per_h, work_h),  # as the agents run it
         window_h=window,
         rule=rule if fallback is not None else "spot-only",
+        cheapest_if_late=spec.if_late == IfLate.cheapest,
     )
     hedge = None
     if setting.rule == "hedge":

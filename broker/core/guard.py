@@ -1,6 +1,8 @@
 """The deadline guard: Uniform Progress between rounds, and the moves the policy's rule makes off on-demand or to a
 cheaper zone, as the quote's forecast (models/futures.py) plays that rule. A move is a request on the job (checkpoint,
 hand it back, pinned to a tier or not), written by the leading replica only; the agent learns of it from its view.
+A job whose deadline is lost and that runs cheapest goes back from on-demand only to spot that no pending job fits:
+it yields to the jobs that can still make theirs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from broker.planning.uniform_progress import Move, decide, progress_of
 from broker.store.jobs import Store
 
 log = logging.getLogger(__name__)
+PENDING_READ = 1000  # pending jobs a lost deadline's job yields spot to, at most (the server plans as many a round)
 
 
 class DeadlineGuard:
@@ -22,6 +25,7 @@ class DeadlineGuard:
 
     def __init__(self, store: Store, policy, leader: str):
         self.store, self.policy, self.leader = store, policy, leader
+        self._pending: list | None = None
 
     def moves(self, now: datetime, idle: list[AgentInfo]) -> list[str]:
         """A spot or bubble job falling behind its deadline is asked to checkpoint and move to on-demand now; under
@@ -74,6 +78,8 @@ class DeadlineGuard:
         if on.tier != Tier.on_demand and decide(progress, on.tier, spot_available=True) == Move.on_demand:
             return Tier.on_demand, None, ""
         if on.tier == Tier.on_demand:
+            if progress.runs_cheapest(on.tier):  # a lost deadline: only spot that no pending job fits
+                spot_idle = [a for a in spot_idle if not any(fits(spec, a.offer) for spec in self._pending_specs())]
             agent = _cheapest_idle(item, spot_idle, as_fast_as=planned)
             if agent and self.policy.leaves_on_demand(item, progress, agent.offer, on):
                 return None, agent, f"; back to spot ({self.policy.name}'s rule)"
@@ -83,6 +89,12 @@ class DeadlineGuard:
                 where = agent.offer.zone or agent.offer.region
                 return None, agent, f"; to a cheaper zone, {where} ({self.policy.name}'s rule)"
         return None
+
+    def _pending_specs(self) -> list:
+        """The specs of the jobs waiting to be placed (read once a pass, when first asked)."""
+        if self._pending is None:
+            self._pending = [job.spec for job in self.store.pending_jobs(0, PENDING_READ)]
+        return self._pending
 
 
 def _cheapest_idle(item: PlanItem, idle: list[AgentInfo], as_fast_as: Offer) -> AgentInfo | None:

@@ -31,6 +31,13 @@ class Tier(str, Enum):
     on_demand = "on_demand"
 
 
+class IfLate(str, Enum):
+    """What a job does once its deadline is lost (even on-demand from now would finish after it)."""
+
+    cheapest = "cheapest"  # spot that no job still in time is waiting for, on-demand when there is none
+    soonest = "soonest"  # on-demand to the end, as Can't Be Late's safety net
+
+
 MAX_GPU_HOURS = 1e6  # a million A100-hours: far past any job a broker of small jobs takes, far from float trouble
 MAX_BUDGET_USD = 1e9
 MAX_DEADLINE_DAYS = 366  # deadlines further out are typos (+99999999h), and overflow datetimes
@@ -234,6 +241,7 @@ class JobSpec(_Spec):
     checkpoint: CheckpointSpec = CheckpointSpec()
     deadline: datetime | None = None
     deadline_probability: float = Field(0.95, gt=0, lt=1)
+    if_late: IfLate = IfLate.cheapest
     budget_usd: float | None = Field(None, gt=0, le=MAX_BUDGET_USD, description="leave it out for no budget")
     tiers: list[Tier] = Field(default_factory=lambda: list(Tier), min_length=1)
     fill: bool = False

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from broker.domain.jobspec import (  # noqa: F401  (re-exported: the domain's types in one place)
     AcceleratorOption,
     CheckpointSpec,
+    IfLate,
     JobSpec,
     Resources,
     Tier,

@@ -49,6 +49,15 @@ def missed_deadline(job: Job, now: datetime) -> bool:
     return now > deadline
 
 
+def hours_late(job: Job, now: datetime) -> float:
+    """Hours past its deadline it finished (or is still unfinished at `now`); 0 when on time or without one."""
+    deadline = job.spec.deadline
+    if not missed_deadline(job, now):
+        return 0.0
+    end = job.runs[-1].ended_at if job.state == JobState.done else now
+    return (end - deadline).total_seconds() / 3600
+
+
 def overview(jobs: list[Job], now: datetime) -> dict:
     """The overview page's KPIs."""
     spend = sum(spend_usd(j, now) for j in jobs)

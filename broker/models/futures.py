@@ -8,7 +8,10 @@ from the market model for a quote or cut from the traces for a backtest, the way
   tau); when the zone loses capacity the run is preempted and the work since its last checkpoint is
   lost (none with `keeps_progress`: a checkpoint on the notice, Can't Be Late's assumption);
 - every start, on spot or on-demand, pays the changeover d before progress;
-- the safety net of Can't Be Late (time left < on-demand work left + 2d): on-demand to the end;
+- the safety net of Can't Be Late (time left < on-demand work left + 2d): on-demand to the end; with
+  `cheapest_if_late` (the spec's `if_late: cheapest`) a lost deadline (even on-demand from now misses it) runs
+  cheapest instead: spot whenever a zone has a slot, on-demand while none has, left for spot as the rule leaves it;
+  at the horizon (the deadline) the rest is priced on on-demand;
 - what an idle job does, and when it leaves on-demand, is the rule's (each one a policy's):
   `greedy` waits for spot; `uniform` is Uniform Progress exactly as planning/uniform_progress.decide
   runs it (on-demand when idle and behind ep(t), back once ahead of ep(t + 2d)); `hedge` waits out
@@ -45,6 +48,7 @@ class Setting:
     window_h: float  # hours to the deadline (inf: none)
     rule: str = "greedy"
     keeps_progress: bool = False  # a preemption loses no work
+    cheapest_if_late: bool = False  # a lost deadline runs cheapest, not on on-demand to the end
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,11 @@ def simulate(
         state = np.where(lost, WAIT, state)
         if guard:
             net = (state != DONE) & (s.window_h - now < (1 - done) * s.od_work_h + 2 * s.restart_h - TIE_H)
+            late = np.zeros(n, dtype=bool)
+            if s.cheapest_if_late:  # lost even on on-demand: runs cheapest below, not on on-demand to the end
+                changeover = np.where(state == OD, 0.0, s.restart_h)
+                late = net & (s.window_h - now < (1 - done) * s.od_work_h + changeover - TIE_H)
+                net &= ~late
             # on-demand to the end: a running job is checkpointed first, a waiting one resumes from its checkpoint
             kept = np.where(state == WAIT, saved, done)
             hours = np.where(state == OD, dead, s.restart_h) + (1 - kept) * s.od_work_h
@@ -159,6 +168,8 @@ def simulate(
             od_h = np.where(net, od_h + hours, od_h)
             state = np.where(net, DONE, state)
             to_od, leave_od = _rule_moves(s, hedge, now, done, state, any_up, up.any(axis=0), down_age, zone, prices)
+            if late.any():
+                to_od, leave_od = _cheapest_moves(s, hedge, late, state, any_up, zone, prices, to_od, leave_od)
             saved = np.where(leave_od, done, saved)  # on-demand is left at a checkpoint
             state = np.where(leave_od, WAIT, state)
             dead = np.where(to_od, s.restart_h, dead)
@@ -200,8 +211,9 @@ def simulate(
         state = np.where(finishing, DONE, state)
         if (state == DONE).all():
             break
-    rest = state == OD  # on on-demand at the horizon: it runs to the end there
-    hours = dead + (1 - done) * s.od_work_h
+    # on on-demand at the horizon, or a lost deadline run cheapest (guarded jobs do not wait past it): on-demand
+    rest = (state == OD) | (guard & (state != DONE))
+    hours = np.where(state == OD, dead, s.restart_h) + (1 - done) * s.od_work_h
     finish = np.where(rest, ticks * tick_h + hours, finish)
     cost = np.where(rest, cost + s.od_price * hours, cost)
     od_h = np.where(rest, od_h + hours, od_h)
@@ -228,6 +240,16 @@ def _rule_moves(s: Setting, hedge: Hedge | None, now, done, state, any_up, marke
     back = (state == OD) & any_up & worth & (slack >= s.restart_h)
     queued = idle & market_up  # other jobs hold the capacity: Uniform Progress's move (planning/hedge.py)
     return (queued & behind(now)) | (idle & ~market_up & (down_age > longest_wait)), back
+
+
+def _cheapest_moves(s: Setting, hedge: Hedge | None, late, state, any_up, zone, prices, to_od, leave_od):
+    """A lost deadline run cheapest (planning/uniform_progress.decide): idle without a slot, on-demand; on on-demand
+    with a slot, back to spot (under hedge when a spell there pays the changeovers; Greedy never leaves)."""
+    to_od = np.where(late, (state == WAIT) & ~any_up, to_od)
+    back = (state == OD) & any_up
+    if s.rule == "hedge":
+        back &= hedge.spot_worth(s.od_price, prices[zone], s.restart_h)
+    return to_od, np.where(late, back if s.rule != "greedy" else False, leave_od)
 
 
 def _cheaper_zone(s: Setting, hedge: Hedge, now, done, state, up, zone, prices) -> np.ndarray:

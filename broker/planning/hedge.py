@@ -9,7 +9,8 @@ market's: a job idle because the fleet's spot agents that fit it are all busy (o
 slot, not for the market, and there it follows Uniform Progress. It leaves
 on-demand for an idle spot agent when a mean up-spell there saves more than the two changeovers cost and the
 slack pays one, and moves a run on spot to a cheaper idle spot agent when the saving over that zone's mean
-up-spell pays the changeover (SpotHedge's idea). Without a market model it is Uniform Progress.
+up-spell pays the changeover (SpotHedge's idea). A lost deadline run cheapest leaves on-demand whenever the
+spell pays the changeovers, whatever the slack. Without a market model it is Uniform Progress.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from broker.domain.model import JobSpec, Offer, Plan
+from broker.domain.model import JobSpec, Offer, Plan, Tier
 from broker.models.futures import Hedge
 from broker.models.risk import fits
 from broker.planning import register
@@ -78,7 +79,8 @@ class HedgePolicy(UniformProgress):
         if view is None:
             return super().leaves_on_demand(item, progress, spot, on_demand)
         worth = view.spot_worth(on_demand.price_usd_per_h, spot.price_usd_per_h, progress.changeover_h)
-        return bool(worth) and slack_h(progress) >= progress.changeover_h
+        affords = slack_h(progress) >= progress.changeover_h or progress.runs_cheapest(Tier.on_demand)
+        return bool(worth) and affords
 
     def moves_zone(self, item: PlanItem, progress: Progress, now_on: Offer, there: Offer) -> bool:
         """SpotHedge's idea: cheap zones come and go, follow them when the saving pays the changeover."""

@@ -7,6 +7,11 @@ C(t) is the work left (hours on on-demand), R(t) the time left, d the changeover
 - Spot available: take it, even when behind, and stay until preempted.
 - On on-demand: stay until cp(t) >= ep(t + 2d) (hysteresis), then back to spot when there is some.
 Bubbles count as spot here: cheap capacity that can vanish. Pure: state and time are passed in.
+
+Once a deadline is lost (even on-demand from now finishes after it), the paper's net keeps the job on on-demand to
+finish soonest. A job whose spec says `if_late: cheapest` (the default) runs cheapest instead: it stays on spot, takes
+spot that no job still in time waits for, and pays on-demand only while there is none, never idle. Such jobs are
+planned last, so they never take the slot of a job that can still make its deadline.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
-from broker.domain.model import Offer, Plan, Tier, Unplaced
+from broker.domain.model import IfLate, Offer, Plan, Tier, Unplaced
 from broker.models.risk import STARTUP_H, evaluate, exclusive_hours, fit_key, fits, restart_hours, window_hours
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
@@ -39,6 +44,16 @@ class Progress:
     elapsed_h: float
     window_h: float
     changeover_h: float
+    cheapest_if_late: bool = False  # the spec's `if_late: cheapest`
+
+    def lost(self, on: Tier | None) -> bool:
+        """Whether even on-demand from now (after a changeover, unless already on it) finishes after the deadline."""
+        changeover_h = 0.0 if on == Tier.on_demand else self.changeover_h
+        return self.window_h - self.elapsed_h < self.total_h - self.done_h + changeover_h - TIE_H
+
+    def runs_cheapest(self, on: Tier | None) -> bool:
+        """Whether the job now runs cheapest, not soonest: its deadline is lost and its spec says so."""
+        return self.cheapest_if_late and self.lost(on)
 
     def expected_done_h(self, at_h: float) -> float:
         """ep(t): the work a job progressing uniformly to its deadline has done at time t."""
@@ -47,7 +62,10 @@ class Progress:
 
 def decide(p: Progress, on: Tier | None, spot_available: bool, uniform: bool = True) -> Move:
     """The guard's rule for a job now on `on` (None: idle, e.g. just preempted). With uniform=False it is
-    Can't Be Late's Greedy: an idle job waits for spot however far behind, until the safety net."""
+    Can't Be Late's Greedy: an idle job waits for spot however far behind, until the safety net. A lost deadline
+    run cheapest takes spot whenever there is some, on-demand otherwise (a job in a bubble goes on to the net)."""
+    if on != Tier.bubble and p.runs_cheapest(on):
+        return Move.spot if on == Tier.spot or spot_available else Move.on_demand
     left_h, time_left_h = p.total_h - p.done_h, p.window_h - p.elapsed_h
     if time_left_h < left_h + 2 * p.changeover_h - TIE_H:
         return Move.on_demand  # safety net
@@ -69,6 +87,7 @@ def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now:
         elapsed_h=(now - submitted_at).total_seconds() / 3600,
         window_h=window,
         changeover_h=restart_hours(item.spec) + STARTUP_H,
+        cheapest_if_late=item.spec.if_late == IfLate.cheapest,
     )
 
 
@@ -77,12 +96,23 @@ def spot_in_time(item: PlanItem, offers: list[Offer], progress: Progress | None)
     work), less the spot ones where the job's work left, at its speed, would not be done by its deadline even if
     never interrupted (`progress`: its window; None without a deadline). Can't Be Late's rule has one instance
     type; with several, one too slow for the deadline is no spot for the job. A bubble stays: its work is free, and
-    the guard moves the job off when it falls behind."""
+    the guard moves the job off when it falls behind. A lost deadline run cheapest takes any spot, no bubble (the
+    guard would move it off at once)."""
     hours = {o.id: item.remaining * exclusive_hours(item.spec, o) / item.speed for o in offers}
-    if progress is not None:
+    if progress is not None and progress.runs_cheapest(None):
+        offers = [o for o in offers if o.tier == Tier.spot]
+    elif progress is not None:
         time_left_h = progress.window_h - progress.elapsed_h - progress.changeover_h
         offers = [o for o in offers if o.tier == Tier.bubble or hours[o.id] <= time_left_h]
     return sorted(offers, key=lambda o: (o.price_usd_per_h * hours[o.id], o.price_usd_per_h))
+
+
+def _progress(item: PlanItem, offers: list[Offer], now: datetime) -> Progress | None:
+    """The job's Progress with its work on the fastest of the on-demand `offers`; None without a deadline."""
+    if item.spec.deadline is None:
+        return None
+    od = [exclusive_hours(item.spec, o) for o in offers if o.tier == Tier.on_demand]
+    return progress_of(item, min(od, default=float("inf")) / item.speed, item.submitted_at or now, now)
 
 
 @register("uniform-progress")
@@ -94,20 +124,23 @@ class UniformProgress(CheapestFeasible):
     rule = "uniform"
 
     def plan(self, items: list[PlanItem], offers: list[Offer], capacity: dict[str, int], now: datetime) -> Plan:
-        """Place each job (in the given order) on the cheapest fitting spot offer, or on-demand when behind."""
+        """Place each job (in the given order, lost deadlines run cheapest last) on the cheapest fitting spot offer,
+        or on-demand when behind."""
         left = {o.id: capacity.get(o.id, 10**9) for o in offers}
         plan = Plan(policy=self.name)
         fit_by_kind: dict[str, list[Offer]] = {}
         for item in items:
-            kind = fit_key(item.spec)
-            if kind not in fit_by_kind:
-                fit_by_kind[kind] = [o for o in offers if fits(item.spec, o)]
-            fitting = [o for o in fit_by_kind[kind] if left[o.id] > 0]
+            if fit_key(item.spec) not in fit_by_kind:
+                fit_by_kind[fit_key(item.spec)] = [o for o in offers if fits(item.spec, o)]
+
+        def cheapest_now(item: PlanItem) -> bool:
+            progress = _progress(item, fit_by_kind[fit_key(item.spec)], now)
+            return progress is not None and progress.runs_cheapest(None)
+
+        for item in sorted(items, key=cheapest_now):  # stable: the given order otherwise
+            fitting = [o for o in fit_by_kind[fit_key(item.spec)] if left[o.id] > 0]
             od = [o for o in fitting if o.tier == Tier.on_demand]
-            progress = None
-            if item.spec.deadline is not None:
-                od_h = min((exclusive_hours(item.spec, o) for o in od), default=float("inf")) / item.speed
-                progress = progress_of(item, od_h, item.submitted_at or now, now)
+            progress = _progress(item, fitting, now)
             spot = spot_in_time(item, [o for o in fitting if o.tier != Tier.on_demand], progress)
             if progress is None:
                 move = Move.spot if spot else Move.on_demand

@@ -23,7 +23,7 @@ from broker.core.clock import SimulatedClock
 from broker.core.server import BrokerServer
 from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import Job, JobState
-from broker.models.accounting import missed_deadline, spend_usd
+from broker.models.accounting import hours_late, missed_deadline, spend_usd
 from broker.pricing.availability import MarketModel
 from broker.sim.calibration import cost_errors_pct, job_rows, reliability
 from broker.sim.fleet import SimFleet
@@ -192,6 +192,7 @@ def summary(
                 "cost_usd": round(cost, 2),
                 "savings_pct": round(100 * (1 - cost / reference), 1) if reference else None,
                 "deadline_misses": out.misses(),
+                "hours_late": round(sum(hours_late(j, out.end) for j in out.jobs), 1),
                 "cost_vs_omniscient": versus(out, optimum),
                 "cost_vs_joint_omniscient": versus(out, joint_usd),
                 "migrations": sum(j.migrations for j in out.jobs),
@@ -215,6 +216,7 @@ def summary(
                 "cost_usd": round(usd, 2),
                 "savings_pct": None,  # over fewer jobs than the reference when some cannot be met
                 "deadline_misses": 0,
+                "hours_late": 0.0,
                 "cost_vs_omniscient": round(usd / optimum, 3) if optimum else None,
                 "cost_vs_joint_omniscient": round(usd / joint_usd, 3) if joint_usd else None,
                 "migrations": 0,

@@ -119,6 +119,7 @@ def command(
         "cost_usd",
         "savings_pct",
         "deadline_misses",
+        "hours_late",
         "cost_vs_omniscient",
         "migrations",
         "work_lost_h",
