@@ -292,6 +292,7 @@ def test_the_guard_takes_a_job_back_from_on_demand_to_spot_by_the_policys_rule(
     job = store.get_job("j")
     assert job.move_requested == back and job.pinned_tier is None
     if back:
-        assert f"back to spot ({name}'s rule)" in job.reason
+        lost = done == 50 and if_late == "cheapest"
+        assert ("if_late: cheapest" if lost else f"back to spot ({name}'s rule)") in job.reason
         on_demand.exited("j", assignment.fence, "moved", at=clock.now().timestamp())
         assert server.step() == [("j", "spot")]  # re-dispatched to the idle spot agent

@@ -78,11 +78,13 @@ class DeadlineGuard:
         if on.tier != Tier.on_demand and decide(progress, on.tier, spot_available=True) == Move.on_demand:
             return Tier.on_demand, None, ""
         if on.tier == Tier.on_demand:
+            because = f"; back to spot ({self.policy.name}'s rule)"
             if progress.runs_cheapest(on.tier):  # a lost deadline: only spot that no pending job fits
                 spot_idle = [a for a in spot_idle if not any(fits(spec, a.offer) for spec in self._pending_specs())]
+                because = "; the deadline is lost: back to spot no waiting job needs (if_late: cheapest)"
             agent = _cheapest_idle(item, spot_idle, as_fast_as=planned)
             if agent and self.policy.leaves_on_demand(item, progress, agent.offer, on):
-                return None, agent, f"; back to spot ({self.policy.name}'s rule)"
+                return None, agent, because
         elif on.tier == Tier.spot:
             agent = _cheapest_idle(item, [a for a in spot_idle if a.offer.tier == Tier.spot], as_fast_as=on)
             if agent and self.policy.moves_zone(item, progress, on, agent.offer):
