@@ -11,13 +11,15 @@ meets its deadline rests mostly on its window and true speed, so the same jobs i
 job's outcome once per market, and the reliability bins would hold a quarter as many independent jobs as they show.
 
 Prints one JSON object: `jobs`, the quote figures pooled over every job of the forecasting policies
-(`median_abs_cost_error_pct`, `p90_abs_cost_error_pct` of |realised / quoted p50 - 1|,
+(`median_abs_cost_error_pct`, `p90_abs_cost_error_pct` of |realised / quoted p50 - 1| over the jobs quoted a cost;
+`quoted_free_jobs`, quoted $0 (a bubble), and `quoted_free_but_paid`, those of them that cost something after all;
 `calibration_max_gap_pts` of the reliability diagram of P(meet) in 10-point bins with >= 20 jobs,
 `calibration_mean_gap_pts` (the bins' gaps weighted by jobs), `calibration_max_gap_if_calibrated_pts` (median and
 90th percentile of the largest gap that true odds would show on the same quotes: the figure's noise floor),
 `brier`, `cost_at_or_below_p10_p50_p90`: the share of jobs whose realised cost was at most the quoted p10, p50 and
 p90 (true quotes: 0.1, 0.5, 0.9), `median_quoted_spread_pct`: the median over quotes of their own futures' median
-|cost / p50 - 1|, the error a quote makes even when its model is right), and per policy the same plus
+|cost / p50 - 1|, the error a quote makes even when its model is right), and per policy (the default, hedge, also
+with bubbles) the same plus
 `savings_pct` (vs all on-demand in the same backtests), `deadline_misses`, `hours_late` (summed past the
 deadlines), and `cost_vs_joint_omniscient` (null here: `broker backtest` with omniscient reports it); and the seconds
 a quote with its forecast takes (`quote_seconds`).
@@ -47,8 +49,9 @@ from broker.sim.market import OfferBook, backtest_market
 from broker.sim.workloads import backtest_workload
 from broker.store import embedded
 
-POLICIES = ["on-demand", "uniform-progress", "cbl-greedy", "costslo", "hedge"]
-FORECASTING = ["uniform-progress", "cbl-greedy", "costslo"]  # pooled as before (on-demand is certain); hedge per policy
+POLICIES = ["on-demand", "uniform-progress", "cbl-greedy", "costslo", "hedge", "hedge+bubbles"]
+# pooled as before (on-demand is certain); hedge and the default with bubbles per policy
+FORECASTING = ["uniform-progress", "cbl-greedy", "costslo"]
 
 
 def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int) -> dict:
@@ -76,6 +79,9 @@ def figures(rows: list[dict]) -> dict:
         "jobs": len(rows),
         "median_abs_cost_error_pct": median,
         "p90_abs_cost_error_pct": p90,
+        # quoted free (a bubble): no ratio to take, so counted apart, with those that cost something after all
+        "quoted_free_jobs": sum(1 for r in rows if r["quoted_cost_usd"] <= 0),
+        "quoted_free_but_paid": sum(1 for r in rows if r["quoted_cost_usd"] <= 0 and r["cost_usd"] > 0.005),
         **cost_coverage(rows),
         "calibration_max_gap_pts": calibration["calibration_max_gap_pts"],
         "calibration_mean_gap_pts": calibration["calibration_mean_gap_pts"],

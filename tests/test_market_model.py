@@ -212,6 +212,25 @@ def test_a_quote_launches_only_where_the_job_runs_as_fast_as_on_its_chosen_offer
     t4 = _offer("us-east-1c", price=0.3).model_copy(update={"accelerator": "T4", "instance_type": "g4dn.xlarge"})
     zones = zones_for(spec, v100, [v100, other_v100, t4], 3.06)
     assert [o.id for o in zones] == [other_v100.id, v100.id]  # the cheap T4 is slower: not a zone of this quote
+    bubble = _offer("us-east-1d", "bubble", 0.0).model_copy(update={"speed_factor": 0.5})
+    slower = _offer("us-east-1e", "bubble", 0.0).model_copy(update={"speed_factor": 0.2})
+    fill = spec.model_copy(update={"fill": True})
+    assert {o.id for o in zones_for(fill, bubble, [bubble, slower, v100], 3.06)} == {bubble.id, slower.id}
+    # ... but a job chosen for a bubble takes any free one (the policies do: its work is free there)
+
+
+def test_a_running_job_holds_a_slot_only_where_it_runs_and_a_waiting_one_where_it_may_launch():
+    from broker.core.forecast import Fleet
+
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    quote = _quote(model, 30.0)
+    running = _finished(quote, 1.0, "r", JobState.running)
+    elsewhere = _offer("us-east-1q", price=0.7)
+    running.runs[0].offer = elsewhere
+    waiting = Job(id="w", spec=_quote_spec(30.0), submitted_at=NOW, updated_at=NOW, quote=quote)
+    fleet = Fleet.of([_agent(quote.chosen.offer)], [running, waiting], NOW, [])
+    assert [offers for offers, _ in fleet.others] == [{elsewhere.id}, set(quote.forecast.zones)]
+    assert len(fleet.held_ticks([quote.chosen.offer], 1.0)) == 1  # only the waiting one competes for its zone
 
 
 def test_quote_figures_count_errors_and_calibration():

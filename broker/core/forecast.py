@@ -48,7 +48,8 @@ ARRIVALS_H = 24.0  # the recent submissions whose rate and kind say what will ar
 @dataclass(frozen=True)
 class Fleet:
     """The broker's own capacity at quote time: live agents per offer id, and per other active job that may use
-    spot or bubble capacity, the offer ids it may use and the hours it has left."""
+    spot or bubble capacity, where it holds a slot (the offer it runs on, or while it waits the ones it may use) and
+    the hours it has left."""
 
     agents: dict[str, int] = field(default_factory=dict)
     others: list[tuple[frozenset[str], float]] = field(default_factory=list)
@@ -67,7 +68,7 @@ class Fleet:
         count: dict[str, int] = {}
         for agent in agents:
             count[agent.offer.id] = count.get(agent.offer.id, 0) + 1
-        others = [(_zones(job), work_left(job) * job.quote.chosen.expected_wall_h) for job in jobs if _on_spot(job)]
+        others = [(_holds(job), work_left(job) * job.quote.chosen.expected_wall_h) for job in jobs if _on_spot(job)]
         seen = {job.id: job for job in [*recent, *jobs]}  # a job both recent and active counts once
         sigma = speed_spread([v for v in map(measured_speed, seen.values()) if v is not None])
         lately = [j for j in recent if j.submitted_at >= now - timedelta(hours=ARRIVALS_H)]
@@ -131,12 +132,18 @@ def _zones(job: Job) -> frozenset[str]:
     return frozenset(offers)
 
 
+def _holds(job: Job) -> frozenset[str]:
+    """Where a job holds a slot: the offer it runs on; while it waits, any of those it may launch in."""
+    return frozenset({job.current_run.offer.id}) if job.current_run is not None else _zones(job)
+
+
 def zones_for(spec: JobSpec, chosen: Offer, offers: list[Offer], ceiling_usd_per_h: float) -> list[Offer]:
     """The offers of the chosen one's tier a job may launch in, then and after each preemption: every one it fits
     that is cheaper than its fallback, no further from its data and at least as fast for it (the policies take the
     cheapest with room, wherever it is, and the guard moves a job only where it keeps its pace; the futures play the
     chosen one's speed, so an 8x A100 zone is not one for a job chosen on 8x H200), cheapest first, at most
-    MAX_ZONES."""
+    MAX_ZONES. Every bubble it fits is one, however fast: the policies take any free bubble (free work), and the
+    guard moves the job off one where it falls behind."""
     moving = transfer_usd(spec, chosen)
     same = [
         o
@@ -146,7 +153,7 @@ def zones_for(spec: JobSpec, chosen: Offer, offers: list[Offer], ceiling_usd_per
         and fits(spec, o)
         and o.price_usd_per_h < ceiling_usd_per_h
         and transfer_usd(spec, o) <= moving  # no further from its data
-        and as_fast(spec, o, chosen)
+        and (as_fast(spec, o, chosen) or o.tier == Tier.bubble)
     ]
     return sorted([chosen, *same], key=lambda o: (o.price_usd_per_h, o.id))[:MAX_ZONES]
 
