@@ -25,7 +25,7 @@ class DeadlineGuard:
 
     def __init__(self, store: Store, policy, leader: str):
         self.store, self.policy, self.leader = store, policy, leader
-        self._pending: list | None = None
+        self._wanted_ids: set[str] | None = None
 
     def moves(self, now: datetime, idle: list[AgentInfo]) -> list[str]:
         """A spot or bubble job falling behind its deadline is asked to checkpoint and move to on-demand now; under
@@ -80,7 +80,8 @@ class DeadlineGuard:
         if on.tier == Tier.on_demand:
             because = f"; back to spot ({self.policy.name}'s rule)"
             if progress.runs_cheapest(on.tier):  # a lost deadline: only spot that no pending job fits
-                spot_idle = [a for a in spot_idle if not any(fits(spec, a.offer) for spec in self._pending_specs())]
+                wanted = self._wanted(spot_idle)
+                spot_idle = [a for a in spot_idle if a.id not in wanted]
                 because = "; the deadline is lost: back to spot no waiting job needs (if_late: cheapest)"
             agent = _cheapest_idle(item, spot_idle, as_fast_as=planned)
             if agent and self.policy.leaves_on_demand(item, progress, agent.offer, on):
@@ -92,11 +93,12 @@ class DeadlineGuard:
                 return None, agent, f"; to a cheaper zone, {where} ({self.policy.name}'s rule)"
         return None
 
-    def _pending_specs(self) -> list:
-        """The specs of the jobs waiting to be placed (read once a pass, when first asked)."""
-        if self._pending is None:
-            self._pending = [job.spec for job in self.store.pending_jobs(0, PENDING_READ)]
-        return self._pending
+    def _wanted(self, idle: list[AgentInfo]) -> set[str]:
+        """The idle agents some pending job fits (pending jobs read once a pass, when a lost deadline first asks)."""
+        if self._wanted_ids is None:
+            pending = [job.spec for job in self.store.pending_jobs(0, PENDING_READ)]
+            self._wanted_ids = {a.id for a in idle if any(fits(spec, a.offer) for spec in pending)}
+        return self._wanted_ids
 
 
 def _cheapest_idle(item: PlanItem, idle: list[AgentInfo], as_fast_as: Offer) -> AgentInfo | None:

@@ -41,21 +41,17 @@ def on_demand_equivalent_usd(job: Job, now: datetime) -> float:
 
 def missed_deadline(job: Job, now: datetime) -> bool:
     """Finished after its deadline, or still unfinished past it."""
-    deadline = job.spec.deadline
-    if deadline is None or job.state == JobState.cancelled:
-        return False
-    if job.state == JobState.done:
-        return job.runs[-1].ended_at > deadline
-    return now > deadline
+    return hours_late(job, now) > 0
 
 
 def hours_late(job: Job, now: datetime) -> float:
-    """Hours past its deadline it finished (or is still unfinished at `now`); 0 when on time or without one."""
+    """Hours past its deadline it finished, or is still unfinished at `now`; 0 when on time, cancelled or without
+    one."""
     deadline = job.spec.deadline
-    if not missed_deadline(job, now):
+    if deadline is None or job.state == JobState.cancelled:
         return 0.0
     end = job.runs[-1].ended_at if job.state == JobState.done else now
-    return (end - deadline).total_seconds() / 3600
+    return max(0.0, (end - deadline).total_seconds() / 3600)
 
 
 def overview(jobs: list[Job], now: datetime) -> dict:
