@@ -70,6 +70,8 @@ def test_the_single_job_mode_on_held_out_traces_bounds_every_rule_and_misses_not
     by = {(r["setting"], r["deadline_h"], r["policy"]): r["mean_cost_usd"] for r in rows}
     for s, d, _ in [k for k in by if k[2] == "hedge"]:
         assert by[s, d, "hedge"] < by[s, d, "uniform"] < by[s, d, "on-demand"]
+        if s == "1 zone":  # the moves of least expected cost under the model beat the hedge rule's thresholds
+            assert by[s, d, "cost-to-go"] < by[s, d, "hedge"]
     for r in rows:  # the pooled saving is a weighted mean of the zones' own, so it lies within their range
         if r["setting"] == "1 zone":
             low, high = r["vs_uniform_zone_range_pct"]
@@ -83,4 +85,11 @@ def test_broker_backtest_single_job_prints_the_rows_as_json():
     result = CliRunner().invoke(app, ["backtest", "--single-job", "--stride-hours", "96", "--json"])
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
-    assert {r["policy"] for r in body["rows"]} == {"greedy", "uniform", "hedge", "on-demand", "omniscient"}
+    assert {r["policy"] for r in body["rows"]} == {
+        "greedy",
+        "uniform",
+        "hedge",
+        "cost-to-go",
+        "on-demand",
+        "omniscient",
+    }

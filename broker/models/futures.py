@@ -25,11 +25,16 @@ the futures axis): 1,000 futures of a few hundred ticks take tens of millisecond
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-RULES = ("greedy", "uniform", "hedge", "spot-only")
+from broker.models.cost_to_go import IDLE, CostToGo, SpellChain
+from broker.models.cost_to_go import OD as MOVE_OD
+from broker.models.cost_to_go import SPOT as MOVE_SPOT
+
+RULES = ("greedy", "uniform", "hedge", "cost-to-go", "spot-only")
+HEDGING = ("hedge", "cost-to-go")  # the rules that read the market (Hedge): zone moves, queues, spot worth
 WAIT, SPOT, OD, DONE = 0, 1, 2, 3
 TIE_H = 1e-9  # exactly on a threshold is not past it (planning/uniform_progress.TIE_H)
 
@@ -72,6 +77,8 @@ class Hedge:
     zone_up_h: tuple[float, ...] = ()
     tick_h: float = 1.0  # idle_h's index unit
     zones: tuple[str, ...] = ()  # the offer ids zone_up_h is given for, when known
+    chain: SpellChain | None = None  # the same spells as a chain (cost_to_go), for `planned`
+    plan: CostToGo | None = None  # the cost-to-go moves the rule `cost-to-go` plays (`planned`)
 
     def up_h(self, zone: str) -> float:
         """The mean up-spell of this zone (offer id), or of the market as a whole when it is not known."""
@@ -113,7 +120,14 @@ class Hedge:
         waits = np.arange(max_ticks + 1)
         idle = np.minimum(down[None, :], waits[:, None]).mean(axis=1) if len(down) else np.zeros(len(waits))
         mean_up = float(np.mean(up)) * tick_h if len(up) else 0.0
-        return cls(idle * tick_h, mean_up, tuple(zone_up_h), tick_h, tuple(zones))
+        chain = SpellChain.from_spells(np.asarray(up, dtype=int), down.astype(int))
+        return cls(idle * tick_h, mean_up, tuple(zone_up_h), tick_h, tuple(zones), chain)
+
+    def planned(self, ticks: int, spot_usd: float, od_usd: float, restart_h: float, od_speed: float = 1.0, loss_h=0.0):
+        """This view with the cost-to-go moves for up to `ticks` ticks left (models/cost_to_go.py)."""
+        restart, loss = round(restart_h / self.tick_h), loss_h / self.tick_h
+        plan = CostToGo.solve(self.chain, ticks, spot_usd, od_usd, self.tick_h, restart, od_speed, loss)
+        return replace(self, plan=plan)
 
 
 def simulate(
@@ -129,8 +143,10 @@ def simulate(
     s = setting
     if s.rule not in RULES:
         raise ValueError(f"rule: {s.rule!r}; one of {', '.join(RULES)}")
-    if s.rule == "hedge" and hedge is None:
-        raise ValueError("rule 'hedge' needs the market's Hedge (Hedge.from_spells)")
+    if s.rule in HEDGING and hedge is None:
+        raise ValueError(f"rule {s.rule!r} needs the market's Hedge (Hedge.from_spells)")
+    if s.rule == "cost-to-go" and hedge.plan is None:
+        raise ValueError("rule 'cost-to-go' needs the Hedge's moves (Hedge.planned)")
     zones, n, ticks = available.shape
     prices = np.asarray(s.spot_prices, dtype=float)
     state = np.full(n, WAIT)
@@ -138,7 +154,7 @@ def simulate(
     done = np.zeros(n)  # share of the work done (0-1), checkpointed or not
     saved = np.zeros(n)  # share of the work in the newest checkpoint
     dead = np.zeros(n)  # hours of changeover still to pay before progress
-    down_age = 0  # ticks since no zone had capacity
+    down_age = up_age = 0  # ticks since no zone had capacity, since some zone had
     cost, spot_h, od_h = np.zeros(n), np.zeros(n), np.zeros(n)
     finish = np.full(n, math.inf)
     writes = 1 + (s.checkpoint_h / s.interval_h if s.interval_h else 0.0)  # wall hours per hour of spot progress
@@ -150,11 +166,14 @@ def simulate(
         free = up if launchable is None else launchable[:, :, t]
         any_up = free.any(axis=0)
         down_age = np.where(any_up, 0, down_age + 1)
+        up_age = np.where(any_up, up_age + 1, 0)
+        hold = np.zeros(n, dtype=bool)  # waits although a slot is free (a spell too young to pay a start)
         lost = (state == SPOT) & ~up[zone, idx]
         done = np.where(lost, saved, done)  # preempted: back to the last checkpoint
         state = np.where(lost, WAIT, state)
         if guard:
-            net = (state != DONE) & (s.window_h - now < (1 - done) * s.od_work_h + 2 * s.restart_h - TIE_H)
+            margin = s.restart_h * (1 if s.rule == "cost-to-go" else 2)  # its moves keep d; a net if the model errs
+            net = (state != DONE) & (s.window_h - now < (1 - done) * s.od_work_h + margin - TIE_H)
             late = np.zeros(n, dtype=bool)
             if s.cheapest_if_late:  # lost even on on-demand: runs cheapest below, not on on-demand to the end
                 changeover = np.where(state == OD, 0.0, s.restart_h)
@@ -167,18 +186,26 @@ def simulate(
             cost = np.where(net, cost + s.od_price * hours, cost)
             od_h = np.where(net, od_h + hours, od_h)
             state = np.where(net, DONE, state)
-            to_od, leave_od = _rule_moves(s, hedge, now, done, state, any_up, up.any(axis=0), down_age, zone, prices)
+            if s.rule == "cost-to-go":
+                ages = np.where(any_up, up_age, down_age) - 1
+                to_od, leave_od, hold = _planned_moves(s, hedge, now, tick_h, done, dead, state, any_up, ages)
+                queued = (state == WAIT) & ~any_up & up.any(axis=0)  # a queue, not a gap: Uniform Progress's move
+                to_od = np.where(queued, _behind(s, now, done), to_od)
+            else:
+                to_od, leave_od = _rule_moves(
+                    s, hedge, now, done, state, any_up, up.any(axis=0), down_age, zone, prices
+                )
             if late.any():
                 to_od, leave_od = _cheapest_moves(s, hedge, late, state, any_up, zone, prices, to_od, leave_od)
             saved = np.where(leave_od, done, saved)  # on-demand is left at a checkpoint
             state = np.where(leave_od, WAIT, state)
             dead = np.where(to_od, s.restart_h, dead)
             state = np.where(to_od, OD, state)
-        if s.rule == "hedge" and zones > 1:
+        if s.rule in HEDGING and zones > 1:
             move = _cheaper_zone(s, hedge, now, done, state, free, zone, prices)
             saved = np.where(move, done, saved)  # a voluntary move checkpoints first
             state = np.where(move, WAIT, state)
-        launch = (state == WAIT) & any_up
+        launch = (state == WAIT) & any_up & ~hold
         zone = np.where(launch, np.argmax(free, axis=0), zone)
         dead = np.where(launch, s.restart_h, dead)
         state = np.where(launch, SPOT, state)
@@ -192,7 +219,7 @@ def simulate(
         per_h = np.where(on_od, 1.0, writes)  # on-demand is not preempted: no periodic checkpoints
         progress_h = (tick_h - paid) / per_h  # hours of exclusive progress this tick
         need_h = (1 - done) * np.where(on_od, s.od_work_h, s.work_h)
-        finishing = running & (progress_h >= need_h)
+        finishing = running & (progress_h >= need_h - TIE_H)  # float sums of ticks: within TIE_H is done
         used = np.where(finishing, paid + need_h * per_h, tick_h)
         price = np.where(on_od, s.od_price, prices[zone])
         cost = np.where(running, cost + price * used, cost)
@@ -226,12 +253,8 @@ def _rule_moves(s: Setting, hedge: Hedge | None, now, done, state, any_up, marke
     idle = (state == WAIT) & ~any_up
     nothing = np.zeros_like(idle)
 
-    def behind(at_h: float) -> np.ndarray:  # done < ep(at), as planning/uniform_progress.decide has it
-        expected = min(1.0, at_h / s.window_h) if s.window_h > 0 else 1.0
-        return done * s.od_work_h < expected * s.od_work_h - TIE_H
-
     if s.rule == "uniform":
-        return idle & behind(now), (state == OD) & ~behind(now + 2 * s.restart_h)
+        return idle & _behind(s, now, done), (state == OD) & ~_behind(s, now + 2 * s.restart_h, done)
     if s.rule != "hedge":
         return nothing, nothing
     slack = _slack(s, now, done)
@@ -239,7 +262,7 @@ def _rule_moves(s: Setting, hedge: Hedge | None, now, done, state, any_up, marke
     worth = hedge.spot_worth(s.od_price, prices[zone], s.restart_h)
     back = (state == OD) & any_up & worth & (slack >= s.restart_h)
     queued = idle & market_up  # other jobs hold the capacity: Uniform Progress's move (planning/hedge.py)
-    return (queued & behind(now)) | (idle & ~market_up & (down_age > longest_wait)), back
+    return (queued & _behind(s, now, done)) | (idle & ~market_up & (down_age > longest_wait)), back
 
 
 def _cheapest_moves(s: Setting, hedge: Hedge | None, late, state, any_up, zone, prices, to_od, leave_od):
@@ -247,9 +270,28 @@ def _cheapest_moves(s: Setting, hedge: Hedge | None, late, state, any_up, zone, 
     with a slot, back to spot (under hedge when a spell there pays the changeovers; Greedy never leaves)."""
     to_od = np.where(late, (state == WAIT) & ~any_up, to_od)
     back = (state == OD) & any_up
-    if s.rule == "hedge":
+    if s.rule in HEDGING:
         back &= hedge.spot_worth(s.od_price, prices[zone], s.restart_h)
     return to_od, np.where(late, back if s.rule != "greedy" else False, leave_od)
+
+
+def _behind(s: Setting, at_h: float, done: np.ndarray) -> np.ndarray:
+    """done < ep(at): behind Uniform Progress's line, as planning/uniform_progress.decide has it."""
+    expected = min(1.0, at_h / s.window_h) if s.window_h > 0 else 1.0
+    return done * s.od_work_h < expected * s.od_work_h - TIE_H
+
+
+def _planned_moves(s: Setting, hedge: Hedge, now: float, tick_h: float, done, dead, state, any_up, ages):
+    """(to on-demand, leave on-demand, hold) per future, from the cost-to-go moves: the state is the ticks left, the
+    work left in spot ticks (with the changeover still to pay), a slot free or not and for how long, and the tier."""
+    od_speed = np.mean(np.asarray(s.work_h) / np.asarray(s.od_work_h))
+    on = np.select([state == SPOT, state == OD], [MOVE_SPOT, MOVE_OD], IDLE)
+    paying = np.where(state == OD, od_speed, 1.0) * np.where((state == SPOT) | (state == OD), dead, 0.0)
+    work = ((1 - done) * s.work_h + paying) / tick_h
+    move = hedge.plan.move(round((s.window_h - now) / tick_h), work, any_up, ages, on)
+    idle = state == WAIT
+    to_od = (idle | (state == SPOT)) & (move == MOVE_OD)
+    return to_od, (state == OD) & any_up & (move == MOVE_SPOT), idle & any_up & (move == IDLE)
 
 
 def _cheaper_zone(s: Setting, hedge: Hedge, now, done, state, up, zone, prices) -> np.ndarray:

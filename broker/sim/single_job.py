@@ -31,7 +31,7 @@ WORK_H = 48.0
 RESTART_H = 0.2
 DEADLINES_H = (52.0, 70.0)
 TICK_S = 360.0  # 0.1 h: the changeover is two ticks
-RULES = ("greedy", "uniform", "hedge")
+RULES = ("greedy", "uniform", "hedge", "cost-to-go")
 
 
 @dataclass(frozen=True)
@@ -63,11 +63,12 @@ def play(
     available = np.stack([zones.available[:, s : s + ticks] for s in starts], axis=1)  # zones x starts x ticks
     out: dict[str, np.ndarray] = {}
     missed = {}
+    planned = hedge.planned(ticks, zones.spot_prices[0], zones.od_price, RESTART_H)  # priced at the cheapest zone
     for rule in RULES:
         setting = Setting(
             WORK_H, WORK_H, zones.spot_prices, zones.od_price, RESTART_H, 0.0, None, window_h, rule, keeps_progress=True
         )
-        result = simulate(setting, available, tick_h, hedge if rule == "hedge" else None)
+        result = simulate(setting, available, tick_h, {"hedge": hedge, "cost-to-go": planned}.get(rule))
         out[rule] = result.cost_usd
         missed[rule] = result.finish_h > window_h + 1e-9
     out["on-demand"] = np.full(len(starts), (WORK_H + RESTART_H) * zones.od_price)

@@ -1,0 +1,111 @@
+"""Expected cost to go under the market model (models/cost_to_go.py) and the futures' rule that plays it."""
+
+from functools import cache
+
+import numpy as np
+import pytest
+
+from broker.models.cost_to_go import IDLE, OD, SPOT, CostToGo, SpellChain
+from broker.models.futures import Hedge, Setting, simulate
+
+TICK_H = 0.1
+
+
+def test_a_spells_chance_to_end_is_read_by_age_and_the_tail_by_its_mean_residual():
+    chain = SpellChain.from_spells(up=[1, 1, 2, 4], down=[3], ages=3)
+    up = chain.ends[1]
+    assert up[0] == pytest.approx(0.5)  # 2 of 4 spells end after their first tick
+    assert up[1] == pytest.approx(0.5)  # 1 of the 2 left ends after its second
+    assert up[2] == pytest.approx(0.5)  # past age 2 only the 4-tick spell: 2 more ticks on average
+    assert chain.ends[0][:2] == pytest.approx([1e-3, 1e-3])  # a 3-tick gap never ends before its third tick
+
+
+def brute_force(chain: SpellChain, spot: float, od: float, restart: int):
+    """The same program written as a recursion over single states: the reference for the vectorised solve."""
+    ends, ages = chain.ends, chain.ends.shape[1]
+
+    @cache
+    def value(left: int, work: int, up: int, age: int, on: int) -> float:
+        if work <= 0:
+            return 0.0
+        if left == 0:
+            return 1e9
+        if on == SPOT and not up:
+            on = IDLE  # preempted
+
+        def after(work_next: int, move: int) -> float:
+            older = min(age + 1, ages - 1)
+            stay = value(left - 1, work_next, up, older, move)
+            turn = value(left - 1, work_next, 1 - up, 0, move)
+            return (1 - ends[up, age]) * stay + ends[up, age] * turn
+
+        options = [after(work, IDLE)]
+        for move, price in ((SPOT, spot), (OD, od)):
+            if move == SPOT and not up:
+                continue
+            extra = 0 if on == move else restart
+            options.append(price * TICK_H + after(work - 1 + extra, move))
+        return min(min(options), 1e9)
+
+    return value
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_vectorised_solve_has_the_recursions_expected_costs(seed):
+    rng = np.random.default_rng(seed)
+    chain = SpellChain.from_spells(rng.integers(1, 6, 30), rng.integers(1, 4, 30), ages=3)
+    ticks = 9
+    table = CostToGo.solve(chain, ticks, spot_usd=1.0, od_usd=3.0, tick_h=TICK_H, restart_ticks=2)
+    value = brute_force(chain, 1.0, 3.0, 2)
+    for work in range(ticks + 1):
+        for up in (0, 1):
+            for age in range(3):
+                for on in (IDLE, SPOT, OD):
+                    assert table.cost[work, up, age, on] == pytest.approx(value(ticks, work, up, age, on), rel=1e-9)
+
+
+def test_in_a_gap_it_waits_while_the_slack_affords_it_and_pays_on_demand_when_it_does_not():
+    chain = SpellChain.from_spells(np.full(20, 50), np.full(20, 5))  # gaps of 0.5 h, up-spells of 5 h
+    table = CostToGo.solve(chain, 200, spot_usd=1.0, od_usd=3.0, tick_h=TICK_H, restart_ticks=2)
+    assert table.move(left=200, work=100, up=False, age=0, on=IDLE) == IDLE  # 10 h of slack: wait the gap out
+    assert table.move(left=102, work=100, up=False, age=0, on=IDLE) == OD  # exactly the changeover to spare
+    assert table.move(left=200, work=100, up=True, age=0, on=IDLE) == SPOT
+    # every up-spell lasts 5 h: one that has lasted 1 h ends sooner than a new one, so with the slack to spare it
+    # waits for the next (one preemption and changeover fewer)
+    assert table.move(left=200, work=100, up=True, age=10, on=IDLE) == IDLE
+    assert table.move(left=120, work=100, up=True, age=10, on=IDLE) == SPOT
+    assert table.move(left=90, work=100, up=True, age=10, on=IDLE) == OD  # lost: the soonest finish
+
+
+def market(rng, futures: int, ticks: int, up_mean: float, down_mean: float) -> np.ndarray:
+    """Futures of geometric up and down spells (the chain below is fitted on the same process)."""
+    out = np.empty((futures, ticks), dtype=bool)
+    state = rng.random(futures) < up_mean / (up_mean + down_mean)
+    for t in range(ticks):
+        flip = rng.random(futures) < np.where(state, 1 / up_mean, 1 / down_mean)
+        state = np.where(flip, ~state, state)
+        out[:, t] = state
+    return out
+
+
+def test_its_moves_meet_every_deadline_in_its_own_market_for_less_than_uniform_progress():
+    rng = np.random.default_rng(7)
+    up = rng.geometric(1 / 30, 400)
+    down = rng.geometric(1 / 15, 400)
+    hedge = Hedge.from_spells(up, down, TICK_H, 300).planned(300, spot_usd=1.0, od_usd=3.0, restart_h=0.2)
+    available = market(rng, 300, 300, 30, 15)[None]
+
+    def run(rule: str):  # 20 h of work due in 30 h, spot $1/h, on-demand $3/h, d = 0.2 h
+        setting = Setting(20.0, 20.0, (1.0,), 3.0, 0.2, 0.0, None, 30.0, rule, keeps_progress=True)
+        return simulate(setting, available, TICK_H, hedge)
+
+    runs = {rule: run(rule) for rule in ("uniform", "cost-to-go")}
+    assert (runs["cost-to-go"].finish_h <= 30.0 + 1e-9).all()
+    assert runs["cost-to-go"].cost_usd.mean() < 0.95 * runs["uniform"].cost_usd.mean()
+
+
+def test_the_rule_needs_the_hedges_moves():
+    hedge = Hedge.from_spells(np.full(5, 10), np.full(5, 2), TICK_H, 50)
+    setting = Setting(1.0, 1.0, (1.0,), 3.0, 0.2, 0.0, None, 5.0, "cost-to-go", keeps_progress=True)
+    with pytest.raises(ValueError, match="Hedge.planned"):
+        simulate(setting, np.ones((1, 1, 50), dtype=bool), TICK_H, hedge)
