@@ -1,12 +1,21 @@
 """Expected cost to go under the market model (models/cost_to_go.py) and the futures' rule that plays it."""
 
+from datetime import timedelta
 from functools import cache
 
 import numpy as np
 import pytest
+from test_uniform_progress import offer
 
+from broker import planning
+from broker.core.forecast import forecast
+from broker.core.hedging import MarketHedge
+from broker.domain.model import Tier
 from broker.models.cost_to_go import IDLE, OD, SPOT, CostToGo, SpellChain
 from broker.models.futures import Hedge, Setting, simulate
+from broker.planning.option_table import PlanItem
+from broker.pricing.availability import MarketModel, ZoneModel
+from conftest import NOW, make_spec
 
 TICK_H = 0.1
 
@@ -109,3 +118,43 @@ def test_the_rule_needs_the_hedges_moves():
     setting = Setting(1.0, 1.0, (1.0,), 3.0, 0.2, 0.0, None, 5.0, "cost-to-go", keeps_progress=True)
     with pytest.raises(ValueError, match="Hedge.planned"):
         simulate(setting, np.ones((1, 1, 50), dtype=bool), TICK_H, hedge)
+
+
+def market_of_gaps(gap_ticks: int):
+    """The Broker's view of a one-zone market (core/hedging.MarketHedge) whose spot gaps last `gap_ticks` ticks."""
+    spot, od = offer("s", Tier.spot, 1.0), offer("o", Tier.on_demand, 3.0)
+    zone = ZoneModel("aws", "s", "x", TICK_H, np.full(40, 100), np.full(40, gap_ticks))
+    model = MarketModel(TICK_H, {("aws", "s", "x"): zone})
+    return MarketHedge(lambda: model, lambda: [spot, od]), spot, od
+
+
+@pytest.mark.parametrize("waited_h", [1.5, 3.0])
+def test_in_a_gap_the_policy_waits_where_hedges_threshold_pays_on_demand(waited_h):
+    """10 h of work due in 12 h, idle in a 3 h gap: hedge's a* is spent, so it pays on-demand. Waiting is free until
+    the safety net, and spot may come back before it: the least expected cost to go is to wait."""
+    market, spot, od = market_of_gaps(30)
+    spec = make_spec(work={"gpu_hours": 10}, deadline="+12h")
+    item = PlanItem("j", spec, submitted_at=NOW, idle_since=NOW - timedelta(hours=waited_h))
+
+    def placed(name: str) -> dict:
+        policy = planning.get(name, hedge=market, live_spot=lambda: [])
+        return policy.plan([item], [spot, od], {spot.id: 0}, NOW).assignments
+
+    assert placed("hedge") == {"j": od.id}
+    assert placed("cost-to-go") == {}
+    net = PlanItem("j", make_spec(work={"gpu_hours": 10}, deadline="+10.2h"), submitted_at=NOW, idle_since=NOW)
+    assert planning.get("cost-to-go", hedge=market).plan([net], [spot, od], {spot.id: 0}, NOW).assignments == {
+        "j": od.id
+    }
+
+
+def test_a_quote_under_the_policy_plays_its_moves_on_the_futures():
+    market, spot, od = market_of_gaps(30)
+    spec = make_spec(work={"gpu_hours": 10}, deadline="+20h")
+    policy = planning.get("cost-to-go", hedge=market)
+    quote = policy.quote(spec, [spot, od], NOW)
+    model = market.model()
+    made = forecast(spec, quote, [spot, od], model, policy.rule, NOW, futures=200, planned=market.planned)
+    alone = forecast(spec, quote, [spot, od], model, policy.rule, NOW, futures=200)  # the moves solved afresh
+    assert made.rule == "cost-to-go"
+    assert made.cost_p50_usd == pytest.approx(alone.cost_p50_usd)

@@ -8,7 +8,9 @@ up-spell. Computing it samples futures, so it is kept per set of zones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -20,6 +22,8 @@ from broker.pricing.availability import MarketModel, spells
 HORIZON_H = 400.0  # hours of sampled futures: long enough for the heavy tail of the spells
 PATHS = 64
 MAX_ZONES = 12  # offers a job may launch in (the quote's forecast plays the same ones)
+PLANS_KEPT = 64  # cost-to-go tables kept (tens of MB at most)
+PLAN_TICKS = 72  # cost-to-go tables are solved for a multiple of this many ticks left (12 h at 10-minute ticks)
 
 
 def hedge_for(model: MarketModel, offers: list[Offer], tick_h: float, seed: int = 0) -> Hedge:
@@ -43,15 +47,20 @@ class MarketHedge:
         self.model, self.offers = model, offers
         self._zones: dict[str, tuple[Offer, ...]] = {}  # by what `fits` reads of a spec: planning asks per job
         self._known: dict[tuple[str, ...], Hedge] = {}
+        self._plans: dict[tuple, Hedge] = {}  # with cost-to-go moves, per chain, zones, horizon, prices, changeover
         self._of: MarketModel | None = None  # the model those were computed on (it is learned again as it goes)
 
     def __call__(self, spec: JobSpec) -> Hedge | None:
+        spot = self.zones_of(spec)
+        return self.for_zones(list(spot)) if spot else None
+
+    def zones_of(self, spec: JobSpec) -> tuple[Offer, ...]:
+        """The cheapest MAX_ZONES spot offers the job fits, cheapest first."""
         shape = fit_key(spec)
         if shape not in self._zones:
             fitting = (o for o in self.offers() if o.tier == Tier.spot and fits(spec, o))
             self._zones[shape] = tuple(sorted(fitting, key=lambda o: o.price_usd_per_h)[:MAX_ZONES])
-        spot = self._zones[shape]
-        return self.for_zones(list(spot)) if spot else None
+        return self._zones[shape]
 
     def for_zones(self, offers: list[Offer]) -> Hedge:
         """The Hedge of exactly these zones, in this order (the futures index its zones so)."""
@@ -61,3 +70,18 @@ class MarketHedge:
         if key not in self._known:
             self._known[key] = hedge_for(model, offers, model.tick_h)
         return self._known[key]
+
+    def planned(self, offers: list[Offer], ticks: int, od_usd: float, restart_h: float, loss_h: float = 0.0) -> Hedge:
+        """The Hedge of these zones with the cost-to-go moves (priced at the cheapest zone) for at least `ticks`
+        ticks left: tables are solved for whole multiples of PLAN_TICKS, so jobs of similar windows share one."""
+        view = self.for_zones(offers)
+        ticks = PLAN_TICKS * max(1, math.ceil(ticks / PLAN_TICKS))
+        spot_usd = min(o.price_usd_per_h for o in offers)
+        # the model is learned again every tick; a table is solved again only when its chain moved by a point or more
+        chain = np.round(view.chain.ends, 2).tobytes()
+        key = (chain, view.zones, ticks, round(spot_usd, 4), round(od_usd, 4), round(restart_h, 3), round(loss_h, 3))
+        if key not in self._plans:
+            if len(self._plans) >= PLANS_KEPT:
+                del self._plans[next(iter(self._plans))]  # the oldest
+            self._plans[key] = view.planned(ticks, spot_usd, od_usd, restart_h, loss_h=loss_h)
+        return replace(self._plans[key], idle_h=view.idle_h, mean_up_h=view.mean_up_h, zone_up_h=view.zone_up_h)

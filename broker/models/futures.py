@@ -54,6 +54,7 @@ class Setting:
     rule: str = "greedy"
     keeps_progress: bool = False  # a preemption loses no work
     cheapest_if_late: bool = False  # a lost deadline runs cheapest, not on on-demand to the end
+    net_changeovers: int = 2  # the safety net keeps this many changeovers (Can't Be Late's 2d; cost-to-go keeps 1)
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class Hedge:
 
     def planned(self, ticks: int, spot_usd: float, od_usd: float, restart_h: float, od_speed: float = 1.0, loss_h=0.0):
         """This view with the cost-to-go moves for up to `ticks` ticks left (models/cost_to_go.py)."""
-        restart, loss = round(restart_h / self.tick_h), loss_h / self.tick_h
+        restart, loss = math.ceil(restart_h / self.tick_h - 1e-9), loss_h / self.tick_h  # a part tick is a tick
         plan = CostToGo.solve(self.chain, ticks, spot_usd, od_usd, self.tick_h, restart, od_speed, loss)
         return replace(self, plan=plan)
 
@@ -172,7 +173,7 @@ def simulate(
         done = np.where(lost, saved, done)  # preempted: back to the last checkpoint
         state = np.where(lost, WAIT, state)
         if guard:
-            margin = s.restart_h * (1 if s.rule == "cost-to-go" else 2)  # its moves keep d; a net if the model errs
+            margin = s.net_changeovers * s.restart_h
             net = (state != DONE) & (s.window_h - now < (1 - done) * s.od_work_h + margin - TIE_H)
             late = np.zeros(n, dtype=bool)
             if s.cheapest_if_late:  # lost even on on-demand: runs cheapest below, not on on-demand to the end

@@ -14,7 +14,7 @@ Can't Be Late's omniscient program, solved exactly (sim/omniscient.cheapest_by_s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +68,8 @@ def play(
         setting = Setting(
             WORK_H, WORK_H, zones.spot_prices, zones.od_price, RESTART_H, 0.0, None, window_h, rule, keeps_progress=True
         )
+        if rule == "cost-to-go":  # its moves keep the one changeover a preemption needs: the net only backs them up
+            setting = replace(setting, net_changeovers=1)
         result = simulate(setting, available, tick_h, {"hedge": hedge, "cost-to-go": planned}.get(rule))
         out[rule] = result.cost_usd
         missed[rule] = result.finish_h > window_h + 1e-9

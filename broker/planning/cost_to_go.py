@@ -1,0 +1,70 @@
+"""Cost to go: hedge's zone moves and queues, with its waits and its returns from on-demand decided by each move's
+expected cost to go under the market model (models/cost_to_go.py) instead of hedge's thresholds.
+
+An idle job in a spot gap waits while waiting has the lower expected cost to go (the table knows how long the
+gap has lasted, the work and time left, and the prices), and leaves on-demand for spot when a run there, from a
+spell just begun, has. Everything else is hedge's: spot when there is some, Uniform Progress's move in a queue,
+the safety net, a lost deadline run cheapest, moves to a cheaper zone. The market's view comes from the Broker
+(core/hedging.MarketHedge: `zones_of` and `planned`); without it the policy is hedge.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from broker.domain.model import Offer, Plan, Tier
+from broker.models.cost_to_go import IDLE, OD, SPOT
+from broker.models.risk import fits
+from broker.planning import register
+from broker.planning.hedge import HedgePolicy
+from broker.planning.option_table import PlanItem
+from broker.planning.uniform_progress import Move, Progress, decide
+
+
+@register("cost-to-go")
+class CostToGoPolicy(HedgePolicy):
+    """Hedge, with its waits and returns from on-demand by the least expected cost to go under the market model."""
+
+    name = "cost-to-go"
+    rule = "cost-to-go"
+
+    def plan(self, items: list[PlanItem], offers: list[Offer], capacity: dict[str, int], now: datetime) -> Plan:
+        self._on_demand = [o for o in offers if o.tier == Tier.on_demand]
+        return super().plan(items, offers, capacity, now)
+
+    def move(self, item: PlanItem, progress: Progress, up: bool, age_h: float, on: int) -> int | None:
+        """The table's move for the job now (IDLE, SPOT, OD); None without a market, a deadline or an offer."""
+        planned, zones_of = getattr(self.hedge, "planned", None), getattr(self.hedge, "zones_of", None)
+        left_h = progress.window_h - progress.elapsed_h
+        if planned is None or zones_of is None or not math.isfinite(left_h):
+            return None
+        zones = zones_of(item.spec)
+        od = [o.price_usd_per_h for o in getattr(self, "_on_demand", []) if fits(item.spec, o)]
+        if not zones or not od:
+            return None
+        tick_h = self.view(item.spec).tick_h
+        moves = planned(list(zones), math.ceil(left_h / tick_h), min(od), progress.changeover_h).plan
+        work = (progress.total_h - progress.done_h) / tick_h
+        if not math.isfinite(work):  # no on-demand agent to measure the work on: hedge's rule
+            return None
+        return int(moves.move(math.floor(left_h / tick_h + 1e-9), work, up, int(age_h / tick_h), on))
+
+    def idle_move(self, item: PlanItem, progress: Progress, spot_available: bool, now: datetime) -> Move:
+        if (
+            spot_available
+            or self.held_by_others(item.spec)
+            or decide(progress, None, False, uniform=False) != Move.wait
+        ):
+            return super().idle_move(item, progress, spot_available, now)  # spot, a queue, the net, a lost deadline
+        waited_h = (now - (item.idle_since or now)).total_seconds() / 3600
+        move = self.move(item, progress, False, waited_h, IDLE)
+        if move is None:
+            return super().idle_move(item, progress, spot_available, now)
+        return Move.on_demand if move == OD else Move.wait
+
+    def leaves_on_demand(self, item: PlanItem, progress: Progress, spot: Offer, on_demand: Offer) -> bool:
+        move = None if progress.runs_cheapest(Tier.on_demand) else self.move(item, progress, True, 0.0, OD)
+        if move is None:
+            return super().leaves_on_demand(item, progress, spot, on_demand)
+        return move == SPOT
