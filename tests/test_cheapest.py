@@ -121,5 +121,5 @@ def test_no_matching_hardware_is_reported_as_such(catalog):
 
 
 def test_unknown_policy_names_the_known_ones():
-    with pytest.raises(BrokerError, match="choose one of cbl-greedy, cheapest, costslo"):
+    with pytest.raises(BrokerError, match="choose one of cbl-greedy, cheapest, cost-to-go, costslo"):
         planning.get("nope")
