@@ -154,7 +154,14 @@ def test_a_quote_under_the_policy_plays_its_moves_on_the_futures():
     policy = planning.get("cost-to-go", hedge=market)
     quote = policy.quote(spec, [spot, od], NOW)
     model = market.model()
-    made = forecast(spec, quote, [spot, od], model, policy.rule, NOW, futures=200, planned=market.planned)
+    made = forecast(spec, quote, [spot, od], model, policy.rule, NOW, futures=200, hedges=market)
     alone = forecast(spec, quote, [spot, od], model, policy.rule, NOW, futures=200)  # the moves solved afresh
     assert made.rule == "cost-to-go"
     assert made.cost_p50_usd == pytest.approx(alone.cost_p50_usd)
+
+
+def test_work_a_preemption_loses_makes_the_same_state_dearer():
+    chain = SpellChain.from_spells(np.full(20, 10), np.full(20, 5))  # preempted every hour
+    kept = CostToGo.solve(chain, 100, spot_usd=1.0, od_usd=3.0, tick_h=TICK_H, restart_ticks=2)
+    lost = CostToGo.solve(chain, 100, spot_usd=1.0, od_usd=3.0, tick_h=TICK_H, restart_ticks=2, loss_ticks=3)
+    assert lost.cost[40, 1, 0, SPOT] > kept.cost[40, 1, 0, SPOT] + 0.1  # 4 h of work: about 3 preemptions to redo

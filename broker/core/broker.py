@@ -104,17 +104,7 @@ class Broker:
 
         def simulated(option: Option) -> Forecast:
             played = quote.model_copy(update={"chosen": option})
-            return forecast(
-                spec,
-                played,
-                offers,
-                market,
-                rule,
-                now,
-                fleet=fleet,
-                hedges=self.hedges.for_zones,
-                planned=self.hedges.planned,
-            )
+            return forecast(spec, played, offers, market, rule, now, fleet=fleet, hedges=self.hedges)
 
         update: dict = {"forecast": simulated(quote.chosen)}
         baseline = quote.on_demand_baseline

@@ -14,16 +14,15 @@ hold slots for the hours they have left (models/contention.py), so the job start
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import numpy as np
 
-from broker.core.hedging import MAX_ZONES, hedge_for
+from broker.core.hedging import MAX_ZONES, MarketHedge
 from broker.domain.model import Forecast, IfLate, Job, JobSpec, Offer, Quote, Tier
 from broker.models.contention import arrivals, launchable
-from broker.models.futures import HEDGING, Hedge, Setting, simulate
+from broker.models.futures import HEDGING, Setting, simulate
 from broker.models.placement import transfer_usd
 from broker.models.risk import (
     as_fast,
@@ -168,14 +167,12 @@ def forecast(
     futures: int = FUTURES,
     seed: int = 0,
     fleet: Fleet | None = None,
-    hedges: Callable[[list[Offer]], Hedge] | None = None,
-    planned: Callable[[list[Offer], int, float, float], Hedge] | None = None,
+    hedges: MarketHedge | None = None,
 ) -> Forecast:
     """The quote's chosen option on `futures` sampled futures of its zones (an offer without traces is modelled
     from its own hazard and availability, which the catalog's hazard model set), against the other jobs of
-    `fleet` where it has agents in those zones. `hedges` gives the hedge rule's view of the zones (kept per set of
-    zones: core/hedging.MarketHedge.for_zones), `planned` the same with cost-to-go moves (MarketHedge.planned); each
-    made afresh when not given."""
+    `fleet` where it has agents in those zones. `hedges` gives the hedge rule's view of the zones and the cost-to-go
+    moves (core/hedging.MarketHedge: the Broker's keeps them; one of its own on `model` when not given)."""
     chosen = quote.chosen.offer
     fallback = quote.chosen.fallback or (quote.on_demand_baseline.offer if quote.on_demand_baseline else None)
     window = window_hours(spec, now)
@@ -213,10 +210,12 @@ def forecast(
         cheapest_if_late=spec.if_late == IfLate.cheapest,
     )
     hedge = None
-    if setting.rule == "cost-to-go":
-        hedge = (planned or _planned(model))(zones, ticks, setting.od_price, setting.restart_h)
-    elif setting.rule in HEDGING:
-        hedge = hedges(zones) if hedges else hedge_for(model, zones, tick_h)
+    if setting.rule in HEDGING:
+        hedges = hedges or MarketHedge(lambda: model, lambda: offers)
+        hedge = hedges.for_zones(zones)
+        if setting.rule == "cost-to-go":  # the table's work is in spot ticks; on-demand does od_speed of them a tick
+            od_speed = work_h / exclusive_hours(spec, od_offer)
+            hedge = hedges.planned(zones, ticks, setting.od_price, setting.restart_h, od_speed)
     out = simulate(setting, available, tick_h, hedge, launchable=free)
     cost = out.cost_usd + transfer_usd(spec, chosen)  # its input moved to where it starts
     forecast = _summary(spec, now, cost, out.finish_h, out.spot_h, out.od_h, setting.rule, zones, zone_models)
@@ -268,11 +267,4 @@ def _summary(spec, now, cost, finish, spot_h, od_h, rule, zones, zone_models) ->
         p_within_budget=round(float(within.mean()), 4),
         spot_share=round(share, 4),
         evidence=zone_models[0].evidence if zone_models else "",
-    )
-
-
-def _planned(model: MarketModel) -> Callable[[list[Offer], int, float, float], Hedge]:
-    """MarketHedge.planned without a Broker's cache: the zones' Hedge with cost-to-go moves, solved now."""
-    return lambda zones, ticks, od_usd, restart_h: hedge_for(model, zones, model.tick_h).planned(
-        ticks, min(o.price_usd_per_h for o in zones), od_usd, restart_h
     )

@@ -60,6 +60,7 @@ class CostToGo:
 
     moves: np.ndarray  # int8
     cost: np.ndarray  # expected cost to go of the states with the most time left (the last one solved)
+    od_speed: float = 1.0  # ticks of work (spot ticks) on-demand does a tick
 
     @classmethod
     def solve(
@@ -101,7 +102,7 @@ class CostToGo:
             cost = np.minimum(cost, BIG)
             cost[0] = 0.0
             moves[left - 1] = best
-        return cls(moves, cost)
+        return cls(moves, cost, od_speed)
 
     def move(self, left, work, up, age, on) -> np.ndarray:
         """The move (IDLE, SPOT, OD) for ticks left, work ticks left (rounded up), spot up or not, the spell's age in

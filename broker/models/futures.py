@@ -124,11 +124,10 @@ class Hedge:
         chain = SpellChain.from_spells(np.asarray(up, dtype=int), down.astype(int))
         return cls(idle * tick_h, mean_up, tuple(zone_up_h), tick_h, tuple(zones), chain)
 
-    def planned(self, ticks: int, spot_usd: float, od_usd: float, restart_h: float, od_speed: float = 1.0, loss_h=0.0):
+    def planned(self, ticks: int, spot_usd: float, od_usd: float, restart_h: float, od_speed: float = 1.0) -> Hedge:
         """This view with the cost-to-go moves for up to `ticks` ticks left (models/cost_to_go.py)."""
-        restart, loss = math.ceil(restart_h / self.tick_h - 1e-9), loss_h / self.tick_h  # a part tick is a tick
-        plan = CostToGo.solve(self.chain, ticks, spot_usd, od_usd, self.tick_h, restart, od_speed, loss)
-        return replace(self, plan=plan)
+        restart = math.ceil(restart_h / self.tick_h - 1e-9)  # a part tick is a tick
+        return replace(self, plan=CostToGo.solve(self.chain, ticks, spot_usd, od_usd, self.tick_h, restart, od_speed))
 
 
 def simulate(
@@ -189,9 +188,8 @@ def simulate(
             state = np.where(net, DONE, state)
             if s.rule == "cost-to-go":
                 ages = np.where(any_up, up_age, down_age) - 1
-                to_od, leave_od, hold = _planned_moves(s, hedge, now, tick_h, done, dead, state, any_up, ages)
-                queued = (state == WAIT) & ~any_up & up.any(axis=0)  # a queue, not a gap: Uniform Progress's move
-                to_od = np.where(queued, _behind(s, now, done), to_od)
+                moves = _planned_moves(s, hedge, now, tick_h, done, dead, state, any_up, up.any(axis=0), ages)
+                to_od, leave_od, hold = moves
             else:
                 to_od, leave_od = _rule_moves(
                     s, hedge, now, done, state, any_up, up.any(axis=0), down_age, zone, prices
@@ -282,16 +280,18 @@ def _behind(s: Setting, at_h: float, done: np.ndarray) -> np.ndarray:
     return done * s.od_work_h < expected * s.od_work_h - TIE_H
 
 
-def _planned_moves(s: Setting, hedge: Hedge, now: float, tick_h: float, done, dead, state, any_up, ages):
+def _planned_moves(s: Setting, hedge: Hedge, now: float, tick_h: float, done, dead, state, any_up, market_up, ages):
     """(to on-demand, leave on-demand, hold) per future, from the cost-to-go moves: the state is the ticks left, the
-    work left in spot ticks (with the changeover still to pay), a slot free or not and for how long, and the tier."""
-    od_speed = np.mean(np.asarray(s.work_h) / np.asarray(s.od_work_h))
+    work left in spot ticks (with the changeover still to pay), a slot free or not and for how long, and the tier.
+    In a queue (capacity there, held by other jobs) it takes Uniform Progress's move, as hedge does."""
+    od_speed = hedge.plan.od_speed
     on = np.select([state == SPOT, state == OD], [MOVE_SPOT, MOVE_OD], IDLE)
     paying = np.where(state == OD, od_speed, 1.0) * np.where((state == SPOT) | (state == OD), dead, 0.0)
     work = ((1 - done) * s.work_h + paying) / tick_h
     move = hedge.plan.move(round((s.window_h - now) / tick_h), work, any_up, ages, on)
     idle = state == WAIT
     to_od = (idle | (state == SPOT)) & (move == MOVE_OD)
+    to_od = np.where(idle & ~any_up & market_up, _behind(s, now, done), to_od)
     return to_od, (state == OD) & any_up & (move == MOVE_SPOT), idle & any_up & (move == IDLE)
 
 
