@@ -10,10 +10,11 @@ from test_uniform_progress import offer
 from broker import planning
 from broker.core.forecast import forecast
 from broker.core.hedging import MarketHedge
-from broker.domain.model import Tier
+from broker.domain.model import AgentInfo, Tier
 from broker.models.cost_to_go import IDLE, OD, SPOT, CostToGo, SpellChain
 from broker.models.futures import Hedge, Setting, simulate
 from broker.planning.option_table import PlanItem
+from broker.planning.uniform_progress import Progress
 from broker.pricing.availability import MarketModel, ZoneModel
 from conftest import NOW, make_spec
 
@@ -146,6 +147,39 @@ def test_in_a_gap_the_policy_waits_where_hedges_threshold_pays_on_demand(waited_
     assert planning.get("cost-to-go", hedge=market).plan([net], [spot, od], {spot.id: 0}, NOW).assignments == {
         "j": od.id
     }
+
+
+def flickering_market():
+    """One zone whose up-spells mostly last a tick (9 in 10), the rest 40 h: a spell just begun is likely a flicker,
+    one that has lasted half an hour is a long one."""
+    spot, od = offer("s", Tier.spot, 1.0), offer("o", Tier.on_demand, 3.0)
+    zone = ZoneModel("aws", "s", "x", TICK_H, np.r_[np.full(90, 1), np.full(10, 400)], np.full(100, 30))
+    model = MarketModel(TICK_H, {("aws", "s", "x"): zone})
+    return MarketHedge(lambda: model, lambda: [spot, od]), spot, od
+
+
+@pytest.mark.parametrize("up_h, leaves", [(0.0, False), (0.5, True), (5.0, True)])
+def test_from_on_demand_it_goes_back_to_a_spell_that_has_lasted_not_to_one_just_begun(up_h, leaves):
+    """The spell's age is the oldest live spot agent's: capacity that has lasted that long."""
+    market, spot, od = flickering_market()
+    item = PlanItem("j", make_spec(work={"gpu_hours": 10}, deadline="+20h"), submitted_at=NOW)
+    progress = Progress(total_h=10.0, done_h=2.0, elapsed_h=2.0, window_h=20.0, changeover_h=0.2)
+    agent = AgentInfo(id="a", offer=spot, host="test", pid=0, registered_at=NOW - timedelta(hours=up_h))
+    policy = planning.get("cost-to-go", hedge=market, live_spot=lambda: [agent])
+    assert policy.leaves_on_demand(item, progress, spot, od, NOW) == leaves
+
+
+def test_from_on_demand_to_a_bubble_it_follows_hedge():
+    """A bubble's work is free and it is not the spot market the table was solved for: hedge's rule decides."""
+    market, spot, od = flickering_market()
+    bubble = offer("b", Tier.bubble, 0.0)
+    item = PlanItem("j", make_spec(work={"gpu_hours": 10}, deadline="+20h"), submitted_at=NOW)
+    progress = Progress(total_h=10.0, done_h=2.0, elapsed_h=2.0, window_h=20.0, changeover_h=0.2)
+    agent = AgentInfo(id="a", offer=spot, host="test", pid=0, registered_at=NOW)
+    policy = planning.get("cost-to-go", hedge=market, live_spot=lambda: [agent])
+    assert not policy.leaves_on_demand(item, progress, spot, od, NOW)  # to spot just up: it stays
+    assert policy.leaves_on_demand(item, progress, bubble, od, NOW)
+    assert planning.get("hedge", hedge=market).leaves_on_demand(item, progress, bubble, od, NOW)
 
 
 def test_a_quote_under_the_policy_plays_its_moves_on_the_futures():

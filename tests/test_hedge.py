@@ -15,7 +15,7 @@ from broker.agents.contract import Contract
 from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
 from broker.core.server import BrokerServer
-from broker.domain.model import Tier
+from broker.domain.model import AgentInfo, Tier
 from broker.models.futures import Hedge
 from broker.planning.hedge import HedgePolicy
 from broker.planning.option_table import PlanItem
@@ -62,11 +62,11 @@ def test_without_a_market_model_hedge_is_uniform_progress():
 def test_hedge_leaves_on_demand_only_when_a_spell_on_spot_pays_for_the_changeovers():
     spot, od = offer("s", Tier.spot, 1.0), offer("o", Tier.on_demand, 3.0)
     progress, item = idle_for(0.2, window_h=20.0)
-    assert HedgePolicy(hedge=lambda spec: GAPS_OF_3_H).leaves_on_demand(item, progress, spot, od)
+    assert HedgePolicy(hedge=lambda spec: GAPS_OF_3_H).leaves_on_demand(item, progress, spot, od, NOW)
     flicker = Hedge.from_spells(np.full(20, 1), np.full(20, 1), TICK_H, 200, (0.1,))  # up-spells of 0.1 h
-    assert not HedgePolicy(hedge=lambda spec: flicker).leaves_on_demand(item, progress, spot, od)
+    assert not HedgePolicy(hedge=lambda spec: flicker).leaves_on_demand(item, progress, spot, od, NOW)
     tight, item = idle_for(1.0, window_h=11.5)  # slack 0.1 h: no room for the changeover back
-    assert not HedgePolicy(hedge=lambda spec: GAPS_OF_3_H).leaves_on_demand(item, tight, spot, od)
+    assert not HedgePolicy(hedge=lambda spec: GAPS_OF_3_H).leaves_on_demand(item, tight, spot, od, NOW)
 
 
 def test_the_plan_counts_the_wait_from_when_the_job_became_idle():
@@ -90,7 +90,8 @@ def test_a_job_waiting_behind_other_jobs_follows_uniform_progress_not_the_market
     busy = {spot.id: 0}  # its spot agent is taken
     market_gap = planning.get("hedge", hedge=lambda spec: GAPS_OF_3_H, live_spot=lambda: [])
     assert market_gap.plan([item], [spot, od], busy, NOW).unplaced == {"j": "waiting for spot"}
-    queued = planning.get("hedge", hedge=lambda spec: GAPS_OF_3_H, live_spot=lambda: [spot])
+    agent = AgentInfo(id="a", offer=spot, host="test", pid=0, registered_at=NOW)
+    queued = planning.get("hedge", hedge=lambda spec: GAPS_OF_3_H, live_spot=lambda: [agent])
     assert queued.plan([item], [spot, od], busy, NOW).assignments == {"j": od.id}
 
 
@@ -206,7 +207,7 @@ def test_the_broker_hands_a_hedge_policy_the_market_models_view_of_each_jobs_spo
     assert policy.live_spot is None  # no store: no fleet to tell a queue from a market gap
 
 
-def test_the_broker_tells_the_policy_its_live_spot_offers_read_at_most_once_a_second(store, catalog):
+def test_the_broker_tells_the_policy_its_live_spot_agents_read_at_most_once_a_second(store, catalog):
     from test_market_model import _offer
 
     clock = SimulatedClock(NOW)
@@ -214,8 +215,8 @@ def test_the_broker_tells_the_policy_its_live_spot_offers_read_at_most_once_a_se
     Broker(store, catalog, policy, clock)
     Contract(store, "a").register(_offer("us-east-1a"), 60_000, host="test", pid=0, at=NOW)
     Contract(store, "od").register(_offer("us-east-1z", "on_demand", 3.06), 60_000, host="test", pid=0, at=NOW)
-    assert [o.zone for o in policy.live_spot()] == ["us-east-1a"]  # spot only
+    assert [a.offer.zone for a in policy.live_spot()] == ["us-east-1a"]  # spot only
     Contract(store, "b").register(_offer("us-east-1b"), 60_000, host="test", pid=0, at=NOW)
     assert len(policy.live_spot()) == 1  # the same second: as read
     clock.advance(seconds=1)
-    assert sorted(o.zone for o in policy.live_spot()) == ["us-east-1a", "us-east-1b"]
+    assert sorted(a.offer.zone for a in policy.live_spot()) == ["us-east-1a", "us-east-1b"]

@@ -43,17 +43,17 @@ class Broker:
             policy.hedge = self.hedges
         if store is not None and getattr(policy, "live_spot", False) is None:  # ... and tells market from queue
             policy.live_spot = self.live_spot
-        self._live_spot: tuple[datetime | None, list[Offer]] = (None, [])
+        self._live_spot: tuple[datetime | None, list[AgentInfo]] = (None, [])
 
-    def live_spot(self) -> list[Offer]:
-        """The spot offers of the fleet's working agents, busy or idle; read at most once in LIVE_SPOT_S (the policy
-        asks every plan page, and the server reads every agent each round already)."""
-        read_at, offers = self._live_spot
+    def live_spot(self) -> list[AgentInfo]:
+        """The fleet's working spot agents, busy or idle; read at most once in LIVE_SPOT_S (the policy asks every
+        plan page, and the server reads every agent each round already)."""
+        read_at, agents = self._live_spot
         now = self.clock.now()  # the backtest's clock: a fresh read every simulated tick, the same on every machine
         if read_at is None or (now - read_at).total_seconds() >= LIVE_SPOT_S or now < read_at:
-            offers = [a.offer for a in self.store.working_agents() if a.offer.tier == Tier.spot]
-            self._live_spot = (now, offers)
-        return offers
+            agents = [a for a in self.store.working_agents() if a.offer.tier == Tier.spot]
+            self._live_spot = (now, agents)
+        return agents
 
     @cached_property
     def market(self) -> MarketModel | None:

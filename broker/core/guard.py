@@ -48,7 +48,7 @@ class DeadlineGuard:
                 continue  # nowhere to go back to: skip the planner's view of it
             item = PlanItem.from_job(job)  # its work on on-demand at the speed it has shown
             progress = progress_of(item, item.on_demand_h, job.submitted_at, now)
-            decided = self._move(item, progress, run.offer, job.quote.chosen.offer, spot_idle)
+            decided = self._move(item, progress, run.offer, job.quote.chosen.offer, spot_idle, now)
             if decided is None:
                 continue
             pin, spot_agent, because = decided
@@ -69,7 +69,7 @@ class DeadlineGuard:
                     spot_idle.remove(spot_agent)  # one job per idle spot agent: the others would only wait
         return moved
 
-    def _move(self, item: PlanItem, progress, on: Offer, planned: Offer, spot_idle: list[AgentInfo]):
+    def _move(self, item: PlanItem, progress, on: Offer, planned: Offer, spot_idle: list[AgentInfo], now: datetime):
         """(pinned tier, the idle spot agent it goes to, why) for a job the guard moves now, else None: off spot to
         on-demand at the safety net; by the policy's rule off on-demand, or from spot to a cheaper zone. It goes
         back from on-demand only where it runs at least as fast as on the offer it was `planned` on, and to a
@@ -84,7 +84,7 @@ class DeadlineGuard:
                 spot_idle = [a for a in spot_idle if a.id not in wanted]
                 because = "; the deadline is lost: back to spot no waiting job needs (if_late: cheapest)"
             agent = _cheapest_idle(item, spot_idle, as_fast_as=planned)
-            if agent and self.policy.leaves_on_demand(item, progress, agent.offer, on):
+            if agent and self.policy.leaves_on_demand(item, progress, agent.offer, on, now):
                 return None, agent, because
         elif on.tier == Tier.spot:
             agent = _cheapest_idle(item, [a for a in spot_idle if a.offer.tier == Tier.spot], as_fast_as=on)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
-from broker.domain.model import Offer, Plan, Tier
+from broker.domain.model import JobSpec, Offer, Plan, Tier
 from broker.models.cost_to_go import IDLE, OD, SPOT
 from broker.models.risk import fits
 from broker.planning import register
@@ -30,25 +30,33 @@ class CostToGoPolicy(HedgePolicy):
     rule = "cost-to-go"
 
     def plan(self, items: list[PlanItem], offers: list[Offer], capacity: dict[str, int], now: datetime) -> Plan:
-        self._on_demand = [o for o in offers if o.tier == Tier.on_demand]
+        self._on_demand = [o for o in offers if o.tier == Tier.on_demand]  # the fallback's price for a wait
         return super().plan(items, offers, capacity, now)
 
-    def move(self, item: PlanItem, progress: Progress, up: bool, age_h: float, on: int) -> int | None:
-        """The table's move for the job now (IDLE, SPOT, OD); None without a market, a deadline or an offer."""
+    def move(self, item: PlanItem, progress: Progress, up: bool, age_h: float, on: int, od_usd: float) -> int | None:
+        """The table's move for the job now (IDLE, SPOT, OD), its fallback at `od_usd` an hour; None without a
+        market, a deadline or a spot zone."""
         planned, zones_of = getattr(self.hedge, "planned", None), getattr(self.hedge, "zones_of", None)
         left_h = progress.window_h - progress.elapsed_h
         if planned is None or zones_of is None or not math.isfinite(left_h):
             return None
         zones = zones_of(item.spec)
-        od = [o.price_usd_per_h for o in getattr(self, "_on_demand", []) if fits(item.spec, o)]
-        if not zones or not od:
+        if not zones:
             return None
         tick_h = self.view(item.spec).tick_h
-        moves = planned(list(zones), math.ceil(left_h / tick_h), min(od), progress.changeover_h).plan
+        moves = planned(list(zones), math.ceil(left_h / tick_h), od_usd, progress.changeover_h).plan
         work = (progress.total_h - progress.done_h) / tick_h
         if not math.isfinite(work):  # no on-demand agent to measure the work on: hedge's rule
             return None
         return int(moves.move(math.floor(left_h / tick_h + 1e-9), work, up, int(age_h / tick_h), on))
+
+    def up_h(self, spec: JobSpec, now: datetime) -> float:
+        """Hours spot has been up for the job, at least: the age of the oldest working spot agent it fits (an
+        instance alive since then is capacity that has lasted). At 0 the table sees a spell just begun, and a young
+        spell is the likeliest to end (spells are heavy-tailed)."""
+        live = self.live_spot() if self.live_spot else []
+        since = [a.registered_at for a in live if fits(spec, a.offer)]
+        return max(0.0, (now - min(since)).total_seconds() / 3600) if since else 0.0
 
     def idle_move(self, item: PlanItem, progress: Progress, spot_available: bool, now: datetime) -> Move:
         if (
@@ -58,13 +66,19 @@ class CostToGoPolicy(HedgePolicy):
         ):
             return super().idle_move(item, progress, spot_available, now)  # spot, a queue, the net, a lost deadline
         waited_h = (now - (item.idle_since or now)).total_seconds() / 3600
-        move = self.move(item, progress, False, waited_h, IDLE)
+        od = [o.price_usd_per_h for o in self._on_demand if fits(item.spec, o)]
+        move = self.move(item, progress, False, waited_h, IDLE, min(od)) if od else None
         if move is None:
             return super().idle_move(item, progress, spot_available, now)
         return Move.on_demand if move == OD else Move.wait
 
-    def leaves_on_demand(self, item: PlanItem, progress: Progress, spot: Offer, on_demand: Offer) -> bool:
-        move = None if progress.runs_cheapest(Tier.on_demand) else self.move(item, progress, True, 0.0, OD)
+    def leaves_on_demand(
+        self, item: PlanItem, progress: Progress, spot: Offer, on_demand: Offer, now: datetime
+    ) -> bool:
+        if spot.tier != Tier.spot or progress.runs_cheapest(Tier.on_demand):  # a bubble or a lost deadline: hedge's
+            return super().leaves_on_demand(item, progress, spot, on_demand, now)
+        up_h = self.up_h(item.spec, now)
+        move = self.move(item, progress, True, up_h, OD, on_demand.price_usd_per_h)
         if move is None:
-            return super().leaves_on_demand(item, progress, spot, on_demand)
+            return super().leaves_on_demand(item, progress, spot, on_demand, now)
         return move == SPOT

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from broker.domain.model import JobSpec, Offer, Plan, Tier
+from broker.domain.model import AgentInfo, JobSpec, Offer, Plan, Tier
 from broker.models.futures import Hedge
 from broker.models.risk import fits
 from broker.planning import register
@@ -41,11 +41,11 @@ class HedgePolicy(UniformProgress):
     def __init__(
         self,
         hedge: Callable[[JobSpec], Hedge | None] | None = None,
-        live_spot: Callable[[], list[Offer]] | None = None,
+        live_spot: Callable[[], list[AgentInfo]] | None = None,
     ):
         self.hedge = hedge  # the market's view for a job's spot zones (core/hedging.MarketHedge)
-        self.live_spot = live_spot  # the spot offers of the fleet's working agents, busy or idle (core/broker.py)
-        self._live: list[Offer] = []  # read once a plan
+        self.live_spot = live_spot  # the fleet's working spot agents, busy or idle (core/broker.py)
+        self._live: list[AgentInfo] = []  # read once a plan
 
     def plan(self, items: list[PlanItem], offers: list[Offer], capacity: dict[str, int], now: datetime) -> Plan:
         self._live = self.live_spot() if self.live_spot else []
@@ -53,7 +53,7 @@ class HedgePolicy(UniformProgress):
 
     def held_by_others(self, spec: JobSpec) -> bool:
         """Whether the fleet has spot agents that fit the job (so the market has capacity), all busy now."""
-        return any(fits(spec, offer) for offer in self._live)
+        return any(fits(spec, agent.offer) for agent in self._live)
 
     def view(self, spec: JobSpec) -> Hedge | None:
         """The market's view for the job's spot zones; None without a market model or a spot zone it fits."""
@@ -74,10 +74,12 @@ class HedgePolicy(UniformProgress):
         waited_h = (now - (item.idle_since or now)).total_seconds() / 3600
         return Move.on_demand if waited_h > wait_ticks * view.tick_h else Move.wait
 
-    def leaves_on_demand(self, item: PlanItem, progress: Progress, spot: Offer, on_demand: Offer) -> bool:
+    def leaves_on_demand(
+        self, item: PlanItem, progress: Progress, spot: Offer, on_demand: Offer, now: datetime
+    ) -> bool:
         view = self.view(item.spec)
         if view is None:
-            return super().leaves_on_demand(item, progress, spot, on_demand)
+            return super().leaves_on_demand(item, progress, spot, on_demand, now)
         worth = view.spot_worth(on_demand.price_usd_per_h, spot.price_usd_per_h, progress.changeover_h)
         affords = slack_h(progress) >= progress.changeover_h or progress.runs_cheapest(Tier.on_demand)
         return bool(worth) and affords

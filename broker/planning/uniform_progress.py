@@ -161,9 +161,11 @@ class UniformProgress(CheapestFeasible):
         """What a job without a run does now: the rule's choice (`decide`)."""
         return decide(progress, None, spot_available, self.uniform)
 
-    def leaves_on_demand(self, item: PlanItem, progress: Progress, spot: Offer, on_demand: Offer) -> bool:
-        """Whether a job running on on-demand goes back to `spot` (an idle spot agent that fits it): once it is
-        past ep(t + 2d), as the paper's rule; Greedy never leaves (on-demand only at its safety net)."""
+    def leaves_on_demand(
+        self, item: PlanItem, progress: Progress, spot: Offer, on_demand: Offer, now: datetime
+    ) -> bool:
+        """Whether a job running on on-demand goes back to `spot` (an idle spot or bubble agent that fits it) `now`:
+        once it is past ep(t + 2d), as the paper's rule; Greedy never leaves (on-demand only at its safety net)."""
         return self.uniform and decide(progress, Tier.on_demand, spot_available=True) == Move.spot
 
     def moves_zone(self, item: PlanItem, progress: Progress, now_on: Offer, there: Offer) -> bool:
