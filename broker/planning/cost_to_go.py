@@ -66,7 +66,7 @@ class CostToGoPolicy(HedgePolicy):
         ):
             return super().idle_move(item, progress, spot_available, now)  # spot, a queue, the net, a lost deadline
         waited_h = (now - (item.idle_since or now)).total_seconds() / 3600
-        od = [o.price_usd_per_h for o in self._on_demand if fits(item.spec, o)]
+        od = [o.price_usd_per_h for o in getattr(self, "_on_demand", []) if fits(item.spec, o)]  # set by plan()
         move = self.move(item, progress, False, waited_h, IDLE, min(od)) if od else None
         if move is None:
             return super().idle_move(item, progress, spot_available, now)
