@@ -1,5 +1,6 @@
 """The market model learned from traces, the futures it samples, and quotes simulated on them."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -11,7 +12,8 @@ from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
 from broker.domain.model import Job, JobState, Run
 from broker.models.contention import launchable
-from broker.models.futures import Setting, simulate
+from broker.models.futures import Hedge, Setting, simulate
+from broker.models.risk import exclusive_hours, restart_hours
 from broker.planning.option_table import observed_speed
 from broker.pricing.availability import MarketModel, spells, tick_minimum
 from broker.pricing.traces import Trace
@@ -113,6 +115,10 @@ def test_other_jobs_hold_the_cheapest_slots_for_the_hours_they_have_left():
     assert free[0, 0].tolist() == [False] * 4 + [True] * 2  # the first other job holds zone 0 for 4 ticks
     assert free[1, 0].tolist() == [True] * 6  # the second takes one of zone 1's two slots
     assert not free[2].any()  # slots where spot is down are no slots
+    running_in_dear = np.zeros((3, 6))
+    running_in_dear[1, :3] = 2  # both of zone 1's slots held by jobs running there, for 3 ticks
+    free = launchable(available, np.array([1, 2, 5]), np.array([], dtype=int), pinned=running_in_dear)
+    assert free[0, 0].all() and free[1, 0].tolist() == [False] * 3 + [True] * 3  # zone 0 stays free
 
 
 def test_a_job_starts_where_a_slot_is_free_and_is_not_evicted_when_others_want_it():
@@ -219,6 +225,79 @@ def test_a_quote_launches_only_where_the_job_runs_as_fast_as_on_its_chosen_offer
     # ... but a job chosen for a bubble takes any free one (the policies do: its work is free there)
 
 
+def test_a_slower_zone_takes_longer_and_a_run_moves_only_to_a_cheaper_zone_as_fast():
+    always = np.ones((2, 1, 400), dtype=bool)
+    slow_only = np.stack([np.zeros((1, 400), dtype=bool), np.ones((1, 400), dtype=bool)])
+    paced = _setting(spot_prices=(0.5, 1.0), zone_pace=(1.0, 2.0), window_h=40.0)
+    assert simulate(paced, slow_only, 0.1).spot_h[0] == pytest.approx(0.1 + 20.0)  # twice the work's hours there
+    # on the cheap but slower zone from the start, it stays: a move to the dearer, faster zone saves nothing
+    cheap_slow = replace(paced, spot_prices=(0.5, 1.0), zone_pace=(2.0, 1.0), rule="hedge")
+    hedge = Hedge.from_spells(np.array([400]), np.array([1]), 0.1, 50)
+    assert simulate(cheap_slow, always, 0.1, hedge).spot_h[0] == pytest.approx(0.1 + 20.0)
+    # begun on the dear, fast zone while the cheap one is down, it does not move to the cheap one when it is slower
+    later = always.copy()
+    later[0, :, :5] = False
+    fast_first = replace(cheap_slow, spot_prices=(0.5, 1.0), zone_pace=(2.0, 1.0))
+    assert simulate(fast_first, later, 0.1, hedge).cost_usd[0] == pytest.approx(1.0 * 10.1)
+    same_pace = replace(fast_first, zone_pace=(1.0, 1.0))
+    assert simulate(same_pace, later, 0.1, hedge).cost_usd[0] < 8.0  # as fast: it follows the cheaper zone
+
+
+def test_a_quote_chosen_on_demand_runs_on_spot_while_in_time_under_a_policy_that_places_by_its_rule():
+    """Uniform Progress's family places a job every round by its rule: spot while it can still make the deadline,
+    whatever tier the quote chose. Its quotes play the same; a policy that keeps the quote's choice does not."""
+    from broker.core.forecast import forecast
+
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    spec = _quote_spec(30.0).model_copy(update={"budget_usd": None})
+    on_demand = Broker(None, OfferBook(offers), planning.get("on-demand"), SimulatedClock(NOW), model).quote(spec)
+    assert on_demand.chosen.offer.tier == "on_demand"
+    kept = forecast(spec, on_demand, offers, model, "hedge", NOW)
+    replanned = forecast(spec, on_demand, offers, model, "hedge", NOW, spot_while_in_time=True)
+    assert kept.spot_share == 0.0 and kept.rule == "on-demand"
+    assert replanned.spot_share > 0.9 and replanned.cost_p50_usd < kept.cost_p50_usd / 2
+    assert replanned.zones == [offers[0].id] and "run first on spot while in time" in replanned.evidence
+    late = NOW + timedelta(hours=on_demand.chosen.expected_wall_h * 0.5)  # no offer can finish in time
+    soonest = spec.model_copy(update={"deadline": late, "if_late": "soonest"})
+    assert forecast(soonest, on_demand, offers, model, "hedge", NOW, spot_while_in_time=True).spot_share == 0.0
+    cheapest = spec.model_copy(update={"deadline": late, "if_late": "cheapest"})  # a lost deadline: spot if any
+    assert forecast(cheapest, on_demand, offers, model, "hedge", NOW, spot_while_in_time=True).spot_share > 0.5
+    assert planning.get("hedge").spot_while_in_time and not hasattr(planning.get("costslo"), "spot_while_in_time")
+
+
+def test_a_job_chosen_for_a_bubble_is_quoted_on_spot_while_the_bubbles_are_busy():
+    """Fill jobs wait for no bubble: where the bubbles are held by other jobs and spot is free, the policy places
+    the job on spot at spot's pace, and its quote says so rather than the on-demand the futures fell back to."""
+    from broker.core.forecast import Fleet, forecast
+
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    spot = _offer("us-east-1a")
+    bubble = _offer("us-east-1d", "bubble", 0.0).model_copy(update={"speed_factor": 0.5})
+    offers = [spot, bubble, _offer("us-east-1z", "on_demand", 3.06)]
+    spec = _quote_spec(30.0).model_copy(update={"fill": True, "budget_usd": None})
+    quote = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model).quote(spec)
+    chosen = quote.chosen.model_copy(update={"offer": bubble})
+    on_bubble = quote.model_copy(update={"chosen": chosen})
+    busy = Fleet(agents={bubble.id: 1, spot.id: 1}, others=[(frozenset({bubble.id}), 100.0)])
+    bubbles_only = forecast(spec, on_bubble, offers, model, "hedge", NOW, fleet=busy)
+    replanned = forecast(spec, on_bubble, offers, model, "hedge", NOW, fleet=busy, spot_while_in_time=True)
+    assert bubbles_only.zones == [bubble.id] and bubbles_only.spot_share == 0.0  # only on-demand while it waits
+    assert replanned.zones == [bubble.id, spot.id] and replanned.spot_share > 0.8
+    assert replanned.cost_p50_usd < bubbles_only.cost_p50_usd / 2
+    waiting = Job(
+        id="w", spec=spec, submitted_at=NOW, updated_at=NOW, quote=on_bubble.model_copy(update={"forecast": replanned})
+    )
+    assert Fleet.of([], [waiting], NOW, []).others[0][0] == {bubble.id}  # it waits for a bubble: holds no spot
+    # jobs that run only on spot hold spot slots, not the free bubble, however cheap the bubble is
+    crowd = Fleet(agents={bubble.id: 1, spot.id: 1}, others=[(frozenset({spot.id}), 100.0)] * 5)
+    free_bubble = forecast(spec, on_bubble, offers, model, "hedge", NOW, fleet=crowd, spot_while_in_time=True)
+    assert free_bubble.cost_p50_usd == 0.0
+    on_spot_usd = spot.price_usd_per_h * (exclusive_hours(spec, spot) + restart_hours(spec))
+    assert exclusive_hours(spec, bubble) == pytest.approx(2 * exclusive_hours(spec, spot))
+    assert replanned.cost_p50_usd < 1.2 * on_spot_usd  # at spot's pace, not the bubble's (twice as slow)
+
+
 def test_a_running_job_holds_a_slot_only_where_it_runs_and_a_waiting_one_where_it_may_launch():
     from broker.core.forecast import Fleet
 
@@ -230,7 +309,10 @@ def test_a_running_job_holds_a_slot_only_where_it_runs_and_a_waiting_one_where_i
     waiting = Job(id="w", spec=_quote_spec(30.0), submitted_at=NOW, updated_at=NOW, quote=quote)
     fleet = Fleet.of([_agent(quote.chosen.offer)], [running, waiting], NOW, [])
     assert [offers for offers, _ in fleet.others] == [{elsewhere.id}, set(quote.forecast.zones)]
-    assert len(fleet.held_ticks([quote.chosen.offer], 1.0)) == 1  # only the waiting one competes for its zone
+    pinned, pooled = fleet.held([quote.chosen.offer], 1.0, 10, pin=False)
+    assert len(pooled) == 1 and not pinned.any()  # only the waiting one competes for its zone
+    pinned, pooled = fleet.held([quote.chosen.offer, elsewhere], 1.0, 10, pin=True)  # bubbles: where they run
+    assert pinned[:, 0].tolist() == [1, 1] and len(pooled) == 0
 
 
 def test_quote_figures_count_errors_and_calibration():

@@ -102,11 +102,14 @@ class Broker:
             others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)
             fleet = Fleet.of(agents, others, now, self.store.recent_jobs(OTHERS_SEEN))
 
-        def simulated(option: Option) -> Forecast:
+        def simulated(option: Option, spot: bool = False) -> Forecast:
             played = quote.model_copy(update={"chosen": option})
-            return forecast(spec, played, offers, market, rule, now, fleet=fleet, hedges=self.hedges)
+            return forecast(
+                spec, played, offers, market, rule, now, fleet=fleet, hedges=self.hedges, spot_while_in_time=spot
+            )
 
-        update: dict = {"forecast": simulated(quote.chosen)}
+        # a policy that places by its rule every round runs the job on spot while in time, whatever tier it chose
+        update: dict = {"forecast": simulated(quote.chosen, getattr(self.policy, "spot_while_in_time", False))}
         baseline = quote.on_demand_baseline
         if baseline is not None:  # no market randomness there: only the speed's (cheap)
             update["on_demand_baseline"] = baseline.model_copy(update={"forecast": simulated(baseline)})

@@ -42,6 +42,11 @@ def offer_id(cloud: str, zone_or_region: str, instance_type: str, tier: Tier) ->
     return f"{cloud}/{zone_or_region}/{instance_type}/{tier.value}"
 
 
+def tier_of(offer_id_: str) -> Tier:
+    """The tier an offer id names (its last part)."""
+    return Tier(offer_id_.rsplit("/", 1)[-1])
+
+
 class Offer(BaseModel):
     """A place a job can run: a tier at a location with a price, a hazard and a shape."""
 

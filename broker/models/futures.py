@@ -4,9 +4,10 @@ The analytic money model (models/risk.py) assumes spot can always be launched an
 are a constant-rate Poisson process; the traces say neither. Here the job is played out tick by
 tick on each of many availability futures (one bool array per zone: futures x ticks), sampled
 from the market model for a quote or cut from the traces for a backtest, the way the broker runs it:
-- on spot: progress at 1 / work_h per hour, less the checkpoint writes (delta every Young interval
-  tau); when the zone loses capacity the run is preempted and the work since its last checkpoint is
-  lost (none with `keeps_progress`: a checkpoint on the notice, Can't Be Late's assumption);
+- on spot: progress at 1 / (work_h x the zone's pace) per hour (a bubble or a slower GPU takes longer), less
+  the checkpoint writes (delta every Young interval tau); when the zone loses capacity the run is preempted
+  and the work since its last checkpoint is lost (none with `keeps_progress`: a checkpoint on the notice,
+  Can't Be Late's assumption);
 - every start, on spot or on-demand, pays the changeover d before progress;
 - the safety net of Can't Be Late (time left < on-demand work left + 2d): on-demand to the end; with
   `cheapest_if_late` (the spec's `if_late: cheapest`) a lost deadline (even on-demand from now misses it) runs
@@ -18,8 +19,9 @@ from the market model for a quote or cut from the traces for a backtest, the way
   the short no-capacity spells and pays on-demand through the long ones, the split set by what the
   market model says of spell lengths (Hedge below), and moves as `uniform` does while other jobs hold
   the capacity there is; `spot-only` (SkyPilot's managed spot) has no guard.
-Launches go to the first (cheapest) zone with capacity. All futures advance together (numpy over
-the futures axis): 1,000 futures of a few hundred ticks take tens of milliseconds. Pure: no clock, no I/O.
+Launches go to the first (cheapest) zone with capacity; a move to a cheaper zone goes only where the job keeps
+its pace. All futures advance together (numpy over the futures axis): 1,000 futures of a few hundred ticks
+take tens of milliseconds. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class Setting:
     keeps_progress: bool = False  # a preemption loses no work
     cheapest_if_late: bool = False  # a lost deadline runs cheapest, not on on-demand to the end
     net_changeovers: int = 2  # the safety net keeps this many changeovers (Can't Be Late's 2d; cost-to-go keeps 1)
+    # per zone, its exclusive hours over work_h's (a bubble or a slower GPU: more than 1); empty: all 1
+    zone_pace: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,7 @@ def simulate(
         raise ValueError("rule 'cost-to-go' needs the Hedge's moves (Hedge.planned)")
     zones, n, ticks = available.shape
     prices = np.asarray(s.spot_prices, dtype=float)
+    pace = np.asarray(s.zone_pace or (1.0,) * zones, dtype=float)
     state = np.full(n, WAIT)
     zone = np.zeros(n, dtype=int)
     done = np.zeros(n)  # share of the work done (0-1), checkpointed or not
@@ -201,7 +206,7 @@ def simulate(
             dead = np.where(to_od, s.restart_h, dead)
             state = np.where(to_od, OD, state)
         if s.rule in HEDGING and zones > 1:
-            move = _cheaper_zone(s, hedge, now, done, state, free, zone, prices)
+            move = _cheaper_zone(s, hedge, now, done, state, free & (pace[:, None] <= pace[zone]), zone, prices)
             saved = np.where(move, done, saved)  # a voluntary move checkpoints first
             state = np.where(move, WAIT, state)
         launch = (state == WAIT) & any_up & ~hold
@@ -217,7 +222,8 @@ def simulate(
         paid = np.minimum(dead, tick_h)
         per_h = np.where(on_od, 1.0, writes)  # on-demand is not preempted: no periodic checkpoints
         progress_h = (tick_h - paid) / per_h  # hours of exclusive progress this tick
-        need_h = (1 - done) * np.where(on_od, s.od_work_h, s.work_h)
+        whole_h = np.where(on_od, s.od_work_h, s.work_h * pace[zone])  # the whole work where it runs
+        need_h = (1 - done) * whole_h
         finishing = running & (progress_h >= need_h - TIE_H)  # float sums of ticks: within TIE_H is done
         used = np.where(finishing, paid + need_h * per_h, tick_h)
         price = np.where(on_od, s.od_price, prices[zone])
@@ -225,11 +231,11 @@ def simulate(
         spot_h = np.where(running & ~on_od, spot_h + used, spot_h)
         od_h = np.where(on_od, od_h + used, od_h)
         finish = np.where(finishing, now + used, finish)
-        new_done = np.where(running, np.minimum(1.0, done + progress_h / np.where(on_od, s.od_work_h, s.work_h)), done)
+        new_done = np.where(running, np.minimum(1.0, done + progress_h / whole_h), done)
         if s.keeps_progress:
             saved = new_done
         elif s.interval_h:
-            step = s.interval_h / s.work_h  # share of the work between checkpoints
+            step = s.interval_h / whole_h  # share of the work between checkpoints
             saved = np.where(running & ~on_od, np.maximum(saved, np.floor(new_done / step + 1e-9) * step), saved)
         saved = np.where(on_od, new_done, saved)
         done = new_done

@@ -93,8 +93,9 @@ def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now:
 
 def spot_in_time(item: PlanItem, offers: list[Offer], progress: Progress | None) -> list[Offer]:
     """The spot and bubble offers, cheapest work first (price x hours: a cheaper hour on slower GPUs may be dearer
-    work), less the spot ones where the job's work left, at its speed, would not be done by its deadline even if
-    never interrupted (`progress`: its window; None without a deadline). Can't Be Late's rule has one instance
+    work; among free bubbles the fastest), less the spot ones where the job's work left, at its speed, would not
+    be done by its deadline even if never interrupted (`progress`: its window; None without a deadline). Can't Be
+    Late's rule has one instance
     type; with several, one too slow for the deadline is no spot for the job. A bubble stays: its work is free, and
     the guard moves the job off when it falls behind. A lost deadline run cheapest takes any spot, no bubble (the
     guard would move it off at once)."""
@@ -104,10 +105,10 @@ def spot_in_time(item: PlanItem, offers: list[Offer], progress: Progress | None)
     elif progress is not None:
         time_left_h = progress.window_h - progress.elapsed_h - progress.changeover_h
         offers = [o for o in offers if o.tier == Tier.bubble or hours[o.id] <= time_left_h]
-    return sorted(offers, key=lambda o: (o.price_usd_per_h * hours[o.id], o.price_usd_per_h))
+    return sorted(offers, key=lambda o: (o.price_usd_per_h * hours[o.id], o.price_usd_per_h, hours[o.id]))
 
 
-def _progress(item: PlanItem, offers: list[Offer], now: datetime) -> Progress | None:
+def progress_on(item: PlanItem, offers: list[Offer], now: datetime) -> Progress | None:
     """The job's Progress with its work on the fastest of the on-demand `offers`; None without a deadline."""
     if item.spec.deadline is None:
         return None
@@ -122,6 +123,8 @@ class UniformProgress(CheapestFeasible):
     name = "uniform-progress"
     uniform = True
     rule = "uniform"
+    # each round it places a job by its rule (spot_in_time), whatever tier the quote chose: quotes play the same
+    spot_while_in_time = True
 
     def plan(self, items: list[PlanItem], offers: list[Offer], capacity: dict[str, int], now: datetime) -> Plan:
         """Place each job (in the given order, lost deadlines run cheapest last) on the cheapest fitting spot offer,
@@ -134,13 +137,13 @@ class UniformProgress(CheapestFeasible):
                 fit_by_kind[fit_key(item.spec)] = [o for o in offers if fits(item.spec, o)]
 
         def cheapest_now(item: PlanItem) -> bool:
-            progress = _progress(item, fit_by_kind[fit_key(item.spec)], now)
+            progress = progress_on(item, fit_by_kind[fit_key(item.spec)], now)
             return progress is not None and progress.runs_cheapest(None)
 
         for item in sorted(items, key=cheapest_now):  # stable: the given order otherwise
             fitting = [o for o in fit_by_kind[fit_key(item.spec)] if left[o.id] > 0]
             od = [o for o in fitting if o.tier == Tier.on_demand]
-            progress = _progress(item, fitting, now)
+            progress = progress_on(item, fitting, now)
             spot = spot_in_time(item, [o for o in fitting if o.tier != Tier.on_demand], progress)
             if progress is None:
                 move = Move.spot if spot else Move.on_demand
