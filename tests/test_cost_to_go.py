@@ -13,6 +13,7 @@ from broker.core.hedging import MarketHedge
 from broker.domain.model import AgentInfo, Tier
 from broker.models.cost_to_go import IDLE, OD, SPOT, CostToGo, SpellChain
 from broker.models.futures import Hedge, Setting, simulate
+from broker.models.risk import exclusive_hours
 from broker.planning.option_table import PlanItem
 from broker.planning.uniform_progress import Progress
 from broker.pricing.availability import MarketModel, ZoneModel
@@ -167,6 +168,23 @@ def test_from_on_demand_it_goes_back_to_a_spell_that_has_lasted_not_to_one_just_
     agent = AgentInfo(id="a", offer=spot, host="test", pid=0, registered_at=NOW - timedelta(hours=up_h))
     policy = planning.get("cost-to-go", hedge=market, live_spot=lambda: [agent])
     assert policy.leaves_on_demand(item, progress, spot, od, NOW) == leaves
+
+
+def test_it_counts_the_work_left_on_spot_where_spot_is_slower_than_its_on_demand():
+    """Progress is measured on on-demand; the table counts work on its spot zone. 8 h left on an on-demand H100 is
+    far more on a spot A100: with 11 h to the deadline the job must stay, though 8 h would fit on spot."""
+    market, spot, od = flickering_market()
+    h100 = od.model_copy(update={"accelerator": "H100", "gpu_memory_gb": 80})
+    spec = make_spec(work={"gpu_hours": 10}, deadline="+13h", resources={"accelerators": ["A100:1", "H100:1"]})
+    slower = exclusive_hours(spec, spot) / exclusive_hours(spec, h100)
+    assert slower > 11 / 8  # 8 h on the H100 is more than 11 h on the A100
+    item = PlanItem("j", spec, submitted_at=NOW)
+    progress = Progress(total_h=10.0, done_h=2.0, elapsed_h=2.0, window_h=13.0, changeover_h=0.2)
+    agent = AgentInfo(id="a", offer=spot, host="test", pid=0, registered_at=NOW - timedelta(hours=5))
+    policy = planning.get("cost-to-go", hedge=market, live_spot=lambda: [agent])
+    assert not policy.leaves_on_demand(item, progress, spot, h100, NOW)
+    same = Progress(total_h=10.0, done_h=2.0, elapsed_h=2.0, window_h=13.0, changeover_h=0.2)
+    assert policy.leaves_on_demand(item, same, spot, od, NOW)  # the same work on an A100: spot has time for it
 
 
 def test_from_on_demand_to_a_bubble_it_follows_hedge():

@@ -15,7 +15,7 @@ from datetime import datetime
 
 from broker.domain.model import JobSpec, Offer, Plan, Tier
 from broker.models.cost_to_go import IDLE, OD, SPOT
-from broker.models.risk import fits
+from broker.models.risk import exclusive_hours, fits
 from broker.planning import register
 from broker.planning.hedge import HedgePolicy
 from broker.planning.option_table import PlanItem
@@ -33,22 +33,23 @@ class CostToGoPolicy(HedgePolicy):
         self._on_demand = [o for o in offers if o.tier == Tier.on_demand]  # the fallback's price for a wait
         return super().plan(items, offers, capacity, now)
 
-    def move(self, item: PlanItem, progress: Progress, up: bool, age_h: float, on: int, od_usd: float) -> int | None:
-        """The table's move for the job now (IDLE, SPOT, OD), its fallback at `od_usd` an hour; None without a
-        market, a deadline or a spot zone."""
+    def move(self, item: PlanItem, progress: Progress, up: bool, age_h: float, on: int, od: Offer) -> int | None:
+        """The table's move for the job now (IDLE, SPOT, OD), its fallback `od`; None without a market, a deadline
+        or a spot zone. The table counts work in ticks on its cheapest zone, where on-demand does `od_speed` of them a
+        tick (a faster GPU: more), as quotes solve it."""
         planned, zones_of = getattr(self.hedge, "planned", None), getattr(self.hedge, "zones_of", None)
         left_h = progress.window_h - progress.elapsed_h
         if planned is None or zones_of is None or not math.isfinite(left_h):
             return None
         zones = zones_of(item.spec)
-        if not zones:
+        if not zones or not math.isfinite(progress.total_h):  # no on-demand to measure the work on: hedge's rule
             return None
         tick_h = self.view(item.spec).tick_h
-        moves = planned(list(zones), math.ceil(left_h / tick_h), od_usd, progress.changeover_h).plan
-        work = (progress.total_h - progress.done_h) / tick_h
-        if not math.isfinite(work):  # no on-demand agent to measure the work on: hedge's rule
-            return None
-        return int(moves.move(math.floor(left_h / tick_h + 1e-9), work, up, int(age_h / tick_h), on))
+        spot_h = exclusive_hours(item.spec, zones[0])
+        od_speed = spot_h / exclusive_hours(item.spec, od)
+        moves = planned(list(zones), math.ceil(left_h / tick_h), od.price_usd_per_h, progress.changeover_h, od_speed)
+        work = (1 - progress.done_h / progress.total_h) * spot_h / item.speed / tick_h
+        return int(moves.plan.move(math.floor(left_h / tick_h + 1e-9), work, up, int(age_h / tick_h), on))
 
     def up_h(self, spec: JobSpec, now: datetime) -> float:
         """Hours spot has been up for the job, at least: the age of the oldest working spot agent it fits (an
@@ -66,8 +67,9 @@ class CostToGoPolicy(HedgePolicy):
         ):
             return super().idle_move(item, progress, spot_available, now)  # spot, a queue, the net, a lost deadline
         waited_h = (now - (item.idle_since or now)).total_seconds() / 3600
-        od = [o.price_usd_per_h for o in getattr(self, "_on_demand", []) if fits(item.spec, o)]  # set by plan()
-        move = self.move(item, progress, False, waited_h, IDLE, min(od)) if od else None
+        od = [o for o in getattr(self, "_on_demand", []) if fits(item.spec, o)]  # set by plan()
+        cheapest = min(od, key=lambda o: o.price_usd_per_h * exclusive_hours(item.spec, o), default=None)
+        move = self.move(item, progress, False, waited_h, IDLE, cheapest) if cheapest else None
         if move is None:
             return super().idle_move(item, progress, spot_available, now)
         return Move.on_demand if move == OD else Move.wait
@@ -78,7 +80,7 @@ class CostToGoPolicy(HedgePolicy):
         if spot.tier != Tier.spot or progress.runs_cheapest(Tier.on_demand):  # a bubble or a lost deadline: hedge's
             return super().leaves_on_demand(item, progress, spot, on_demand, now)
         up_h = self.up_h(item.spec, now)
-        move = self.move(item, progress, True, up_h, OD, on_demand.price_usd_per_h)
+        move = self.move(item, progress, True, up_h, OD, on_demand)
         if move is None:
             return super().leaves_on_demand(item, progress, spot, on_demand, now)
         return move == SPOT
