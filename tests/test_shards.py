@@ -172,3 +172,25 @@ def test_a_silent_replica_s_shards_pass_to_the_live_one_after_its_lease(redis_ur
     second.round(block_ms=1)
     assert second.owned == list(range(SHARDS))
     assert all(store.shards[i].planner() == "replica-b" for i in held)
+
+
+def test_a_new_job_goes_to_a_shard_with_agents_it_fits_and_runs_there(redis_url, tmp_path, catalog):
+    """A job runs only on its own shard's agents: with one L4 agent in four shards, every L4 job is given an id in
+    that agent's shard, and runs; a job nothing fits is hashed to any shard, as before."""
+    store = ShardedStore(redis_url, "broker:", SHARDS)
+    name = next(n for n in (f"agent-{i}" for i in range(100)) if shard_of(n, SHARDS) == 2)
+    root = str(tmp_path / "ckpt")
+    agent = Agent(store.of_agent(name), name, l4_on_demand(catalog), root, tmp_path / "runs", heartbeat_s=0.2)
+    agent.register()
+    broker = Broker(store, catalog, planning.get(), SystemClock())
+    l4 = make_spec(run=["true"], resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 0.01})
+    jobs = [broker.submit(l4) for _ in range(6)]
+    assert {shard_of(job.id, SHARDS) for job in jobs} == {2}
+    unfit = [broker.submit(make_spec(name=f"a100-{i}")) for i in range(12)]  # no A100 agent anywhere
+    assert len({shard_of(job.id, SHARDS) for job in unfit}) > 1
+    server = BrokerServer(store.shards[2], planning.get(), SystemClock(), CheckpointStore(root), "server")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(store.get_job(j.id).state != JobState.done for j in jobs):
+        server.round(block_ms=5)
+        agent.step(block_ms=5)
+    assert [store.get_job(j.id).state for j in jobs] == [JobState.done] * 6

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -11,6 +10,7 @@ from broker.core.forecast import Fleet, forecast
 from broker.core.hedging import MarketHedge
 from broker.domain.errors import BrokerError
 from broker.domain.model import AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
+from broker.models.risk import fits
 from broker.pricing.availability import MarketModel, seen_ticks
 from broker.pricing.catalog import PriceCatalog
 from broker.store.capacity import fleet_seen
@@ -117,12 +117,13 @@ class Broker:
 
     def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
         """Quote the job and store it as queued; an infeasible job is refused and nothing is stored.
-        The id is the name plus a random suffix unless given (the backtest's are reproducible)."""
+        The id is the name plus a random suffix unless given (the backtest's are reproducible); in a sharded store,
+        one in the shard with the most agents it fits (store.new_job_id)."""
         quote = self.quote(spec)
         now = self.clock.now()
         while True:
             job = Job(
-                id=job_id or f"{spec.name}-{secrets.token_hex(3)}",
+                id=job_id or self.store.new_job_id(spec.name, lambda agent: fits(spec, agent.offer)),
                 spec=spec,
                 submitted_at=now,
                 updated_at=now,

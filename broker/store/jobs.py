@@ -40,13 +40,14 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import secrets
 from collections.abc import Callable
 from datetime import datetime
 
 import redis
 
 from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableError
-from broker.domain.model import Job, JobState
+from broker.domain.model import AgentInfo, Job, JobState
 from broker.store.agents import LOG_MAXLEN, STREAM_MAXLEN, AgentChannels
 from broker.store.connection import patient_retry, redact_url
 
@@ -120,6 +121,11 @@ class Store(AgentChannels):
             log.warning("store=%s appendonly=unknown (CONFIG not allowed)", self.url)
         except redis.ConnectionError as err:
             raise StoreUnavailableError(f"redis: cannot reach {self.url} ({err}); check BROKER_REDIS_URL") from None
+
+    def new_job_id(self, name: str, fits: Callable[[AgentInfo], bool]) -> str:
+        """An id for a new job: its name plus a random suffix (`fits`, the agents it can run on, matters only to a
+        sharded store)."""
+        return f"{name}-{secrets.token_hex(3)}"
 
     def add_job(self, job: Job) -> bool:
         """Store a new job with its `submitted` event atomically; False if the id already exists."""

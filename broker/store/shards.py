@@ -3,10 +3,11 @@
 A shard is a whole Store (jobs with their indexes and events, agents, leases, streams, its own planning lease)
 whose keys all carry one hash tag, `{prefix}{n}:` with n in braces: every transaction of a shard stays in one
 cluster slot. A job and an agent belong to the shard their id hashes to (crc32), so a job runs only on agents
-of its shard: shards are for fleets where each holds enough agents of each pool. What is not a job's or an
-agent's (prices, bubble profiles, the replicas' heartbeats) lives in shard 0; the spot capacity each shard's
-server saw stays in its shard (capacity.fleet_seen sums it). ShardedStore is the clients' view: it writes a job
-to its shard and reads across all of them.
+of its shard. A new job's id is chosen to land in the shard with the most agents it fits per waiting job
+(`new_job_id`), and the job stays there, so shards are for fleets where each holds agents of each pool. What is
+not a job's or an agent's (prices, bubble profiles, the replicas' heartbeats) lives in shard 0; the spot capacity
+each shard's server saw stays in its shard (capacity.fleet_seen sums it). ShardedStore is the clients' view: it
+writes a job to its shard and reads across all of them.
 
 One shard on a single Redis keeps the untagged keys (`{prefix}job:...`, as before shards): a store written then
 still reads. On a cluster every shard is tagged, one shard included.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import zlib
+from collections.abc import Callable
 from datetime import datetime
 
 import redis
@@ -78,6 +80,21 @@ class ShardedStore:
 
     def of_agent(self, agent_id: str) -> Store:
         return self.shards[shard_of(agent_id, len(self.shards))]
+
+    def new_job_id(self, name: str, fits: Callable[[AgentInfo], bool]) -> str:
+        """An id for a new job (its name plus a random suffix) in the shard with the most working agents it `fits`
+        per job waiting there: a job runs only on its own shard's agents, and a small fleet leaves some shards
+        without any of a kind. Any shard when none has one."""
+        job_id = self.shards[0].new_job_id(name, fits)
+        if len(self.shards) == 1:
+            return job_id
+        room = [sum(map(fits, s.working_agents())) / (1 + s.pending_count()) for s in self.shards]
+        if max(room) == 0:
+            return job_id
+        best = room.index(max(room))
+        while shard_of(job_id, len(self.shards)) != best:  # one in `count` suffixes lands there
+            job_id = self.shards[0].new_job_id(name, fits)
+        return job_id
 
     # -- one job or agent: its shard --------------------------------------------------------
 
