@@ -187,6 +187,21 @@ def test_it_counts_the_work_left_on_spot_where_spot_is_slower_than_its_on_demand
     assert policy.leaves_on_demand(item, same, spot, od, NOW)  # the same work on an A100: spot has time for it
 
 
+@pytest.mark.parametrize("size_gb, leaves", [(1.0, True), (2000.0, False)])
+def test_it_goes_back_to_spot_only_where_the_work_a_preemption_loses_is_worth_it(size_gb, leaves):
+    """Spot comes and goes every 2 h. A job that checkpoints in seconds loses little to a preemption and goes back;
+    one whose checkpoint takes long writes seldom (Young's interval) and loses 1.5 h a preemption: it stays."""
+    spot, od = offer("s", Tier.spot, 1.0).model_copy(update={"hazard_per_h": 0.5}), offer("o", Tier.on_demand, 3.0)
+    zone = ZoneModel("aws", "s", "x", TICK_H, np.full(40, 20), np.full(40, 5))
+    model = MarketModel(TICK_H, {("aws", "s", "x"): zone})
+    spec = make_spec(work={"gpu_hours": 10}, deadline="+14h", checkpoint={"size_gb": size_gb})
+    item = PlanItem("j", spec, submitted_at=NOW)
+    progress = Progress(total_h=10.0, done_h=2.0, elapsed_h=3.0, window_h=14.0, changeover_h=0.2)
+    agent = AgentInfo(id="a", offer=spot, host="test", pid=0, registered_at=NOW - timedelta(hours=0.5))
+    policy = planning.get("cost-to-go", hedge=MarketHedge(lambda: model, lambda: [spot, od]), live_spot=lambda: [agent])
+    assert policy.leaves_on_demand(item, progress, spot, od, NOW) == leaves
+
+
 def test_from_on_demand_to_a_bubble_it_follows_hedge():
     """A bubble's work is free and it is not the spot market the table was solved for: hedge's rule decides."""
     market, spot, od = flickering_market()

@@ -29,6 +29,7 @@ from broker.models.risk import (
     checkpoint_hours,
     exclusive_hours,
     fits,
+    lost_per_preemption_h,
     restart_hours,
     window_hours,
     young_interval_h,
@@ -268,7 +269,8 @@ def forecast(
         hedge = hedges.for_zones(zones)
         if setting.rule == "cost-to-go":  # the table's work is in spot ticks; on-demand does od_speed of them a tick
             od_speed = work_h / exclusive_hours(spec, od_offer)
-            hedge = hedges.planned(zones, ticks, setting.od_price, setting.restart_h, od_speed)
+            loss_h = lost_per_preemption_h(setting.interval_h)
+            hedge = hedges.planned(zones, ticks, setting.od_price, setting.restart_h, od_speed, loss_h)
     out = simulate(setting, available, tick_h, hedge, launchable=free)
     cost = out.cost_usd + transfer_usd(spec, chosen)  # its input moved to where it starts
     forecast = _summary(spec, now, cost, out.finish_h, out.spot_h, out.od_h, setting.rule, zones, zone_models)

@@ -71,17 +71,28 @@ class MarketHedge:
             self._known[key] = hedge_for(model, offers, model.tick_h)
         return self._known[key]
 
-    def planned(self, offers: list[Offer], ticks: int, od_usd: float, restart_h: float, od_speed: float = 1.0) -> Hedge:
+    def planned(
+        self,
+        offers: list[Offer],
+        ticks: int,
+        od_usd: float,
+        restart_h: float,
+        od_speed: float = 1.0,
+        loss_h: float = 0.0,
+    ) -> Hedge:
         """The Hedge of these zones with the cost-to-go moves (priced at the cheapest zone) for at least `ticks`
-        ticks left: tables are solved for whole multiples of PLAN_TICKS, so jobs of similar windows share one."""
+        ticks left, a preemption losing `loss_h` hours of work: tables are solved for whole multiples of PLAN_TICKS
+        and the loss in whole ticks, so jobs of similar windows and checkpoints share one."""
         view = self.for_zones(offers)
         ticks = PLAN_TICKS * max(1, math.ceil(ticks / PLAN_TICKS))
         spot_usd = min(o.price_usd_per_h for o in offers)
+        loss_h = round(loss_h / view.tick_h) * view.tick_h
         # the model is learned again every tick; a table is solved again only when its chain moved by a point or more
         chain = np.round(view.chain.ends, 2).tobytes()
-        key = (chain, view.zones, ticks, round(spot_usd, 4), round(od_usd, 4), round(restart_h, 3), round(od_speed, 3))
+        prices = (round(spot_usd, 4), round(od_usd, 4))
+        key = (chain, view.zones, ticks, prices, round(restart_h, 3), round(od_speed, 3), round(loss_h, 3))
         if key not in self._plans:
             if len(self._plans) >= PLANS_KEPT:
                 del self._plans[next(iter(self._plans))]  # the oldest
-            self._plans[key] = view.planned(ticks, spot_usd, od_usd, restart_h, od_speed)
+            self._plans[key] = view.planned(ticks, spot_usd, od_usd, restart_h, od_speed, loss_h)
         return replace(self._plans[key], idle_h=view.idle_h, mean_up_h=view.mean_up_h, zone_up_h=view.zone_up_h)

@@ -128,10 +128,14 @@ class Hedge:
         chain = SpellChain.from_spells(np.asarray(up, dtype=int), down.astype(int))
         return cls(idle * tick_h, mean_up, tuple(zone_up_h), tick_h, tuple(zones), chain)
 
-    def planned(self, ticks: int, spot_usd: float, od_usd: float, restart_h: float, od_speed: float = 1.0) -> Hedge:
-        """This view with the cost-to-go moves for up to `ticks` ticks left (models/cost_to_go.py)."""
+    def planned(
+        self, ticks: int, spot_usd: float, od_usd: float, restart_h: float, od_speed: float = 1.0, loss_h: float = 0.0
+    ) -> Hedge:
+        """This view with the cost-to-go moves for up to `ticks` ticks left (models/cost_to_go.py); a preemption
+        loses `loss_h` hours of spot work."""
         restart = math.ceil(restart_h / self.tick_h - 1e-9)  # a part tick is a tick
-        return replace(self, plan=CostToGo.solve(self.chain, ticks, spot_usd, od_usd, self.tick_h, restart, od_speed))
+        plan = CostToGo.solve(self.chain, ticks, spot_usd, od_usd, self.tick_h, restart, od_speed, loss_h / self.tick_h)
+        return replace(self, plan=plan)
 
 
 def simulate(

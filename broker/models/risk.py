@@ -126,6 +126,12 @@ def young_interval_h(checkpoint_h: float, hazard_per_h: float, exclusive_h: floa
     return None if math.isnan(tau) else float(tau)
 
 
+def lost_per_preemption_h(interval_h: float | None) -> float:
+    """The work a preemption loses on average: half a checkpoint interval (it strikes anywhere between two
+    checkpoints); none where nothing is expected to preempt (no interval)."""
+    return interval_h / 2 if interval_h else 0.0
+
+
 def poisson_cdf(k, mean):
     """P(N <= k) for N ~ Poisson(mean); k and mean may be arrays (k < 0 gives 0)."""
     k, mean = np.asarray(k, dtype=float), np.asarray(mean, dtype=float)

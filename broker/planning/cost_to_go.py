@@ -15,7 +15,7 @@ from datetime import datetime
 
 from broker.domain.model import JobSpec, Offer, Plan, Tier
 from broker.models.cost_to_go import IDLE, OD, SPOT
-from broker.models.risk import exclusive_hours, fits
+from broker.models.risk import checkpoint_hours, exclusive_hours, fits, lost_per_preemption_h, young_interval_h
 from broker.planning import register
 from broker.planning.hedge import HedgePolicy
 from broker.planning.option_table import PlanItem
@@ -47,7 +47,10 @@ class CostToGoPolicy(HedgePolicy):
         tick_h = self.view(item.spec).tick_h
         spot_h = exclusive_hours(item.spec, zones[0])
         od_speed = spot_h / exclusive_hours(item.spec, od)
-        moves = planned(list(zones), math.ceil(left_h / tick_h), od.price_usd_per_h, progress.changeover_h, od_speed)
+        interval_h = young_interval_h(checkpoint_hours(item.spec), zones[0].hazard_per_h, spot_h)  # as agents run it
+        loss_h = lost_per_preemption_h(interval_h)
+        ticks = math.ceil(left_h / tick_h)
+        moves = planned(list(zones), ticks, od.price_usd_per_h, progress.changeover_h, od_speed, loss_h)
         work = (1 - progress.done_h / progress.total_h) * spot_h / item.speed / tick_h
         return int(moves.plan.move(math.floor(left_h / tick_h + 1e-9), work, up, int(age_h / tick_h), on))
 
