@@ -14,7 +14,8 @@ from broker.core.server import BrokerServer
 from broker.pricing.availability import MarketModel, seen_ticks
 from broker.sim.market import OfferBook
 from broker.store.capacity import CapacityHistory
-from tests.test_market_model import _offer, _quote_spec, trace
+from tests.test_market_model import _offer, trace
+from tests.test_quotes import _quote_spec
 
 NOW = datetime(2023, 2, 15, tzinfo=UTC)
 ZONE = ("aws", "us-east-1a", "p3.2xlarge")

@@ -96,7 +96,7 @@ def test_a_job_waiting_behind_other_jobs_follows_uniform_progress_not_the_market
 
 
 def test_the_quotes_futures_play_the_same_split_between_a_queue_and_a_market_gap():
-    from test_market_model import _setting
+    from test_futures import _setting
 
     from broker.models.contention import launchable
     from broker.models.futures import simulate

@@ -1,0 +1,105 @@
+"""A job played out on availability futures (models/futures.py) and the slots other jobs hold (models/contention.py)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from broker.models.contention import launchable
+from broker.models.futures import Hedge, Setting, simulate
+
+
+def _setting(**changes) -> Setting:
+    base = dict(
+        work_h=10.0,
+        od_work_h=10.0,
+        spot_prices=(1.0,),
+        od_price=3.0,
+        restart_h=0.1,
+        checkpoint_h=0.0,
+        interval_h=1.0,
+        window_h=20.0,
+        rule="greedy",
+    )
+    return Setting(**{**base, **changes})
+
+
+def test_always_available_spot_costs_the_work_plus_one_restart():
+    out = simulate(_setting(), np.ones((1, 3, 200), dtype=bool), 1 / 6)
+    assert out.cost_usd == pytest.approx(np.full(3, 10.1)) and out.finish_h == pytest.approx(np.full(3, 10.1))
+
+
+def test_without_spot_the_safety_net_moves_the_job_to_on_demand_in_time():
+    out = simulate(_setting(), np.zeros((1, 2, 200), dtype=bool), 1 / 6)
+    assert (out.finish_h <= 20.0).all() and out.od_h == pytest.approx(np.full(2, 10.1))
+    blind = simulate(_setting(rule="spot-only"), np.zeros((1, 2, 200), dtype=bool), 1 / 6)
+    assert np.isinf(blind.finish_h).all() and (blind.cost_usd == 0).all()
+
+
+def test_a_preemption_loses_the_work_since_the_last_checkpoint():
+    available = np.ones((1, 1, 200), dtype=bool)
+    available[0, 0, 10] = False  # preempted after 1 h 40 min, back 10 minutes later
+    hourly = simulate(_setting(), available, 1 / 6)
+    never = simulate(_setting(interval_h=None), available, 1 / 6)
+    assert hourly.finish_h[0] < never.finish_h[0]
+    assert never.finish_h[0] == pytest.approx(11 / 6 + 0.1 + 10, abs=1e-6)  # all 1.5 h of progress lost
+
+
+def test_the_next_zone_takes_the_job_when_the_cheapest_has_no_capacity():
+    available = np.zeros((2, 1, 200), dtype=bool)
+    available[1] = True
+    out = simulate(_setting(spot_prices=(1.0, 2.0)), available, 1 / 6)
+    assert out.cost_usd[0] == pytest.approx(2 * 10.1)
+
+
+def test_other_jobs_hold_the_cheapest_slots_for_the_hours_they_have_left():
+    available = np.ones((3, 1, 6), dtype=bool)
+    available[2, 0, :] = False  # the third zone has no spot
+    free = launchable(available, np.array([1, 2, 5]), np.array([4, 2]))
+    assert free[0, 0].tolist() == [False] * 4 + [True] * 2  # the first other job holds zone 0 for 4 ticks
+    assert free[1, 0].tolist() == [True] * 6  # the second takes one of zone 1's two slots
+    assert not free[2].any()  # slots where spot is down are no slots
+    running_in_dear = np.zeros((3, 6))
+    running_in_dear[1, :3] = 2  # both of zone 1's slots held by jobs running there, for 3 ticks
+    free = launchable(available, np.array([1, 2, 5]), np.array([], dtype=int), pinned=running_in_dear)
+    assert free[0, 0].all() and free[1, 0].tolist() == [False] * 3 + [True] * 3  # zone 0 stays free
+
+
+def test_a_job_starts_where_a_slot_is_free_and_is_not_evicted_when_others_want_it():
+    setting = _setting(spot_prices=(1.0, 2.0))
+    available = np.ones((2, 1, 200), dtype=bool)
+    alone = simulate(setting, available, 1 / 6)
+    crowded = launchable(available, np.array([1, 1]), np.array([30]))  # zone 0 taken for 5 h
+    late = simulate(setting, available, 1 / 6, launchable=crowded)
+    assert alone.cost_usd[0] == pytest.approx(10.1)
+    assert late.cost_usd[0] == pytest.approx(2 * 10.1)  # started in zone 1 and stayed: no eviction, no move
+    both_taken = launchable(available, np.array([1, 1]), np.array([30, 30]))
+    waited = simulate(setting, available, 1 / 6, launchable=both_taken)
+    assert waited.finish_h[0] == pytest.approx(5 + 10.1) and waited.cost_usd[0] == pytest.approx(10.1)
+
+
+def test_a_slower_zone_takes_longer_and_a_run_moves_only_to_a_cheaper_zone_as_fast():
+    always = np.ones((2, 1, 400), dtype=bool)
+    slow_only = np.stack([np.zeros((1, 400), dtype=bool), np.ones((1, 400), dtype=bool)])
+    paced = _setting(spot_prices=(0.5, 1.0), zone_pace=(1.0, 2.0), window_h=40.0)
+    assert simulate(paced, slow_only, 0.1).spot_h[0] == pytest.approx(0.1 + 20.0)  # twice the work's hours there
+    # on the cheap but slower zone from the start, it stays: a move to the dearer, faster zone saves nothing
+    cheap_slow = replace(paced, spot_prices=(0.5, 1.0), zone_pace=(2.0, 1.0), rule="hedge")
+    hedge = Hedge.from_spells(np.array([400]), np.array([1]), 0.1, 50)
+    assert simulate(cheap_slow, always, 0.1, hedge).spot_h[0] == pytest.approx(0.1 + 20.0)
+    # begun on the dear, fast zone while the cheap one is down, it does not move to the cheap one when it is slower
+    later = always.copy()
+    later[0, :, :5] = False
+    fast_first = replace(cheap_slow, spot_prices=(0.5, 1.0), zone_pace=(2.0, 1.0))
+    assert simulate(fast_first, later, 0.1, hedge).cost_usd[0] == pytest.approx(1.0 * 10.1)
+    same_pace = replace(fast_first, zone_pace=(1.0, 1.0))
+    assert simulate(same_pace, later, 0.1, hedge).cost_usd[0] < 8.0  # as fast: it follows the cheaper zone
+
+
+def test_jobs_still_to_arrive_hold_slots_at_the_rate_jobs_came_for_as_long_as_they_ran():
+    from broker.models.contention import arrivals
+
+    held = arrivals(np.random.default_rng(0), 4000, 20, 0.5, np.array([4]))  # one job every 2 ticks, 4 ticks each
+    assert held[:, 0].mean() == pytest.approx(0.5, abs=0.05)
+    assert held[:, 10:].mean() == pytest.approx(2.0, abs=0.05)  # Little's law: rate x time held
+    assert not arrivals(np.random.default_rng(0), 10, 20, 0.0, np.array([4])).any()

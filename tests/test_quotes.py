@@ -1,0 +1,288 @@
+"""Quotes simulated on the market model's futures (core/forecast.py): against the fleet, the jobs ahead and to come,
+the policy's placement, and the speed error the measured jobs show."""
+
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from test_market_model import NOW, _offer, trace
+
+from broker import planning
+from broker.agents.contract import Contract
+from broker.core.broker import Broker
+from broker.core.clock import SimulatedClock
+from broker.domain.model import Job, JobState, Run
+from broker.models.risk import exclusive_hours, restart_hours
+from broker.planning.option_table import observed_speed
+from broker.pricing.availability import MarketModel
+from broker.sim.calibration import cost_errors_pct, reliability
+from broker.sim.market import OfferBook
+
+
+def _quote_spec(window_h: float):
+    from broker.domain.jobspec import JobSpec
+
+    return JobSpec(
+        name="train",
+        run=["simulated"],
+        resources={"accelerators": ["V100:1"]},
+        work={"gpu_hours": 4.0, "kind": "training"},
+        checkpoint={"size_gb": 1.0, "restore_minutes": 1.0},
+        deadline=NOW + timedelta(hours=window_h),
+        budget_usd=12.0,
+    )
+
+
+def _quote(model: MarketModel, window_h: float):
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    clock = SimulatedClock(NOW)
+    return Broker(None, OfferBook(offers), planning.get("costslo"), clock, model).quote(_quote_spec(window_h))
+
+
+def test_a_quote_on_a_flaky_zone_is_not_certain_and_on_a_calm_one_it_is_cheap():
+    flaky = MarketModel.fit([trace("us-east-1a", [1] * 3 + [0] * 9, 300)])  # up a quarter of the time
+    calm = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    tight, easy = _quote(flaky, 14.0).forecast, _quote(calm, 14.0).forecast
+    assert tight.futures == 1000 and tight.rule == "greedy"
+    assert tight.cost_p50_usd > easy.cost_p50_usd and tight.cost_p90_usd >= tight.cost_p50_usd
+    assert easy.p_within_budget > tight.p_within_budget
+    assert easy.spot_share > 0.9 > tight.spot_share
+    # the guard's on-demand keeps the deadline at the estimated speed (the median future's; slower ones may miss)
+    assert tight.finish_p50 <= NOW + timedelta(hours=14.0)
+
+
+def test_a_quote_shows_and_saves_against_its_futures_not_the_money_model():
+    from rich.console import Console
+
+    from broker.app import render
+    from broker.models import accounting
+
+    flaky = MarketModel.fit([trace("us-east-1a", [1] * 3 + [0] * 9, 300)])  # up a quarter of the time
+    quote = _quote(flaky, 14.0)
+    chosen, base = quote.forecast, quote.on_demand_baseline.forecast
+    assert base.rule == "on-demand" and base.p_meet_deadline < 1.0  # even on-demand: the speed estimate may be off
+    assert quote.savings_usd == pytest.approx(base.cost_p50_usd - chosen.cost_p50_usd)
+    analytic = quote.on_demand_baseline.expected_cost_usd - quote.chosen.expected_cost_usd
+    assert abs(quote.savings_usd - analytic) > 0.05  # the money model's, which thinks spot always launchable
+    console = Console(width=160, record=True)
+    console.print(render.quote_table(quote, "quote"))
+    row = next(line.split() for line in console.export_text().splitlines() if line.startswith("chosen"))
+    assert f"${chosen.cost_p50_usd:,.2f}" in row and f"{chosen.p_meet_deadline:.2f}" in row
+    assert f"{quote.chosen.p_meet_deadline:.3f}" not in row
+    job = Job(id="j", spec=_quote_spec(14.0), submitted_at=NOW, updated_at=NOW, quote=quote)
+    assert quote.cost_usd == chosen.cost_p50_usd != quote.chosen.expected_cost_usd
+    assert accounting.jobs_frame([job], NOW)["quote $"].iloc[0] == pytest.approx(chosen.cost_p50_usd, abs=1e-4)
+
+
+def test_a_quote_launches_only_where_the_job_runs_as_fast_as_on_its_chosen_offer():
+    from broker.core.forecast import zones_for
+
+    base = _quote_spec(30.0)
+    spec = type(base).model_validate({**base.model_dump(), "resources": {"accelerators": ["V100:1", "T4:1"]}})
+    v100, other_v100 = _offer("us-east-1a"), _offer("us-east-1b", price=0.8)
+    t4 = _offer("us-east-1c", price=0.3).model_copy(update={"accelerator": "T4", "instance_type": "g4dn.xlarge"})
+    zones = zones_for(spec, v100, [v100, other_v100, t4], 3.06)
+    assert [o.id for o in zones] == [other_v100.id, v100.id]  # the cheap T4 is slower: not a zone of this quote
+    bubble = _offer("us-east-1d", "bubble", 0.0).model_copy(update={"speed_factor": 0.5})
+    slower = _offer("us-east-1e", "bubble", 0.0).model_copy(update={"speed_factor": 0.2})
+    fill = spec.model_copy(update={"fill": True})
+    assert {o.id for o in zones_for(fill, bubble, [bubble, slower, v100], 3.06)} == {bubble.id, slower.id}
+    # ... but a job chosen for a bubble takes any free one (the policies do: its work is free there)
+
+
+def test_a_quote_chosen_on_demand_runs_on_spot_while_in_time_under_a_policy_that_places_by_its_rule():
+    """Uniform Progress's family places a job every round by its rule: spot while it can still make the deadline,
+    whatever tier the quote chose. Its quotes play the same; a policy that keeps the quote's choice does not."""
+    from broker.core.forecast import forecast
+
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    spec = _quote_spec(30.0).model_copy(update={"budget_usd": None})
+    on_demand = Broker(None, OfferBook(offers), planning.get("on-demand"), SimulatedClock(NOW), model).quote(spec)
+    assert on_demand.chosen.offer.tier == "on_demand"
+    kept = forecast(spec, on_demand, offers, model, "hedge", NOW)
+    replanned = forecast(spec, on_demand, offers, model, "hedge", NOW, spot_while_in_time=True)
+    assert kept.spot_share == 0.0 and kept.rule == "on-demand"
+    assert replanned.spot_share > 0.9 and replanned.cost_p50_usd < kept.cost_p50_usd / 2
+    assert replanned.zones == [offers[0].id] and "run first on spot while in time" in replanned.evidence
+    late = NOW + timedelta(hours=on_demand.chosen.expected_wall_h * 0.5)  # no offer can finish in time
+    soonest = spec.model_copy(update={"deadline": late, "if_late": "soonest"})
+    assert forecast(soonest, on_demand, offers, model, "hedge", NOW, spot_while_in_time=True).spot_share == 0.0
+    cheapest = spec.model_copy(update={"deadline": late, "if_late": "cheapest"})  # a lost deadline: spot if any
+    assert forecast(cheapest, on_demand, offers, model, "hedge", NOW, spot_while_in_time=True).spot_share > 0.5
+    assert planning.get("hedge").spot_while_in_time and not hasattr(planning.get("costslo"), "spot_while_in_time")
+
+
+def test_a_job_chosen_for_a_bubble_is_quoted_on_spot_while_the_bubbles_are_busy():
+    """Fill jobs wait for no bubble: where the bubbles are held by other jobs and spot is free, the policy places
+    the job on spot at spot's pace, and its quote says so rather than the on-demand the futures fell back to."""
+    from broker.core.forecast import Fleet, forecast
+
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    spot = _offer("us-east-1a")
+    bubble = _offer("us-east-1d", "bubble", 0.0).model_copy(update={"speed_factor": 0.5})
+    offers = [spot, bubble, _offer("us-east-1z", "on_demand", 3.06)]
+    spec = _quote_spec(30.0).model_copy(update={"fill": True, "budget_usd": None})
+    quote = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model).quote(spec)
+    chosen = quote.chosen.model_copy(update={"offer": bubble})
+    on_bubble = quote.model_copy(update={"chosen": chosen})
+    busy = Fleet(agents={bubble.id: 1, spot.id: 1}, others=[(frozenset({bubble.id}), 100.0)])
+    bubbles_only = forecast(spec, on_bubble, offers, model, "hedge", NOW, fleet=busy)
+    replanned = forecast(spec, on_bubble, offers, model, "hedge", NOW, fleet=busy, spot_while_in_time=True)
+    assert bubbles_only.zones == [bubble.id] and bubbles_only.spot_share == 0.0  # only on-demand while it waits
+    assert replanned.zones == [bubble.id, spot.id] and replanned.spot_share > 0.8
+    assert replanned.cost_p50_usd < bubbles_only.cost_p50_usd / 2
+    waiting = Job(
+        id="w", spec=spec, submitted_at=NOW, updated_at=NOW, quote=on_bubble.model_copy(update={"forecast": replanned})
+    )
+    assert Fleet.of([], [waiting], NOW, []).others[0][0] == {bubble.id}  # it waits for a bubble: holds no spot
+    # jobs that run only on spot hold spot slots, not the free bubble, however cheap the bubble is
+    crowd = Fleet(agents={bubble.id: 1, spot.id: 1}, others=[(frozenset({spot.id}), 100.0)] * 5)
+    free_bubble = forecast(spec, on_bubble, offers, model, "hedge", NOW, fleet=crowd, spot_while_in_time=True)
+    assert free_bubble.cost_p50_usd == 0.0
+    on_spot_usd = spot.price_usd_per_h * (exclusive_hours(spec, spot) + restart_hours(spec))
+    assert exclusive_hours(spec, bubble) == pytest.approx(2 * exclusive_hours(spec, spot))
+    assert replanned.cost_p50_usd < 1.2 * on_spot_usd  # at spot's pace, not the bubble's (twice as slow)
+
+
+def test_a_running_job_holds_a_slot_only_where_it_runs_and_a_waiting_one_where_it_may_launch():
+    from broker.core.forecast import Fleet
+
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    quote = _quote(model, 30.0)
+    running = _finished(quote, 1.0, "r", JobState.running)
+    elsewhere = _offer("us-east-1q", price=0.7)
+    running.runs[0].offer = elsewhere
+    waiting = Job(id="w", spec=_quote_spec(30.0), submitted_at=NOW, updated_at=NOW, quote=quote)
+    fleet = Fleet.of([_agent(quote.chosen.offer)], [running, waiting], NOW, [])
+    assert [offers for offers, _ in fleet.others] == [{elsewhere.id}, set(quote.forecast.zones)]
+    pinned, pooled = fleet.held([quote.chosen.offer], 1.0, 10, pin=False)
+    assert len(pooled) == 1 and not pinned.any()  # only the waiting one competes for its zone
+    pinned, pooled = fleet.held([quote.chosen.offer, elsewhere], 1.0, 10, pin=True)  # bubbles: where they run
+    assert pinned[:, 0].tolist() == [1, 1] and len(pooled) == 0
+
+
+def test_quote_figures_count_errors_and_calibration():
+    rows = [
+        {"quoted_cost_usd": 10.0, "cost_usd": c, "p_meet": 0.9, "met": m}
+        for c, m in [(11, True)] * 17 + [(5, False)] * 3
+    ]
+    assert cost_errors_pct(rows) == (10.0, 50.0)
+    figures = reliability(rows)
+    assert figures["calibration_max_gap_pts"] == pytest.approx(5.0) and figures["brier"] == pytest.approx(0.13)
+    assert figures["calibration_mean_gap_pts"] == pytest.approx(5.0)
+    # 20 jobs at 0.9 that meet at those odds: 18 meet with P 0.29, 17 or 19 with 0.46, 16 or fewer, or 20, with 0.25
+    assert figures["calibration_max_gap_if_calibrated_pts"] == [5.0, 10.0]  # median and 90th percentile
+    many = [{"quoted_cost_usd": 1.0, "cost_usd": 1.0, "p_meet": 0.9, "met": i % 10 != 0} for i in range(2000)]
+    assert reliability(many)["calibration_max_gap_if_calibrated_pts"][1] < 2.0  # 2,000 jobs: a tight floor
+
+
+def test_a_quote_sees_the_jobs_ahead_of_it_in_the_fleet(store):
+    """One agent in a cheap zone and one in a dear one: the first job is quoted in the cheap zone, the second behind
+    it in the dear one (before the fleet was counted, both were quoted at the cheap zone's price)."""
+    cheap, dear, od = (
+        _offer("us-east-1a", price=0.9),
+        _offer("us-east-1b", price=1.8),
+        _offer("us-east-1z", "on_demand", 3.06),
+    )
+    for agent, offer in (("a", cheap), ("b", dear)):
+        Contract(store, agent).register(offer, 60_000, host="test", pid=0, at=NOW)
+    model = MarketModel.fit([trace(z, [1] * 300 + [0] * 1, 20) for z in ("us-east-1a", "us-east-1b")])
+    broker = Broker(store, OfferBook([cheap, dear, od]), planning.get("cbl-greedy"), SimulatedClock(NOW), model)
+    spec = _quote_spec(30.0)
+    first = broker.submit(spec).quote.forecast
+    second = broker.submit(spec).quote.forecast
+    assert first.cost_p50_usd == pytest.approx(0.9 * second.cost_p50_usd / 1.8, rel=0.05)
+    assert second.zones == first.zones and second.finish_p50 == first.finish_p50
+    third = broker.submit(spec).quote.forecast  # both slots held: it waits for one or pays on-demand
+    assert third.finish_p50 > first.finish_p50 or third.spot_share < 0.5
+
+
+def test_a_job_slower_than_estimated_is_seen_by_its_progress():
+    quote = _quote(MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)]), 30.0)
+    offer = quote.chosen.offer
+    spec = _quote_spec(30.0)
+    estimate_h = quote.chosen.exclusive_h
+    started = NOW + timedelta(hours=1)
+    run = Run(fence=1, agent="a", offer=offer, dispatched_at=started, started_at=started, progress_total=1000.0)
+    job = Job(id="slow", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, runs=[run])
+    assert observed_speed(job) == 1.0  # nothing measured yet
+    hours = 3.0  # productive hours after the restart; half the progress the estimate says
+    run.last_progress_at = started + timedelta(hours=hours + spec.checkpoint.restore_minutes / 60 + 0.05)
+    run.progress_done = 1000 * 0.5 * hours / estimate_h
+    assert observed_speed(job) == pytest.approx(0.5, rel=0.1)
+
+
+def _finished(quote, speed: float, name: str, state: JobState = JobState.done) -> Job:
+    """A finished (or `state`) job whose one run progressed at `speed` times the estimate for 3 productive hours."""
+    offer, spec = quote.chosen.offer, _quote_spec(30.0)
+    started = NOW + timedelta(hours=1)
+    run = Run(fence=1, agent="a", offer=offer, dispatched_at=started, started_at=started, progress_total=1000.0)
+    run.last_progress_at = started + timedelta(hours=3 + spec.checkpoint.restore_minutes / 60 + 0.05)
+    run.progress_done = 1000 * speed * 3 / quote.chosen.exclusive_h
+    return Job(id=name, spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, runs=[run], state=state)
+
+
+def test_quotes_learn_how_far_off_the_speed_estimate_is_from_measured_jobs():
+    from broker.core.forecast import SPEED_PRIOR_SIGMA, Fleet, forecast
+
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    quote = _quote(model, 30.0)
+    assert Fleet.of([], [], NOW, []).speed_sigma == pytest.approx(SPEED_PRIOR_SIGMA)  # nothing finished: the prior
+    for sigma in (0.05, 0.5):  # many finished jobs outweigh the prior, narrower or wider than it
+        speeds = np.exp(np.random.default_rng(1).normal(0.0, sigma, 60))
+        learned = Fleet.of([], [], NOW, [_finished(quote, v, f"j{i}") for i, v in enumerate(speeds)]).speed_sigma
+        assert learned < SPEED_PRIOR_SIGMA / 2 if sigma < SPEED_PRIOR_SIGMA else learned > 0.4
+    wide = np.exp(np.random.default_rng(2).normal(0.0, 0.5, 60))
+    running = [_finished(quote, v, f"r{i}", JobState.running) for i, v in enumerate(wide)]
+    learned = Fleet.of([], running, NOW, []).speed_sigma
+    assert learned > 0.4  # a running job's measured rate counts before it finishes
+    assert Fleet.of([], running, NOW, running).speed_sigma == pytest.approx(learned)  # recent and active: once
+    few = [_finished(quote, v, f"j{i}") for i, v in enumerate([0.99, 1.0, 1.01])]
+    assert 0.5 * SPEED_PRIOR_SIGMA < Fleet.of([], [], NOW, few).speed_sigma < SPEED_PRIOR_SIGMA  # a few: pooled
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    spec = _quote_spec(quote.chosen.expected_wall_h * 1.05)  # tight: 5% slack at the estimated speed
+    tight = Broker(None, OfferBook(offers), planning.get("costslo"), SimulatedClock(NOW), model).quote(spec)
+    exact = forecast(spec, tight, offers, model, "greedy", NOW, fleet=Fleet(speed_sigma=0.0))
+    spread = forecast(spec, tight, offers, model, "greedy", NOW, fleet=Fleet(speed_sigma=0.25))
+    assert exact.p_meet_deadline > 0.9 and 0.3 < spread.p_meet_deadline < 0.8
+    assert spread.cost_p90_usd - spread.cost_p10_usd > 3 * (exact.cost_p90_usd - exact.cost_p10_usd)
+    assert forecast(spec, tight, offers, model, "greedy", NOW).p_meet_deadline < 0.8  # no fleet: the prior's spread
+
+
+def test_a_quote_counts_the_jobs_that_will_arrive_ahead_of_it_where_jobs_keep_arriving():
+    """Jobs came every half hour lately, each due 10 h after it came and holding a spot slot for hours: those that
+    come in the next 20 h are due before this job (30 h) and take the fleet's one cheap slot ahead of it, so its
+    quote is dearer than in a quiet fleet. Jobs due later than it wait behind it and change nothing."""
+    from broker.core.forecast import Fleet, forecast
+
+    cheap, dear = _offer("us-east-1a", price=0.9), _offer("us-east-1b", price=1.8)
+    offers = [cheap, dear, _offer("us-east-1z", "on_demand", 3.06)]
+    model = MarketModel.fit([trace(z, [1] * 60 + [0] * 1, 50) for z in ("us-east-1a", "us-east-1b")])
+    spec = _quote_spec(30.0)
+    quote = Broker(None, OfferBook(offers), planning.get("cbl-greedy"), SimulatedClock(NOW), model).quote(spec)
+
+    def came(due_h: float) -> list[Job]:
+        times = [NOW - timedelta(minutes=30 * i) for i in range(8)]
+        specs = [spec.model_copy(update={"deadline": at + timedelta(hours=due_h)}) for at in times]
+        return [
+            Job(id=f"j{i}", spec=s, submitted_at=at, updated_at=at, quote=quote)
+            for i, (s, at) in enumerate(zip(specs, times))
+        ]
+
+    agents = [_agent(cheap), _agent(dear)]
+    urgent, relaxed = Fleet.of(agents, [], NOW, came(10.0)), Fleet.of(agents, [], NOW, came(60.0))
+    assert urgent.arrivals_per_h == pytest.approx(2.0) and len(urgent.arrived) == 8
+    quiet = Fleet.of(agents, [], NOW, came(10.0)[:1])
+    assert quiet.arrivals_per_h == 0.0  # one submission says nothing of a rate
+    calm = forecast(spec, quote, offers, model, "greedy", NOW, fleet=quiet)
+    crowded = forecast(spec, quote, offers, model, "greedy", NOW, fleet=urgent)
+    behind = forecast(spec, quote, offers, model, "greedy", NOW, fleet=relaxed)
+    assert crowded.cost_p50_usd > calm.cost_p50_usd * 1.3
+    assert behind.cost_p50_usd == pytest.approx(calm.cost_p50_usd, rel=0.02)
+
+
+def _agent(offer):
+    from broker.domain.model import AgentInfo
+
+    return AgentInfo(id=offer.zone, offer=offer, host="test", pid=0, registered_at=NOW)
