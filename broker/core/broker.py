@@ -85,12 +85,14 @@ class Broker:
             offers += bubbles.values()
         return offers
 
-    def quote(self, spec: JobSpec) -> Quote:
+    def quote(self, spec: JobSpec, agents: list[AgentInfo] | None = None) -> Quote:
         """Price the job on every offer and pick one, then simulate the choice by the policy's rule on the market
         model's futures, against the other jobs for the fleet's capacity, and the on-demand baseline at the same
-        spread of speeds (what the savings are against); raises InfeasibleError when none fits."""
+        spread of speeds (what the savings are against); raises InfeasibleError when none fits. `agents`: the
+        working agents, when the caller read them already."""
         now = self.clock.now()
-        agents = self.store.working_agents() if self.store is not None else []
+        if agents is None:
+            agents = self.store.working_agents() if self.store is not None else []
         offers = self.offers(agents)
         quote = self.policy.quote(spec, offers, now)
         market = self.market_now()
@@ -119,11 +121,13 @@ class Broker:
         """Quote the job and store it as queued; an infeasible job is refused and nothing is stored.
         The id is the name plus a random suffix unless given (the backtest's are reproducible); in a sharded store,
         one in the shard with the most agents it fits (store.new_job_id)."""
-        quote = self.quote(spec)
+        agents = self.store.working_agents()  # read once: for the quote and for the shard the job goes to
+        quote = self.quote(spec, agents)
+        fitting = [agent for agent in agents if fits(spec, agent.offer)]
         now = self.clock.now()
         while True:
             job = Job(
-                id=job_id or self.store.new_job_id(spec.name, lambda agent: fits(spec, agent.offer)),
+                id=job_id or self.store.new_job_id(spec.name, fitting),
                 spec=spec,
                 submitted_at=now,
                 updated_at=now,

@@ -124,9 +124,9 @@ class Fleet:
         those of the jobs running there (one offer each); and the ticks each other job still holds one of them (at
         least one), the cheapest free: on spot, a run preempted in its zone starts again in the cheapest with room."""
         ids = [o.id for o in zones]
-        pinned, pooled = np.zeros((len(zones), ticks)), []
+        pinned, pooled, known = np.zeros((len(zones), ticks)), [], set(ids)
         for offers, hours in self.others:
-            if not offers & set(ids):
+            if not offers & known:
                 continue
             held = max(1, math.ceil(hours / tick_h))
             if pin and len(offers) == 1:

@@ -95,10 +95,9 @@ def spot_in_time(item: PlanItem, offers: list[Offer], progress: Progress | None)
     """The spot and bubble offers, cheapest work first (price x hours: a cheaper hour on slower GPUs may be dearer
     work; among free bubbles the fastest), less the spot ones where the job's work left, at its speed, would not
     be done by its deadline even if never interrupted (`progress`: its window; None without a deadline). Can't Be
-    Late's rule has one instance
-    type; with several, one too slow for the deadline is no spot for the job. A bubble stays: its work is free, and
-    the guard moves the job off when it falls behind. A lost deadline run cheapest takes any spot, no bubble (the
-    guard would move it off at once)."""
+    Late's rule has one instance type; with several, one too slow for the deadline is no spot for the job. A bubble
+    stays: its work is free, and the guard moves the job off when it falls behind. A lost deadline run cheapest
+    takes any spot, no bubble (the guard would move it off at once)."""
     hours = {o.id: item.remaining * exclusive_hours(item.spec, o) / item.speed for o in offers}
     if progress is not None and progress.runs_cheapest(None):
         offers = [o for o in offers if o.tier == Tier.spot]

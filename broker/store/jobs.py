@@ -122,9 +122,9 @@ class Store(AgentChannels):
         except redis.ConnectionError as err:
             raise StoreUnavailableError(f"redis: cannot reach {self.url} ({err}); check BROKER_REDIS_URL") from None
 
-    def new_job_id(self, name: str, fits: Callable[[AgentInfo], bool]) -> str:
-        """An id for a new job: its name plus a random suffix (`fits`, the agents it can run on, matters only to a
-        sharded store)."""
+    def new_job_id(self, name: str, fitting: list[AgentInfo]) -> str:
+        """An id for a new job: its name plus a random suffix (`fitting`, the working agents it can run on, matters
+        only to a sharded store)."""
         return f"{name}-{secrets.token_hex(3)}"
 
     def add_job(self, job: Job) -> bool:

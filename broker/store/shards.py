@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 import zlib
-from collections.abc import Callable
 from datetime import datetime
 
 import redis
@@ -81,19 +80,20 @@ class ShardedStore:
     def of_agent(self, agent_id: str) -> Store:
         return self.shards[shard_of(agent_id, len(self.shards))]
 
-    def new_job_id(self, name: str, fits: Callable[[AgentInfo], bool]) -> str:
-        """An id for a new job (its name plus a random suffix) in the shard with the most working agents it `fits`
-        per job waiting there: a job runs only on its own shard's agents, and a small fleet leaves some shards
-        without any of a kind. Any shard when none has one."""
-        job_id = self.shards[0].new_job_id(name, fits)
-        if len(self.shards) == 1:
+    def new_job_id(self, name: str, fitting: list[AgentInfo]) -> str:
+        """An id for a new job (its name plus a random suffix) in the shard with the most of the `fitting` working
+        agents per job waiting there: a job runs only on its own shard's agents, and a small fleet leaves some shards
+        without any of a kind. Any shard when none fits."""
+        job_id = self.shards[0].new_job_id(name, fitting)
+        if len(self.shards) == 1 or not fitting:
             return job_id
-        room = [sum(map(fits, s.working_agents())) / (1 + s.pending_count()) for s in self.shards]
-        if max(room) == 0:
-            return job_id
+        agents = [0] * len(self.shards)
+        for agent in fitting:
+            agents[shard_of(agent.id, len(self.shards))] += 1
+        room = [n / (1 + shard.pending_count()) for n, shard in zip(agents, self.shards)]
         best = room.index(max(room))
         while shard_of(job_id, len(self.shards)) != best:  # one in `count` suffixes lands there
-            job_id = self.shards[0].new_job_id(name, fits)
+            job_id = self.shards[0].new_job_id(name, fitting)
         return job_id
 
     # -- one job or agent: its shard --------------------------------------------------------
