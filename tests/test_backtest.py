@@ -133,7 +133,7 @@ def test_skypilot_ignores_deadlines_and_never_uses_on_demand(results):
 
 
 def test_the_backtest_drives_the_live_core_not_a_copy(market, redis_server, monkeypatch):
-    def refuse(self, spec):
+    def refuse(self, spec, agents=None):
         raise InfeasibleError("deadline/budget: refused by a patched core")
 
     monkeypatch.setattr(core_broker.Broker, "quote", refuse)
