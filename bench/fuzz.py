@@ -159,6 +159,8 @@ def fuzz_cli(cases: int, workdir: Path, redis_url: str) -> dict:
 
     @settings(SETTINGS, max_examples=cases)
     @given(args=CLI)
+    @example(args=("policies", "--json"))  # one that must succeed and one that must be refused, whatever is drawn
+    @example(args=("status", "no-such-job", ""))
     def check(args):
         argv = [a for a in args if a != ""]
         if argv[0] == "submit" and (len(argv) == 1 or argv[1].startswith("--")):

@@ -26,4 +26,6 @@ def test_generated_command_lines_exit_cleanly_and_refused_ones_store_nothing(red
     for name in ("BROKER_REDIS_URL", "BROKER_HOME", "BROKER_PREFIX"):
         monkeypatch.setenv(name, "")  # so they are restored after the test: fuzz_cli sets them
     seen = fuzz.fuzz_cli(60, tmp_path, redis_url)
-    assert seen["cases"] == 60 and seen["ok"] > 0 and seen["refused"] > 0
+    # the generated lines and the two explicit ones (one valid, one naming no job): about 1 in 10 drawn lines is
+    # valid, so a run could draw none and the counts alone would flake
+    assert seen["cases"] == 60 + 2 and seen["ok"] > 0 and seen["refused"] > 0
