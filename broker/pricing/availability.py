@@ -65,9 +65,6 @@ class ZoneModel:
     evidence: str = ""
     recent_up: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))  # seen by our fleet lately
     recent_down: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
-    # the state our fleet sees there now (None: not seen) and for how many ticks it has lasted
-    now_up: bool | None = None
-    age: int = 0
 
     @property
     def weight(self) -> float:
@@ -127,25 +124,17 @@ class ZoneModel:
         return out
 
     def with_seen(self, series: np.ndarray) -> ZoneModel:
-        """This zone with what our fleet saw there lately (a bool per tick, oldest first): its finished spells as the
-        recent ones (the cut-off first one kept as it was seen), and the state it is in now with its age (the spell
-        not over yet is no length: it is at least as long as its age, which `sample` conditions on)."""
-        series = np.asarray(series, dtype=bool)
-        began = int(np.flatnonzero(series != series[-1]).max(initial=-1)) + 1  # where the spell now began
-        up, down = spells(series[:began])
-        age = len(series) - began
-        seen = replace(self, recent_up=up, recent_down=down, now_up=bool(series[-1]), age=age)
-        hours, state = len(series) * self.tick_h, "up" if series[-1] else "down"
-        note = (
-            f"; {len(up) + len(down)} spells our fleet saw in {hours:.0f} h (weight {seen.recent_weight:.2f}), "
-            f"{state} for {age * self.tick_h:.1f} h now"
-        )
+        """This zone with what our fleet saw there lately (a bool per tick, oldest first) as its recent spells, read
+        as the traces are (the cut-off first and last spells kept as they were seen)."""
+        up, down = spells(series)
+        seen = replace(self, recent_up=up, recent_down=down)
+        hours = len(series) * self.tick_h
+        note = f"; {len(up) + len(down)} spells our fleet saw in {hours:.0f} h (weight {seen.recent_weight:.2f})"
         return replace(seen, evidence=self.evidence + note)
 
     def sample(self, rng: np.random.Generator, n: int, ticks: int, up_now: bool | None = None) -> np.ndarray:
         """`n` futures of `ticks` ticks from now: True where spot can be had (bool array n x ticks). When the
-        state now is known (`up_now`: the broker has an agent there or none), every future starts in it, and where
-        our fleet has seen that state last for `age` ticks, in a spell at least that long (`_residual`)."""
+        state now is known (`up_now`: the broker has an agent there or none), every future starts in it."""
         up_mean, down_mean = self.mean_up_h / self.tick_h, self.mean_down_h / self.tick_h
         if up_mean <= 0:
             return np.zeros((n, ticks), dtype=bool)
@@ -153,8 +142,7 @@ class ZoneModel:
         start_up = rng.random(n) < up_mean / (up_mean + down_mean) if up_now is None else np.full(n, bool(up_now))
         up = self._draw(rng, True, (n, per_path))
         down = self._draw(rng, False, (n, per_path))
-        age = self.age if up_now is not None and self.now_up == bool(up_now) else 0
-        first = np.where(start_up, self._residual(rng, True, n, age), self._residual(rng, False, n, age))
+        first = np.where(start_up, self._residual(rng, True, n), self._residual(rng, False, n))
         # spells alternate from the first one's state: [first, other, same, other, ...]
         lengths = np.empty((n, 2 * per_path + 1), dtype=float)
         lengths[:, 0] = first
@@ -173,19 +161,11 @@ class ZoneModel:
             return rng.exponential(1.0, shape)  # no spells of this state seen: short ones
         return rng.choice(values, shape, p=probs)
 
-    def _residual(self, rng, up: bool, n: int, age: int = 0) -> np.ndarray:
-        """What is left of the spell now falls in: a length-biased draw, cut at a uniform point. A spell seen to
-        have lasted `age` ticks is one of those longer than that, less its age (spells are heavy-tailed: a zone
-        down for a day is not back in the mean down-spell's two hours); one that outlasted every spell in the
-        evidence has as long again to go, on average (an exponential of mean `age`)."""
+    def _residual(self, rng, up: bool, n: int) -> np.ndarray:
+        """What is left of the spell now falls in: a length-biased draw, cut at a uniform point."""
         values, probs = self._mixture(up)
         if len(values) == 0 or values @ probs <= 0:
-            return rng.exponential(max(age, 1.0), n)
-        if age > 0:
-            longer = values >= age  # a spell as long as its age ends now
-            if not longer.any():
-                return rng.exponential(age, n)
-            return np.maximum(rng.choice(values[longer], n, p=probs[longer] / probs[longer].sum()) - age, 1e-6)
+            return rng.exponential(1.0, n)
         biased = probs * values
         picked = rng.choice(values, n, p=biased / biased.sum())
         return np.maximum(rng.random(n) * picked, 1e-6)
