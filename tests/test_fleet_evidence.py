@@ -11,7 +11,7 @@ from broker.agents.contract import Contract
 from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
 from broker.core.server import BrokerServer
-from broker.pricing.availability import MarketModel, seen_ticks
+from broker.pricing.availability import MarketModel, seen_counts
 from broker.sim.market import OfferBook
 from broker.store.capacity import CapacityHistory
 from tests.test_market_model import _offer, trace
@@ -23,9 +23,9 @@ ZONE = ("aws", "us-east-1a", "p3.2xlarge")
 
 def test_a_change_log_is_read_as_the_traces_are_a_tick_is_up_only_when_it_lasted_all_of_it():
     points = [(0.0, 2), (1000.0, 0), (1500.0, 3)]  # two agents, none from 1000 s, three from 1500 s
-    assert seen_ticks(points, 0.0, 3000.0, 600.0).tolist() == [True, False, False, True, True]
-    assert seen_ticks(points, 1200.0, 3000.0, 600.0).tolist() == [False, True, True]  # from `since` on
-    assert seen_ticks([(2000.0, 1)], 0.0, 3000.0, 600.0).tolist() == [True]  # from when the zone was first seen
+    assert seen_counts(points, 0.0, 3000.0, 600.0).tolist() == [2, 0, 0, 3, 3]  # the least count in each tick
+    assert (seen_counts(points, 1200.0, 3000.0, 600.0) > 0).tolist() == [False, True, True]  # from `since` on
+    assert seen_counts([(2000.0, 1)], 0.0, 3000.0, 600.0).tolist() == [1]  # from when the zone was first seen
 
 
 def test_what_our_fleet_saw_lately_outweighs_old_traces():
@@ -39,6 +39,18 @@ def test_what_our_fleet_saw_lately_outweighs_old_traces():
     assert learned.sample(np.random.default_rng(0), 200, 144).mean() < 0.65
     unseen = calm.with_recent({("aws", "us-west-2a", "p3.2xlarge"): flaky}).zones[("aws", "us-west-2a", "p3.2xlarge")]
     assert unseen.mean_up_h < before.mean_up_h / 2  # a zone without traces: its siblings' spells, then what we saw
+
+
+def test_a_pool_our_fleet_saw_shrink_without_emptying_preempts_in_the_quotes_futures():
+    calm = MarketModel.fit([trace("us-east-1a", [1] * 60 + [0] * 6, 50)])  # a 1-node trace: no pool to see
+    pool = np.tile([16] * 9 + [8], 14)  # a day of our 16 agents there, half of them gone one tick in ten
+    learned = calm.with_recent({ZONE: pool}).zones[ZONE]
+    assert calm.zones[ZONE].shrink == 0.0 and learned.shrink == pytest.approx(0.5 * 14 / 139)
+    assert "its pool shrinking by 30% an hour while up" in learned.evidence
+    assert calm.with_recent({ZONE: (pool > 0).astype(int)}).zones[ZONE].shrink == 0.0  # one agent shows no pool
+    plain, shrinking = (learned.sample(np.random.default_rng(0), 500, 144, shrinks=s) for s in (False, True))
+    assert shrinking.mean() == pytest.approx(plain.mean() * (1 - learned.shrink), rel=0.05)
+    assert np.array_equal(learned.sample(np.random.default_rng(0), 500, 144), plain)  # only when asked (quotes)
 
 
 def test_the_server_records_each_zones_live_spot_agents_and_a_zone_left_empty(store, tmp_path):

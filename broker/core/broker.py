@@ -11,7 +11,7 @@ from broker.core.hedging import MarketHedge
 from broker.domain.errors import BrokerError
 from broker.domain.model import AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
 from broker.models.risk import fits
-from broker.pricing.availability import MarketModel, seen_ticks
+from broker.pricing.availability import MarketModel, seen_counts
 from broker.pricing.catalog import PriceCatalog
 from broker.store.capacity import fleet_seen
 from broker.store.jobs import Store
@@ -70,8 +70,8 @@ class Broker:
         if self._recent is None or now - self._recent[0] >= timedelta(hours=base.tick_h):
             since, tick_s = now - timedelta(hours=RECENT_H), base.tick_h * 3600
             seen = fleet_seen(self.store.shards, since)
-            ticks = {z: seen_ticks(p, since.timestamp(), now.timestamp(), tick_s) for z, p in seen.items()}
-            self._recent = (now, base.with_recent(ticks))
+            counts = {z: seen_counts(p, since.timestamp(), now.timestamp(), tick_s) for z, p in seen.items()}
+            self._recent = (now, base.with_recent(counts))
         return self._recent[1]
 
     def offers(self, agents: list[AgentInfo] | None = None) -> list[Offer]:

@@ -247,7 +247,7 @@ def forecast(
     zone_models = [model.for_offer(o) for o in zones]
     slots = fleet.slots(zones) if fleet else None
     up_now = [None] * len(zones) if slots is None else [fleet.agents.get(o.id, 0) > 0 for o in zones]
-    available = np.stack([z.sample(rng, futures, ticks, up) for z, up in zip(zone_models, up_now)])
+    available = np.stack([z.sample(rng, futures, ticks, up, shrinks=True) for z, up in zip(zone_models, up_now)])
     free = None if slots is None else fleet.free(zones, available, tick_h, rng, window)
     work_h = exclusive_hours(spec, played)
     setting = Setting(

@@ -38,6 +38,17 @@ def tick_minimum(data: np.ndarray, gap_s: float, tick_s: float) -> np.ndarray:
     return np.asarray([data[a : b + 1].min() for a, b in zip(first, last)], dtype=int)
 
 
+def shrink_per_tick(counts: np.ndarray) -> float | None:
+    """The share of a pool lost per tick while it stays up: the chance a running instance goes when the pool shrinks
+    without emptying (every instance busy, the victims at random). None where no pool was seen (at most 1)."""
+    counts = np.asarray(counts, dtype=float)
+    if len(counts) < 2 or counts.max() <= 1:
+        return None
+    before, after = counts[:-1], counts[1:]
+    stays = (before > 0) & (after > 0)
+    return float((np.clip(before - after, 0, None) / np.maximum(before, 1))[stays].mean()) if stays.any() else 0.0
+
+
 def spells(available: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(up, down) spell lengths in ticks of a boolean series; the cut-off first and last spells are kept."""
     available = np.asarray(available, dtype=bool)
@@ -65,6 +76,7 @@ class ZoneModel:
     evidence: str = ""
     recent_up: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))  # seen by our fleet lately
     recent_down: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
+    shrink: float = 0.0  # per tick up, the chance a running instance goes as its pool shrinks (as our fleet saw)
 
     @property
     def weight(self) -> float:
@@ -123,18 +135,27 @@ class ZoneModel:
             out.append((lo, hi, float(ends / exposure) if exposure > 0 else float("nan")))
         return out
 
-    def with_seen(self, series: np.ndarray) -> ZoneModel:
-        """This zone with what our fleet saw there lately (a bool per tick, oldest first) as its recent spells, read
-        as the traces are (the cut-off first and last spells kept as they were seen)."""
-        up, down = spells(series)
-        seen = replace(self, recent_up=up, recent_down=down)
-        hours = len(series) * self.tick_h
+    def with_seen(self, counts: np.ndarray) -> ZoneModel:
+        """This zone with what our fleet saw there lately (its spot agents per tick, oldest first): its spells as the
+        recent ones, read as the traces are (the cut-off first and last spells kept as they were seen), and how its
+        pool shrank without emptying (`shrink`). Only our own agents show a pool as it is: a trace of one node
+        says whether spot could be had, not how many."""
+        counts = np.asarray(counts, dtype=float)
+        up, down = spells(counts > 0)
+        shrink = shrink_per_tick(counts)
+        seen = replace(self, recent_up=up, recent_down=down, shrink=self.shrink if shrink is None else shrink)
+        hours = len(counts) * self.tick_h
         note = f"; {len(up) + len(down)} spells our fleet saw in {hours:.0f} h (weight {seen.recent_weight:.2f})"
+        if shrink:
+            note += f", its pool shrinking by {shrink / self.tick_h:.0%} an hour while up"
         return replace(seen, evidence=self.evidence + note)
 
-    def sample(self, rng: np.random.Generator, n: int, ticks: int, up_now: bool | None = None) -> np.ndarray:
+    def sample(
+        self, rng: np.random.Generator, n: int, ticks: int, up_now: bool | None = None, shrinks: bool = False
+    ) -> np.ndarray:
         """`n` futures of `ticks` ticks from now: True where spot can be had (bool array n x ticks). When the
-        state now is known (`up_now`: the broker has an agent there or none), every future starts in it."""
+        state now is known (`up_now`: the broker has an agent there or none), every future starts in it. With
+        `shrinks`, for one instance of a busy pool: an up tick is lost, as a preemption, with the pool's `shrink`."""
         up_mean, down_mean = self.mean_up_h / self.tick_h, self.mean_down_h / self.tick_h
         if up_mean <= 0:
             return np.zeros((n, ticks), dtype=bool)
@@ -153,7 +174,8 @@ class ZoneModel:
         moments = np.arange(ticks) + 0.5
         for i in range(n):
             index[i] = np.searchsorted(ends[i], moments, side="right")
-        return (index % 2 == 0) == start_up[:, None]
+        up = (index % 2 == 0) == start_up[:, None]
+        return up & (rng.random(up.shape) >= self.shrink) if shrinks and self.shrink > 0 else up
 
     def _draw(self, rng, up: bool, shape: tuple[int, int]) -> np.ndarray:
         values, probs = self._mixture(up)
@@ -243,8 +265,8 @@ class MarketModel:
         )
 
     def with_recent(self, seen: dict[tuple[str, str, str], np.ndarray]) -> MarketModel:
-        """This model with what the broker's own fleet saw lately per (cloud, zone, instance type): a bool per tick,
-        oldest first (spot could be had or not). A zone without traces gets a model of its own from it."""
+        """This model with what the broker's own fleet saw lately per (cloud, zone, instance type): its spot agents
+        per tick, oldest first (none: spot could not be had). A zone without traces gets a model of its own from it."""
         zones = dict(self.zones)
         for key, series in seen.items():
             if len(series) == 0:
@@ -272,19 +294,20 @@ class MarketModel:
         )
 
 
-def seen_ticks(points: list[tuple[float, float]], since: float, until: float, tick_s: float) -> np.ndarray:
+def seen_counts(points: list[tuple[float, float]], since: float, until: float, tick_s: float) -> np.ndarray:
     """Ticks from `since` (or the first point, if later) to `until` of a count recorded where it changed (epoch
-    seconds, count), as the traces are read: True where the count stayed above zero all the tick."""
+    seconds, count), as the traces are read: the least count during each tick (spot only where it lasted all of it)."""
     if not points:
-        return np.zeros(0, dtype=bool)
+        return np.zeros(0)
     epochs = np.asarray([p[0] for p in points], dtype=float)
     counts = np.asarray([p[1] for p in points], dtype=float)
     start = max(since, epochs[0])
     ticks = int((until - start) // tick_s)
     if ticks <= 0:
-        return np.zeros(0, dtype=bool)
+        return np.zeros(0)
     begins = start + np.arange(ticks) * tick_s
-    down = counts[np.searchsorted(epochs, begins, side="right") - 1] <= 0  # the count each tick starts with
-    inside = ((epochs[counts <= 0] - start) // tick_s).astype(int)  # and a drop to none during one
-    down[inside[(inside >= 0) & (inside < ticks)]] = True
-    return ~down
+    least = counts[np.searchsorted(epochs, begins, side="right") - 1]  # the count each tick starts with
+    inside = ((epochs - start) // tick_s).astype(int)  # and any it changed to during one
+    keep = (epochs >= start) & (inside < ticks)
+    np.minimum.at(least, inside[keep], counts[keep])
+    return least
