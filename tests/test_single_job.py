@@ -4,10 +4,11 @@ import json
 
 import numpy as np
 import pytest
+from test_futures import _setting
 from typer.testing import CliRunner
 
 from broker.app.cli.main import app
-from broker.models.futures import Hedge, Setting, simulate
+from broker.models.futures import Hedge, simulate
 from broker.sim import single_job
 from broker.sim.market import PACKAGED_TRACES
 from broker.sim.omniscient import Choice, cheapest, cheapest_by_steps
@@ -40,19 +41,9 @@ def test_hedge_waits_out_short_gaps_and_pays_on_demand_through_a_long_outage():
     available[19::20] = False
     available[100:180] = False
     hedge = Hedge.from_spells(np.full(50, 19), np.r_[np.ones(45), np.full(5, 80)], tick_h, ticks)
-    setting = dict(
-        work_h=24.0,
-        od_work_h=24.0,
-        spot_prices=(1.0,),
-        od_price=3.0,
-        restart_h=0.2,
-        checkpoint_h=0.0,
-        interval_h=None,
-        window_h=30.0,
-        keeps_progress=True,
-    )
+    setting = dict(work_h=24.0, od_work_h=24.0, restart_h=0.2, interval_h=None, window_h=30.0, keeps_progress=True)
     runs = {
-        rule: simulate(Setting(**setting, rule=rule), available[None, None, :], tick_h, hedge)
+        rule: simulate(_setting(**setting, rule=rule), available[None, None, :], tick_h, hedge)
         for rule in ("uniform", "hedge")
     }
     assert all(out.finish_h[0] <= 30.0 for out in runs.values())
