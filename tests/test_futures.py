@@ -36,6 +36,16 @@ def test_without_spot_the_safety_net_moves_the_job_to_on_demand_in_time():
     assert np.isinf(blind.finish_h).all() and (blind.cost_usd == 0).all()
 
 
+def test_the_safety_net_keeps_the_changeover_the_live_guard_counts_not_only_the_restart_paid():
+    available = np.zeros((1, 1, 200), dtype=bool)  # no spot: the job waits (greedy) for the net
+    paid = simulate(_setting(), available, 1 / 6)
+    counted = simulate(_setting(changeover_h=0.5), available, 1 / 6)
+    # the net fires when time left < 10 h + 2 changeovers: at 9.8 h with 0.1 h, at 9.0 h with 0.5 h
+    assert paid.finish_h[0] == pytest.approx(9.8 + 0.1 + 10, abs=1 / 6)
+    assert counted.finish_h[0] == pytest.approx(9.0 + 0.1 + 10, abs=1 / 6)
+    assert counted.od_h[0] == pytest.approx(paid.od_h[0])  # the restart paid is the same
+
+
 def test_a_preemption_loses_the_work_since_the_last_checkpoint():
     available = np.ones((1, 1, 200), dtype=bool)
     available[0, 0, 10] = False  # preempted after 1 h 40 min, back 10 minutes later

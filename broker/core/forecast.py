@@ -26,6 +26,7 @@ from broker.models.futures import HEDGING, Setting, simulate
 from broker.models.placement import transfer_usd
 from broker.models.risk import (
     as_fast,
+    changeover_hours,
     checkpoint_hours,
     exclusive_hours,
     fits,
@@ -256,6 +257,7 @@ def forecast(
         spot_prices=tuple(o.price_usd_per_h for o in zones),
         od_price=od_offer.price_usd_per_h,
         restart_h=restart_hours(spec),
+        changeover_h=changeover_hours(spec),  # as the live guard counts it (uniform_progress.progress_of)
         checkpoint_h=checkpoint_hours(spec),
         interval_h=young_interval_h(checkpoint_hours(spec), played.hazard_per_h, work_h),  # as the agents run it
         window_h=window,
@@ -270,7 +272,7 @@ def forecast(
         if setting.rule == "cost-to-go":  # the table's work is in spot ticks; on-demand does od_speed of them a tick
             od_speed = work_h / exclusive_hours(spec, od_offer)
             loss_h = lost_per_preemption_h(setting.interval_h)
-            hedge = hedges.planned(zones, ticks, setting.od_price, setting.restart_h, od_speed, loss_h)
+            hedge = hedges.planned(zones, ticks, setting.od_price, setting.counted_h, od_speed, loss_h)
     out = simulate(setting, available, tick_h, hedge, launchable=free)
     cost = out.cost_usd + transfer_usd(spec, chosen)  # its input moved to where it starts
     forecast = _summary(spec, now, cost, out.finish_h, out.spot_h, out.od_h, setting.rule, zones, zone_models)

@@ -59,6 +59,14 @@ class Setting:
     net_changeovers: int = 2  # the safety net keeps this many changeovers (Can't Be Late's 2d; cost-to-go keeps 1)
     # per zone, its exclusive hours over work_h's (a bubble or a slower GPU: more than 1); empty: all 1
     zone_pace: tuple[float, ...] = ()
+    # what the rule counts a changeover as in its margins: the live guard's (uniform_progress.progress_of: the
+    # restart and the instance's start-up), which the futures do not pay as dead time; None: restart_h
+    changeover_h: float | None = None
+
+    @property
+    def counted_h(self) -> float:
+        """A changeover as the rule counts it (changeover_h, else the restart paid)."""
+        return self.restart_h if self.changeover_h is None else self.changeover_h
 
 
 @dataclass(frozen=True)
@@ -181,11 +189,11 @@ def simulate(
         done = np.where(lost, saved, done)  # preempted: back to the last checkpoint
         state = np.where(lost, WAIT, state)
         if guard:
-            margin = s.net_changeovers * s.restart_h
+            margin = s.net_changeovers * s.counted_h
             net = (state != DONE) & (s.window_h - now < (1 - done) * s.od_work_h + margin - TIE_H)
             late = np.zeros(n, dtype=bool)
             if s.cheapest_if_late:  # lost even on on-demand: runs cheapest below, not on on-demand to the end
-                changeover = np.where(state == OD, 0.0, s.restart_h)
+                changeover = np.where(state == OD, 0.0, s.counted_h)
                 late = net & (s.window_h - now < (1 - done) * s.od_work_h + changeover - TIE_H)
                 net &= ~late
             # on-demand to the end: a running job is checkpointed first, a waiting one resumes from its checkpoint
@@ -263,13 +271,13 @@ def _rule_moves(s: Setting, hedge: Hedge | None, now, done, state, any_up, marke
     nothing = np.zeros_like(idle)
 
     if s.rule == "uniform":
-        return idle & _behind(s, now, done), (state == OD) & ~_behind(s, now + 2 * s.restart_h, done)
+        return idle & _behind(s, now, done), (state == OD) & ~_behind(s, now + 2 * s.counted_h, done)
     if s.rule != "hedge":
         return nothing, nothing
     slack = _slack(s, now, done)
-    longest_wait = hedge.longest_wait(slack, (1 - done) * s.work_h, s.restart_h, _zone_up(hedge, zone))
-    worth = hedge.spot_worth(s.od_price, prices[zone], s.restart_h)
-    back = (state == OD) & any_up & worth & (slack >= s.restart_h)
+    longest_wait = hedge.longest_wait(slack, (1 - done) * s.work_h, s.counted_h, _zone_up(hedge, zone))
+    worth = hedge.spot_worth(s.od_price, prices[zone], s.counted_h)
+    back = (state == OD) & any_up & worth & (slack >= s.counted_h)
     queued = idle & market_up  # other jobs hold the capacity: Uniform Progress's move (planning/hedge.py)
     return (queued & _behind(s, now, done)) | (idle & ~market_up & (down_age > longest_wait)), back
 
@@ -280,7 +288,7 @@ def _cheapest_moves(s: Setting, hedge: Hedge | None, late, state, any_up, zone, 
     to_od = np.where(late, (state == WAIT) & ~any_up, to_od)
     back = (state == OD) & any_up
     if s.rule in HEDGING:
-        back &= hedge.spot_worth(s.od_price, prices[zone], s.restart_h)
+        back &= hedge.spot_worth(s.od_price, prices[zone], s.counted_h)
     return to_od, np.where(late, back if s.rule != "greedy" else False, leave_od)
 
 
@@ -309,13 +317,13 @@ def _cheaper_zone(s: Setting, hedge: Hedge, now, done, state, up, zone, prices) 
     """Runs on spot that should move to the cheapest zone with capacity (Hedge.zone_move_worth)."""
     best = np.argmax(up, axis=0)
     left_h, slack = (1 - done) * s.work_h, _slack(s, now, done)
-    worth = hedge.zone_move_worth(prices[zone], prices[best], _zone_up(hedge, best), left_h, slack, s.restart_h)
+    worth = hedge.zone_move_worth(prices[zone], prices[best], _zone_up(hedge, best), left_h, slack, s.counted_h)
     return (state == SPOT) & up.any(axis=0) & worth
 
 
 def _slack(s: Setting, now: float, done: np.ndarray) -> np.ndarray:
     """Hours the job can still lose beyond on-demand work and the safety net's 2d."""
-    return s.window_h - now - (1 - done) * s.od_work_h - 2 * s.restart_h
+    return s.window_h - now - (1 - done) * s.od_work_h - 2 * s.counted_h
 
 
 def _zone_up(hedge: Hedge, zone: np.ndarray):

@@ -115,6 +115,11 @@ def restart_hours(spec: JobSpec) -> float:
     return RESTART_OVERHEAD_H + spec.checkpoint.restore_minutes / 60
 
 
+def changeover_hours(spec: JobSpec) -> float:
+    """A changeover as the deadline guard counts it in its margins: the restart and the instance's start-up."""
+    return restart_hours(spec) + STARTUP_H
+
+
 def window_hours(spec: JobSpec, now: datetime) -> float:
     """Hours from now to the job's deadline (infinite without one)."""
     return math.inf if spec.deadline is None else (spec.deadline - now).total_seconds() / 3600

@@ -21,7 +21,7 @@ from datetime import datetime
 from enum import Enum
 
 from broker.domain.model import IfLate, Offer, Plan, Tier, Unplaced
-from broker.models.risk import STARTUP_H, evaluate, exclusive_hours, fit_key, fits, restart_hours, window_hours
+from broker.models.risk import changeover_hours, evaluate, exclusive_hours, fit_key, fits, window_hours
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
 from broker.planning.option_table import PlanItem
@@ -86,7 +86,7 @@ def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now:
         done_h=on_demand_h * (1 - item.remaining),
         elapsed_h=(now - submitted_at).total_seconds() / 3600,
         window_h=window,
-        changeover_h=restart_hours(item.spec) + STARTUP_H,
+        changeover_h=changeover_hours(item.spec),
         cheapest_if_late=item.spec.if_late == IfLate.cheapest,
     )
 
