@@ -9,7 +9,8 @@ from the market model for a quote or cut from the traces for a backtest, the way
   and the work since its last checkpoint is lost (none with `keeps_progress`: a checkpoint on the notice,
   Can't Be Late's assumption);
 - every start, on spot or on-demand, pays the changeover d before progress;
-- the safety net of Can't Be Late (time left < on-demand work left + 2d): on-demand to the end; with
+- the safety net of Can't Be Late (time left < on-demand work left + 2d, d a changeover as the live guard counts
+  it: `Setting.changeover_h`): on-demand to the end; with
   `cheapest_if_late` (the spec's `if_late: cheapest`) a lost deadline (even on-demand from now misses it) runs
   cheapest instead: spot whenever a zone has a slot, on-demand while none has, left for spot as the rule leaves it;
   at the horizon (the deadline) the rest is priced on on-demand;
