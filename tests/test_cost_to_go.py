@@ -103,7 +103,7 @@ def test_its_moves_meet_every_deadline_in_its_own_market_for_less_than_uniform_p
     rng = np.random.default_rng(7)
     up = rng.geometric(1 / 30, 400)
     down = rng.geometric(1 / 15, 400)
-    hedge = Hedge.from_spells(up, down, TICK_H, 300).planned(300, spot_usd=1.0, od_usd=3.0, restart_h=0.2)
+    hedge = Hedge.from_spells(up, down, TICK_H, 300).planned(300, spot_usd=1.0, od_usd=3.0, changeover_h=0.2)
     available = market(rng, 300, 300, 30, 15)[None]
 
     def run(rule: str):  # 20 h of work due in 30 h, spot $1/h, on-demand $3/h, d = 0.2 h

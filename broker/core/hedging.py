@@ -76,7 +76,7 @@ class MarketHedge:
         offers: list[Offer],
         ticks: int,
         od_usd: float,
-        restart_h: float,
+        changeover_h: float,
         od_speed: float = 1.0,
         loss_h: float = 0.0,
     ) -> Hedge:
@@ -90,9 +90,9 @@ class MarketHedge:
         # the model is learned again every tick; a table is solved again only when its chain moved by a point or more
         chain = np.round(view.chain.ends, 2).tobytes()
         prices = (round(spot_usd, 4), round(od_usd, 4))
-        key = (chain, view.zones, ticks, prices, round(restart_h, 3), round(od_speed, 3), round(loss_h, 3))
+        key = (chain, view.zones, ticks, prices, round(changeover_h, 3), round(od_speed, 3), round(loss_h, 3))
         if key not in self._plans:
             if len(self._plans) >= PLANS_KEPT:
                 del self._plans[next(iter(self._plans))]  # the oldest
-            self._plans[key] = view.planned(ticks, spot_usd, od_usd, restart_h, od_speed, loss_h)
+            self._plans[key] = view.planned(ticks, spot_usd, od_usd, changeover_h, od_speed, loss_h)
         return replace(self._plans[key], idle_h=view.idle_h, mean_up_h=view.mean_up_h, zone_up_h=view.zone_up_h)

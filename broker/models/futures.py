@@ -98,25 +98,25 @@ class Hedge:
         """The mean up-spell of this zone (offer id), or of the market as a whole when it is not known."""
         return self.zone_up_h[self.zones.index(zone)] if zone in self.zones else self.mean_up_h
 
-    def longest_wait(self, slack_h, spot_left_h, restart_h: float, zone_up_h):
+    def longest_wait(self, slack_h, spot_left_h, changeover_h: float, zone_up_h):
         """a*, in ticks (-1: no wait is affordable): the longest wait per no-capacity spell that the slack pays
         for every spell and preemption still to come (scalars or arrays over futures)."""
-        spells_left = np.maximum(1.0, spot_left_h / max(self.mean_up_h - restart_h, 1e-6))
-        preemptions = np.maximum(1.0, spot_left_h / np.maximum(zone_up_h - restart_h, 1e-6))
-        per_spell = (slack_h - preemptions * restart_h) / spells_left
+        spells_left = np.maximum(1.0, spot_left_h / max(self.mean_up_h - changeover_h, 1e-6))
+        preemptions = np.maximum(1.0, spot_left_h / np.maximum(zone_up_h - changeover_h, 1e-6))
+        per_spell = (slack_h - preemptions * changeover_h) / spells_left
         return np.searchsorted(self.idle_h, per_spell, side="right") - 1
 
-    def zone_move_worth(self, price_now, price_there, up_there_h, spot_left_h, slack_h, restart_h: float):
+    def zone_move_worth(self, price_now, price_there, up_there_h, spot_left_h, slack_h, changeover_h: float):
         """Whether a run on spot moves to a cheaper zone: it is cheaper by more, over that zone's mean up-spell (at
         most the work left), than the changeover there costs, and the slack pays this changeover and still one
         for each preemption to come there (scalars or arrays over futures)."""
         gain = (price_now - price_there) * np.minimum(up_there_h, spot_left_h)
-        restarts = np.maximum(1.0, spot_left_h / np.maximum(up_there_h - restart_h, 1e-6)) * restart_h
-        return (gain > restart_h * price_there) & (slack_h >= restarts + restart_h)
+        restarts = np.maximum(1.0, spot_left_h / np.maximum(up_there_h - changeover_h, 1e-6)) * changeover_h
+        return (gain > changeover_h * price_there) & (slack_h >= restarts + changeover_h)
 
-    def spot_worth(self, od_price: float, spot_price, restart_h: float):
+    def spot_worth(self, od_price: float, spot_price, changeover_h: float):
         """Whether a mean up-spell on spot saves more than the two changeovers (there and back) cost."""
-        return self.mean_up_h * (od_price - spot_price) > restart_h * (od_price + spot_price)
+        return self.mean_up_h * (od_price - spot_price) > changeover_h * (od_price + spot_price)
 
     @classmethod
     def from_spells(
@@ -138,11 +138,17 @@ class Hedge:
         return cls(idle * tick_h, mean_up, tuple(zone_up_h), tick_h, tuple(zones), chain)
 
     def planned(
-        self, ticks: int, spot_usd: float, od_usd: float, restart_h: float, od_speed: float = 1.0, loss_h: float = 0.0
+        self,
+        ticks: int,
+        spot_usd: float,
+        od_usd: float,
+        changeover_h: float,
+        od_speed: float = 1.0,
+        loss_h: float = 0.0,
     ) -> Hedge:
         """This view with the cost-to-go moves for up to `ticks` ticks left (models/cost_to_go.py); a preemption
-        loses `loss_h` hours of spot work."""
-        restart = math.ceil(restart_h / self.tick_h - 1e-9)  # a part tick is a tick
+        loses `loss_h` hours of spot work; a start pays `changeover_h` (as the rule counts it)."""
+        restart = math.ceil(changeover_h / self.tick_h - 1e-9)  # a part tick is a tick
         plan = CostToGo.solve(self.chain, ticks, spot_usd, od_usd, self.tick_h, restart, od_speed, loss_h / self.tick_h)
         return replace(self, plan=plan)
 
