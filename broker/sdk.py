@@ -1,18 +1,22 @@
-"""What a job imports to be preemptible: restore(), save(state), progress(done, total), should_stop().
+"""What a job imports to be preemptible: restore(), save(state), progress(done, total), should_save(),
+should_stop().
 
 The agent starts a job with:
-    BROKER_JOB_ID          the job's id
-    BROKER_CHECKPOINT_DIR  where this job's checkpoints go (a path or fsspec URL)
-    BROKER_RESUME_FROM     the verified checkpoint to resume from ("" on a fresh start)
-    BROKER_EVENTS_FILE     where progress and checkpoint events are appended (JSON lines)
+    BROKER_JOB_ID              the job's id
+    BROKER_CHECKPOINT_DIR      where this job's checkpoints go (a path or fsspec URL)
+    BROKER_RESUME_FROM         the verified checkpoint to resume from ("" on a fresh start)
+    BROKER_EVENTS_FILE         where progress and checkpoint events are appended (JSON lines)
+    BROKER_CHECKPOINT_REQUEST  a file the agent creates when the broker wants a checkpoint now
 SIGTERM means "checkpoint now and exit": should_stop() turns True, the job saves and
-returns; the agent kills it after a grace period otherwise. A job written like this
+returns; the agent kills it after a grace period otherwise. The request file means "checkpoint
+now and run on": near its deadline a preemption would lose work the job can no longer spare.
+should_save() is True for either. A job written like this
 
     state = sdk.restore() or fresh_state()
     for step in range(state["step"], total):
         ...train one step...
         sdk.progress(step + 1, total)
-        if sdk.should_stop() or (step + 1) % 100 == 0:
+        if sdk.should_save() or (step + 1) % 100 == 0:
             sdk.save(state_at(step + 1), step=step + 1)
             if sdk.should_stop():
                 break
@@ -79,6 +83,12 @@ def should_stop() -> bool:
     return _Stop.requested
 
 
+def should_save() -> bool:
+    """True when the agent asked for a checkpoint: before a stop (SIGTERM), or now, to run on (the request file)."""
+    request = os.environ.get("BROKER_CHECKPOINT_REQUEST")
+    return _Stop.requested or bool(request and os.path.exists(request))
+
+
 def progress(done: float, total: float) -> None:
     """Report progress; the broker uses it for deadline tracking and work-lost accounting."""
     _emit({"type": "progress", "done": done, "total": total})
@@ -90,6 +100,9 @@ def save(state: Any, step: int) -> Manifest | None:
     None when the save failed (a full disk, an unreachable store): the failure is reported with its
     reason, the previous checkpoint stays the one to resume from, and the job may go on."""
     store, job = _store()
+    request = os.environ.get("BROKER_CHECKPOINT_REQUEST")
+    if request:  # this save answers it (a request made while it is written stays for the next)
+        Path(request).unlink(missing_ok=True)
     began = time.monotonic()
     try:
         with tempfile.TemporaryDirectory(prefix="broker-ckpt-") as tmp:

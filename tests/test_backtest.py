@@ -337,6 +337,53 @@ def test_simulated_agents_learn_of_a_guard_move_from_their_view_and_hand_the_job
     fleet.close()
 
 
+def test_a_simulated_agent_asked_for_a_checkpoint_writes_one_pays_it_and_runs_on(market, redis_url):
+    """The request the guard writes near the net (tests/test_dispatch.py has the guard's side): the simulated agent
+    checkpoints once per request, pays the write before progress goes on, and keeps the job; the report settles it."""
+    from datetime import timedelta
+
+    from broker import planning
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.core.broker import Broker
+    from broker.core.clock import SimulatedClock
+    from broker.core.server import BrokerServer
+    from broker.models.risk import checkpoint_hours
+    from broker.sim.fleet import SimFleet
+    from broker.sim.market import OfferBook
+    from broker.store.jobs import Store
+
+    store, clock = Store(redis_url, prefix="fleet-ckpt:"), SimulatedClock(market.start)
+    policy = planning.get("cbl-greedy")
+    checkpoints = CheckpointStore("memory://fleet-ckpt")
+    server = BrokerServer(store, policy, clock, checkpoints, consumer="test")
+    fleet = SimFleet(store, checkpoints, market, bubbles=False)
+    [arrival] = ml_mix(0, 1, 3.06, arrival_h=0)
+    spec = arrival.spec.model_copy(update={"deadline": clock.now() + timedelta(hours=arrival.window_h)})
+    Broker(store, OfferBook(market.offers(False)), policy, clock).submit(spec, job_id="j")
+    fleet.provision(0, clock.now(), store.pending_count())
+    fleet.take(server.step(), clock.now())
+    [(agent, run)] = fleet.runs.items()
+    fleet.advance(clock.now(), 0.5)
+    clock.advance(hours=0.5)
+    server.step()
+    done, dead_h = run.done, run.dead_h
+
+    def ask(job):
+        latest = job.current_run.model_copy(update={"checkpoint_requested_at": clock.now()})
+        return job.model_copy(update={"runs": [*job.runs[:-1], latest]})
+
+    store.update_job("j", ask)
+    assert fleet.obey(clock.now()) == 0 and fleet.runs[agent] is run  # it runs on
+    assert run.since_checkpoint_h == 0 and run.dead_h == pytest.approx(dead_h + checkpoint_hours(run.spec))
+    assert fleet.obey(clock.now()) == 0 and run.dead_h == pytest.approx(dead_h + checkpoint_hours(run.spec))  # once
+    server.step()
+    current = store.get_job("j").current_run
+    assert current.checkpoint_step == int(done) > 0 and current.checkpoint_requested_at is None
+    fleet.advance(clock.now(), checkpoint_hours(run.spec) / 2)
+    assert run.done == done  # the write is paid before progress goes on
+    fleet.close()
+
+
 def test_jobs_run_at_their_true_speed_which_the_quote_does_not_know(market, redis_server):
     arrivals = workload(0, jobs=3, speed_sigma=0.3)
     assert len({round(a.true_speed, 3) for a in arrivals}) == 3

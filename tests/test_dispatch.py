@@ -19,8 +19,11 @@ from broker.app.cli.main import app
 from broker.app.demo import pick_agents
 from broker.core.broker import Broker
 from broker.core.clock import ManualClock, SystemClock
+from broker.core.guard import DeadlineGuard
 from broker.core.server import BrokerServer
 from broker.domain.model import IfLate, JobState, Tier
+from broker.planning.option_table import PlanItem, work_unsaved
+from broker.planning.uniform_progress import progress_of
 from broker.store.jobs import Store
 from conftest import Switch, assert_same_weights, make_spec, train_spec
 
@@ -125,6 +128,41 @@ def test_the_deadline_guard_moves_a_job_falling_behind_from_spot_to_on_demand(sy
     assert done.runs[1].resume_from == done.runs[0].checkpoint_url is not None  # checkpointed on the way out
     assert done.pinned_tier == Tier.on_demand and done.migrations == 1
     assert_same_weights(torch.load(tmp_path / "final.pt"), uninterrupted)
+
+
+def test_near_its_net_the_guard_asks_a_spot_job_for_a_checkpoint_and_it_runs_on(system, tmp_path):
+    """A job on spot with no checkpoint since it started: far from the safety net the guard leaves it be; where a
+    preemption would put it past the net, it asks for a checkpoint. The agent passes the request to the job (a file
+    the SDK reads), the job saves at its next step and runs on, and the checkpoint's report settles the request:
+    one save, on the same run, which then finishes."""
+    system.agent("spot-a")
+    system.agent("ondemand-a")
+    spec = train_spec(STEPS="600", CKPT_EVERY="100000", STEP_SLEEP_S="0.03", OUTPUT=str(tmp_path / "final.pt"))
+    spec = spec.model_copy(
+        update={"deadline": system.server.clock.now() + timedelta(hours=2), "if_late": IfLate.soonest}
+    )
+    job = system.broker.submit(spec)
+    system.drive(lambda: progressed(system, job.id, 60))
+    current = system.job(job.id)
+    item = PlanItem.from_job(current)
+    progress = progress_of(item, item.on_demand_h, current.submitted_at, current.submitted_at)
+    unsaved_h = work_unsaved(current) * progress.total_h
+    # when the time left is the work left and 2 changeovers, were the job to make no more progress
+    net_h = progress.window_h - (progress.total_h - progress.done_h) - 2 * progress.changeover_h
+    net_at = current.submitted_at + timedelta(hours=net_h)
+    guard = DeadlineGuard(system.store, system.server.policy, system.server.consumer)
+    assert guard.moves(net_at - timedelta(hours=unsaved_h + 0.2), []) == []
+    assert system.job(job.id).current_run.checkpoint_requested_at is None  # the slack covers a preemption
+    assert guard.moves(net_at - timedelta(hours=unsaved_h / 2), []) == []  # not moved: asked for a checkpoint
+    asked = system.job(job.id)
+    assert asked.current_run.checkpoint_requested_at is not None and not asked.move_requested
+    system.drive(lambda: system.job(job.id).current_run.checkpoint_step is not None)
+    saved = system.job(job.id).current_run
+    assert saved.checkpoint_step >= 60 and saved.checkpoint_requested_at is None and saved.agent == "spot-a"
+    system.drive(lambda: system.job(job.id).state == JobState.done)
+    done = system.job(job.id)
+    assert [(r.agent, r.end_reason) for r in done.runs] == [("spot-a", "finished")]
+    assert len(system.reports("checkpoint")) == 1  # one request, one save: the agent passed it on once
 
 
 def test_an_agent_killed_mid_job_loses_its_lease_and_the_job_resumes_elsewhere(system, tmp_path, uninterrupted):

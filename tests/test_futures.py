@@ -55,6 +55,21 @@ def test_a_preemption_loses_the_work_since_the_last_checkpoint():
     assert never.finish_h[0] == pytest.approx(11 / 6 + 0.1 + 10, abs=1e-6)  # all 1.5 h of progress lost
 
 
+def test_near_the_net_a_run_checkpoints_so_that_a_preemption_does_not_cost_the_deadline():
+    """10 h of work, 11.5 h to go, a checkpoint every 5 h of progress, and spot gone for good at 8.33 h. With the
+    periodic checkpoint alone the preemption falls back to 5 h of work: on-demand from then finishes at 13.4 h. Near the
+    net the run checkpoints whenever a preemption would cross it (planning/uniform_progress.checkpoint_due), so
+    on-demand from its newest checkpoint still makes the deadline; each write is paid."""
+    available = np.ones((1, 1, 120), dtype=bool)
+    available[0, 0, 50:] = False
+    free = simulate(_setting(window_h=11.5, interval_h=5.0, changeover_h=0.3), available, 1 / 6)
+    paid = simulate(_setting(window_h=11.5, interval_h=5.0, changeover_h=0.3, checkpoint_h=0.01), available, 1 / 6)
+    for out in (free, paid):
+        assert out.finish_h[0] <= 11.5 and out.spot_h[0] == pytest.approx(50 / 6)
+    assert 0.1 + 10 - 50 / 6 < free.od_h[0] < 0.1 + 10 - 50 / 6 + 1.0  # less than the net's margin of work was lost
+    assert paid.cost_usd[0] > free.cost_usd[0]
+
+
 def test_the_next_zone_takes_the_job_when_the_cheapest_has_no_capacity():
     available = np.zeros((2, 1, 200), dtype=bool)
     available[1] = True

@@ -42,6 +42,21 @@ def test_preempted_job_resumes_with_identical_weights(tmp_path, uninterrupted):
     assert_same_weights(torch.load(out), uninterrupted)
 
 
+def test_a_checkpoint_request_is_saved_at_the_next_step_and_the_job_runs_on(tmp_path, uninterrupted):
+    out = tmp_path / "final.pt"
+    spec = train_spec(OUTPUT=str(out), STEP_SLEEP_S="0.03", CKPT_EVERY="1000")
+    job = JobProcess(spec, "train", f"{tmp_path}/ckpt/train", tmp_path / "run")
+    job.start()
+    asked_at = wait_for(job, lambda e: e["type"] == "progress" and e["done"] >= 13)["done"]
+    job.request_checkpoint()
+    saved = wait_for(job, lambda e: e["type"] == "checkpoint")["step"]
+    assert asked_at < saved < asked_at + 10 and not job.checkpoint_request.exists()  # the save answered it
+    assert job.wait(timeout=60) == 0 and [m.step for m in CheckpointStore(tmp_path / "ckpt").manifests("train")] == [
+        saved
+    ]  # one save: the request, not a periodic one, and the job went on to the end
+    assert_same_weights(torch.load(out), uninterrupted)
+
+
 def test_killed_job_resumes_from_its_last_checkpoint_losing_at_most_one_interval(tmp_path, uninterrupted):
     out = tmp_path / "final.pt"
     spec = train_spec(OUTPUT=str(out), STEP_SLEEP_S="0.03")
@@ -126,7 +141,10 @@ def test_the_agents_own_broker_settings_never_reach_the_job(tmp_path, monkeypatc
     job = JobProcess(make_spec(run=[sys.executable, "-c", code]), "j", "/tmp/c/j", tmp_path)
     job.start()
     job.wait(timeout=30)
-    assert job.log_tail() == ["['BROKER_CHECKPOINT_DIR', 'BROKER_EVENTS_FILE', 'BROKER_JOB_ID', 'BROKER_RESUME_FROM']"]
+    assert job.log_tail() == [
+        "['BROKER_CHECKPOINT_DIR', 'BROKER_CHECKPOINT_REQUEST', 'BROKER_EVENTS_FILE', 'BROKER_JOB_ID', "
+        "'BROKER_RESUME_FROM']"
+    ]
 
 
 def test_a_workdir_under_home_is_this_machines_home(tmp_path, monkeypatch):

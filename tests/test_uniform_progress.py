@@ -11,7 +11,7 @@ from broker.domain.model import Offer, Tier
 from broker.models import futures
 from broker.models.futures import Setting
 from broker.planning.option_table import PlanItem
-from broker.planning.uniform_progress import Move, Progress, UniformProgress, decide
+from broker.planning.uniform_progress import Move, Progress, UniformProgress, checkpoint_due, decide
 from conftest import NOW, make_spec
 
 D = 0.2  # changeover delay (hours), as in the paper's evaluation
@@ -49,6 +49,17 @@ def test_on_demand_is_left_only_once_ahead_of_the_expected_progress_two_changeov
     assert decide(at(done_h=16.1, elapsed_h=24), on=Tier.on_demand, spot_available=True) == Move.on_demand
     assert decide(at(done_h=ep_later + 0.01, elapsed_h=24), on=Tier.on_demand, spot_available=True) == Move.spot
     assert decide(at(done_h=ep_later + 0.01, elapsed_h=24), on=Tier.on_demand, spot_available=False) == Move.wait
+
+
+def test_a_run_near_the_net_checkpoints_when_a_preemption_would_put_it_past_the_net():
+    # 18 h of work left, 18.6 h to go: 0.2 h beyond the net's 18 + 2d
+    near = at(done_h=30, elapsed_h=53.4)
+    assert not checkpoint_due(near, unsaved_h=0.15, checkpoint_h=0.01)  # the slack covers what a preemption loses
+    assert checkpoint_due(near, unsaved_h=0.25, checkpoint_h=0.01)  # it does not: checkpoint now
+    assert checkpoint_due(near, unsaved_h=0.15, checkpoint_h=0.01, lead_h=0.1)  # ... by the time the guard looks again
+    assert not checkpoint_due(near, unsaved_h=0.25, checkpoint_h=0.3)  # the write costs more than the work it keeps
+    assert not checkpoint_due(at(done_h=30, elapsed_h=53.7), unsaved_h=5.0, checkpoint_h=0.01)  # past: the net's
+    assert not checkpoint_due(at(done_h=30, elapsed_h=40), unsaved_h=5.0, checkpoint_h=0.01)  # far: Young's interval
 
 
 def test_a_lost_deadline_run_cheapest_takes_spot_whenever_there_is_some_and_is_never_idle():

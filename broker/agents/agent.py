@@ -110,9 +110,13 @@ class Agent:
         return None
 
     def _check_ownership(self) -> None:
-        """Stop the job when it moved on (fence, cancel), or checkpoint and hand it back when the broker asks."""
+        """Stop the job when it moved on (fence, cancel), or checkpoint and hand it back when the broker asks; ask
+        the job for a checkpoint when the broker does (the job saves at its next step, `sdk.should_save`)."""
         verdict = self.contract.verdict(self.job.job_id, self.fence)
-        if verdict != Verdict.run:
+        if verdict == Verdict.checkpoint:
+            self.job.request_checkpoint()
+            log.info("agent=%s job=%s checkpoint requested", self.id, self.job.job_id)
+        elif verdict != Verdict.run:
             self._end_job(verdict.value)
 
     def _take_assignment(self, block_ms: int) -> None:

@@ -4,9 +4,10 @@ instance, a training stage's fill agent, and the backtest's simulated fleet.
 An agent registers the capacity it stands for and keeps a lease. It takes assignments from its own
 stream and acknowledges one only after the job started, so a crash before that redelivers it. It starts
 an assignment only while the broker's view of the job says the fence is the newest and the job is its
-own; it stops a job when the view moves on (a newer fence, a cancel) and checkpoints and hands it back
-when the view asks for a move. It reports with its own key. It reads nothing of jobs but its
-assignments and those views, so its Redis user can be limited to them (broker/store/acl.py).
+own; it stops a job when the view moves on (a newer fence, a cancel), checkpoints and hands it back
+when the view asks for a move, and checkpoints and runs on when the view asks for a checkpoint. It
+reports with its own key. It reads nothing of jobs but its assignments and those views, so its Redis
+user can be limited to them (broker/store/acl.py).
 """
 
 from __future__ import annotations
@@ -45,13 +46,16 @@ class Verdict(StrEnum):
     run = "run"  # carry on
     fenced = "fenced"  # stop it: the job moved on (a newer dispatch) or was cancelled
     moved = "moved"  # checkpoint it and hand it back: the deadline guard moves it
+    checkpoint = "checkpoint"  # checkpoint it now and carry on: a preemption would lose work its deadline needs
 
 
 def judge(view: dict | None, fence: int) -> Verdict:
     """The verdict of one view (Store.ownership) on the run with `fence`."""
     if view is None or view["fence"] != fence or not view["mine"] or view["terminal"]:
         return Verdict.fenced
-    return Verdict.moved if view["move"] else Verdict.run
+    if view["move"]:
+        return Verdict.moved
+    return Verdict.checkpoint if view.get("checkpoint") else Verdict.run
 
 
 class Contract:
@@ -60,6 +64,7 @@ class Contract:
     def __init__(self, store: Store, agent_id: str):
         self.store, self.id = store, agent_id
         self._started: set[tuple[str, int]] = set()  # (job, fence) this agent started: never twice
+        self._asked: dict[str, tuple[int, str]] = {}  # job -> (fence, request) of the checkpoint last acted on
 
     def register(
         self,
@@ -142,7 +147,18 @@ class Contract:
 
     def verdict(self, job: str, fence: int) -> Verdict:
         """What the broker's view says of the job this agent runs with `fence`."""
-        return judge(self.store.ownership(self.id, job), fence)
+        return self.verdict_of(self.store.ownership(self.id, job), job, fence)
+
+    def verdict_of(self, view: dict | None, job: str, fence: int) -> Verdict:
+        """The verdict of a view read already (Store.ownerships, for many jobs at once). A checkpoint request is
+        the verdict once: until the checkpoint's report reaches the broker the view still holds it."""
+        verdict = judge(view, fence)
+        if verdict == Verdict.checkpoint:
+            request = (fence, view["checkpoint"])
+            if self._asked.get(job) == request:
+                return Verdict.run
+            self._asked[job] = request
+        return verdict
 
     def report(self, job: str, fence: int, kind: str, at: float | None = None, **data) -> None:
         """Tell the broker what happened; `at` (epoch seconds) for a simulated clock, else the broker's now."""
@@ -157,4 +173,5 @@ class Contract:
     def exited(
         self, job: str, fence: int, reason: str, code: int | None = None, log_tail=(), at: float | None = None
     ) -> None:
+        self._asked.pop(job, None)
         self.report(job, fence, "exited", at=at, reason=reason, code=code, log_tail=list(log_tail))

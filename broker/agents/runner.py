@@ -3,7 +3,9 @@
 The job runs in its own process group (so `torchrun` and its workers all get the signal),
 with its argv (bash only when the spec says `shell: true`), the spec's env and the
 BROKER_* variables of `broker.sdk`. Stopping sends SIGTERM ("checkpoint now and exit"),
-waits the grace period, then SIGKILLs the group.
+waits the grace period, then SIGKILLs the group. A checkpoint without a stop is asked for with a
+file (BROKER_CHECKPOINT_REQUEST), not a signal: a job that does not use the SDK ignores a file,
+where a signal it does not handle would kill it.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class JobProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.events_file = self.run_dir / "events.jsonl"
         self.log_file = self.run_dir / "output.log"
+        self.checkpoint_request = self.run_dir / "checkpoint-request"
         # The agent's Python environment is the job's default one (`python` in argv means it); the
         # agent's own BROKER_* settings (its Redis URL and password among them) never reach the job.
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
@@ -56,6 +59,7 @@ class JobProcess:
             "BROKER_CHECKPOINT_DIR": checkpoint_dir,
             "BROKER_RESUME_FROM": resume_from or "",
             "BROKER_EVENTS_FILE": str(self.events_file),
+            "BROKER_CHECKPOINT_REQUEST": str(self.checkpoint_request),
         }
         self.proc: subprocess.Popen | None = None
         self._events_offset = 0
@@ -105,6 +109,10 @@ class JobProcess:
         complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for next time
         self._events_offset += len(complete)
         return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+    def request_checkpoint(self) -> None:
+        """Ask the job to checkpoint at its next step and run on (sdk.should_save turns True; save() clears it)."""
+        self.checkpoint_request.touch()
 
     def stop(self, grace_s: float = DEFAULT_GRACE_S) -> int:
         """SIGTERM the job's process group, SIGKILL it after `grace_s`; returns the exit code."""

@@ -170,7 +170,10 @@ class FillAgent:
         elif now - self._owned >= OWNERSHIP_EVERY_S:
             self._owned = now
             verdict = self.contract.verdict(self.job.job, self.job.fence)
-            if verdict != Verdict.run:
+            if verdict == Verdict.checkpoint:
+                if not self.executor.trying:  # a trial's state is not kept: the next periodic save answers it
+                    self._checkpoint()
+            elif verdict != Verdict.run:
                 self._end(verdict.value, checkpoint=verdict == Verdict.moved)
 
     def _take_assignment(self) -> None:

@@ -2,7 +2,8 @@
 cheaper zone, as the quote's forecast (models/futures.py) plays that rule. A move is a request on the job (checkpoint,
 hand it back, pinned to a tier or not), written by the leading replica only; the agent learns of it from its view.
 A job whose deadline is lost and that runs cheapest goes back from on-demand only to spot that no pending job fits:
-it yields to the jobs that can still make theirs.
+it yields to the jobs that can still make theirs. A job on spot near the safety net that a preemption would put past
+it is asked for a checkpoint, and runs on (uniform_progress.checkpoint_due).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import logging
 from datetime import datetime
 
 from broker.domain.model import AgentInfo, Job, Offer, Tier
-from broker.models.risk import as_fast, fits
-from broker.planning.option_table import PlanItem
-from broker.planning.uniform_progress import Move, decide, progress_of
+from broker.models.risk import as_fast, checkpoint_hours, fits
+from broker.planning.option_table import PlanItem, work_unsaved
+from broker.planning.uniform_progress import Move, checkpoint_due, decide, progress_of
 from broker.store.jobs import Store
 
 log = logging.getLogger(__name__)
@@ -27,11 +28,12 @@ class DeadlineGuard:
         self.store, self.policy, self.leader = store, policy, leader
         self._wanted_ids: set[str] | None = None
 
-    def moves(self, now: datetime, idle: list[AgentInfo]) -> list[str]:
+    def moves(self, now: datetime, idle: list[AgentInfo], lead_h: float = 0.0) -> list[str]:
         """A spot or bubble job falling behind its deadline is asked to checkpoint and move to on-demand now; under
         a rule that leaves on-demand (Uniform Progress once far enough ahead, ep(t + 2d); hedge when spot is worth
-        its changeovers) a job on on-demand is asked back to spot when one of the `idle` agents fits it. Returns
-        the ids of the jobs it moved."""
+        its changeovers) a job on on-demand is asked back to spot when one of the `idle` agents fits it; a job on
+        spot that a preemption before the next pass (in `lead_h`) would put past the safety net is asked for a
+        checkpoint. Returns the ids of the jobs it moved."""
         moved = []  # the idle agents to go to: bubbles (free) first, then the cheapest spot
         spot_idle = sorted((a for a in idle if a.offer.tier != Tier.on_demand), key=lambda a: a.offer.price_usd_per_h)
         for job in self.store.active_jobs():
@@ -50,6 +52,7 @@ class DeadlineGuard:
             progress = progress_of(item, item.on_demand_h, job.submitted_at, now)
             decided = self._move(item, progress, run.offer, job.quote.chosen.offer, spot_idle, now)
             if decided is None:
+                self._ask_checkpoint(job, progress, now, lead_h)
                 continue
             pin, spot_agent, because = decided
             left_h, window_h = progress.total_h - progress.done_h, progress.window_h - progress.elapsed_h
@@ -68,6 +71,26 @@ class DeadlineGuard:
                 if spot_agent:
                     spot_idle.remove(spot_agent)  # one job per idle spot agent: the others would only wait
         return moved
+
+    def _ask_checkpoint(self, job: Job, progress, now: datetime, lead_h: float) -> None:
+        """Ask the agent of a job on spot or in a bubble for a checkpoint now, when a preemption would cost the job
+        its deadline's margin (one request at a time; the run's next checkpoint report settles it)."""
+        run = job.current_run
+        if run.offer.tier == Tier.on_demand or run.checkpoint_requested_at is not None:
+            return
+        unsaved_h = work_unsaved(job) * progress.total_h
+        if not checkpoint_due(progress, unsaved_h, checkpoint_hours(job.spec), lead_h):
+            return
+
+        def request(current: Job, fence=job.fence) -> Job | None:
+            latest = current.current_run
+            if current.fence != fence or latest is None or latest.checkpoint_requested_at is not None:
+                return None
+            latest = latest.model_copy(update={"checkpoint_requested_at": now})
+            return current.model_copy(update={"runs": [*current.runs[:-1], latest], "updated_at": now})
+
+        if self.store.update_job(job.id, request, leader=self.leader) is not None:
+            log.info("job=%s guard=checkpoint %.2f h of work unsaved", job.id, unsaved_h)
 
     def _move(self, item: PlanItem, progress, on: Offer, planned: Offer, spot_idle: list[AgentInfo], now: datetime):
         """(pinned tier, the idle spot agent it goes to, why) for a job the guard moves now, else None: off spot to

@@ -53,12 +53,13 @@ def checkpoint(job: Job, run: Run, data: dict, now: datetime, checkpoints: Check
     if not checkpoints.owns(url, job.id):
         raise ValueError(f"checkpoint url {url[:200]!r} is outside the job's directory in the store")
     run.checkpoint_url, run.checkpoint_step, run.checkpoint_at = url, int(data["step"]), now
-    run.checkpoint_error = None
+    run.checkpoint_error = run.checkpoint_requested_at = None
     return {}
 
 
 def checkpoint_failed(job: Job, run: Run, data: dict, now: datetime, checkpoints: CheckpointStore) -> dict | None:
     run.checkpoint_error = f"step {int(data['step'])}: {str(data['reason'])[:300]}"
+    run.checkpoint_requested_at = None  # settled: the guard asks again if the deadline still needs one
     return {}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime
 
 import redis
 
@@ -61,6 +62,7 @@ class BrokerServer:
         self.lease_s = lease_s
         self._last_reclaim = 0.0
         self._last_guard = 0.0
+        self._guarded_at: datetime | None = None  # the clock's time of the guard's last pass
         self.agent_secret = agent_secret  # when set, only agents with a valid registration token get work
         self.leader_lease_ms = int(leader_lease_s * 1000)
         self.token: int | None = None  # our fencing token while we hold the planning lease
@@ -284,8 +286,11 @@ class BrokerServer:
         if not getattr(self.policy, "deadline_guard", True) or not self.lead():
             return []  # baselines without deadlines (SkyPilot's), or a standby replica
         rule_moves = hasattr(self.policy, "leaves_on_demand")  # the rule may take jobs off on-demand or to a zone
+        now, before = self.clock.now(), self._guarded_at
+        self._guarded_at = now  # the time between passes: what a run does before the guard looks again
+        lead_h = (now - before).total_seconds() / 3600 if before else 0.0
         return DeadlineGuard(self.store, self.policy, self.consumer).moves(
-            self.clock.now(), self._idle_agents() if rule_moves else []
+            now, self._idle_agents() if rule_moves else [], lead_h
         )
 
     def _idle_agents(self) -> list[AgentInfo]:

@@ -233,6 +233,9 @@ class Run(BaseModel):
     checkpoint_step: int | None = None
     checkpoint_at: datetime | None = None
     checkpoint_error: str | None = None  # why the newest save failed (a full disk...); cleared by the next good one
+    # the deadline guard asked for a checkpoint now (a preemption would lose work the deadline can no longer spare);
+    # the run's next checkpoint report, or failed save, settles it
+    checkpoint_requested_at: datetime | None = None
     cost_usd: float = 0.0
     work_lost_s: float = 0.0
 

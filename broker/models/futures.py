@@ -13,6 +13,9 @@ from the market model for a quote or cut from the traces for a backtest, the way
   it: `Setting.changeover_h`): on-demand to the end; with
   `cheapest_if_late` (the spec's `if_late: cheapest`) a lost deadline (even on-demand from now misses it) runs
   cheapest instead: spot whenever a zone has a slot, on-demand while none has, left for spot as the rule leaves it;
+- near the net, a run on spot that a preemption would put past it (the work since its last checkpoint is more
+  than the slack left) checkpoints now, pays the write and runs on (planning/uniform_progress.checkpoint_due, the
+  live guard's request);
   at the horizon (the deadline) the rest is priced on on-demand;
 - what an idle job does, and when it leaves on-demand, is the rule's (each one a policy's):
   `greedy` waits for spot; `uniform` is Uniform Progress exactly as planning/uniform_progress.decide
@@ -210,6 +213,13 @@ def simulate(
             cost = np.where(net, cost + s.od_price * hours, cost)
             od_h = np.where(net, od_h + hours, od_h)
             state = np.where(net, DONE, state)
+            if not s.keeps_progress:  # near the net, a checkpoint now keeps a preemption from crossing it
+                unsaved_h = (done - saved) * s.od_work_h
+                margin_h = s.window_h - now - (1 - done) * s.od_work_h - margin
+                due = (state == SPOT) & (margin_h >= -TIE_H) & (margin_h < unsaved_h + tick_h - TIE_H)
+                due &= unsaved_h > s.checkpoint_h
+                saved = np.where(due, done, saved)
+                dead = np.where(due, dead + s.checkpoint_h, dead)
             if s.rule == "cost-to-go":
                 ages = np.where(any_up, up_age, down_age) - 1
                 moves = _planned_moves(s, hedge, now, tick_h, done, dead, state, any_up, up.any(axis=0), ages)

@@ -14,7 +14,7 @@ from datetime import datetime
 
 import numpy as np
 
-from broker.domain.model import Job, JobSpec, Offer, Tier, Unplaced
+from broker.domain.model import Job, JobSpec, Offer, Run, Tier, Unplaced
 from broker.models import placement, risk
 
 TIERS = list(Tier)
@@ -72,6 +72,23 @@ def work_left(job: Job) -> float:
     return 1.0
 
 
+def work_unsaved(job: Job) -> float:
+    """The share of the job's work its run under way did since its newest checkpoint (or since it resumed): what
+    a preemption now would lose. 0 without a run under way that reports progress."""
+    run = job.current_run
+    if run is None or not run.progress_total:
+        return 0.0
+    saved = run.checkpoint_step if run.checkpoint_step is not None else _resumed_at(job, run)
+    return min(1.0, max(0.0, (run.progress_done - saved) / run.progress_total))
+
+
+def _resumed_at(job: Job, run: Run) -> float:
+    """The step a run resumed from: its checkpoint's (written by an earlier run); 0 from the start."""
+    if run.resume_from is None:
+        return 0.0
+    return next((r.checkpoint_step or 0 for r in job.runs if r.checkpoint_url == run.resume_from), 0)
+
+
 MIN_MEASURED_H = 0.5  # productive hours a run needs before its rate says more than noise
 SPEED_BOUNDS = (0.25, 4.0)
 
@@ -92,9 +109,7 @@ def measured_speed(job: Job) -> float | None:
         run = job.runs[index]
         if not run.progress_total or run.started_at is None or run.last_progress_at is None:
             continue
-        start = 0.0
-        if run.resume_from is not None:
-            start = next((r.checkpoint_step or 0 for r in job.runs[:index] if r.checkpoint_url == run.resume_from), 0)
+        start = _resumed_at(job, run)
         wall_h = (run.last_progress_at - run.started_at).total_seconds() / 3600 - risk.restart_hours(job.spec)
         share = (run.progress_done - start) / run.progress_total
         if wall_h < MIN_MEASURED_H or share <= 0:

@@ -6,6 +6,7 @@ C(t) is the work left (hours on on-demand), R(t) the time left, d the changeover
 - Idle and behind (cp < ep): on-demand. Idle and ahead: wait for spot.
 - Spot available: take it, even when behind, and stay until preempted.
 - On on-demand: stay until cp(t) >= ep(t + 2d) (hysteresis), then back to spot when there is some.
+- On spot with less slack than the work since the newest checkpoint: checkpoint now (broker's, not the paper's).
 Bubbles count as spot here: cheap capacity that can vanish. Pure: state and time are passed in.
 
 Once a deadline is lost (even on-demand from now finishes after it), the paper's net keeps the job on on-demand to
@@ -76,6 +77,17 @@ def decide(p: Progress, on: Tier | None, spot_available: bool, uniform: bool = T
     if on in (Tier.spot, Tier.bubble) or spot_available:
         return Move.spot
     return Move.on_demand if uniform and p.done_h < p.expected_done_h(p.elapsed_h) - TIE_H else Move.wait
+
+
+def checkpoint_due(p: Progress, unsaved_h: float, checkpoint_h: float, lead_h: float = 0.0) -> bool:
+    """Whether a job on spot (or in a bubble) should checkpoint now and run on: it is in time, but a preemption
+    before the guard looks again (in `lead_h`), losing the `unsaved_h` hours of work (on on-demand) since its newest
+    checkpoint and what it does until then, would put it past the safety net, where on-demand no longer has the
+    changeovers' margin. Not when the write (`checkpoint_h`) takes longer than the work it keeps. The preemption at
+    the net's edge is rare: a checkpoint there costs less than on-demand for every job that comes near it
+    (bench/results/forecast.md)."""
+    margin_h = p.window_h - p.elapsed_h - (p.total_h - p.done_h) - 2 * p.changeover_h
+    return -TIE_H <= margin_h < unsaved_h + lead_h - TIE_H and unsaved_h > checkpoint_h
 
 
 def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now: datetime) -> Progress:

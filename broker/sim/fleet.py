@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from broker.agents.checkpoints import CheckpointStore
-from broker.agents.contract import Contract, Verdict, judge
+from broker.agents.contract import Contract, Verdict
 from broker.domain.model import JobSpec, Offer
 from broker.models.risk import checkpoint_hours, exclusive_hours, restart_hours, young_interval_h
 from broker.sim.market import Market
@@ -127,12 +127,17 @@ class SimFleet:
 
     def obey(self, now: datetime) -> int:
         """Act on the views of the running jobs, as live agents do between steps: hand back (checkpoint, end
-        `moved`) the jobs the deadline guard moves, stop those fenced; returns how many ended."""
+        `moved`) the jobs the deadline guard moves, stop those fenced, checkpoint those it asks to (the write's
+        time is paid before progress goes on); returns how many ended."""
         running = list(self.runs.items())
         views = self.store.ownerships([(agent, run.job) for agent, run in running])
         ended = 0
         for (agent, run), view in zip(running, views):
-            verdict = judge(view, run.fence)
+            verdict = self.contracts[agent].verdict_of(view, run.job, run.fence)
+            if verdict == Verdict.checkpoint:
+                self._checkpoint(agent, run, now)
+                run.since_checkpoint_h, run.dead_h = 0.0, run.dead_h + checkpoint_hours(run.spec)
+                continue
             if verdict == Verdict.moved:
                 self._checkpoint(agent, run, now)
             if verdict != Verdict.run:

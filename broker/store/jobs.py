@@ -15,8 +15,9 @@ ShardedStore, and a shard's prefix carries its hash tag, `broker:{3}:`, when the
                                  "leaving" once its instance is going away (no new work)
     {p}assign:{id}       STREAM  assignments to one agent: job, fence, run, resume_from, spec (JSON); group "agent"
     {p}own:{agent}:{job} STRING  what an agent may know of a job it was given (JSON: fence, mine, started,
-                                 move, terminal), rewritten with every change of the job; agents read nothing
-                                 else of jobs, so their ACL users need no access to job keys (broker/acl.py)
+                                 move, checkpoint (when asked for one), terminal), rewritten with every change
+                                 of the job; agents read nothing else of jobs, so their ACL users need no access
+                                 to job keys (broker/acl.py)
     {p}leader            STRING  the broker replica that plans now (PX expiry: the planning lease)
     {p}leader-token      STRING  fencing token, incremented each time the lease changes hands
     {p}agent-events      STREAM  what agents report: agent, job, fence, type, data (JSON), key (the agent's);
@@ -296,6 +297,7 @@ class Store(AgentChannels):
                 "mine": mine,
                 "started": mine and run.started_at is not None,
                 "move": job.move_requested,
+                "checkpoint": run.checkpoint_requested_at.isoformat() if mine and run.checkpoint_requested_at else None,
                 "terminal": job.state.terminal,
             }
             pipe.set(self._key("own", agent, job.id), json.dumps(view), ex=OWN_TTL_S)

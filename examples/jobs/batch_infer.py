@@ -27,7 +27,7 @@ while state["cursor"] < DOCS:
         state["scores"] += model(ids.repeat(1, 32)).squeeze(1).tolist()
     state["cursor"] = start + BATCH
     sdk.progress(state["cursor"], DOCS)
-    if sdk.should_stop() or state["cursor"] % (10 * BATCH) == 0:
+    if sdk.should_save() or state["cursor"] % (10 * BATCH) == 0:
         sdk.save(state, step=state["cursor"])
         if sdk.should_stop():
             raise SystemExit(0)

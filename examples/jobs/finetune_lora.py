@@ -83,7 +83,7 @@ for step in range(start, args.steps):
     if done % 50 == 0:
         print(f"step {done}/{args.steps} loss {loss.item():.4f}", flush=True)
     stop = sdk.should_stop()
-    if stop or done % args.ckpt_every == 0 or done == args.steps:
+    if sdk.should_save() or stop or done % args.ckpt_every == 0 or done == args.steps:
         trained = {k: v for k, v in model.state_dict().items() if k.endswith((".a", ".b"))}
         sdk.save({"adapters": trained, "optimizer": optimizer.state_dict(), "step": done}, step=done)
     if stop:

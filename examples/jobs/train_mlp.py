@@ -51,7 +51,7 @@ for step in range(start, STEPS):
     done = step + 1
     sdk.progress(done, STEPS)
     stop = sdk.should_stop()
-    if stop or done % CKPT_EVERY == 0:
+    if sdk.should_save() or stop or done % CKPT_EVERY == 0:
         sdk.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done}, step=done)
         print(f"step {done}/{STEPS} loss {loss.item():.4f} (checkpoint saved)", flush=True)
     if stop:
