@@ -20,7 +20,8 @@ Prints one JSON object: `jobs`, the quote figures pooled over every job of the f
 p90 (true quotes: 0.1, 0.5, 0.9), `median_quoted_spread_pct`: the median over quotes of their own futures' median
 |cost / p50 - 1|, the error a quote makes even when its model is right), and per policy (the default, hedge, also
 with bubbles) the same plus
-`savings_pct` (vs all on-demand in the same backtests), `deadline_misses`, `hours_late` (summed past the
+`savings_pct` (vs all on-demand in the same backtests), `deadline_misses`, `avoidable_misses` (those of them that
+all on-demand met: the others the job's true speed lost whatever the policy), `hours_late` (summed past the
 deadlines), and `cost_vs_joint_omniscient` (null here: `broker backtest` with omniscient reports it); and the seconds
 a quote with its forecast takes (`quote_seconds`).
 
@@ -91,6 +92,15 @@ def figures(rows: list[dict]) -> dict:
     }
 
 
+def avoidable_misses(runs: list[dict], policy: str) -> int:
+    """The policy's misses of jobs that all on-demand met in the same backtest."""
+    missed = 0
+    for run in runs:
+        met_on_demand = {j["job"] for j in run["jobs"].get("on-demand", []) if j["met"]}
+        missed += sum(1 for j in run["jobs"].get(policy, []) if not j["met"] and j["job"] in met_on_demand)
+    return missed
+
+
 def aggregate(runs: list[dict]) -> dict:
     od = sum(row["cost_usd"] for r in runs for row in r["rows"] if row["policy"] == "on-demand")
     policies = {}
@@ -101,6 +111,7 @@ def aggregate(runs: list[dict]) -> dict:
             "cost_usd": round(cost, 2),
             "savings_pct": round(100 * (1 - cost / od), 1) if od else None,
             "deadline_misses": sum(row["deadline_misses"] for row in rows),
+            "avoidable_misses": avoidable_misses(runs, policy),
             "hours_late": round(sum(row["hours_late"] for row in rows), 1),
             "cost_vs_joint_omniscient": None,
             **figures([j for r in runs for j in r["jobs"].get(policy, [])]),
