@@ -379,6 +379,7 @@ def test_a_simulated_agent_asked_for_a_checkpoint_writes_one_pays_it_and_runs_on
     server.step()
     current = store.get_job("j").current_run
     assert current.checkpoint_step == int(done) > 0 and current.checkpoint_requested_at is None
+    assert current.checkpoints_asked == 1
     fleet.advance(clock.now(), checkpoint_hours(run.spec) / 2)
     assert run.done == done  # the write is paid before progress goes on
     fleet.close()

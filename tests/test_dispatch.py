@@ -159,6 +159,7 @@ def test_near_its_net_the_guard_asks_a_spot_job_for_a_checkpoint_and_it_runs_on(
     system.drive(lambda: system.job(job.id).current_run.checkpoint_step is not None)
     saved = system.job(job.id).current_run
     assert saved.checkpoint_step >= 60 and saved.checkpoint_requested_at is None and saved.agent == "spot-a"
+    assert saved.checkpoints_asked == 1  # its write is not counted against the job's measured pace
     system.drive(lambda: system.job(job.id).state == JobState.done)
     done = system.job(job.id)
     assert [(r.agent, r.end_reason) for r in done.runs] == [("spot-a", "finished")]

@@ -70,6 +70,16 @@ def test_near_the_net_a_run_checkpoints_so_that_a_preemption_does_not_cost_the_d
     assert paid.cost_usd[0] > free.cost_usd[0]
 
 
+def test_on_spot_within_a_tick_of_the_net_the_run_goes_to_on_demand():
+    """The guard looks once a tick: a run on spot within a tick of the net may be preempted past it before the guard
+    can act, even checkpointed every pass, so on spot the net keeps a tick more (Progress.pass_h live)."""
+    available = np.ones((1, 1, 120), dtype=bool)
+    tight = simulate(_setting(window_h=10.8, changeover_h=0.3), available, 1 / 6)  # 0.1 h past the net's 0.6 h
+    loose = simulate(_setting(window_h=11.0, changeover_h=0.3), available, 1 / 6)  # 0.3 h: more than a tick
+    assert tight.od_h[0] > 9.5 and tight.finish_h[0] <= 10.8
+    assert loose.od_h[0] == 0 and loose.finish_h[0] == pytest.approx(10.1)
+
+
 def test_the_next_zone_takes_the_job_when_the_cheapest_has_no_capacity():
     available = np.zeros((2, 1, 200), dtype=bool)
     available[1] = True

@@ -12,8 +12,8 @@ from broker.agents.contract import Contract
 from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
 from broker.domain.model import Job, JobState, Run
-from broker.models.risk import exclusive_hours, restart_hours
-from broker.planning.option_table import observed_speed
+from broker.models.risk import checkpoint_hours, exclusive_hours, restart_hours
+from broker.planning.option_table import POOLED_H, measured_speed, observed_speed
 from broker.pricing.availability import MarketModel
 from broker.sim.calibration import cost_errors_pct, reliability
 from broker.sim.market import OfferBook
@@ -211,6 +211,42 @@ def test_a_job_slower_than_estimated_is_seen_by_its_progress():
     run.last_progress_at = started + timedelta(hours=hours + spec.checkpoint.restore_minutes / 60 + 0.05)
     run.progress_done = 1000 * 0.5 * hours / estimate_h
     assert observed_speed(job) == pytest.approx(0.5, rel=0.1)
+    slow = observed_speed(job)
+    asked = 20  # checkpoints the guard asked for: their writes are not the job's pace
+    run.last_progress_at += timedelta(hours=asked * checkpoint_hours(spec))
+    assert observed_speed(job) < slow
+    run.checkpoints_asked = asked
+    assert observed_speed(job) == pytest.approx(slow)
+
+
+def test_a_speed_is_measured_over_the_newest_runs_pooled_not_one_short_run():
+    """Three runs of 0.3 productive hours at half the estimate's pace: none alone is MIN_MEASURED_H, pooled they are;
+    a run of 10 hours before them is pooled whole, and one before it, past POOLED_H, not at all."""
+    quote = _quote(MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)]), 30.0)
+    spec, offer, estimate_h = _quote_spec(30.0), quote.chosen.offer, quote.chosen.exclusive_h
+    restart_h = restart_hours(spec)
+
+    def run(fence, start_h, hours, speed):
+        started = NOW + timedelta(hours=start_h)
+        return Run(
+            fence=fence,
+            agent="a",
+            offer=offer,
+            dispatched_at=started,
+            started_at=started,
+            last_progress_at=started + timedelta(hours=restart_h + hours),
+            progress_total=1000.0,
+            progress_done=1000 * speed * hours / estimate_h,  # each run from the start: no checkpoint kept
+        )
+
+    short = [run(f, f, 0.3, 0.5) for f in (1, 2, 3)]
+    job = Job(id="short", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, runs=short[:1])
+    assert measured_speed(job) is None  # 0.3 productive hours: noise
+    job.runs = short
+    assert measured_speed(job) == pytest.approx(0.5, rel=0.05)
+    job.runs = [run(0, -30, 10.0, 3.0), run(0, -15, 10.0, 1.0), *short]
+    assert 0.9 + 10 >= POOLED_H > 0.9
+    assert measured_speed(job) == pytest.approx((3 * 0.3 * 0.5 + 10 * 1.0) / (0.9 + 10), rel=0.05)
 
 
 def _finished(quote, speed: float, name: str, state: JobState = JobState.done) -> Job:

@@ -56,10 +56,19 @@ def test_a_run_near_the_net_checkpoints_when_a_preemption_would_put_it_past_the_
     near = at(done_h=30, elapsed_h=53.4)
     assert not checkpoint_due(near, unsaved_h=0.15, checkpoint_h=0.01)  # the slack covers what a preemption loses
     assert checkpoint_due(near, unsaved_h=0.25, checkpoint_h=0.01)  # it does not: checkpoint now
-    assert checkpoint_due(near, unsaved_h=0.15, checkpoint_h=0.01, lead_h=0.1)  # ... by the time the guard looks again
+    assert checkpoint_due(replace(near, pass_h=0.1), unsaved_h=0.15, checkpoint_h=0.01)  # ... by the guard's next pass
     assert not checkpoint_due(near, unsaved_h=0.25, checkpoint_h=0.3)  # the write costs more than the work it keeps
     assert not checkpoint_due(at(done_h=30, elapsed_h=53.7), unsaved_h=5.0, checkpoint_h=0.01)  # past: the net's
     assert not checkpoint_due(at(done_h=30, elapsed_h=40), unsaved_h=5.0, checkpoint_h=0.01)  # far: Young's interval
+
+
+def test_a_run_on_spot_within_one_guard_pass_of_the_net_goes_to_on_demand():
+    # 18 h of work left, 18.5 h to go: 0.1 h beyond the net's 18 + 2d, less than the guard's 10-minute pass
+    near = replace(at(done_h=30, elapsed_h=53.5), pass_h=1 / 6)
+    for on in (Tier.spot, Tier.bubble):  # a preemption before the next pass, even of a checkpoint a pass, crosses it
+        assert decide(near, on=on, spot_available=True) == Move.on_demand
+        assert decide(replace(near, pass_h=0.05), on=on, spot_available=True) == Move.spot  # the pass fits the slack
+    assert not checkpoint_due(near, unsaved_h=0.5, checkpoint_h=0.01)  # at the net: on-demand, not a checkpoint
 
 
 def test_a_lost_deadline_run_cheapest_takes_spot_whenever_there_is_some_and_is_never_idle():

@@ -3,12 +3,14 @@ cheaper zone, as the quote's forecast (models/futures.py) plays that rule. A mov
 hand it back, pinned to a tier or not), written by the leading replica only; the agent learns of it from its view.
 A job whose deadline is lost and that runs cheapest goes back from on-demand only to spot that no pending job fits:
 it yields to the jobs that can still make theirs. A job on spot near the safety net that a preemption would put past
-it is asked for a checkpoint, and runs on (uniform_progress.checkpoint_due).
+it is asked for a checkpoint, and runs on (uniform_progress.checkpoint_due); on spot the net keeps one pass of the
+guard more (Progress.pass_h).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import datetime
 
 from broker.domain.model import AgentInfo, Job, Offer, Tier
@@ -28,12 +30,12 @@ class DeadlineGuard:
         self.store, self.policy, self.leader = store, policy, leader
         self._wanted_ids: set[str] | None = None
 
-    def moves(self, now: datetime, idle: list[AgentInfo], lead_h: float = 0.0) -> list[str]:
+    def moves(self, now: datetime, idle: list[AgentInfo], pass_h: float = 0.0) -> list[str]:
         """A spot or bubble job falling behind its deadline is asked to checkpoint and move to on-demand now; under
         a rule that leaves on-demand (Uniform Progress once far enough ahead, ep(t + 2d); hedge when spot is worth
         its changeovers) a job on on-demand is asked back to spot when one of the `idle` agents fits it; a job on
-        spot that a preemption before the next pass (in `lead_h`) would put past the safety net is asked for a
-        checkpoint. Returns the ids of the jobs it moved."""
+        spot that a preemption before the next pass (in `pass_h`) would put past the safety net is asked for a
+        checkpoint, and one within a pass of the net goes to on-demand. Returns the ids of the jobs it moved."""
         moved = []  # the idle agents to go to: bubbles (free) first, then the cheapest spot
         spot_idle = sorted((a for a in idle if a.offer.tier != Tier.on_demand), key=lambda a: a.offer.price_usd_per_h)
         for job in self.store.active_jobs():
@@ -49,10 +51,10 @@ class DeadlineGuard:
             if run.offer.tier == Tier.on_demand and not spot_idle:
                 continue  # nowhere to go back to: skip the planner's view of it
             item = PlanItem.from_job(job)  # its work on on-demand at the speed it has shown
-            progress = progress_of(item, item.on_demand_h, job.submitted_at, now)
+            progress = replace(progress_of(item, item.on_demand_h, job.submitted_at, now), pass_h=pass_h)
             decided = self._move(item, progress, run.offer, job.quote.chosen.offer, spot_idle, now)
             if decided is None:
-                self._ask_checkpoint(job, progress, now, lead_h)
+                self._ask_checkpoint(job, progress, now)
                 continue
             pin, spot_agent, because = decided
             left_h, window_h = progress.total_h - progress.done_h, progress.window_h - progress.elapsed_h
@@ -72,14 +74,14 @@ class DeadlineGuard:
                     spot_idle.remove(spot_agent)  # one job per idle spot agent: the others would only wait
         return moved
 
-    def _ask_checkpoint(self, job: Job, progress, now: datetime, lead_h: float) -> None:
+    def _ask_checkpoint(self, job: Job, progress, now: datetime) -> None:
         """Ask the agent of a job on spot or in a bubble for a checkpoint now, when a preemption would cost the job
         its deadline's margin (one request at a time; the run's next checkpoint report settles it)."""
         run = job.current_run
         if run.offer.tier == Tier.on_demand or run.checkpoint_requested_at is not None:
             return
         unsaved_h = work_unsaved(job) * progress.total_h
-        if not checkpoint_due(progress, unsaved_h, checkpoint_hours(job.spec), lead_h):
+        if not checkpoint_due(progress, unsaved_h, checkpoint_hours(job.spec)):
             return
 
         def request(current: Job, fence=job.fence) -> Job | None:

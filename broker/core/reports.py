@@ -53,6 +53,8 @@ def checkpoint(job: Job, run: Run, data: dict, now: datetime, checkpoints: Check
     if not checkpoints.owns(url, job.id):
         raise ValueError(f"checkpoint url {url[:200]!r} is outside the job's directory in the store")
     run.checkpoint_url, run.checkpoint_step, run.checkpoint_at = url, int(data["step"]), now
+    if run.checkpoint_requested_at is not None:
+        run.checkpoints_asked += 1
     run.checkpoint_error = run.checkpoint_requested_at = None
     return {}
 

@@ -288,9 +288,9 @@ class BrokerServer:
         rule_moves = hasattr(self.policy, "leaves_on_demand")  # the rule may take jobs off on-demand or to a zone
         now, before = self.clock.now(), self._guarded_at
         self._guarded_at = now  # the time between passes: what a run does before the guard looks again
-        lead_h = (now - before).total_seconds() / 3600 if before else 0.0
+        pass_h = (now - before).total_seconds() / 3600 if before else 0.0
         return DeadlineGuard(self.store, self.policy, self.consumer).moves(
-            now, self._idle_agents() if rule_moves else [], lead_h
+            now, self._idle_agents() if rule_moves else [], pass_h
         )
 
     def _idle_agents(self) -> list[AgentInfo]:

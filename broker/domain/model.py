@@ -236,6 +236,7 @@ class Run(BaseModel):
     # the deadline guard asked for a checkpoint now (a preemption would lose work the deadline can no longer spare);
     # the run's next checkpoint report, or failed save, settles it
     checkpoint_requested_at: datetime | None = None
+    checkpoints_asked: int = 0  # checkpoints written on the guard's request: their writes are not the job's pace
     cost_usd: float = 0.0
     work_lost_s: float = 0.0
 

@@ -15,7 +15,7 @@ from the market model for a quote or cut from the traces for a backtest, the way
   cheapest instead: spot whenever a zone has a slot, on-demand while none has, left for spot as the rule leaves it;
 - near the net, a run on spot that a preemption would put past it (the work since its last checkpoint is more
   than the slack left) checkpoints now, pays the write and runs on (planning/uniform_progress.checkpoint_due, the
-  live guard's request);
+  live guard's request); within a tick of the net (the guard's pass) it goes to on-demand instead;
   at the horizon (the deadline) the rest is priced on on-demand;
 - what an idle job does, and when it leaves on-demand, is the rule's (each one a policy's):
   `greedy` waits for spot; `uniform` is Uniform Progress exactly as planning/uniform_progress.decide
@@ -200,7 +200,9 @@ def simulate(
         state = np.where(lost, WAIT, state)
         if guard:
             margin = s.net_changeovers * s.counted_h
-            net = (state != DONE) & (s.window_h - now < (1 - done) * s.od_work_h + margin - TIE_H)
+            # on spot the net keeps a tick more: a preemption before the guard's next pass (Progress.pass_h)
+            exposed = np.where(state == SPOT, tick_h, 0.0) if not s.keeps_progress else 0.0
+            net = (state != DONE) & (s.window_h - now < (1 - done) * s.od_work_h + margin + exposed - TIE_H)
             late = np.zeros(n, dtype=bool)
             if s.cheapest_if_late:  # lost even on on-demand: runs cheapest below, not on on-demand to the end
                 changeover = np.where(state == OD, 0.0, s.counted_h)
@@ -216,7 +218,7 @@ def simulate(
             if not s.keeps_progress:  # near the net, a checkpoint now keeps a preemption from crossing it
                 unsaved_h = (done - saved) * s.od_work_h
                 margin_h = s.window_h - now - (1 - done) * s.od_work_h - margin
-                due = (state == SPOT) & (margin_h >= -TIE_H) & (margin_h < unsaved_h + tick_h - TIE_H)
+                due = (state == SPOT) & (margin_h >= tick_h - TIE_H) & (margin_h < unsaved_h + tick_h - TIE_H)
                 due &= unsaved_h > s.checkpoint_h
                 saved = np.where(due, done, saved)
                 dead = np.where(due, dead + s.checkpoint_h, dead)

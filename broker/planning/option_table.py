@@ -89,7 +89,8 @@ def _resumed_at(job: Job, run: Run) -> float:
     return next((r.checkpoint_step or 0 for r in job.runs if r.checkpoint_url == run.resume_from), 0)
 
 
-MIN_MEASURED_H = 0.5  # productive hours a run needs before its rate says more than noise
+MIN_MEASURED_H = 0.5  # productive hours the runs need before their rate says more than noise
+POOLED_H = 4.0  # the newest runs' productive hours the rate is measured over
 SPEED_BOUNDS = (0.25, 4.0)
 
 
@@ -102,24 +103,30 @@ def observed_speed(job: Job) -> float:
 
 
 def measured_speed(job: Job) -> float | None:
-    """The job's speed over the estimate from its newest run that has progressed for MIN_MEASURED_H: the share of
-    work it did per productive hour (after the restart, less checkpoint writes) against the share the estimate
-    says; None before any such run."""
-    for index in range(len(job.runs) - 1, -1, -1):
-        run = job.runs[index]
+    """The job's speed over the estimate from its newest runs, pooled whole until they hold POOLED_H productive hours
+    (fewer when the job has run less; None under MIN_MEASURED_H): the share of work they did per productive hour (after
+    the restart, less checkpoint writes: the periodic ones the estimate expects, those the guard asked for counted)
+    against the share the estimate says. Pooled, a write or a short run moves it little: one run's first half hour
+    read a long job's speed a few percent off, hours of its deadline."""
+    share = expected = wall = 0.0
+    for run in reversed(job.runs):
         if not run.progress_total or run.started_at is None or run.last_progress_at is None:
             continue
-        start = _resumed_at(job, run)
         wall_h = (run.last_progress_at - run.started_at).total_seconds() / 3600 - risk.restart_hours(job.spec)
-        share = (run.progress_done - start) / run.progress_total
-        if wall_h < MIN_MEASURED_H or share <= 0:
+        wall_h -= run.checkpoints_asked * risk.checkpoint_hours(job.spec)
+        if wall_h <= 0:
             continue
         exclusive_h = risk.exclusive_hours(job.spec, run.offer)
         interval = risk.young_interval_h(risk.checkpoint_hours(job.spec), run.offer.hazard_per_h, exclusive_h)
         writes = 1 + (risk.checkpoint_hours(job.spec) / interval if interval else 0.0)
-        expected = wall_h / (exclusive_h * writes)
-        return min(max(share / expected, SPEED_BOUNDS[0]), SPEED_BOUNDS[1])
-    return None
+        share += (run.progress_done - _resumed_at(job, run)) / run.progress_total
+        expected += wall_h / (exclusive_h * writes)
+        wall += wall_h
+        if wall >= POOLED_H:
+            break
+    if wall < MIN_MEASURED_H or share <= 0:
+        return None
+    return min(max(share / expected, SPEED_BOUNDS[0]), SPEED_BOUNDS[1])
 
 
 @dataclass

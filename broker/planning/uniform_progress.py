@@ -6,7 +6,9 @@ C(t) is the work left (hours on on-demand), R(t) the time left, d the changeover
 - Idle and behind (cp < ep): on-demand. Idle and ahead: wait for spot.
 - Spot available: take it, even when behind, and stay until preempted.
 - On on-demand: stay until cp(t) >= ep(t + 2d) (hysteresis), then back to spot when there is some.
-- On spot with less slack than the work since the newest checkpoint: checkpoint now (broker's, not the paper's).
+- On spot with less slack than the work since the newest checkpoint: checkpoint now; within one guard pass of the
+  net: on-demand, since a checkpoint each pass no longer keeps a preemption from crossing it (broker's, not the
+  paper's).
 Bubbles count as spot here: cheap capacity that can vanish. Pure: state and time are passed in.
 
 Once a deadline is lost (even on-demand from now finishes after it), the paper's net keeps the job on on-demand to
@@ -46,6 +48,9 @@ class Progress:
     window_h: float
     changeover_h: float
     cheapest_if_late: bool = False  # the spec's `if_late: cheapest`
+    # the time until the guard looks again: what a run on spot may lose to a preemption before it can be asked for a
+    # checkpoint or moved, so the net on spot keeps that much more (0 for the planner: it places, the guard watches)
+    pass_h: float = 0.0
 
     def lost(self, on: Tier | None) -> bool:
         """Whether even on-demand from now (after a changeover, unless already on it) finishes after the deadline."""
@@ -68,7 +73,8 @@ def decide(p: Progress, on: Tier | None, spot_available: bool, uniform: bool = T
     if on != Tier.bubble and p.runs_cheapest(on):
         return Move.spot if on == Tier.spot or spot_available else Move.on_demand
     left_h, time_left_h = p.total_h - p.done_h, p.window_h - p.elapsed_h
-    if time_left_h < left_h + 2 * p.changeover_h - TIE_H:
+    exposed_h = p.pass_h if on in (Tier.spot, Tier.bubble) else 0.0
+    if time_left_h < left_h + 2 * p.changeover_h + exposed_h - TIE_H:
         return Move.on_demand  # safety net
     if on == Tier.on_demand:
         if p.done_h < p.expected_done_h(p.elapsed_h + 2 * p.changeover_h) - TIE_H:
@@ -79,15 +85,15 @@ def decide(p: Progress, on: Tier | None, spot_available: bool, uniform: bool = T
     return Move.on_demand if uniform and p.done_h < p.expected_done_h(p.elapsed_h) - TIE_H else Move.wait
 
 
-def checkpoint_due(p: Progress, unsaved_h: float, checkpoint_h: float, lead_h: float = 0.0) -> bool:
+def checkpoint_due(p: Progress, unsaved_h: float, checkpoint_h: float) -> bool:
     """Whether a job on spot (or in a bubble) should checkpoint now and run on: it is in time, but a preemption
-    before the guard looks again (in `lead_h`), losing the `unsaved_h` hours of work (on on-demand) since its newest
-    checkpoint and what it does until then, would put it past the safety net, where on-demand no longer has the
-    changeovers' margin. Not when the write (`checkpoint_h`) takes longer than the work it keeps. The preemption at
-    the net's edge is rare: a checkpoint there costs less than on-demand for every job that comes near it
-    (bench/results/forecast.md)."""
+    before the guard looks again (in `p.pass_h`), losing the `unsaved_h` hours of work (on on-demand) since its
+    newest checkpoint and what it does until then, would put it past the safety net, where on-demand no longer has
+    the changeovers' margin. Not within one pass of the net (decide moves it to on-demand there), nor when the write
+    (`checkpoint_h`) takes longer than the work it keeps. The preemption at the net's edge is rare: a checkpoint there
+    costs less than on-demand for every job that comes near it (bench/results/forecast.md)."""
     margin_h = p.window_h - p.elapsed_h - (p.total_h - p.done_h) - 2 * p.changeover_h
-    return -TIE_H <= margin_h < unsaved_h + lead_h - TIE_H and unsaved_h > checkpoint_h
+    return p.pass_h - TIE_H <= margin_h < unsaved_h + p.pass_h - TIE_H and unsaved_h > checkpoint_h
 
 
 def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now: datetime) -> Progress:
