@@ -26,11 +26,6 @@ from broker.planning.option_table import PlanItem
 from broker.planning.uniform_progress import Move, Progress, UniformProgress, decide
 
 
-def slack_h(p: Progress) -> float:
-    """Hours the job can still lose beyond its on-demand work left and the safety net's 2d."""
-    return p.window_h - p.elapsed_h - (p.total_h - p.done_h) - 2 * p.changeover_h
-
-
 @register("hedge")
 class HedgePolicy(UniformProgress):
     """Spot when there is some; waits out a gap as long as the market model says the slack affords, then on-demand."""
@@ -70,7 +65,7 @@ class HedgePolicy(UniformProgress):
             return super().idle_move(item, progress, spot_available, now)  # spot, the net, no model, or a queue
         left_h = progress.total_h - progress.done_h
         zone_up_h = view.zone_up_h[0] if view.zone_up_h else view.mean_up_h  # it launches in the cheapest first
-        wait_ticks = int(view.longest_wait(slack_h(progress), left_h, progress.changeover_h, zone_up_h))
+        wait_ticks = int(view.longest_wait(progress.slack_h(), left_h, progress.changeover_h, zone_up_h))
         waited_h = (now - (item.idle_since or now)).total_seconds() / 3600
         return Move.on_demand if waited_h > wait_ticks * view.tick_h else Move.wait
 
@@ -81,7 +76,7 @@ class HedgePolicy(UniformProgress):
         if view is None:
             return super().leaves_on_demand(item, progress, spot, on_demand, now)
         worth = view.spot_worth(on_demand.price_usd_per_h, spot.price_usd_per_h, progress.changeover_h)
-        affords = slack_h(progress) >= progress.changeover_h or progress.runs_cheapest(Tier.on_demand)
+        affords = progress.slack_h() >= progress.changeover_h or progress.runs_cheapest(Tier.on_demand)
         return bool(worth) and affords
 
     def moves_zone(self, item: PlanItem, progress: Progress, now_on: Offer, there: Offer) -> bool:
@@ -95,7 +90,7 @@ class HedgePolicy(UniformProgress):
             there.price_usd_per_h,
             view.up_h(there.id),
             left_h,
-            slack_h(progress),
+            progress.slack_h(),
             progress.changeover_h,
         )
         return bool(worth)

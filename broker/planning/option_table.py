@@ -109,16 +109,17 @@ def measured_speed(job: Job) -> float | None:
     against the share the estimate says. Pooled, a write or a short run moves it little: one run's first half hour
     read a long job's speed a few percent off, hours of its deadline."""
     share = expected = wall = 0.0
+    checkpoint_h, restart_h = risk.checkpoint_hours(job.spec), risk.restart_hours(job.spec)
     for run in reversed(job.runs):
         if not run.progress_total or run.started_at is None or run.last_progress_at is None:
             continue
-        wall_h = (run.last_progress_at - run.started_at).total_seconds() / 3600 - risk.restart_hours(job.spec)
-        wall_h -= run.checkpoints_asked * risk.checkpoint_hours(job.spec)
+        wall_h = (run.last_progress_at - run.started_at).total_seconds() / 3600 - restart_h
+        wall_h -= run.checkpoints_asked * checkpoint_h
         if wall_h <= 0:
             continue
         exclusive_h = risk.exclusive_hours(job.spec, run.offer)
-        interval = risk.young_interval_h(risk.checkpoint_hours(job.spec), run.offer.hazard_per_h, exclusive_h)
-        writes = 1 + (risk.checkpoint_hours(job.spec) / interval if interval else 0.0)
+        interval = risk.young_interval_h(checkpoint_h, run.offer.hazard_per_h, exclusive_h)
+        writes = 1 + (checkpoint_h / interval if interval else 0.0)
         share += (run.progress_done - _resumed_at(job, run)) / run.progress_total
         expected += wall_h / (exclusive_h * writes)
         wall += wall_h

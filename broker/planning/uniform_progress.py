@@ -52,6 +52,10 @@ class Progress:
     # checkpoint or moved, so the net on spot keeps that much more (0 for the planner: it places, the guard watches)
     pass_h: float = 0.0
 
+    def slack_h(self) -> float:
+        """Hours the job can still lose beyond its on-demand work left and the safety net's 2d."""
+        return self.window_h - self.elapsed_h - (self.total_h - self.done_h) - 2 * self.changeover_h
+
     def lost(self, on: Tier | None) -> bool:
         """Whether even on-demand from now (after a changeover, unless already on it) finishes after the deadline."""
         changeover_h = 0.0 if on == Tier.on_demand else self.changeover_h
@@ -92,7 +96,7 @@ def checkpoint_due(p: Progress, unsaved_h: float, checkpoint_h: float) -> bool:
     the changeovers' margin. Not within one pass of the net (decide moves it to on-demand there), nor when the write
     (`checkpoint_h`) takes longer than the work it keeps. The preemption at the net's edge is rare: a checkpoint there
     costs less than on-demand for every job that comes near it (bench/results/forecast.md)."""
-    margin_h = p.window_h - p.elapsed_h - (p.total_h - p.done_h) - 2 * p.changeover_h
+    margin_h = p.slack_h()
     return p.pass_h - TIE_H <= margin_h < unsaved_h + p.pass_h - TIE_H and unsaved_h > checkpoint_h
 
 
