@@ -147,8 +147,10 @@ def test_near_its_net_the_guard_asks_a_spot_job_for_a_checkpoint_and_it_runs_on(
     item = PlanItem.from_job(current)
     progress = progress_of(item, item.on_demand_h, current.submitted_at, current.submitted_at)
     unsaved_h = work_unsaved(current) * progress.total_h
-    # when the time left is the work left and 2 changeovers, were the job to make no more progress
-    net_h = progress.window_h - (progress.total_h - progress.done_h) - 2 * progress.changeover_h
+    # when the time left is the work left (with the reserve for a speed not yet measured) and 2 changeovers, were
+    # the job to make no more progress
+    assert progress.unsure_h > 0 and progress.elapsed_h == 0
+    net_h = progress.slack_h()
     net_at = current.submitted_at + timedelta(hours=net_h)
     guard = DeadlineGuard(system.store, system.server.policy, system.server.consumer)
     assert guard.moves(net_at - timedelta(hours=unsaved_h + 0.2), []) == []

@@ -46,6 +46,30 @@ def test_the_safety_net_keeps_the_changeover_the_live_guard_counts_not_only_the_
     assert counted.od_h[0] == pytest.approx(paid.od_h[0])  # the restart paid is the same
 
 
+def test_the_rule_sees_the_estimate_until_the_speed_is_measured_and_keeps_a_reserve_for_it():
+    """The estimate says 10 h on on-demand; the job is slower, 12 h. 14 h to go and no spot for the first 3 h.
+    Knowing its speed, greedy waits until the net (at 1.5 h) and makes it. Believing the estimate, it waits until spot
+    comes at 3 h, learns its speed half an hour in and misses. With the reserve for a slower speed (30%, 13 h), it
+    goes on-demand at 0.5 h and makes it. A job as fast as estimated, on spot from the start, stays there: its
+    progress takes the reserve down faster than time passes, and half an hour in its speed is measured."""
+    available = np.ones((1, 1, 200), dtype=bool)
+    available[0, 0, :30] = False
+    slow = dict(work_h=12.0, od_work_h=12.0, window_h=14.0, changeover_h=0.25, interval_h=None)
+    known = simulate(_setting(**slow), available, 0.1)
+    believed = _setting(**slow, od_estimate_h=10.0, measured_after_h=0.5)
+    blind = simulate(believed, available, 0.1)
+    reserved = simulate(replace(believed, unmeasured_margin=0.3), available, 0.1)
+    assert known.finish_h[0] <= 14.0 and known.od_h[0] == pytest.approx(12.1)
+    assert blind.finish_h[0] > 14.0 and blind.spot_h[0] == pytest.approx(0.6, abs=0.11)  # measured, then the net
+    assert reserved.finish_h[0] <= 14.0 and reserved.od_h[0] == pytest.approx(12.1) and reserved.spot_h[0] == 0
+    assert reserved.finish_h[0] < known.finish_h[0]  # it went sooner than the known speed's net needed
+    as_estimated = replace(believed, work_h=10.0, od_work_h=10.0, unmeasured_margin=0.3)
+    on_spot = simulate(as_estimated, np.ones((1, 1, 200), dtype=bool), 0.1)
+    assert on_spot.od_h[0] == 0 and on_spot.finish_h[0] == pytest.approx(10.1)
+    believed_h, reserve = replace(believed, unmeasured_margin=0.3).believed_od_h(np.array([0.4, 0.5]))
+    assert believed_h == pytest.approx([10.0, 12.0]) and reserve == pytest.approx([0.3, 0.0])  # measured at 0.5 h
+
+
 def test_a_preemption_loses_the_work_since_the_last_checkpoint():
     available = np.ones((1, 1, 200), dtype=bool)
     available[0, 0, 10] = False  # preempted after 1 h 40 min, back 10 minutes later

@@ -71,6 +71,19 @@ def test_a_run_on_spot_within_one_guard_pass_of_the_net_goes_to_on_demand():
     assert not checkpoint_due(near, unsaved_h=0.5, checkpoint_h=0.01)  # at the net: on-demand, not a checkpoint
 
 
+def test_a_job_whose_speed_is_not_measured_keeps_the_work_a_slower_speed_would_need():
+    # 48 h estimated, 52 h to go: 3.6 h beyond the net; 20% more work (9.6 h) were it as slow as the error allows
+    unsure = Progress(48.0, 0.0, 20.0, 72.0, D, unsure_h=9.6)
+    measured = replace(unsure, unsure_h=0.0)
+    greedy = dict(on=None, spot_available=False, uniform=False)  # waits for spot until the net
+    assert decide(measured, **greedy) == Move.wait and decide(unsure, **greedy) == Move.on_demand
+    for on in (None, Tier.spot):  # a spot run that turned out slow would be past the net by the time it knows
+        assert decide(measured, on=on, spot_available=True) == Move.spot
+        assert decide(unsure, on=on, spot_available=True) == Move.on_demand
+    assert unsure.slack_h() == pytest.approx(3.6 - 9.6) and measured.slack_h() == pytest.approx(3.6)
+    assert not unsure.lost(None)  # at the estimate's speed on-demand is in time: the deadline is not given up
+
+
 def test_a_lost_deadline_run_cheapest_takes_spot_whenever_there_is_some_and_is_never_idle():
     lost = Progress(48.0, 10.0, 40.0, 72.0, D, cheapest_if_late=True)  # 38 h of work, 32 h left: lost
     assert lost.lost(None) and not at(done_h=10, elapsed_h=40).runs_cheapest(None)

@@ -25,6 +25,7 @@ from broker.models.contention import arrivals, launchable
 from broker.models.futures import HEDGING, Setting, simulate
 from broker.models.placement import transfer_usd
 from broker.models.risk import (
+    SPEED_PRIOR_SIGMA,
     as_fast,
     changeover_hours,
     checkpoint_hours,
@@ -32,16 +33,15 @@ from broker.models.risk import (
     fits,
     lost_per_preemption_h,
     restart_hours,
+    unmeasured_margin,
     window_hours,
     young_interval_h,
 )
-from broker.planning.option_table import PlanItem, measured_speed, work_left
+from broker.planning.option_table import MIN_MEASURED_H, PlanItem, measured_speed, work_left
 from broker.planning.uniform_progress import progress_on, spot_in_time
 from broker.pricing.availability import MarketModel
 
 FUTURES = 1000
-# log sd of a speed estimate nothing has checked yet: AMP's latency model error, 23% (Pipette; papers.md)
-SPEED_PRIOR_SIGMA = 0.23
 SPEED_PRIOR_JOBS = 5  # the prior weighs as much as this many finished jobs' measured speeds
 NO_DEADLINE_H = 7 * 24.0  # horizon of a job without a deadline
 ARRIVALS_H = 24.0  # the recent submissions whose rate and kind say what will arrive
@@ -239,7 +239,7 @@ def forecast(
     ceiling = od_offer.price_usd_per_h if fallback else float("inf")
     zones = zones_in_time(spec, chosen, offers, ceiling, now) if spot_while_in_time else []
     if not zones and chosen.tier == Tier.on_demand:
-        return _on_demand(spec, quote, chosen, now, speed)
+        return _on_demand(spec, quote, chosen, now, speed, sigma)
     zones = zones or zones_for(spec, chosen, offers, ceiling)
     played = chosen if chosen in zones else zones[0]  # the offer whose speed and hazard the futures are told in
     tick_h = model.tick_h
@@ -254,6 +254,11 @@ def forecast(
     setting = Setting(
         work_h=work_h / speed,
         od_work_h=exclusive_hours(spec, od_offer) / speed,
+        # the rule sees the estimate, with the margin of a speed not yet measured, until the job has run long
+        # enough for its speed to be measured (as the live guard: PlanItem.unsure)
+        od_estimate_h=exclusive_hours(spec, od_offer),
+        unmeasured_margin=unmeasured_margin(sigma, spec.deadline_probability),
+        measured_after_h=MIN_MEASURED_H,
         spot_prices=tuple(o.price_usd_per_h for o in zones),
         od_price=od_offer.price_usd_per_h,
         restart_h=restart_hours(spec),
@@ -279,17 +284,19 @@ def forecast(
     note = (
         f"; chosen on {chosen.tier.value}, run first on {played.tier.value} while in time" if played != chosen else ""
     )
-    return forecast.model_copy(update={"evidence": forecast.evidence + note + _speed_note(speed)})
+    update = {"evidence": forecast.evidence + note + _speed_note(speed), "speed_sigma": sigma}
+    return forecast.model_copy(update=update)
 
 
-def _on_demand(spec: JobSpec, quote: Quote, offer: Offer, now: datetime, speed: np.ndarray) -> Forecast:
+def _on_demand(spec: JobSpec, quote: Quote, offer: Offer, now: datetime, speed: np.ndarray, sigma: float) -> Forecast:
     """On-demand: no market randomness; the money model's time and cost, at each future's speed."""
     option = quote.chosen
     wall = option.expected_wall_h / speed
     moving = transfer_usd(spec, offer)  # paid once, at any speed
     cost = (option.expected_cost_usd - moving) / speed + moving
     forecast = _summary(spec, now, cost, wall, np.zeros_like(wall), wall, "on-demand", [offer], [])
-    return forecast.model_copy(update={"evidence": "on-demand: always available" + _speed_note(speed)})
+    update = {"evidence": "on-demand: always available" + _speed_note(speed), "speed_sigma": sigma}
+    return forecast.model_copy(update=update)
 
 
 def _speed_note(speed: np.ndarray) -> str:

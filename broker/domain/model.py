@@ -91,6 +91,9 @@ class Forecast(BaseModel):
     p_within_budget: float
     spot_share: float  # mean share of the job's instance hours on spot
     evidence: str  # what the market model of its zones rests on
+    # the log sd of the job's true speed over the estimate the futures were sampled with; the deadline guard keeps
+    # the same margin for it until the speed is measured (None: not recorded, the prior)
+    speed_sigma: float | None = None
 
 
 class Option(BaseModel):

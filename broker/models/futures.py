@@ -17,6 +17,9 @@ from the market model for a quote or cut from the traces for a backtest, the way
   than the slack left) checkpoints now, pays the write and runs on (planning/uniform_progress.checkpoint_due, the
   live guard's request); within a tick of the net (the guard's pass) it goes to on-demand instead;
   at the horizon (the deadline) the rest is priced on on-demand;
+- the rule decides on the estimate's work, keeping the live guard's reserve for a speed not yet measured
+  (Progress.unsure_h), until the job has run long enough for its speed to be measured (Setting.believed_od_h), and
+  on the future's true work after: a quote's futures know their speed no sooner than the guard does;
 - what an idle job does, and when it leaves on-demand, is the rule's (each one a policy's):
   `greedy` waits for spot; `uniform` is Uniform Progress exactly as planning/uniform_progress.decide
   runs it (on-demand when idle and behind ep(t), back once ahead of ep(t + 2d)); `hedge` waits out
@@ -66,11 +69,25 @@ class Setting:
     # what the rule counts a changeover as in its margins: the live guard's (uniform_progress.progress_of: the
     # restart and the instance's start-up), which the futures do not pay as dead time; None: restart_h
     changeover_h: float | None = None
+    # what the rule believes the on-demand work is until the job has run `measured_after_h` productive hours (its
+    # speed measured: planning/option_table.measured_speed): the estimate, `od_estimate_h`, with
+    # `unmeasured_margin` of it in reserve (the live guard's PlanItem.unsure); None: the rule knows od_work_h
+    od_estimate_h: float | None = None
+    unmeasured_margin: float = 0.0
+    measured_after_h: float = 0.0
 
     @property
     def counted_h(self) -> float:
         """A changeover as the rule counts it (changeover_h, else the restart paid)."""
         return self.restart_h if self.changeover_h is None else self.changeover_h
+
+    def believed_od_h(self, run_h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the whole work on on-demand as the rule believes it, the share more it keeps in reserve) per future,
+        after `run_h` productive hours: the estimate and its margin until the speed is measured, then the truth."""
+        if self.od_estimate_h is None:
+            return np.broadcast_to(self.od_work_h, run_h.shape), np.zeros_like(run_h)
+        measured = run_h >= self.measured_after_h - TIE_H
+        return np.where(measured, self.od_work_h, self.od_estimate_h), np.where(measured, 0.0, self.unmeasured_margin)
 
 
 @dataclass(frozen=True)
@@ -182,6 +199,7 @@ def simulate(
     saved = np.zeros(n)  # share of the work in the newest checkpoint
     dead = np.zeros(n)  # hours of changeover still to pay before progress
     down_age = up_age = 0  # ticks since no zone had capacity, since some zone had
+    run_h = np.zeros(n)  # productive hours run so far (after changeovers): what the job's speed is measured over
     cost, spot_h, od_h = np.zeros(n), np.zeros(n), np.zeros(n)
     finish = np.full(n, math.inf)
     writes = 1 + (s.checkpoint_h / s.interval_h if s.interval_h else 0.0)  # wall hours per hour of spot progress
@@ -198,15 +216,18 @@ def simulate(
         lost = (state == SPOT) & ~up[zone, idx]
         done = np.where(lost, saved, done)  # preempted: back to the last checkpoint
         state = np.where(lost, WAIT, state)
+        believed_h, unsure = s.believed_od_h(run_h)
+        left_h = (1 - done) * believed_h * (1 + unsure)  # the on-demand work left the rule keeps time for
+        slack = s.window_h - now - left_h - 2 * s.counted_h  # what it can lose beyond that and the net's 2d
         if guard:
             margin = s.net_changeovers * s.counted_h
             # on spot the net keeps a tick more: a preemption before the guard's next pass (Progress.pass_h)
             exposed = np.where(state == SPOT, tick_h, 0.0) if not s.keeps_progress else 0.0
-            net = (state != DONE) & (s.window_h - now < (1 - done) * s.od_work_h + margin + exposed - TIE_H)
+            net = (state != DONE) & (s.window_h - now < left_h + margin + exposed - TIE_H)
             late = np.zeros(n, dtype=bool)
             if s.cheapest_if_late:  # lost even on on-demand: runs cheapest below, not on on-demand to the end
                 changeover = np.where(state == OD, 0.0, s.counted_h)
-                late = net & (s.window_h - now < (1 - done) * s.od_work_h + changeover - TIE_H)
+                late = net & (s.window_h - now < (1 - done) * believed_h + changeover - TIE_H)
                 net &= ~late
             # on-demand to the end: a running job is checkpointed first, a waiting one resumes from its checkpoint
             kept = np.where(state == WAIT, saved, done)
@@ -216,8 +237,8 @@ def simulate(
             od_h = np.where(net, od_h + hours, od_h)
             state = np.where(net, DONE, state)
             if not s.keeps_progress:  # near the net, a checkpoint now keeps a preemption from crossing it
-                unsaved_h = (done - saved) * s.od_work_h
-                margin_h = s.window_h - now - (1 - done) * s.od_work_h - margin
+                unsaved_h = (done - saved) * believed_h
+                margin_h = s.window_h - now - left_h - margin
                 due = (state == SPOT) & (margin_h >= tick_h - TIE_H) & (margin_h < unsaved_h + tick_h - TIE_H)
                 due &= unsaved_h > s.checkpoint_h
                 saved = np.where(due, done, saved)
@@ -228,7 +249,17 @@ def simulate(
                 to_od, leave_od, hold = moves
             else:
                 to_od, leave_od = _rule_moves(
-                    s, hedge, now, done, state, any_up, up.any(axis=0), down_age, zone, prices
+                    s,
+                    hedge,
+                    now,
+                    done,
+                    slack,
+                    state,
+                    any_up,
+                    up.any(axis=0),
+                    down_age,
+                    zone,
+                    prices,
                 )
             if late.any():
                 to_od, leave_od = _cheapest_moves(s, hedge, late, state, any_up, zone, prices, to_od, leave_od)
@@ -237,7 +268,7 @@ def simulate(
             dead = np.where(to_od, s.restart_h, dead)
             state = np.where(to_od, OD, state)
         if s.rule in HEDGING and zones > 1:
-            move = _cheaper_zone(s, hedge, now, done, state, free & (pace[:, None] <= pace[zone]), zone, prices)
+            move = _cheaper_zone(s, hedge, done, slack, state, free & (pace[:, None] <= pace[zone]), zone, prices)
             saved = np.where(move, done, saved)  # a voluntary move checkpoints first
             state = np.where(move, WAIT, state)
         launch = (state == WAIT) & any_up & ~hold
@@ -271,6 +302,7 @@ def simulate(
         saved = np.where(on_od, new_done, saved)
         done = new_done
         dead = np.where(running, dead - paid, dead)
+        run_h = np.where(running, run_h + used - paid, run_h)
         state = np.where(finishing, DONE, state)
         if (state == DONE).all():
             break
@@ -283,8 +315,9 @@ def simulate(
     return Outcomes(cost, finish, spot_h, od_h)
 
 
-def _rule_moves(s: Setting, hedge: Hedge | None, now, done, state, any_up, market_up, down_age, zone, prices):
-    """(to on-demand, leave on-demand) per future under the rule, after the safety net. `any_up`: a slot free for
+def _rule_moves(s: Setting, hedge: Hedge | None, now, done, slack, state, any_up, market_up, down_age, zone, prices):
+    """(to on-demand, leave on-demand) per future under the rule, after the safety net. `slack`: hours the job can
+    still lose beyond the on-demand work the rule keeps time for and the net's 2d; `any_up`: a slot free for
     the job in some zone; `market_up`: some zone has capacity (free or held by other jobs)."""
     idle = (state == WAIT) & ~any_up
     nothing = np.zeros_like(idle)
@@ -293,7 +326,6 @@ def _rule_moves(s: Setting, hedge: Hedge | None, now, done, state, any_up, marke
         return idle & _behind(s, now, done), (state == OD) & ~_behind(s, now + 2 * s.counted_h, done)
     if s.rule != "hedge":
         return nothing, nothing
-    slack = _slack(s, now, done)
     longest_wait = hedge.longest_wait(slack, (1 - done) * s.work_h, s.counted_h, _zone_up(hedge, zone))
     worth = hedge.spot_worth(s.od_price, prices[zone], s.counted_h)
     back = (state == OD) & any_up & worth & (slack >= s.counted_h)
@@ -332,17 +364,12 @@ def _planned_moves(s: Setting, hedge: Hedge, now: float, tick_h: float, done, de
     return to_od, (state == OD) & any_up & (move == MOVE_SPOT), idle & any_up & (move == IDLE)
 
 
-def _cheaper_zone(s: Setting, hedge: Hedge, now, done, state, up, zone, prices) -> np.ndarray:
+def _cheaper_zone(s: Setting, hedge: Hedge, done, slack, state, up, zone, prices) -> np.ndarray:
     """Runs on spot that should move to the cheapest zone with capacity (Hedge.zone_move_worth)."""
     best = np.argmax(up, axis=0)
-    left_h, slack = (1 - done) * s.work_h, _slack(s, now, done)
+    left_h = (1 - done) * s.work_h
     worth = hedge.zone_move_worth(prices[zone], prices[best], _zone_up(hedge, best), left_h, slack, s.counted_h)
     return (state == SPOT) & up.any(axis=0) & worth
-
-
-def _slack(s: Setting, now: float, done: np.ndarray) -> np.ndarray:
-    """Hours the job can still lose beyond on-demand work and the safety net's 2d."""
-    return s.window_h - now - (1 - done) * s.od_work_h - 2 * s.counted_h
 
 
 def _zone_up(hedge: Hedge, zone: np.ndarray):

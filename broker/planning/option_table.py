@@ -32,8 +32,14 @@ class PlanItem:
     submitted_at: datetime | None = None
     preempted_in: str | None = None  # region of its last run when that run was preempted or lost
     on_demand_h: float | None = None  # its whole work on the on-demand offer it was quoted against, at `speed`
-    speed: float = 1.0  # its measured speed over the money model's estimate (observed_speed)
+    # its measured speed over the money model's estimate (measured_speed; 1 before): a job slower than estimated
+    # needs more time on on-demand too, which the deadline guard must know before it is too late
+    speed: float = 1.0
     idle_since: datetime | None = None  # without a run: since its last run ended (or it was submitted)
+    # the share of its work left an idle job keeps in reserve while its speed is not measured (risk.unmeasured_margin
+    # at the spread its quote was sampled with; Progress.unsure_h): a job slower than estimated finds out only once
+    # it has run
+    unsure: float = 0.0
 
     @classmethod
     def from_job(cls, job: Job) -> PlanItem:
@@ -47,7 +53,10 @@ class PlanItem:
         last = job.runs[-1] if job.runs else None
         preempted_in = last.offer.region if last and last.end_reason in ("preempted", "lost") else None
         baseline = job.quote.on_demand_baseline
-        speed = observed_speed(job)
+        measured = measured_speed(job)
+        speed = 1.0 if measured is None else measured
+        sigma = (job.quote.forecast.speed_sigma if job.quote.forecast else None) or risk.SPEED_PRIOR_SIGMA
+        unsure = 0.0 if measured is not None else risk.unmeasured_margin(sigma, job.spec.deadline_probability)
         return cls(
             job.id,
             spec,
@@ -59,6 +68,7 @@ class PlanItem:
             baseline.exclusive_h / speed if baseline else None,
             speed,
             None if run else last.ended_at if last and last.ended_at else job.submitted_at,
+            unsure,
         )
 
 
@@ -92,14 +102,6 @@ def _resumed_at(job: Job, run: Run) -> float:
 MIN_MEASURED_H = 0.5  # productive hours the runs need before their rate says more than noise
 POOLED_H = 4.0  # the newest runs' productive hours the rate is measured over
 SPEED_BOUNDS = (0.25, 4.0)
-
-
-def observed_speed(job: Job) -> float:
-    """How fast the job really progresses over the money model's estimate (measured_speed); 1 before it is
-    measured. A job slower than estimated needs more time on on-demand too, which the deadline guard must know
-    before it is too late."""
-    measured = measured_speed(job)
-    return 1.0 if measured is None else measured
 
 
 def measured_speed(job: Job) -> float | None:

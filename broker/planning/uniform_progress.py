@@ -9,6 +9,9 @@ C(t) is the work left (hours on on-demand), R(t) the time left, d the changeover
 - On spot with less slack than the work since the newest checkpoint: checkpoint now; within one guard pass of the
   net: on-demand, since a checkpoint each pass no longer keeps a preemption from crossing it (broker's, not the
   paper's).
+- Until the job's speed is measured (half an hour of runs), C(t) is the estimate's, and the net keeps the work more
+  that a speed at the deadline probability's quantile of the estimate's error would need (Progress.unsure_h;
+  broker's: the paper knows the job's length).
 Bubbles count as spot here: cheap capacity that can vanish. Pure: state and time are passed in.
 
 Once a deadline is lost (even on-demand from now finishes after it), the paper's net keeps the job on on-demand to
@@ -51,10 +54,14 @@ class Progress:
     # the time until the guard looks again: what a run on spot may lose to a preemption before it can be asked for a
     # checkpoint or moved, so the net on spot keeps that much more (0 for the planner: it places, the guard watches)
     pass_h: float = 0.0
+    # hours of work more the net keeps while the job's speed is not measured (PlanItem.unsure): were it as slow as
+    # the estimate's error allows, on-demand from the net's edge would still be in time
+    unsure_h: float = 0.0
 
     def slack_h(self) -> float:
-        """Hours the job can still lose beyond its on-demand work left and the safety net's 2d."""
-        return self.window_h - self.elapsed_h - (self.total_h - self.done_h) - 2 * self.changeover_h
+        """Hours the job can still lose beyond its on-demand work left (and the margin for a speed not yet measured)
+        and the safety net's 2d."""
+        return self.window_h - self.elapsed_h - (self.total_h - self.done_h) - self.unsure_h - 2 * self.changeover_h
 
     def lost(self, on: Tier | None) -> bool:
         """Whether even on-demand from now (after a changeover, unless already on it) finishes after the deadline."""
@@ -78,7 +85,7 @@ def decide(p: Progress, on: Tier | None, spot_available: bool, uniform: bool = T
         return Move.spot if on == Tier.spot or spot_available else Move.on_demand
     left_h, time_left_h = p.total_h - p.done_h, p.window_h - p.elapsed_h
     exposed_h = p.pass_h if on in (Tier.spot, Tier.bubble) else 0.0
-    if time_left_h < left_h + 2 * p.changeover_h + exposed_h - TIE_H:
+    if time_left_h < left_h + p.unsure_h + 2 * p.changeover_h + exposed_h - TIE_H:
         return Move.on_demand  # safety net
     if on == Tier.on_demand:
         if p.done_h < p.expected_done_h(p.elapsed_h + 2 * p.changeover_h) - TIE_H:
@@ -106,6 +113,7 @@ def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now:
     return Progress(
         total_h=on_demand_h,
         done_h=on_demand_h * (1 - item.remaining),
+        unsure_h=on_demand_h * item.remaining * item.unsure,
         elapsed_h=(now - submitted_at).total_seconds() / 3600,
         window_h=window,
         changeover_h=changeover_hours(item.spec),
