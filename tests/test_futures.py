@@ -51,7 +51,8 @@ def test_the_rule_sees_the_estimate_until_the_speed_is_measured_and_keeps_a_rese
     Knowing its speed, greedy waits until the net (at 1.5 h) and makes it. Believing the estimate, it waits until spot
     comes at 3 h, learns its speed half an hour in and misses. With the reserve for a slower speed (30%, 13 h), it
     goes on-demand at 0.5 h and makes it. A job as fast as estimated, on spot from the start, stays there: its
-    progress takes the reserve down faster than time passes, and half an hour in its speed is measured."""
+    progress takes the reserve down faster than time passes, and half an hour in its speed is measured. One whose
+    window holds the work but not the reserve starts on on-demand and leaves it once measured."""
     available = np.ones((1, 1, 200), dtype=bool)
     available[0, 0, :30] = False
     slow = dict(work_h=12.0, od_work_h=12.0, window_h=14.0, changeover_h=0.25, interval_h=None)
@@ -66,6 +67,10 @@ def test_the_rule_sees_the_estimate_until_the_speed_is_measured_and_keeps_a_rese
     as_estimated = replace(believed, work_h=10.0, od_work_h=10.0, unmeasured_margin=0.3)
     on_spot = simulate(as_estimated, np.ones((1, 1, 200), dtype=bool), 0.1)
     assert on_spot.od_h[0] == 0 and on_spot.finish_h[0] == pytest.approx(10.1)
+    # 13.3 h to go: the reserve (13 h + 2d) does not fit, so it starts on on-demand, but not to the end: measured as
+    # fast as estimated, Uniform Progress leaves on-demand once ahead, as the live guard would
+    tight = simulate(replace(as_estimated, window_h=13.3, rule="uniform"), np.ones((1, 1, 200), dtype=bool), 0.1)
+    assert 1.0 < tight.od_h[0] < 3.0 and tight.spot_h[0] > 7.0 and tight.finish_h[0] <= 13.3
     believed_h, reserve = replace(believed, unmeasured_margin=0.3).believed_od_h(np.array([0.4, 0.5]))
     assert believed_h == pytest.approx([10.0, 12.0]) and reserve == pytest.approx([0.3, 0.0])  # measured at 0.5 h
 

@@ -19,7 +19,8 @@ from the market model for a quote or cut from the traces for a backtest, the way
   at the horizon (the deadline) the rest is priced on on-demand;
 - the rule decides on the estimate's work, keeping the live guard's reserve for a speed not yet measured
   (Progress.unsure_h), until the job has run long enough for its speed to be measured (Setting.believed_od_h), and
-  on the future's true work after: a quote's futures know their speed no sooner than the guard does;
+  on the future's true work after: a quote's futures know their speed no sooner than the guard does. A job within
+  the net only by that reserve goes to on-demand, not to the end: once its speed is measured the rule may leave;
 - what an idle job does, and when it leaves on-demand, is the rule's (each one a policy's):
   `greedy` waits for spot; `uniform` is Uniform Progress exactly as planning/uniform_progress.decide
   runs it (on-demand when idle and behind ep(t), back once ahead of ep(t + 2d)); `hedge` waits out
@@ -223,7 +224,11 @@ def simulate(
             margin = s.net_changeovers * s.counted_h
             # on spot the net keeps a tick more: a preemption before the guard's next pass (Progress.pass_h)
             exposed = np.where(state == SPOT, tick_h, 0.0) if not s.keeps_progress else 0.0
-            net = (state != DONE) & (s.window_h - now < left_h + margin + exposed - TIE_H)
+            held = (state != DONE) & (s.window_h - now < left_h + margin + exposed - TIE_H)
+            net = held & (s.window_h - now < (1 - done) * believed_h + margin + exposed - TIE_H)
+            # within the net only by the reserve for a speed not yet measured: on-demand until it is measured, then
+            # the rule may leave (the live guard pins it there only while its Progress says so)
+            reserved = held & ~net
             late = np.zeros(n, dtype=bool)
             if s.cheapest_if_late:  # lost even on on-demand: runs cheapest below, not on on-demand to the end
                 changeover = np.where(state == OD, 0.0, s.counted_h)
@@ -263,6 +268,8 @@ def simulate(
                 )
             if late.any():
                 to_od, leave_od = _cheapest_moves(s, hedge, late, state, any_up, zone, prices, to_od, leave_od)
+            to_od = to_od | (reserved & ((state == WAIT) | (state == SPOT)))  # new arrays: a rule's may be one
+            leave_od = leave_od & ~reserved
             saved = np.where(leave_od, done, saved)  # on-demand is left at a checkpoint
             state = np.where(leave_od, WAIT, state)
             dead = np.where(to_od, s.restart_h, dead)
