@@ -36,9 +36,9 @@ class PlanItem:
     # needs more time on on-demand too, which the deadline guard must know before it is too late
     speed: float = 1.0
     idle_since: datetime | None = None  # without a run: since its last run ended (or it was submitted)
-    # the share of its work left an idle job keeps in reserve while its speed is not measured (risk.unmeasured_margin
-    # at the spread its quote was sampled with; Progress.unsure_h): a job slower than estimated finds out only once
-    # it has run
+    # the share of its work left the safety net keeps in reserve while its speed is not measured
+    # (risk.unmeasured_margin at the spread its quote was sampled with; Progress.unsure_h): a job slower than
+    # estimated finds out only once it has run
     unsure: float = 0.0
 
     @classmethod
