@@ -284,8 +284,7 @@ def forecast(
     note = (
         f"; chosen on {chosen.tier.value}, run first on {played.tier.value} while in time" if played != chosen else ""
     )
-    update = {"evidence": forecast.evidence + note + _speed_note(speed), "speed_sigma": sigma}
-    return forecast.model_copy(update=update)
+    return _with_speed(forecast, forecast.evidence + note, speed, sigma)
 
 
 def _on_demand(spec: JobSpec, quote: Quote, offer: Offer, now: datetime, speed: np.ndarray, sigma: float) -> Forecast:
@@ -295,16 +294,17 @@ def _on_demand(spec: JobSpec, quote: Quote, offer: Offer, now: datetime, speed: 
     moving = transfer_usd(spec, offer)  # paid once, at any speed
     cost = (option.expected_cost_usd - moving) / speed + moving
     forecast = _summary(spec, now, cost, wall, np.zeros_like(wall), wall, "on-demand", [offer], [])
-    update = {"evidence": "on-demand: always available" + _speed_note(speed), "speed_sigma": sigma}
-    return forecast.model_copy(update=update)
+    return _with_speed(forecast, "on-demand: always available", speed, sigma)
 
 
-def _speed_note(speed: np.ndarray) -> str:
-    return (
-        f"; speed off the estimate by {np.std(np.log(speed)):.2f} (log sd: the prior with finished jobs' speeds)"
-        if len(speed) > 1
-        else ""
-    )
+def _with_speed(forecast: Forecast, evidence: str, speed: np.ndarray, sigma: float) -> Forecast:
+    """The forecast with the speed spread its futures were sampled with: told in its evidence, and kept for the
+    guard's reserve while the job's speed is unmeasured (PlanItem.unsure)."""
+    if len(speed) > 1:
+        evidence += (
+            f"; speed off the estimate by {np.std(np.log(speed)):.2f} (log sd: the prior with finished jobs' speeds)"
+        )
+    return forecast.model_copy(update={"evidence": evidence, "speed_sigma": sigma})
 
 
 def _summary(spec, now, cost, finish, spot_h, od_h, rule, zones, zone_models) -> Forecast:
