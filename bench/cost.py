@@ -4,7 +4,8 @@ Each (directory, seed) is one `broker backtest` (the ML mix of --jobs jobs arriv
 from the two FreeRide-like main jobs, the omniscient bound per job), with the market model that quotes and
 the hedge policy decide from fitted on the *other* GPU trace directories (leave one out, as bench/forecast.py
 does: the evaluated traces are never seen by the model). The summary adds the runs up per
-policy: total cost, savings against all on-demand, deadline misses and hours late, cost / omniscient, migrations,
+policy: total cost, savings against all on-demand, deadline misses (and the avoidable ones: jobs all on-demand met in
+the same backtest) and hours late, cost / omniscient, migrations,
 work lost and the mean quote error, and checks the issue's goals.
 
     python bench/cost.py --json [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
@@ -27,6 +28,7 @@ from broker.planning import DEFAULT_POLICY
 from broker.pricing.availability import MarketModel
 from broker.pricing.traces import load_traces
 from broker.sim import backtest
+from broker.sim.calibration import job_rows
 from broker.sim.market import backtest_market
 from broker.sim.workloads import backtest_workload
 from broker.store import embedded
@@ -65,7 +67,19 @@ def one(directory: str, seed: int, jobs: int, fit: list[str]) -> dict:
     with embedded.scratch() as url:
         result = backtest.run(market, arrivals, POLICIES, seed, url, model=fitted_on(fit, market.tick_s))
     bound_status = sorted({b.status for b in result.bound.values()})
-    return {"traces": directory, "seed": seed, "rows": result.rows, "bound_status": bound_status}
+    missed = missed_jobs(result.outcomes)
+    return {"traces": directory, "seed": seed, "rows": result.rows, "bound_status": bound_status, "missed": missed}
+
+
+def missed_jobs(outcomes) -> dict[str, list[str]]:
+    """Per policy, the jobs that missed their deadline (late or unfinished)."""
+    return {o.policy: [row["job"] for row in job_rows(o.jobs, o.end) if not row["met"]] for o in outcomes}
+
+
+def avoidable_misses(runs: list[dict], policy: str) -> int:
+    """The policy's misses of jobs that all on-demand met in the same backtest: the others the job's true speed
+    lost whatever the policy."""
+    return sum(len(set(r["missed"].get(policy, [])) - set(r["missed"].get("on-demand", []))) for r in runs)
 
 
 def aggregate(runs: list[dict]) -> list[dict]:
@@ -87,6 +101,7 @@ def aggregate(runs: list[dict]) -> list[dict]:
                 "cost_usd": round(cost, 2),
                 "savings_pct": round(100 * (1 - cost / od), 1),
                 "deadline_misses": sum(row["deadline_misses"] for row in rows),
+                "avoidable_misses": avoidable_misses(done, policy) if policy != backtest.OMNISCIENT else 0,
                 "hours_late": round(sum(row["hours_late"] for row in rows), 1),
                 "cost_vs_omniscient": round(cost / best, 3),
                 "cost_vs_joint_omniscient": round(sum(b * x for b, x in joint) / joint_usd, 3) if joint_usd else None,

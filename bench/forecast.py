@@ -17,7 +17,8 @@ Prints one JSON object: `jobs`, the quote figures pooled over every job of the f
 `calibration_mean_gap_pts` (the bins' gaps weighted by jobs), `calibration_max_gap_if_calibrated_pts` (median and
 90th percentile of the largest gap that true odds would show on the same quotes: the figure's noise floor),
 `brier`, `cost_at_or_below_p10_p50_p90`: the share of jobs whose realised cost was at most the quoted p10, p50 and
-p90 (true quotes: 0.1, 0.5, 0.9), `median_quoted_spread_pct`: the median over quotes of their own futures' median
+p90 (true quotes: 0.1, 0.5, 0.9), over the quotes with a spread (p10 < p90; a quote free in every future is counted
+in `quoted_free_*`), `median_quoted_spread_pct`: the median over those quotes of their own futures' median
 |cost / p50 - 1|, the error a quote makes even when its model is right), and per policy (the default, hedge, also
 with bubbles) the same plus
 `savings_pct` (vs all on-demand in the same backtests), `deadline_misses`, `avoidable_misses` (those of them that
@@ -37,7 +38,7 @@ from concurrent.futures import ProcessPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
-from cost import fitted_on, gpu_directories  # bench/cost.py, beside this file
+from cost import avoidable_misses, fitted_on, gpu_directories, missed_jobs  # bench/cost.py, beside this file
 from rich.console import Console
 from rich.progress import Progress
 
@@ -70,6 +71,7 @@ def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int) -> 
         "workload_seed": workload,
         "rows": result.rows,
         "jobs": {o.policy: job_rows(o.jobs, o.end) for o in result.outcomes},
+        "missed": missed_jobs(result.outcomes),
     }
 
 
@@ -90,15 +92,6 @@ def figures(rows: list[dict]) -> dict:
         "brier": calibration["brier"],
         "reliability": calibration["bins"],
     }
-
-
-def avoidable_misses(runs: list[dict], policy: str) -> int:
-    """The policy's misses of jobs that all on-demand met in the same backtest."""
-    missed = 0
-    for run in runs:
-        met_on_demand = {j["job"] for j in run["jobs"].get("on-demand", []) if j["met"]}
-        missed += sum(1 for j in run["jobs"].get(policy, []) if not j["met"] and j["job"] in met_on_demand)
-    return missed
 
 
 def aggregate(runs: list[dict]) -> dict:

@@ -17,7 +17,7 @@ from broker.domain.model import Job, JobState, Run
 from broker.models.risk import checkpoint_hours, exclusive_hours, restart_hours
 from broker.planning.option_table import POOLED_H, PlanItem, measured_speed
 from broker.pricing.availability import MarketModel
-from broker.sim.calibration import cost_errors_pct, reliability
+from broker.sim.calibration import cost_coverage, cost_errors_pct, reliability
 from broker.sim.market import OfferBook
 
 
@@ -54,6 +54,40 @@ def test_a_quote_on_a_flaky_zone_is_not_certain_and_on_a_calm_one_it_is_cheap():
     # 10 h of work in 14 h: the reserve for a speed not yet measured (46% at the prior's spread) does not fit, so
     # even on a calm zone the job starts on on-demand: a slow one would know too late
     assert _quote(calm, 14.0).forecast.spot_share == 0.0
+
+
+def test_a_quote_names_where_the_rule_starts_the_job_and_warns_when_the_odds_fall_short():
+    """A policy that places by its rule starts a job whose window does not hold the reserve for a speed not yet
+    measured on on-demand: its quote chooses on-demand then, not the spot offer the money model picked. And a quote
+    whose futures meet the deadline less often than the spec asked says so, with the finish at those odds."""
+    from rich.console import Console
+
+    from broker.app import render
+
+    calm = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+
+    def quote(policy: str, window_h: float):
+        broker = Broker(None, OfferBook(offers), planning.get(policy), SimulatedClock(NOW), calm)
+        return broker.quote(_quote_spec(window_h).model_copy(update={"budget_usd": None}))
+
+    def shown(q) -> str:
+        console = Console(width=200, record=True)
+        console.print(render.quote_table(q, "quote"))
+        return console.export_text()
+
+    tight, roomy, kept = quote("hedge", 14.0), quote("hedge", 30.0), quote("costslo", 14.0)
+    assert tight.chosen.offer.tier == "on_demand" and tight.alternatives[0].offer == offers[0]
+    # ... and leave it for spot once its speed is measured, as the guard does
+    assert tight.forecast.spot_share > 0.5 and "starts on on-demand" in tight.forecast.evidence
+    assert roomy.chosen.offer == offers[0] and "starts on" not in roomy.forecast.evidence  # room for the reserve
+    assert kept.chosen.offer == offers[0]  # a policy that keeps its choice is quoted on it
+    assert quote("uniform-progress", 14.0).chosen.offer.tier == "on_demand"
+    # 10 h of on-demand work in 14 h: a speed 29% slower than estimated misses, which the prior gives 7%
+    assert tight.deadline_probability == 0.95 and tight.forecast.p_meet_deadline < 0.945 and tight.short_of_odds
+    assert tight.forecast.finish_at_odds > NOW + timedelta(hours=14.0)  # the 95th percentile finish: late
+    assert "is below the 0.95 asked" in shown(tight) and "is below" not in shown(roomy)
+    assert not roomy.short_of_odds and roomy.forecast.finish_at_odds <= NOW + timedelta(hours=30.0)
 
 
 def test_a_quote_shows_and_saves_against_its_futures_not_the_money_model():
@@ -109,7 +143,7 @@ def test_a_quote_chosen_on_demand_runs_on_spot_while_in_time_under_a_policy_that
     replanned = forecast(spec, on_demand, offers, model, "hedge", NOW, spot_while_in_time=True)
     assert kept.spot_share == 0.0 and kept.rule == "on-demand"
     assert replanned.spot_share > 0.9 and replanned.cost_p50_usd < kept.cost_p50_usd / 2
-    assert replanned.zones == [offers[0].id] and "run first on spot while in time" in replanned.evidence
+    assert replanned.zones == [offers[0].id] and "run on spot whenever in time" in replanned.evidence
     late = NOW + timedelta(hours=on_demand.chosen.expected_wall_h * 0.5)  # no offer can finish in time
     soonest = spec.model_copy(update={"deadline": late, "if_late": "soonest"})
     assert forecast(soonest, on_demand, offers, model, "hedge", NOW, spot_while_in_time=True).spot_share == 0.0
@@ -180,6 +214,11 @@ def test_quote_figures_count_errors_and_calibration():
     assert figures["calibration_max_gap_if_calibrated_pts"] == [5.0, 10.0]  # median and 90th percentile
     many = [{"quoted_cost_usd": 1.0, "cost_usd": 1.0, "p_meet": 0.9, "met": i % 10 != 0} for i in range(2000)]
     assert reliability(many)["calibration_max_gap_if_calibrated_pts"][1] < 2.0  # 2,000 jobs: a tight floor
+    quoted = {"quoted_p10_usd": 8.0, "quoted_cost_usd": 10.0, "quoted_p90_usd": 12.0, "quoted_spread_pct": 10.0}
+    spread = [quoted | {"cost_usd": c} for c in (7.0, 9.0, 11.0, 13.0)]
+    free = [dict.fromkeys([*quoted, "cost_usd"], 0.0)] * 4  # free in every future, and free: right, not too dear
+    coverage = cost_coverage(spread + free)
+    assert coverage == {"cost_at_or_below_p10_p50_p90": [0.25, 0.5, 0.75], "median_quoted_spread_pct": 10.0}
 
 
 def test_a_quote_sees_the_jobs_ahead_of_it_in_the_fleet(store):

@@ -80,11 +80,11 @@ def quote_table(quote: Quote, title: str) -> Fitted:
             f"{f.p_meet_deadline:.2f}" if f else f"{option.p_meet_deadline:.3f}",
             when(f.finish_p50 if f and f.finish_p50 else option.expected_finish),
         )
-    notes = []
+    notes = [short_of_odds(quote)] if quote.short_of_odds else []
     if quote.forecast is not None:
         notes.append(
             "chosen and on-demand: cost, P(meet) and finish are their futures' median, odds and median finish; "
-            "alternatives: the money model's (spot always launchable, a constant hazard)"
+            "alternatives: the money model's (spot always launchable, a constant hazard, the estimated speed)"
         )
     if quote.savings_usd is not None:
         notes.append(
@@ -100,6 +100,16 @@ def quote_table(quote: Quote, title: str) -> Fitted:
         notes.append(forecast_line(quote.forecast))
     table.caption = "\n".join(notes) or None
     return narrow_safe(table, "offer", "gpus", "finish UTC", optional=("gpus", "tier", "finish UTC"))
+
+
+def short_of_odds(quote: Quote) -> str:
+    """The warning for a quote whose futures meet the deadline less often than asked, and what would."""
+    f, asked = quote.forecast, quote.deadline_probability
+    by = f"by {when(f.finish_at_odds)} UTC" if f.finish_at_odds else "not within the horizon"
+    return (
+        f"[yellow]P(meet deadline) {f.p_meet_deadline:.2f} is below the {asked:.2f} asked[/]: the futures finish "
+        f"{by} that often; move --deadline there, or lower deadline_probability"
+    )
 
 
 def forecast_line(f) -> str:

@@ -10,7 +10,9 @@ from broker.core.forecast import Fleet, forecast
 from broker.core.hedging import MarketHedge
 from broker.domain.errors import BrokerError
 from broker.domain.model import AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
-from broker.models.risk import fits
+from broker.models.risk import fits, unmeasured_margin
+from broker.planning.cheapest import ALTERNATIVES
+from broker.planning.uniform_progress import starts_on_demand
 from broker.pricing.availability import MarketModel, seen_counts
 from broker.pricing.catalog import PriceCatalog
 from broker.store.capacity import fleet_seen
@@ -96,13 +98,17 @@ class Broker:
         offers = self.offers(agents)
         quote = self.policy.quote(spec, offers, now)
         market = self.market_now()
+        fleet = None
+        if market is not None and self.store is not None:  # the jobs ahead of it (running, then the most urgent
+            others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)  # waiting), and the newest
+            fleet = Fleet.of(agents, others, now, self.store.recent_jobs(OTHERS_SEEN))
+        places_by_rule = getattr(self.policy, "spot_while_in_time", False)
+        money_choice = quote.chosen
+        if places_by_rule:
+            quote = _where_it_starts(quote, spec, offers, now, (fleet or Fleet()).speed_sigma)
         if market is None:
             return quote
         rule = getattr(self.policy, "rule", "greedy")
-        fleet = None
-        if self.store is not None:  # the jobs ahead of it (running, then the most urgent waiting), and the newest
-            others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)
-            fleet = Fleet.of(agents, others, now, self.store.recent_jobs(OTHERS_SEEN))
 
         def simulated(option: Option, spot: bool = False) -> Forecast:
             played = quote.model_copy(update={"chosen": option})
@@ -111,7 +117,11 @@ class Broker:
             )
 
         # a policy that places by its rule every round runs the job on spot while in time, whatever tier it chose
-        update: dict = {"forecast": simulated(quote.chosen, getattr(self.policy, "spot_while_in_time", False))}
+        update: dict = {"forecast": simulated(quote.chosen, places_by_rule)}
+        if quote.chosen is not money_choice:
+            started = update["forecast"]
+            note = "; starts on on-demand: the window holds no reserve for a speed slower than estimated until measured"
+            update["forecast"] = started.model_copy(update={"evidence": started.evidence + note})
         baseline = quote.on_demand_baseline
         if baseline is not None:  # no market randomness there: only the speed's (cheap)
             update["on_demand_baseline"] = baseline.model_copy(update={"forecast": simulated(baseline)})
@@ -147,3 +157,17 @@ class Broker:
 
     def jobs(self, states: set[JobState] | None = None) -> list[Job]:
         return self.store.list_jobs(states)
+
+
+def _where_it_starts(quote: Quote, spec: JobSpec, offers: list[Offer], now: datetime, sigma: float) -> Quote:
+    """A policy that places by its rule starts a job whose window does not hold the reserve for a speed not yet
+    measured on on-demand, whatever the money model chose (uniform_progress.starts_on_demand): the quote chooses
+    its on-demand baseline then, the spot offer first among the alternatives, so the quote, `broker run`'s local
+    agent and the Terraform plan name where the job will run."""
+    baseline = quote.on_demand_baseline
+    if baseline is None or quote.chosen.offer.tier == Tier.on_demand:
+        return quote
+    if not starts_on_demand(spec, offers, now, unmeasured_margin(sigma, spec.deadline_probability)):
+        return quote
+    alternatives = [quote.chosen, *quote.alternatives][:ALTERNATIVES]
+    return quote.model_copy(update={"chosen": baseline, "alternatives": alternatives})

@@ -281,9 +281,7 @@ def forecast(
     out = simulate(setting, available, tick_h, hedge, launchable=free)
     cost = out.cost_usd + transfer_usd(spec, chosen)  # its input moved to where it starts
     forecast = _summary(spec, now, cost, out.finish_h, out.spot_h, out.od_h, setting.rule, zones, zone_models)
-    note = (
-        f"; chosen on {chosen.tier.value}, run first on {played.tier.value} while in time" if played != chosen else ""
-    )
+    note = f"; chosen on {chosen.tier.value}, run on {played.tier.value} whenever in time" if played != chosen else ""
     return _with_speed(forecast, forecast.evidence + note, speed, sigma)
 
 
@@ -330,6 +328,7 @@ def _summary(spec, now, cost, finish, spot_h, od_h, rule, zones, zone_models) ->
         cost_spread_pct=round(100 * float(np.median(np.abs(cost / p50 - 1))), 2) if p50 > 0 else 0.0,
         finish_p50=when(50),
         finish_p90=when(90),
+        finish_at_odds=when(100 * spec.deadline_probability) if math.isfinite(window) else None,
         p_meet_deadline=round(float(met.mean()), 4),
         p_within_budget=round(float(within.mean()), 4),
         spot_share=round(share, 4),

@@ -87,6 +87,9 @@ class Forecast(BaseModel):
     cost_spread_pct: float = 0.0  # median |cost / p50 - 1| over the futures: the miss to expect were the model right
     finish_p50: datetime | None  # None: later than the futures' horizon
     finish_p90: datetime | None
+    # when the futures finish with the odds the spec asked for (its deadline_probability quantile; None: later than
+    # the horizon): the deadline that would be met that often, were the job run as it is here
+    finish_at_odds: datetime | None = None
     p_meet_deadline: float
     p_within_budget: float
     spot_share: float  # mean share of the job's instance hours on spot
@@ -127,6 +130,14 @@ class Quote(BaseModel):
     alternatives: list[Option]
     on_demand_baseline: Option | None
     forecast: Forecast | None = None
+    deadline_probability: float | None = None  # the odds of meeting the deadline the spec asked for
+
+    @property
+    def short_of_odds(self) -> bool:
+        """Whether the forecast meets the deadline less often than the spec asked (the money model, which knows
+        neither the market's gaps nor how far off the speed estimate may be, chose an option it thought would)."""
+        asked = self.deadline_probability
+        return self.forecast is not None and asked is not None and self.forecast.p_meet_deadline < asked - 0.005
 
     @property
     def cost_usd(self) -> float:

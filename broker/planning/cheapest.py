@@ -89,7 +89,12 @@ class CheapestFeasible:
         on_demand = [o for o in options if o.offer.tier == Tier.on_demand]
         baseline = next((o for o in on_demand if o.meets_deadline), on_demand[0] if on_demand else None)
         return Quote(
-            policy=self.name, created_at=now, chosen=chosen, alternatives=alternatives, on_demand_baseline=baseline
+            policy=self.name,
+            created_at=now,
+            chosen=chosen,
+            alternatives=alternatives,
+            on_demand_baseline=baseline,
+            deadline_probability=spec.deadline_probability if spec.deadline is not None else None,
         )
 
     @staticmethod

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
-from broker.domain.model import IfLate, Offer, Plan, Tier, Unplaced
+from broker.domain.model import IfLate, JobSpec, Offer, Plan, Tier, Unplaced
 from broker.models.risk import changeover_hours, evaluate, exclusive_hours, fit_key, fits, window_hours
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
@@ -143,6 +143,15 @@ def progress_on(item: PlanItem, offers: list[Offer], now: datetime) -> Progress 
         return None
     od = [exclusive_hours(item.spec, o) for o in offers if o.tier == Tier.on_demand]
     return progress_of(item, min(od, default=float("inf")) / item.speed, item.submitted_at or now, now)
+
+
+def starts_on_demand(spec: JobSpec, offers: list[Offer], now: datetime, unsure: float) -> bool:
+    """Whether the rule puts a new job on on-demand at once, whatever spot there is: its window does not hold the
+    safety net with the reserve (`unsure`, PlanItem.unsure) for a speed not yet measured. A quote then says so: the
+    spot offer the money model chose is not where the job will start."""
+    item = PlanItem(id=spec.name, spec=spec, submitted_at=now, unsure=unsure)
+    progress = progress_on(item, [o for o in offers if fits(spec, o)], now)
+    return progress is not None and decide(progress, None, spot_available=True) == Move.on_demand
 
 
 @register("uniform-progress")

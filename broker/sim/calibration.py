@@ -47,8 +47,9 @@ def cost_errors_pct(rows: list[dict]) -> tuple[float | None, float | None]:
 def cost_coverage(rows: list[dict]) -> dict:
     """How the realised costs fall against the quoted percentiles (true quotes: 10%, 50% and 90% of jobs at or
     below p10, p50 and p90), and the median of the quotes' own spread (the miss a right model still makes), over
-    the jobs whose quote had a forecast."""
-    known = [r for r in rows if "quoted_p10_usd" in r]
+    the jobs whose quote had a forecast with a spread: a point quote (p10 = p90: free bubble work in every future)
+    is at or below its p10 whenever it was right, which would count as too dear (`quoted_free_*` count those)."""
+    known = [r for r in rows if "quoted_p10_usd" in r and r["quoted_p90_usd"] > r["quoted_p10_usd"]]
     if not known:
         return {"cost_at_or_below_p10_p50_p90": None, "median_quoted_spread_pct": None}
     shares = [
