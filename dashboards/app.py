@@ -83,10 +83,13 @@ def jobs_page() -> None:
     st.dataframe(accounting.jobs_frame(jobs, now()), hide_index=True, width="stretch")
     chosen = st.selectbox("Job", [j.id for j in jobs], index=len(jobs) - 1)
     job = next(j for j in jobs if j.id == chosen)
-    cols = st.columns(3)
+    cols = st.columns(4)
     cols[0].metric("Quoted", money(job.quote.cost_usd))
     cols[1].metric("Realised so far", money(accounting.spend_usd(job, now())))
     cols[2].metric("Migrations", job.migrations)
+    asked = job.quote.deadline_probability
+    short = f"{job.quote.p_meet_deadline - asked:+.2f} vs the {asked:.2f} asked" if job.quote.short_of_odds else None
+    cols[3].metric("Quoted P(meet deadline)", f"{job.quote.p_meet_deadline:.2f}", delta=short)
     if job.runs:
         st.subheader("Runs across offers")
         runs = [

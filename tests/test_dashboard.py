@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from broker import planning
-from broker.domain.model import Job, JobState, Run, Tier
+from broker.domain.model import Forecast, Job, JobState, Run, Tier
 from conftest import ROOT, make_spec
 
 APP = ROOT / "dashboards" / "app.py"
@@ -127,6 +127,35 @@ def test_jobs_page_lists_every_job_and_shows_a_jobs_runs(app, seeded):
     app.selectbox[0].set_value("migrated").run()
     runs = app.dataframe[1].value
     assert list(runs["end"]) == ["preempted", "finished"] and list(runs["work lost s"]) == [600.0, 0.0]
+    odds = next(m for m in app.metric if m.label == "Quoted P(meet deadline)")
+    assert odds.value == f"{seeded['jobs'][0].quote.p_meet_deadline:.2f}" and not odds.delta  # as the spec asked
+
+
+def test_jobs_page_shows_a_quote_whose_odds_fall_short_of_what_was_asked(app, seeded, store):
+    waiting = seeded["jobs"][3]
+    quote = waiting.quote
+    fell_short = Forecast(
+        futures=1000,
+        rule="hedge",
+        zones=[quote.chosen.offer.id],
+        cost_p10_usd=1.0,
+        cost_p50_usd=2.0,
+        cost_p90_usd=3.0,
+        cost_mean_usd=2.0,
+        finish_p50=None,
+        finish_p90=None,
+        p_meet_deadline=0.81,
+        p_within_budget=1.0,
+        spot_share=0.5,
+        evidence="",
+    )
+    short = waiting.model_copy(update={"id": "short", "quote": quote.model_copy(update={"forecast": fell_short})})
+    assert store.add_job(short)
+    app.run()
+    app.sidebar.radio[0].set_value("Jobs").run()
+    app.selectbox[0].set_value("short").run()
+    odds = next(m for m in app.metric if m.label == "Quoted P(meet deadline)")
+    assert odds.value == "0.81" and odds.delta == "-0.14 vs the 0.95 asked"
 
 
 def test_prices_page_shows_the_cheapest_spot_and_on_demand_and_the_hazard(app, redis_url, catalog):
