@@ -257,6 +257,19 @@ def test_the_policy_places_on_spot_when_available_and_waits_when_ahead():
     assert UniformProgress().plan([tight], [spot, od], {spot.id: 0}, NOW).assignments == {"t": od.id}
 
 
+def test_a_round_without_an_idle_on_demand_agent_measures_the_work_on_the_quoted_on_demand_offer():
+    """A round's offers are its idle agents'. With none on on-demand, the work left is still the job's on-demand
+    hours as quoted (as the guard measures it), not endless: a job inside the safety net waits for on-demand
+    rather than running cheapest on spot as if its deadline were lost (the guard moved it off at its next pass),
+    and a roomy job with `if_late: soonest` still takes spot."""
+    spot, od = offer("s", Tier.spot, 1.0), offer("o", Tier.on_demand, 3.0)
+    od_h = UniformProgress().options(make_spec(work={"gpu_hours": 10}), [od], NOW)[0].exclusive_h
+    tight = PlanItem("t", make_spec(work={"gpu_hours": 10}, deadline="+10.3h"), on_demand_h=od_h)  # in the net
+    roomy = PlanItem("r", make_spec(work={"gpu_hours": 10}, deadline="+40h", if_late="soonest"), on_demand_h=od_h)
+    plan = UniformProgress().plan([tight, roomy], [spot], {spot.id: 2}, NOW)
+    assert plan.assignments == {"r": spot.id} and plan.unplaced == {"t": "capacity"}
+
+
 def test_lost_deadlines_run_cheapest_are_planned_after_the_jobs_that_can_still_make_theirs():
     spot, od = offer("s", Tier.spot, 1.0), offer("o", Tier.on_demand, 3.0)
     lost = PlanItem("lost", make_spec(work={"gpu_hours": 10}, deadline="+8h"))  # on-demand needs 10 h

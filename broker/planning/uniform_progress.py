@@ -138,11 +138,14 @@ def spot_in_time(item: PlanItem, offers: list[Offer], progress: Progress | None)
 
 
 def progress_on(item: PlanItem, offers: list[Offer], now: datetime) -> Progress | None:
-    """The job's Progress with its work on the fastest of the on-demand `offers`; None without a deadline."""
+    """The job's Progress with its work on the on-demand offer it was quoted against (`on_demand_h`, as the guard
+    measures it), else on the fastest of the on-demand `offers`; None without a deadline. A round's offers are its
+    idle agents': were no on-demand agent idle, the work would look endless and every deadline lost."""
     if item.spec.deadline is None:
         return None
-    od = [exclusive_hours(item.spec, o) for o in offers if o.tier == Tier.on_demand]
-    return progress_of(item, min(od, default=float("inf")) / item.speed, item.submitted_at or now, now)
+    od = [exclusive_hours(item.spec, o) / item.speed for o in offers if o.tier == Tier.on_demand]
+    on_demand_h = item.on_demand_h if item.on_demand_h is not None else min(od, default=float("inf"))
+    return progress_of(item, on_demand_h, item.submitted_at or now, now)
 
 
 def starts_on_demand(spec: JobSpec, offers: list[Offer], now: datetime, unsure: float) -> bool:
