@@ -194,3 +194,28 @@ def test_a_new_job_goes_to_a_shard_with_agents_it_fits_and_runs_there(redis_url,
         server.round(block_ms=5)
         agent.step(block_ms=5)
     assert [store.get_job(j.id).state for j in jobs] == [JobState.done] * 6
+
+
+def test_a_job_in_a_shard_without_an_agent_that_fits_says_so_and_whether_another_shard_has_one(
+    redis_url, tmp_path, catalog
+):
+    """A job stays in its shard: `broker status` says when its own shard has no agent that fits it while others do,
+    rather than that no agent is registered."""
+    from broker.core.waiting import waiting_for
+
+    store = ShardedStore(redis_url, "broker:", SHARDS)
+    name = next(n for n in (f"agent-{i}" for i in range(100)) if shard_of(n, SHARDS) == 2)
+    agent = Agent(store.of_agent(name), name, l4_on_demand(catalog), str(tmp_path), tmp_path / "runs")
+    agent.register()
+    broker = Broker(store, catalog, planning.get(), SystemClock())
+    job_id = next(j for j in (f"l4-{i}" for i in range(100)) if shard_of(j, SHARDS) == 1)
+    l4 = broker.submit(make_spec(run=["true"], resources={"accelerators": ["L4:1"]}), job_id=job_id)
+    BrokerServer(store.shards[1], planning.get(), SystemClock(), CheckpointStore(str(tmp_path)), "server").lead()
+    why = waiting_for(store, store.get_job(l4.id))
+    assert why.startswith("its shard (1 of 4, BROKER_SHARDS) has no agent that fits it; 1 in other shards do")
+    a100 = broker.submit(
+        make_spec(name="a100"), job_id=next(j for j in (f"a-{i}" for i in range(99)) if shard_of(j, SHARDS) == 1)
+    )
+    assert waiting_for(store, a100).endswith(
+        "nor does any other: start one (`broker agent`, `broker agents provision`, `broker run`)"
+    )

@@ -9,18 +9,21 @@ from broker.store.jobs import Store
 
 
 def waiting_for(store: Store, job: Job) -> str | None:
-    """Why the job is not running yet, or None when it is not queued."""
+    """Why the job is not running yet, or None when it is not queued. `store`: the broker's, all its shards."""
     if job.state != JobState.queued:
         return None
+    shards = store.shards
     store = store.of_job(job.id)  # its shard's server plans it, on its shard's agents
     if store.planner() is None:
         return "no broker server is running: start `broker server` (or use `broker run JOB.yaml`)"
     agents = store.working_agents()
-    if not agents:
+    if not agents and len(shards) == 1:
         return "no agent is registered: start one (`broker agent`, `broker agents provision`, `broker run`)"
     from broker.models.risk import fits  # numpy and scipy: only once there are agents to match
 
     fitting = [a for a in agents if fits(job.spec, a.offer)]
+    if not fitting and len(shards) > 1:
+        return _not_in_its_shard(shards, store, job, fits)
     if not fitting:
         shapes = ", ".join(sorted({f"{a.offer.accelerator}:{a.offer.accelerator_count}" for a in agents}))
         return f"no registered agent fits its resources (agents have {shapes})"
@@ -30,3 +33,19 @@ def waiting_for(store: Store, job: Job) -> str | None:
     if all(a.job for a in fitting):
         return "every agent that fits it is busy"
     return job.reason or "the next planning round"
+
+
+def _not_in_its_shard(shards: list[Store], own: Store, job: Job, fits) -> str:
+    """A sharded broker's job runs only on its own shard's agents: say which shard lacks one, and whether others
+    have agents that fit (the job stays in its shard; an agent joins the shard its id hashes to)."""
+    index = shards.index(own)
+    elsewhere = sum(
+        1 for shard in shards if shard is not own for a in shard.working_agents() if fits(job.spec, a.offer)
+    )
+    where = f"its shard ({index} of {len(shards)}, BROKER_SHARDS) has no agent that fits it"
+    if elsewhere:
+        return (
+            f"{where}; {elsewhere} in other shards do, but a job runs only on its own shard's agents: start one whose"
+            f" --id falls in shard {index} (crc32 of the id mod {len(shards)}; `broker run` starts one there)"
+        )
+    return f"{where}, nor does any other: start one (`broker agent`, `broker agents provision`, `broker run`)"
