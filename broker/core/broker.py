@@ -99,8 +99,9 @@ class Broker:
         quote = self.policy.quote(spec, offers, now)
         market = self.market_now()
         fleet = None
-        if market is not None and self.store is not None:  # the jobs ahead of it (running, then the most urgent
-            others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)  # waiting), and the newest
+        # the jobs ahead of it (running, then the most urgent waiting), and the newest
+        if market is not None and self.store is not None:
+            others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)
             fleet = Fleet.of(agents, others, now, self.store.recent_jobs(OTHERS_SEEN))
         places_by_rule = getattr(self.policy, "spot_while_in_time", False)
         money_choice = quote.chosen
