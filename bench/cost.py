@@ -101,7 +101,7 @@ def aggregate(runs: list[dict]) -> list[dict]:
                 "cost_usd": round(cost, 2),
                 "savings_pct": round(100 * (1 - cost / od), 1),
                 "deadline_misses": sum(row["deadline_misses"] for row in rows),
-                "avoidable_misses": avoidable_misses(done, policy) if policy != backtest.OMNISCIENT else 0,
+                "avoidable_misses": avoidable_misses(done, policy),
                 "hours_late": round(sum(row["hours_late"] for row in rows), 1),
                 "cost_vs_omniscient": round(cost / best, 3),
                 "cost_vs_joint_omniscient": round(sum(b * x for b, x in joint) / joint_usd, 3) if joint_usd else None,

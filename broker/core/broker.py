@@ -104,9 +104,10 @@ class Broker:
             others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)
             fleet = Fleet.of(agents, others, now, self.store.recent_jobs(OTHERS_SEEN))
         places_by_rule = getattr(self.policy, "spot_while_in_time", False)
-        money_choice = quote.chosen
-        if places_by_rule:
-            quote = _where_it_starts(quote, spec, offers, now, (fleet or Fleet()).speed_sigma)
+        started_on_demand = places_by_rule and _starts_on_demand(quote, spec, offers, now, fleet or Fleet())
+        if started_on_demand:  # quoted where it starts; the money model's spot choice heads the alternatives
+            alternatives = [quote.chosen, *quote.alternatives][:ALTERNATIVES]
+            quote = quote.model_copy(update={"chosen": quote.on_demand_baseline, "alternatives": alternatives})
         if market is None:
             return quote
         rule = getattr(self.policy, "rule", "greedy")
@@ -119,7 +120,7 @@ class Broker:
 
         # a policy that places by its rule every round runs the job on spot while in time, whatever tier it chose
         update: dict = {"forecast": simulated(quote.chosen, places_by_rule)}
-        if quote.chosen is not money_choice:
+        if started_on_demand:
             started = update["forecast"]
             note = "; starts on on-demand: the window holds no reserve for a speed slower than estimated until measured"
             update["forecast"] = started.model_copy(update={"evidence": started.evidence + note})
@@ -160,15 +161,11 @@ class Broker:
         return self.store.list_jobs(states)
 
 
-def _where_it_starts(quote: Quote, spec: JobSpec, offers: list[Offer], now: datetime, sigma: float) -> Quote:
-    """A policy that places by its rule starts a job whose window does not hold the reserve for a speed not yet
-    measured on on-demand, whatever the money model chose (uniform_progress.starts_on_demand): the quote chooses
-    its on-demand baseline then, the spot offer first among the alternatives, so the quote, `broker run`'s local
-    agent and the Terraform plan name where the job will run."""
-    baseline = quote.on_demand_baseline
-    if baseline is None or quote.chosen.offer.tier == Tier.on_demand:
-        return quote
-    if not starts_on_demand(spec, offers, now, unmeasured_margin(sigma, spec.deadline_probability)):
-        return quote
-    alternatives = [quote.chosen, *quote.alternatives][:ALTERNATIVES]
-    return quote.model_copy(update={"chosen": baseline, "alternatives": alternatives})
+def _starts_on_demand(quote: Quote, spec: JobSpec, offers: list[Offer], now: datetime, fleet: Fleet) -> bool:
+    """Whether a policy that places by its rule starts the job on on-demand, whatever the money model chose: its
+    window does not hold the reserve for a speed not yet measured (uniform_progress.starts_on_demand). Its quote
+    then chooses its on-demand baseline, so the quote, `broker run`'s local agent and the Terraform plan name where
+    the job will run."""
+    if quote.on_demand_baseline is None or quote.chosen.offer.tier == Tier.on_demand:
+        return False
+    return starts_on_demand(spec, offers, now, unmeasured_margin(fleet.speed_sigma, spec.deadline_probability))

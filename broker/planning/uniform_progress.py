@@ -143,8 +143,10 @@ def progress_on(item: PlanItem, offers: list[Offer], now: datetime) -> Progress 
     idle agents': were no on-demand agent idle, the work would look endless and every deadline lost."""
     if item.spec.deadline is None:
         return None
-    od = [exclusive_hours(item.spec, o) / item.speed for o in offers if o.tier == Tier.on_demand]
-    on_demand_h = item.on_demand_h if item.on_demand_h is not None else min(od, default=float("inf"))
+    on_demand_h = item.on_demand_h
+    if on_demand_h is None:  # a quote's item: priced on the offers (a transformer's layout search, so only then)
+        od = [exclusive_hours(item.spec, o) for o in offers if o.tier == Tier.on_demand]
+        on_demand_h = min(od, default=float("inf")) / item.speed
     return progress_of(item, on_demand_h, item.submitted_at or now, now)
 
 
