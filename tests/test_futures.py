@@ -101,12 +101,28 @@ def test_near_the_net_a_run_checkpoints_so_that_a_preemption_does_not_cost_the_d
 
 def test_on_spot_within_a_tick_of_the_net_the_run_goes_to_on_demand():
     """The guard looks once a tick: a run on spot within a tick of the net may be preempted past it before the guard
-    can act, even checkpointed every pass, so on spot the net keeps a tick more (Progress.pass_h live)."""
+    can act, even checkpointed every pass, so off on-demand the net keeps a tick more (Progress.pass_h live): a job
+    there starts on on-demand, not on spot it would leave a tick later."""
     available = np.ones((1, 1, 120), dtype=bool)
     tight = simulate(_setting(window_h=10.8, changeover_h=0.3), available, 1 / 6)  # 0.1 h past the net's 0.6 h
     loose = simulate(_setting(window_h=11.0, changeover_h=0.3), available, 1 / 6)  # 0.3 h: more than a tick
+    start = simulate(_setting(window_h=10.7, changeover_h=0.3), available, 1 / 6)  # at the start, within a tick
     assert tight.od_h[0] > 9.5 and tight.finish_h[0] <= 10.8
+    assert start.spot_h[0] == 0 and start.finish_h[0] == pytest.approx(10.1)
     assert loose.od_h[0] == 0 and loose.finish_h[0] == pytest.approx(10.1)
+
+
+def test_hedge_goes_back_to_spot_only_with_the_slack_for_a_changeover_and_a_tick():
+    """Back on spot with the slack of one changeover only, a job is within a tick of the net: the next tick moves it
+    to on-demand again, two changeovers for nothing (planning/hedge.leaves_on_demand keeps the guard's pass)."""
+    market = Hedge(np.arange(50) * 100.0, 100.0, (), 100.0)  # gaps that never end, up-spells of 100 h
+    available = np.zeros((1, 1, 120), dtype=bool)
+    available[:, :, 6:] = True  # spot from the first hour on; on-demand until then
+    # an hour in, 9.1 h of work left: 0.2 h of slack beyond the net (one changeover of 0.1 h, not a tick more)
+    tight = simulate(_setting(rule="hedge", window_h=10.5), available, 1 / 6, market)
+    roomy = simulate(_setting(rule="hedge", window_h=10.7), available, 1 / 6, market)  # 0.4 h of slack
+    assert tight.spot_h[0] == 0 and tight.finish_h[0] == pytest.approx(10.1)
+    assert roomy.spot_h[0] > 9 and roomy.finish_h[0] <= 10.7
 
 
 def test_the_next_zone_takes_the_job_when_the_cheapest_has_no_capacity():

@@ -2,6 +2,7 @@
 affords, then pays on-demand; leaves on-demand when spot is worth its changeovers. Its rule is the one the
 quote's futures play (models/futures.Hedge)."""
 
+from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
@@ -67,6 +68,11 @@ def test_hedge_leaves_on_demand_only_when_a_spell_on_spot_pays_for_the_changeove
     assert not HedgePolicy(hedge=lambda spec: flicker).leaves_on_demand(item, progress, spot, od, NOW)
     tight, item = idle_for(1.0, window_h=11.5)  # slack 0.1 h: no room for the changeover back
     assert not HedgePolicy(hedge=lambda spec: GAPS_OF_3_H).leaves_on_demand(item, tight, spot, od, NOW)
+    # slack 0.4 h: room for the changeover, not also for the guard's pass that the planner keeps for a start on spot
+    roomy, item = idle_for(1.0, window_h=11.8)
+    assert HedgePolicy(hedge=lambda spec: GAPS_OF_3_H).leaves_on_demand(item, roomy, spot, od, NOW)
+    long_pass = replace(roomy, pass_h=0.25)
+    assert not HedgePolicy(hedge=lambda spec: GAPS_OF_3_H).leaves_on_demand(item, long_pass, spot, od, NOW)
 
 
 def test_the_plan_counts_the_wait_from_when_the_job_became_idle():
@@ -181,6 +187,9 @@ def test_the_guard_takes_a_job_back_from_on_demand_only_where_it_runs_as_fast_as
     clock.advance(hours=0.5)  # no spot at all: on-demand
     assert server.step() == [("j", "od")]
     assignment = run_an_hour(on_demand, clock, 150)
+    for _ in range(2):  # the guard's passes a minute apart now, as live: the pass a return keeps is short
+        server.step()
+        clock.advance(minutes=1)
     for name, accelerator in (("t4", "T4"), ("l4", "L4")):  # the T4's hour is the cheaper one
         Contract(store, name).register(cheapest[accelerator, Tier.spot], 10**10, host="test", pid=0, at=clock.now())
     assert cheapest["T4", Tier.spot].price_usd_per_h < cheapest["L4", Tier.spot].price_usd_per_h

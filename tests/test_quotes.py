@@ -15,7 +15,7 @@ from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
 from broker.domain.model import Job, JobState, Run
 from broker.models.risk import checkpoint_hours, exclusive_hours, restart_hours
-from broker.planning.option_table import POOLED_H, PlanItem, measured_speed
+from broker.planning.option_table import POOLED_H, PlanItem, measured_speed, work_left
 from broker.pricing.availability import MarketModel
 from broker.sim.calibration import cost_coverage, cost_errors_pct, reliability
 from broker.sim.market import OfferBook
@@ -262,12 +262,41 @@ def test_a_job_slower_than_estimated_is_seen_by_its_progress():
     item = PlanItem.from_job(job)
     assert item.speed == pytest.approx(0.5, rel=0.1) and item.unsure == 0.0  # measured: no margin, the speed
     assert item.on_demand_h == pytest.approx(quote.on_demand_baseline.exclusive_h / item.speed)
-    slow = measured_speed(job)
-    asked = 20  # checkpoints the guard asked for: their writes are not the job's pace
-    run.last_progress_at += timedelta(hours=asked * checkpoint_hours(spec))
-    assert measured_speed(job) < slow
+    # 60 checkpoints the guard asked for, one every 3 minutes: their writes are not the job's pace, and each restarts
+    # the interval (Young's, about 6 minutes here), so no periodic one came between them
+    asked = 60
+    run.last_progress_at = started + timedelta(hours=restart_hours(spec) + hours + asked * checkpoint_hours(spec))
+    assert measured_speed(job) < 0.5  # the writes read as the job's pace
     run.checkpoints_asked = asked
-    assert measured_speed(job) == pytest.approx(slow)
+    assert measured_speed(job) == pytest.approx(0.5, rel=1e-3)
+
+
+def test_a_run_preempted_before_its_first_checkpoint_leaves_the_work_of_the_checkpoint_it_resumed_from():
+    """The next run resumes from the checkpoint the preempted one started from, not from the start: the planner and
+    the guard see that work left (a whole job's left would read its deadline as lost)."""
+    offer, spec = _offer("us-east-1a"), _quote_spec(30.0)
+    quote = _quote(MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)]), 30.0)
+    started = NOW + timedelta(hours=1)
+    kept = Run(
+        fence=1,
+        agent="a",
+        offer=offer,
+        dispatched_at=started,
+        started_at=started,
+        ended_at=started + timedelta(hours=5),
+        end_reason="preempted",
+        progress_total=1000.0,
+        progress_done=450.0,
+        checkpoint_url="file:///ckpt/400",
+        checkpoint_step=400,
+    )
+    again = kept.model_copy(
+        update={"fence": 2, "resume_from": "file:///ckpt/400", "checkpoint_url": None, "checkpoint_step": None}
+    )
+    job = Job(id="twice", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, runs=[kept, again])
+    assert work_left(job) == pytest.approx(0.6)
+    job.runs = [again.model_copy(update={"resume_from": None})]  # it had started from the start
+    assert work_left(job) == 1.0
 
 
 def test_a_speed_is_measured_over_the_newest_runs_pooled_not_one_short_run():

@@ -2,6 +2,7 @@
 
 import random
 from dataclasses import replace
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from broker import planning
 from broker.domain.model import Offer, Tier
 from broker.models import futures
 from broker.models.futures import Setting
+from broker.models.risk import changeover_hours, exclusive_hours
 from broker.planning.option_table import PlanItem
 from broker.planning.uniform_progress import Move, Progress, UniformProgress, checkpoint_due, decide
 from conftest import NOW, make_spec
@@ -62,10 +64,12 @@ def test_a_run_near_the_net_checkpoints_when_a_preemption_would_put_it_past_the_
     assert not checkpoint_due(at(done_h=30, elapsed_h=40), unsaved_h=5.0, checkpoint_h=0.01)  # far: Young's interval
 
 
-def test_a_run_on_spot_within_one_guard_pass_of_the_net_goes_to_on_demand():
+def test_a_run_on_spot_or_a_start_there_within_one_guard_pass_of_the_net_goes_to_on_demand():
     # 18 h of work left, 18.5 h to go: 0.1 h beyond the net's 18 + 2d, less than the guard's 10-minute pass
     near = replace(at(done_h=30, elapsed_h=53.5), pass_h=1 / 6)
-    for on in (Tier.spot, Tier.bubble):  # a preemption before the next pass, even of a checkpoint a pass, crosses it
+    # a preemption before the next pass, even of a checkpoint a pass, crosses it; an idle job would start on spot
+    # only to be moved at that pass (or be preempted past the net before it)
+    for on in (Tier.spot, Tier.bubble, None):
         assert decide(near, on=on, spot_available=True) == Move.on_demand
         assert decide(replace(near, pass_h=0.05), on=on, spot_available=True) == Move.spot  # the pass fits the slack
     assert not checkpoint_due(near, unsaved_h=0.5, checkpoint_h=0.01)  # at the net: on-demand, not a checkpoint
@@ -82,6 +86,40 @@ def test_a_job_whose_speed_is_not_measured_keeps_the_work_a_slower_speed_would_n
         assert decide(unsure, on=on, spot_available=True) == Move.on_demand
     assert unsure.slack_h() == pytest.approx(3.6 - 9.6) and measured.slack_h() == pytest.approx(3.6)
     assert not unsure.lost(None)  # at the estimate's speed on-demand is in time: the deadline is not given up
+
+
+def test_the_server_plans_a_start_on_spot_keeping_the_guards_pass(redis_url, catalog, tmp_path):
+    """The planner's Progress carries the time between the guard's passes: a job within one pass of the net starts on
+    on-demand though a spot agent is idle (on spot, the guard would move it at that pass, or a preemption before it
+    would cross the net); with the passes a moment apart it starts on spot."""
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.agents.contract import Contract
+    from broker.core.broker import Broker
+    from broker.core.clock import SimulatedClock
+    from broker.core.server import BrokerServer
+    from broker.store.jobs import Store
+
+    l4 = [o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1]
+    spot, od = (
+        min((o for o in l4 if o.tier == t), key=lambda o: o.price_usd_per_h) for t in (Tier.spot, Tier.on_demand)
+    )
+    spec = make_spec(
+        resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 2}, deadline_probability=0.5
+    )  # no reserve
+    net_h = exclusive_hours(spec, od) + 2 * changeover_hours(spec)
+    placed = {}
+    for pass_min in (10, 1):
+        store, clock = Store(redis_url, prefix=f"start-pass-{pass_min}:"), SimulatedClock(NOW)
+        server = BrokerServer(store, UniformProgress(), clock, CheckpointStore(str(tmp_path)), consumer="test")
+        deadline = NOW + timedelta(hours=net_h + 0.25)  # a pass later, 0.25 h less that pass beyond the net
+        Broker(store, catalog, UniformProgress(), clock).submit(spec.model_copy(update={"deadline": deadline}), "j")
+        server.step()  # the guard's first pass
+        clock.advance(minutes=pass_min)
+        server.step()  # its next: a pass at the same time, below, is not a shorter one
+        for agent in (spot, od):
+            Contract(store, agent.tier.value).register(agent, 10**10, host="test", pid=0, at=clock.now())
+        placed[pass_min] = server.step()
+    assert placed == {10: [("j", "on_demand")], 1: [("j", "spot")]}
 
 
 def test_a_lost_deadline_run_cheapest_takes_spot_whenever_there_is_some_and_is_never_idle():
@@ -283,16 +321,20 @@ def test_lost_deadlines_run_cheapest_are_planned_after_the_jobs_that_can_still_m
     assert plan.assignments == {"soonest": od.id, "ahead": spot.id}  # Can't Be Late's net
 
 
-def test_a_lost_deadline_on_on_demand_yields_idle_spot_to_a_job_that_waits(redis_url, catalog, tmp_path):
-    """The guard takes a lost job run cheapest back to spot only where no pending job fits: the pending job gets it."""
+@pytest.mark.parametrize("name, done", [("uniform-progress", 50), ("hedge", 150)])
+def test_a_job_on_on_demand_yields_idle_spot_to_a_job_that_waits(redis_url, catalog, tmp_path, name, done):
+    """The guard takes a job back to spot only where no pending job fits: the pending job gets it first, and the
+    job handed back would go to on-demand again. A lost deadline run cheapest (done=50) so yields to a job in time;
+    under hedge a job in time (done=150, which it takes back to spot alone) yields too."""
     from broker.agents.contract import Contract
     from broker.core.broker import Broker
     from broker.core.clock import SimulatedClock
     from broker.store.jobs import Store
 
-    store, clock = Store(redis_url, prefix="yield:"), SimulatedClock(NOW)
-    policy = planning.get("uniform-progress")
-    server, _, _, spot = an_hour_on_demand(store, catalog, policy, clock, tmp_path, done=50)  # its deadline is lost
+    store, clock = Store(redis_url, prefix=f"yield-{name}:"), SimulatedClock(NOW)
+    market = futures.Hedge(np.arange(50) * 100.0, 100.0, (), 100.0)  # as below: spot is worth going back to
+    policy = planning.get(name, **({"hedge": lambda spec: market} if name == "hedge" else {}))
+    server, _, _, spot = an_hour_on_demand(store, catalog, policy, clock, tmp_path, done)
     waiting = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 2}, deadline="+48h")
     Broker(store, catalog, policy, clock).submit(waiting, job_id="w")
     Contract(store, "spot").register(spot, 10**10, host="test", pid=0, at=clock.now())

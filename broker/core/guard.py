@@ -1,10 +1,11 @@
 """The deadline guard: Uniform Progress between rounds, and the moves the policy's rule makes off on-demand or to a
 cheaper zone, as the quote's forecast (models/futures.py) plays that rule. A move is a request on the job (checkpoint,
 hand it back, pinned to a tier or not), written by the leading replica only; the agent learns of it from its view.
-A job whose deadline is lost and that runs cheapest goes back from on-demand only to spot that no pending job fits:
-it yields to the jobs that can still make theirs. A job on spot near the safety net that a preemption would put past
-it is asked for a checkpoint, and runs on (uniform_progress.checkpoint_due); on spot the net keeps one pass of the
-guard more (Progress.pass_h).
+A job goes back from on-demand only to spot that no pending job fits: the planner gives a waiting job the idle agent
+first, and the job handed back would go to on-demand again, a changeover and a checkpoint for nothing (a lost
+deadline run cheapest so yields to the jobs that can still make theirs). A job on spot near the safety net that a
+preemption would put past it is asked for a checkpoint, and runs on (uniform_progress.checkpoint_due); on spot, and for
+a start there, the net keeps one pass of the guard more (Progress.pass_h).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from broker.domain.model import AgentInfo, Job, Offer, Tier
-from broker.models.risk import as_fast, checkpoint_hours, fits
+from broker.models.risk import as_fast, checkpoint_hours, fit_key, fits
 from broker.planning.option_table import PlanItem, work_unsaved
 from broker.planning.uniform_progress import Move, checkpoint_due, decide, progress_of
 from broker.store.jobs import Store
@@ -33,7 +34,8 @@ class DeadlineGuard:
     def moves(self, now: datetime, idle: list[AgentInfo], pass_h: float = 0.0) -> list[str]:
         """A spot or bubble job falling behind its deadline is asked to checkpoint and move to on-demand now; under
         a rule that leaves on-demand (Uniform Progress once far enough ahead, ep(t + 2d); hedge when spot is worth
-        its changeovers) a job on on-demand is asked back to spot when one of the `idle` agents fits it; a job on
+        its changeovers) a job on on-demand is asked back to spot when one of the `idle` agents fits it and no
+        pending job does; a job on
         spot that a preemption before the next pass (in `pass_h`) would put past the safety net is asked for a
         checkpoint, and one within a pass of the net goes to on-demand. Returns the ids of the jobs it moved."""
         moved = []  # the idle agents to go to: bubbles (free) first, then the cheapest spot
@@ -104,11 +106,10 @@ class DeadlineGuard:
             return Tier.on_demand, None, ""
         if on.tier == Tier.on_demand:
             because = f"; back to spot ({self.policy.name}'s rule)"
-            if progress.runs_cheapest(on.tier):  # a lost deadline: only spot that no pending job fits
-                wanted = self._wanted(spot_idle)
-                spot_idle = [a for a in spot_idle if a.id not in wanted]
+            if progress.runs_cheapest(on.tier):
                 because = "; the deadline is lost: back to spot no waiting job needs (if_late: cheapest)"
-            agent = _cheapest_idle(item, spot_idle, as_fast_as=planned)
+            wanted = self._wanted(spot_idle)  # a waiting job takes it first: on-demand again, a changeover lost
+            agent = _cheapest_idle(item, [a for a in spot_idle if a.id not in wanted], as_fast_as=planned)
             if agent and self.policy.leaves_on_demand(item, progress, agent.offer, on, now):
                 return None, agent, because
         elif on.tier == Tier.spot:
@@ -119,10 +120,11 @@ class DeadlineGuard:
         return None
 
     def _wanted(self, idle: list[AgentInfo]) -> set[str]:
-        """The idle agents some pending job fits (pending jobs read once a pass, when a lost deadline first asks)."""
+        """The idle agents some pending job fits (pending jobs read once a pass, when a return first asks; one spec
+        per shape that `fits` reads)."""
         if self._wanted_ids is None:
-            pending = [job.spec for job in self.store.pending_jobs(0, PENDING_READ)]
-            self._wanted_ids = {a.id for a in idle if any(fits(spec, a.offer) for spec in pending)}
+            shapes = {fit_key(job.spec): job.spec for job in self.store.pending_jobs(0, PENDING_READ)}
+            self._wanted_ids = {a.id for a in idle if any(fits(spec, a.offer) for spec in shapes.values())}
         return self._wanted_ids
 
 

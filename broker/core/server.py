@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from datetime import datetime
 
 import redis
@@ -63,6 +64,7 @@ class BrokerServer:
         self._last_reclaim = 0.0
         self._last_guard = 0.0
         self._guarded_at: datetime | None = None  # the clock's time of the guard's last pass
+        self._pass_h = 0.0  # the time between its passes: a job placed now is looked at that much later
         self.agent_secret = agent_secret  # when set, only agents with a valid registration token get work
         self.leader_lease_ms = int(leader_lease_s * 1000)
         self.token: int | None = None  # our fencing token while we hold the planning lease
@@ -236,7 +238,7 @@ class BrokerServer:
         left = {offer_id: group for offer_id, group in by_offer.items() if group}
         newest = self.newest_offers()
         offers = [newest.get(offer_id, group[0].offer) for offer_id, group in left.items()]
-        items = [PlanItem.from_job(j) for j in jobs]
+        items = [replace(PlanItem.from_job(j), pass_h=self._pass_h) for j in jobs]
         by_item = {item.id: item for item in items}
         plan = self.policy.plan(items, offers, {k: len(v) for k, v in left.items()}, self.clock.now())
         pairs = []
@@ -287,10 +289,11 @@ class BrokerServer:
             return []  # baselines without deadlines (SkyPilot's), or a standby replica
         rule_moves = hasattr(self.policy, "leaves_on_demand")  # the rule may take jobs off on-demand or to a zone
         now, before = self.clock.now(), self._guarded_at
-        self._guarded_at = now  # the time between passes: what a run does before the guard looks again
-        pass_h = (now - before).total_seconds() / 3600 if before else 0.0
+        self._guarded_at = now
+        if before is not None and now > before:  # a pass at the same time (a backtest's tick) is not a shorter one
+            self._pass_h = (now - before).total_seconds() / 3600  # what a run does before the guard looks again
         return DeadlineGuard(self.store, self.policy, self.consumer).moves(
-            now, self._idle_agents() if rule_moves else [], pass_h
+            now, self._idle_agents() if rule_moves else [], self._pass_h
         )
 
     def _idle_agents(self) -> list[AgentInfo]:

@@ -222,8 +222,8 @@ def simulate(
         slack = s.window_h - now - left_h - 2 * s.counted_h  # what it can lose beyond that and the net's 2d
         if guard:
             margin = s.net_changeovers * s.counted_h
-            # on spot the net keeps a tick more: a preemption before the guard's next pass (Progress.pass_h)
-            exposed = np.where(state == SPOT, tick_h, 0.0) if not s.keeps_progress else 0.0
+            # off on-demand the net keeps a tick more: a preemption before the guard's next pass (Progress.pass_h)
+            exposed = np.where(state != OD, tick_h, 0.0) if not s.keeps_progress else 0.0
             held = (state != DONE) & (s.window_h - now < left_h + margin + exposed - TIE_H)
             net = held & (s.window_h - now < (1 - done) * believed_h + margin + exposed - TIE_H)
             # within the net only by the reserve for a speed not yet measured: on-demand until it is measured, then
@@ -265,6 +265,7 @@ def simulate(
                     down_age,
                     zone,
                     prices,
+                    0.0 if s.keeps_progress else tick_h,
                 )
             if late.any():
                 to_od, leave_od = _cheapest_moves(s, hedge, late, state, any_up, zone, prices, to_od, leave_od)
@@ -322,10 +323,13 @@ def simulate(
     return Outcomes(cost, finish, spot_h, od_h)
 
 
-def _rule_moves(s: Setting, hedge: Hedge | None, now, done, slack, state, any_up, market_up, down_age, zone, prices):
+def _rule_moves(
+    s: Setting, hedge: Hedge | None, now, done, slack, state, any_up, market_up, down_age, zone, prices, pass_h
+):
     """(to on-demand, leave on-demand) per future under the rule, after the safety net. `slack`: hours the job can
     still lose beyond the on-demand work the rule keeps time for and the net's 2d; `any_up`: a slot free for
-    the job in some zone; `market_up`: some zone has capacity (free or held by other jobs)."""
+    the job in some zone; `market_up`: some zone has capacity (free or held by other jobs); `pass_h`: what the net
+    keeps off on-demand for the guard's next pass."""
     idle = (state == WAIT) & ~any_up
     nothing = np.zeros_like(idle)
 
@@ -335,7 +339,7 @@ def _rule_moves(s: Setting, hedge: Hedge | None, now, done, slack, state, any_up
         return nothing, nothing
     longest_wait = hedge.longest_wait(slack, (1 - done) * s.work_h, s.counted_h, _zone_up(hedge, zone))
     worth = hedge.spot_worth(s.od_price, prices[zone], s.counted_h)
-    back = (state == OD) & any_up & worth & (slack >= s.counted_h)
+    back = (state == OD) & any_up & worth & (slack >= s.counted_h + pass_h)  # as planning/hedge.leaves_on_demand
     queued = idle & market_up  # other jobs hold the capacity: Uniform Progress's move (planning/hedge.py)
     return (queued & _behind(s, now, done)) | (idle & ~market_up & (down_age > longest_wait)), back
 

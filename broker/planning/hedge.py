@@ -6,11 +6,12 @@ the on-demand work and the safety net's 2d) and about N more gaps before the wor
 wait a* per gap (Hedge.longest_wait); one idle longer than a* is in a long gap and goes on-demand, where
 Uniform Progress would have gone at once when behind and Greedy not before the safety net. That split is the
 market's: a job idle because the fleet's spot agents that fit it are all busy (other jobs hold them) waits for a
-slot, not for the market, and there it follows Uniform Progress. It leaves
-on-demand for an idle spot agent when a mean up-spell there saves more than the two changeovers cost and the
-slack pays one, and moves a run on spot to a cheaper idle spot agent when the saving over that zone's mean
-up-spell pays the changeover (SpotHedge's idea). A lost deadline run cheapest leaves on-demand whenever the
-spell pays the changeovers, whatever the slack. Without a market model it is Uniform Progress.
+slot, not for the market, and there it follows Uniform Progress. It leaves on-demand for an idle spot agent
+when a mean up-spell there saves more than the two changeovers cost and the slack pays one and the guard's pass
+(the planner keeps that pass for a start on spot), and moves a run on spot to a cheaper idle spot agent when the
+saving over that zone's mean up-spell pays the changeover (SpotHedge's idea). A lost deadline run cheapest leaves
+on-demand whenever the spell pays the changeovers, whatever the slack. Without a market model it is Uniform
+Progress.
 """
 
 from __future__ import annotations
@@ -76,7 +77,10 @@ class HedgePolicy(UniformProgress):
         if view is None:
             return super().leaves_on_demand(item, progress, spot, on_demand, now)
         worth = view.spot_worth(on_demand.price_usd_per_h, spot.price_usd_per_h, progress.changeover_h)
-        affords = progress.slack_h() >= progress.changeover_h or progress.runs_cheapest(Tier.on_demand)
+        # the slack pays the changeover back and keeps the pass the planner keeps for a start on spot
+        affords = progress.slack_h() >= progress.changeover_h + progress.pass_h or progress.runs_cheapest(
+            Tier.on_demand
+        )
         return bool(worth) and affords
 
     def moves_zone(self, item: PlanItem, progress: Progress, now_on: Offer, there: Offer) -> bool:

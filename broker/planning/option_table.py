@@ -40,6 +40,9 @@ class PlanItem:
     # (risk.unmeasured_margin at the spread its quote was sampled with; Progress.unsure_h): a job slower than
     # estimated finds out only once it has run
     unsure: float = 0.0
+    # the time until the deadline guard looks at a job placed now (the server's time between its passes): what a
+    # start on spot may lose to a preemption before the guard can move it, so the safety net keeps it (Progress.pass_h)
+    pass_h: float = 0.0
 
     @classmethod
     def from_job(cls, job: Job) -> PlanItem:
@@ -74,10 +77,14 @@ class PlanItem:
 
 def work_left(job: Job) -> float:
     """The share of the job's work still to do: from its newest progress report while a run is under way, else
-    from the last checkpoint (work since then is lost)."""
+    from the last checkpoint (work since then is lost): the ended run's own, or the one it resumed from when it wrote
+    none (preempted before its first: the next run resumes there too, not from the start)."""
     for run in reversed(job.runs):
         if run.progress_total:
-            done = run.progress_done if run.ended_at is None else (run.checkpoint_step or 0)
+            if run.ended_at is None:
+                done = run.progress_done
+            else:
+                done = run.checkpoint_step if run.checkpoint_step is not None else _resumed_at(job, run)
             return min(1.0, max(0.0, 1 - done / run.progress_total))
     return 1.0
 
@@ -107,24 +114,25 @@ SPEED_BOUNDS = (0.25, 4.0)
 def measured_speed(job: Job) -> float | None:
     """The job's speed over the estimate from its newest runs, pooled whole until they hold POOLED_H productive hours
     (fewer when the job has run less; None under MIN_MEASURED_H): the share of work they did per productive hour (after
-    the restart, less checkpoint writes: the periodic ones the estimate expects, those the guard asked for counted)
-    against the share the estimate says. Pooled, a write or a short run moves it little: one run's first half hour
-    read a long job's speed a few percent off, hours of its deadline."""
+    the restart, less checkpoint writes: the periodic ones the estimate expects, or those the guard asked for when
+    more, since each restarts the interval) against the share the estimate says. Pooled, a write or a short run moves
+    it little: one run's first half hour read a long job's speed a few percent off, hours of its deadline."""
     share = expected = wall = 0.0
     checkpoint_h, restart_h = risk.checkpoint_hours(job.spec), risk.restart_hours(job.spec)
     for run in reversed(job.runs):
         if not run.progress_total or run.started_at is None or run.last_progress_at is None:
             continue
         wall_h = (run.last_progress_at - run.started_at).total_seconds() / 3600 - restart_h
-        wall_h -= run.checkpoints_asked * checkpoint_h
-        if wall_h <= 0:
-            continue
         exclusive_h = risk.exclusive_hours(job.spec, run.offer)
         interval = risk.young_interval_h(checkpoint_h, run.offer.hazard_per_h, exclusive_h)
-        writes = 1 + (checkpoint_h / interval if interval else 0.0)
+        periodic = wall_h / (interval + checkpoint_h) if interval else 0.0
+        # a write the guard asks for restarts the interval: asked every pass near the net, none periodic come
+        productive_h = wall_h - checkpoint_h * max(run.checkpoints_asked, periodic)
+        if productive_h <= 0:
+            continue
         share += (run.progress_done - _resumed_at(job, run)) / run.progress_total
-        expected += wall_h / (exclusive_h * writes)
-        wall += wall_h
+        expected += productive_h / exclusive_h
+        wall += productive_h
         if wall >= POOLED_H:
             break
     if wall < MIN_MEASURED_H or share <= 0:

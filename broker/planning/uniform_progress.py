@@ -7,8 +7,8 @@ C(t) is the work left (hours on on-demand), R(t) the time left, d the changeover
 - Spot available: take it, even when behind, and stay until preempted.
 - On on-demand: stay until cp(t) >= ep(t + 2d) (hysteresis), then back to spot when there is some.
 - On spot with less slack than the work since the newest checkpoint: checkpoint now; within one guard pass of the
-  net: on-demand, since a checkpoint each pass no longer keeps a preemption from crossing it (broker's, not the
-  paper's).
+  net: on-demand, since a checkpoint each pass no longer keeps a preemption from crossing it; an idle job there
+  starts on on-demand, not on spot it would leave a pass later (broker's, not the paper's).
 - Until the job's speed is measured (half an hour of runs), C(t) is the estimate's, and the net keeps the work more
   that a speed at the deadline probability's quantile of the estimate's error would need (Progress.unsure_h;
   broker's: the paper knows the job's length).
@@ -51,8 +51,8 @@ class Progress:
     window_h: float
     changeover_h: float
     cheapest_if_late: bool = False  # the spec's `if_late: cheapest`
-    # the time until the guard looks again: what a run on spot may lose to a preemption before it can be asked for a
-    # checkpoint or moved, so the net on spot keeps that much more (0 for the planner: it places, the guard watches)
+    # the time until the guard looks again: what a run on spot (or a start there) may lose to a preemption before it
+    # can be asked for a checkpoint or moved, so the net off on-demand keeps that much more
     pass_h: float = 0.0
     # hours of work more the net keeps while the job's speed is not measured (PlanItem.unsure): were it as slow as
     # the estimate's error allows, on-demand from the net's edge would still be in time
@@ -84,7 +84,7 @@ def decide(p: Progress, on: Tier | None, spot_available: bool, uniform: bool = T
     if on != Tier.bubble and p.runs_cheapest(on):
         return Move.spot if on == Tier.spot or spot_available else Move.on_demand
     left_h, time_left_h = p.total_h - p.done_h, p.window_h - p.elapsed_h
-    exposed_h = p.pass_h if on in (Tier.spot, Tier.bubble) else 0.0
+    exposed_h = p.pass_h if on != Tier.on_demand else 0.0  # idle: it would start on spot
     if time_left_h < left_h + p.unsure_h + 2 * p.changeover_h + exposed_h - TIE_H:
         return Move.on_demand  # safety net
     if on == Tier.on_demand:
@@ -118,6 +118,7 @@ def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now:
         window_h=window,
         changeover_h=changeover_hours(item.spec),
         cheapest_if_late=item.spec.if_late == IfLate.cheapest,
+        pass_h=item.pass_h,
     )
 
 
