@@ -103,15 +103,14 @@ def test_the_server_plans_a_start_on_spot_keeping_the_guards_pass(redis_url, cat
     spot, od = (
         min((o for o in l4 if o.tier == t), key=lambda o: o.price_usd_per_h) for t in (Tier.spot, Tier.on_demand)
     )
-    spec = make_spec(
-        resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 2}, deadline_probability=0.5
-    )  # no reserve
+    # odds of 0.5: no reserve for a speed not yet measured
+    spec = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 2}, deadline_probability=0.5)
     net_h = exclusive_hours(spec, od) + 2 * changeover_hours(spec)
     placed = {}
     for pass_min in (10, 1):
         store, clock = Store(redis_url, prefix=f"start-pass-{pass_min}:"), SimulatedClock(NOW)
         server = BrokerServer(store, UniformProgress(), clock, CheckpointStore(str(tmp_path)), consumer="test")
-        deadline = NOW + timedelta(hours=net_h + 0.25)  # a pass later, 0.25 h less that pass beyond the net
+        deadline = NOW + timedelta(hours=net_h + 0.25)  # 0.25 h beyond the net at submission, less a pass later
         Broker(store, catalog, UniformProgress(), clock).submit(spec.model_copy(update={"deadline": deadline}), "j")
         server.step()  # the guard's first pass
         clock.advance(minutes=pass_min)

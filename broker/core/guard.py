@@ -35,9 +35,9 @@ class DeadlineGuard:
         """A spot or bubble job falling behind its deadline is asked to checkpoint and move to on-demand now; under
         a rule that leaves on-demand (Uniform Progress once far enough ahead, ep(t + 2d); hedge when spot is worth
         its changeovers) a job on on-demand is asked back to spot when one of the `idle` agents fits it and no
-        pending job does; a job on
-        spot that a preemption before the next pass (in `pass_h`) would put past the safety net is asked for a
-        checkpoint, and one within a pass of the net goes to on-demand. Returns the ids of the jobs it moved."""
+        pending job does; a job on spot that a preemption before the next pass (in `pass_h`) would put past the
+        safety net is asked for a checkpoint, and one within a pass of the net goes to on-demand. Returns the ids
+        of the jobs it moved."""
         moved = []  # the idle agents to go to: bubbles (free) first, then the cheapest spot
         spot_idle = sorted((a for a in idle if a.offer.tier != Tier.on_demand), key=lambda a: a.offer.price_usd_per_h)
         for job in self.store.active_jobs():

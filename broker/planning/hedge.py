@@ -77,10 +77,8 @@ class HedgePolicy(UniformProgress):
         if view is None:
             return super().leaves_on_demand(item, progress, spot, on_demand, now)
         worth = view.spot_worth(on_demand.price_usd_per_h, spot.price_usd_per_h, progress.changeover_h)
-        # the slack pays the changeover back and keeps the pass the planner keeps for a start on spot
-        affords = progress.slack_h() >= progress.changeover_h + progress.pass_h or progress.runs_cheapest(
-            Tier.on_demand
-        )
+        room_h = progress.changeover_h + progress.pass_h  # the changeover back, and the pass kept for a start on spot
+        affords = progress.slack_h() >= room_h or progress.runs_cheapest(Tier.on_demand)
         return bool(worth) and affords
 
     def moves_zone(self, item: PlanItem, progress: Progress, now_on: Offer, there: Offer) -> bool:
