@@ -125,6 +125,17 @@ def test_hedge_goes_back_to_spot_only_with_the_slack_for_a_changeover_and_a_tick
     assert roomy.spot_h[0] > 9 and roomy.finish_h[0] <= 10.7
 
 
+def test_a_live_quote_keeps_uniform_progress_on_on_demand_until_spot_is_free():
+    """No spot at all: Can't Be Late's rule leaves on-demand to wait whenever it is ahead, and comes back when behind,
+    a changeover each time; the live guard moves a job off on-demand only to an idle spot agent, and a live quote's
+    futures play that: on-demand once, to the end."""
+    available = np.zeros((1, 1, 200), dtype=bool)
+    paper = simulate(_setting(rule="uniform"), available, 1 / 6)
+    live = simulate(_setting(rule="uniform", leaves_on_demand_to_wait=False), available, 1 / 6)
+    assert live.od_h[0] == pytest.approx(10.1) and live.finish_h[0] == pytest.approx(10.1 + 1 / 6)  # behind a tick in
+    assert paper.od_h[0] > 12 and paper.finish_h[0] > 19  # 21 changeovers more, idle near half the window
+
+
 def test_the_next_zone_takes_the_job_when_the_cheapest_has_no_capacity():
     available = np.zeros((2, 1, 200), dtype=bool)
     available[1] = True

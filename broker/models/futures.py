@@ -76,6 +76,10 @@ class Setting:
     od_estimate_h: float | None = None
     unmeasured_margin: float = 0.0
     measured_after_h: float = 0.0
+    # Uniform Progress on on-demand, ahead of ep(t + 2d) with no spot free: Can't Be Late's rule leaves it to wait
+    # (the single-job mode plays the paper's rule); the live guard moves a job off on-demand only to an idle spot
+    # agent, so a live quote keeps it there until spot is free (False)
+    leaves_on_demand_to_wait: bool = True
 
     @property
     def counted_h(self) -> float:
@@ -334,7 +338,8 @@ def _rule_moves(
     nothing = np.zeros_like(idle)
 
     if s.rule == "uniform":
-        return idle & _behind(s, now, done), (state == OD) & ~_behind(s, now + 2 * s.counted_h, done)
+        leave = (state == OD) & ~_behind(s, now + 2 * s.counted_h, done)
+        return idle & _behind(s, now, done), leave if s.leaves_on_demand_to_wait else leave & any_up
     if s.rule != "hedge":
         return nothing, nothing
     longest_wait = hedge.longest_wait(slack, (1 - done) * s.work_h, s.counted_h, _zone_up(hedge, zone))
