@@ -6,15 +6,20 @@ submitted. For each window length, the same FillExecutor gets the same windows (
 ConfigurationProbe (each split timed in the windows, the best kept). Prints one JSON object: per window length
 the configuration chosen and how long choosing took (windows, seconds with the trials' process starts), whole
 steps done per 100 windows after the choice (and as submitted), the share of window time spent in steps, and
-the p99 overrun past a window's end.
+the p99 overrun past a window's end, and each trial's median micro-step and peak memory.
+
+With --device cuda the step is the GPU's own work (an MLP of --width and --depth on --batch rows, no sleep), and
+the child's allocator is capped at the windows' free memory (--free-gb) as the fill agent caps it.
 
     python bench/fill_configurations.py --json
+    PYTHONPATH=. python bench/fill_configurations.py --device cuda --width 4096 --depth 5 --batch 4096 --json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,7 +31,6 @@ from broker.bubbles.executor import FillExecutor  # noqa: E402
 from broker.bubbles.probe import NEXT, TIMING, ConfigurationProbe  # noqa: E402
 
 GAP_S = 0.02  # the main job's compute between windows
-FREE_BYTES = 4 * 10**9
 MARGIN = 0.9  # the fill agent uses 90% of a window
 
 
@@ -45,22 +49,22 @@ def run_windows(executor: FillExecutor, window_s: float, count: int) -> dict:
     }
 
 
-def measure(window_s: float, config: dict, count: int) -> dict:
+def measure(window_s: float, config: dict, count: int, free_bytes: int, cap: float | None) -> dict:
     submitted = FillExecutor("fill_mlp:MlpFill", {**config, "step_s": 0.0})
-    submitted.start()
+    submitted.start(cap)
     try:
         as_submitted = run_windows(submitted, window_s, count)
     finally:
         submitted.stop()
     executor = FillExecutor("fill_mlp:MlpFill", {**config, "step_s": 0.0})
-    executor.start()
+    executor.start(cap)
     try:
         probe, outcome, timing = ConfigurationProbe(executor.configurations, executor.micro_steps), TIMING, 0
         began = time.monotonic()
         while outcome in (TIMING, NEXT):
             report = executor.window(window_s * MARGIN)
             time.sleep(window_s * (1 - MARGIN) + GAP_S)
-            outcome = probe.after_window(executor, report, [(window_s * MARGIN, FREE_BYTES)], window_s + GAP_S)
+            outcome = probe.after_window(executor, report, [(window_s * MARGIN, free_bytes)], window_s + GAP_S)
             timing += 1
         chosen, timing_s = (probe.chosen.name if probe.chosen else None), time.monotonic() - began
         after = run_windows(executor, window_s, count) if chosen else None
@@ -73,6 +77,15 @@ def measure(window_s: float, config: dict, count: int) -> dict:
         "timing_s": round(timing_s, 1),  # the trials' windows and their processes' starts
         "as_submitted": as_submitted,
         "with_choice": after,
+        "trials": [
+            {
+                "name": t.name,
+                "micro_step_ms": round(1000 * sorted(t.step_s)[len(t.step_s) // 2], 2) if t.step_s else None,
+                "peak_mb": round(t.peak_bytes / 2**20, 1),
+                "kills": t.kills,
+            }
+            for t in probe.trials
+        ],
     }
 
 
@@ -80,12 +93,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--windows-ms", type=float, nargs="+", default=[15.0, 30.0, 60.0])
     parser.add_argument("--count", type=int, default=100, help="windows measured in each configuration")
-    parser.add_argument("--row-s", type=float, default=0.0025, help="extra seconds per row of a micro-batch")
+    parser.add_argument("--row-s", type=float, help="extra seconds per row of a micro-batch (CPU default 0.0025)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--depth", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--free-gb", type=float, default=4.0, help="free device memory in every window")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    config = {"extra_row_s": str(args.row_s)}
-    rows = [measure(ms / 1000, config, args.count) for ms in args.windows_ms]
-    out = {"step_as_submitted_ms": 16 * args.row_s * 1000, "windows": rows}
+    row_s = args.row_s if args.row_s is not None else (0.0025 if args.device == "cpu" else 0.0)
+    config = {"extra_row_s": str(row_s), "device": args.device, "width": args.width, "depth": args.depth}
+    config["batch"] = args.batch
+    free_bytes, cap, device = int(args.free_gb * 10**9), None, f"cpu ({os.cpu_count()} cores)"
+    if args.device == "cuda":
+        import torch
+
+        device = torch.cuda.get_device_name(0)
+        cap = min(1.0, free_bytes / torch.cuda.get_device_properties(0).total_memory)  # as the fill agent caps it
+    rows = [measure(ms / 1000, config, args.count, free_bytes, cap) for ms in args.windows_ms]
+    out = {"device": device, "config": config, "free_gb": args.free_gb, "windows": rows}
     print(json.dumps(out, indent=None if args.json else 2))
 
 

@@ -108,3 +108,14 @@ def test_a_fill_job_checkpointed_in_bubbles_finishes_on_an_ordinary_agent_with_t
     run_to_end(spec(tmp_path / "moved.pt"), "fill", tmp_path / "ckpt", tmp_path / "run-moved", resume_from=url)
     run_to_end(spec(tmp_path / "plain.pt"), "plain", tmp_path / "ckpt", tmp_path / "run-plain")
     assert_same_weights(torch.load(tmp_path / "moved.pt"), torch.load(tmp_path / "plain.pt"))
+
+
+def test_the_warm_up_runs_one_micro_batch_so_the_memory_peak_is_the_configurations_own():
+    from fill_mlp import MlpFill
+
+    task = MlpFill()
+    task.create({"batch": 16, "micro_steps": 4})
+    rows = []
+    task.model.register_forward_hook(lambda module, inputs, output: rows.append(inputs[0].shape[0]))
+    task.init()
+    assert rows == [4]  # the whole batch at once would set the peak of the 1x16 configuration on a GPU
