@@ -358,15 +358,21 @@ def test_a_job_on_on_demand_yields_idle_spot_to_a_job_that_waits(redis_url, cata
     ],
 )
 def test_the_guard_takes_a_job_back_from_on_demand_to_spot_by_the_policys_rule(
-    redis_url, catalog, tmp_path, name, done, spot_agent, back, if_late
+    redis_url, catalog, tmp_path, monkeypatch, name, done, spot_agent, back, if_late
 ):
     """Can't Be Late's rule leaves on-demand once progress is past ep(t + 2d), and the server runs it so (the
     quote's forecast always did): only with an idle spot agent that fits, and only when that far ahead. Hedge
     leaves as soon as a spell on spot pays for the changeovers, however far behind (it has the slack). A job whose
-    deadline is lost stays on on-demand to finish soonest, or with `if_late: cheapest` goes back to idle spot."""
+    deadline is lost stays on on-demand to finish soonest, or with `if_late: cheapest` goes back to idle spot.
+    The guard reads the pending jobs (which idle agents a waiting job fits) only for a job that would go back."""
     from broker.agents.contract import Contract
     from broker.core.clock import SimulatedClock
+    from broker.core.guard import DeadlineGuard
     from broker.store.jobs import Store
+
+    reads = []
+    wanted = DeadlineGuard._wanted
+    monkeypatch.setattr(DeadlineGuard, "_wanted", lambda guard, idle: reads.append(idle) or wanted(guard, idle))
 
     store, clock = Store(redis_url, prefix=f"return-{name}-{done}-{spot_agent}-{if_late}:"), SimulatedClock(NOW)
     # hedge's market here: gaps that never end (no wait is worth it) and up-spells of 100 h (spot is worth it)
@@ -378,6 +384,7 @@ def test_the_guard_takes_a_job_back_from_on_demand_to_spot_by_the_policys_rule(
     server.step()
     job = store.get_job("j")
     assert job.move_requested == back and job.pinned_tier is None
+    assert bool(reads) == back
     if back:
         lost = done == 50 and if_late == "cheapest"
         assert ("if_late: cheapest" if lost else f"back to spot ({name}'s rule)") in job.reason

@@ -108,9 +108,8 @@ class DeadlineGuard:
             because = f"; back to spot ({self.policy.name}'s rule)"
             if progress.runs_cheapest(on.tier):
                 because = "; the deadline is lost: back to spot no waiting job needs (if_late: cheapest)"
-            wanted = self._wanted(spot_idle)  # a waiting job takes it first: on-demand again, a changeover lost
-            agent = _cheapest_idle(item, [a for a in spot_idle if a.id not in wanted], as_fast_as=planned)
-            if agent and self.policy.leaves_on_demand(item, progress, agent.offer, on, now):
+            agent = self._return_to(item, progress, on, planned, spot_idle, now)
+            if agent:
                 return None, agent, because
         elif on.tier == Tier.spot:
             agent = _cheapest_idle(item, [a for a in spot_idle if a.offer.tier == Tier.spot], as_fast_as=on)
@@ -118,6 +117,22 @@ class DeadlineGuard:
                 where = agent.offer.zone or agent.offer.region
                 return None, agent, f"; to a cheaper zone, {where} ({self.policy.name}'s rule)"
         return None
+
+    def _return_to(self, item: PlanItem, progress, on: Offer, planned: Offer, spot_idle: list[AgentInfo], now):
+        """The cheapest idle spot agent no pending job fits, if the policy's rule leaves on-demand for it (a waiting
+        job would take it first: on-demand again, a changeover lost). The pending jobs are read only once some
+        agent would do, not on every pass that sees idle spot."""
+        candidates = [a for a in spot_idle if fits(item.spec, a.offer) and as_fast(item.spec, a.offer, planned)]
+
+        def leaves(agent: AgentInfo) -> bool:
+            return self.policy.leaves_on_demand(item, progress, agent.offer, on, now)
+
+        first = next((a for a in candidates if leaves(a)), None)
+        if first is None:
+            return None
+        wanted = self._wanted(spot_idle)
+        agent = next((a for a in candidates if a.id not in wanted), None)
+        return agent if agent is first or (agent and leaves(agent)) else None
 
     def _wanted(self, idle: list[AgentInfo]) -> set[str]:
         """The idle agents some pending job fits (pending jobs read once a pass, when a return first asks; one spec
