@@ -216,6 +216,11 @@ def test_quote_figures_count_errors_and_calibration():
     free = [dict.fromkeys([*quoted, "cost_usd"], 0.0)] * 4  # free in every future, and free: right, not too dear
     coverage = cost_coverage(spread + free)
     assert coverage == {"cost_at_or_below_p10_p50_p90": [0.25, 0.5, 0.75], "median_quoted_spread_pct": 10.0}
+    # free in most futures (p10 = p50 = $0) and free: at its p10 and p50, half below each, and below its p90
+    mostly_free = dict.fromkeys(["quoted_p10_usd", "quoted_cost_usd", "cost_usd"], 0.0)
+    mostly_free |= {"quoted_p90_usd": 5.0, "quoted_spread_pct": 50.0}
+    assert cost_coverage([mostly_free])["cost_at_or_below_p10_p50_p90"] == [0.5, 0.5, 1.0]
+    assert cost_coverage(spread + [mostly_free] * 4)["cost_at_or_below_p10_p50_p90"] == [0.375, 0.5, 0.875]
 
 
 def test_a_quote_sees_the_jobs_ahead_of_it_in_the_fleet(store):

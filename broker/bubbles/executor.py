@@ -3,10 +3,13 @@
 A fill job implements FillTask (SUBMITTED -create-> CREATED -init-> PAUSED -run steps-> PAUSED, and
 -stop-> STOPPED). It lives in a child process so it can be killed: on each window signal the
 executor tells it when the window ends; the task runs a step only while the time left exceeds its
-measured step time, then pauses and reports. A task that has not paused by the window's end plus
-a grace period is SIGKILLed and restarted from its last state. On CUDA the child caps its own
-memory to the window's free memory. The task's state is checkpointed through the same store as
-every job (`checkpoint`), so it can move to spot or on-demand and resume there (`run_standalone`).
+measured step time, then pauses and reports. The process's first whole step is a warm-up, timed but not
+planned with: a GPU's first kernels and the allocator's growth made it 13-28 ms against 5 ms after it on
+an H200 (bench/results/bubbles.md), and planning with it kept every later step out of windows shorter
+than it. A task that has not paused by the window's end plus a grace period is SIGKILLed and restarted
+from its last state. On CUDA the child caps its own memory to the window's free memory. The task's state
+is checkpointed through the same store as every job (`checkpoint`), so it can move to spot or on-demand
+and resume there (`run_standalone`).
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ def _serve(task_path: str, config: dict, state: dict | None, conn, memory_fracti
         return
     conn.send(("ready", {"configurations": task.configurations(), "micro_steps": task.micro_steps()}))
     step_s = float(config.get("step_s", 0.0))  # the profiled step time; refined as steps run
+    warm_up = task.micro_steps()  # calls of the first whole step: timed, not planned with
     while True:
         command, arg = conn.recv()
         if command == "run":
@@ -95,7 +99,9 @@ def _serve(task_path: str, config: dict, state: dict | None, conn, memory_fracti
                 task.run_step()
                 ended = time.monotonic()
                 steps.append((began, ended))
-                step_s = max(step_s, ended - began) if step_s else ended - began
+                warm_up -= 1
+                if warm_up < 0:
+                    step_s = max(step_s, ended - began) if step_s else ended - began
             task.pause()
             conn.send(("paused", {"steps": steps, "done": task.steps_done(), "peak_bytes": _peak_bytes()}))
         elif command == "state":

@@ -48,14 +48,19 @@ def cost_coverage(rows: list[dict]) -> dict:
     """How the realised costs fall against the quoted percentiles (true quotes: 10%, 50% and 90% of jobs at or
     below p10, p50 and p90), and the median of the quotes' own spread (the miss a right model still makes), over
     the jobs whose quote had a forecast with a spread: a point quote (p10 = p90: free bubble work in every future)
-    is at or below its p10 whenever it was right, which would count as too dear (`quoted_free_*` count those)."""
+    is at or below its p10 whenever it was right, which would count as too dear (`quoted_free_*` count those). A cost
+    equal to a percentile counts half (the mid-distribution rule for forecasts with a point mass): free work quoted
+    free in most futures (p10 = p50 = $0 < p90) is at its p10 more often than 10% of the time when it is right."""
     known = [r for r in rows if "quoted_p10_usd" in r and r["quoted_p90_usd"] > r["quoted_p10_usd"]]
     if not known:
         return {"cost_at_or_below_p10_p50_p90": None, "median_quoted_spread_pct": None}
-    shares = [
-        round(float(np.mean([r["cost_usd"] <= r[key] * (1 + 1e-9) for r in known])), 3)
-        for key in ("quoted_p10_usd", "quoted_cost_usd", "quoted_p90_usd")
-    ]
+
+    def share(key: str) -> float:
+        tie = [abs(r["cost_usd"] - r[key]) <= 1e-9 * max(1.0, r[key]) for r in known]
+        below = [r["cost_usd"] < r[key] and not t for r, t in zip(known, tie)]
+        return round(float(np.mean(below) + 0.5 * np.mean(tie)), 3)
+
+    shares = [share(key) for key in ("quoted_p10_usd", "quoted_cost_usd", "quoted_p90_usd")]
     spread = round(float(np.median([r["quoted_spread_pct"] for r in known])), 1)
     return {"cost_at_or_below_p10_p50_p90": shares, "median_quoted_spread_pct": spread}
 

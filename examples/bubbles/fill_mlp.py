@@ -8,7 +8,7 @@ the same weights either way: batch k depends only on k. Its configuration sizes 
 it was timed for). `micro_steps` splits each step's batch into that many micro-batches whose
 gradients add up before the update (PipeFill's micro-step configurations: shorter nodes that fit
 shorter windows); the fill agent picks the split that does the most work in its windows.
-`extra_step_s` and `extra_row_s` make steps slower (tests).
+`extra_step_s` and `extra_row_s` make steps slower, `cold_s` the first whole step of a process (tests).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class MlpFill(FillTask):
         self.sleep_s = float(config.get("extra_step_s", 0.0)) + float(config.get("extra_row_s", 0.0)) * (
             self.rows // self.splits
         )
+        self.cold_s, self.cold_calls = float(config.get("cold_s", 0.0)), self.splits  # a GPU's first kernels
 
     def init(self) -> None:
         """On the device, with one untimed forward and backward of one micro-batch (no update) so the first step
@@ -74,6 +75,9 @@ class MlpFill(FillTask):
             torch.cuda.synchronize()
         if self.sleep_s:
             time.sleep(self.sleep_s)  # a heavier step (or one that ignores its window, for the tests)
+        if self.cold_s and self.cold_calls > 0:
+            self.cold_calls -= 1
+            time.sleep(self.cold_s)
 
     def configurations(self) -> dict[str, dict]:
         return {
