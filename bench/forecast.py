@@ -17,10 +17,10 @@ Prints one JSON object: `jobs`, the quote figures pooled over every job of the f
 `calibration_mean_gap_pts` (the bins' gaps weighted by jobs), `calibration_max_gap_if_calibrated_pts` (median and
 90th percentile of the largest gap that true odds would show on the same quotes: the figure's noise floor),
 `brier`, `cost_at_or_below_p10_p50_p90`: the share of jobs whose realised cost was at most the quoted p10, p50 and
-p90, a cost equal to one counted half (true quotes: 0.1, 0.5, 0.9), over the quotes with a spread (p10 < p90; a quote free in every future is counted
-in `quoted_free_*`), `median_quoted_spread_pct`: the median over those quotes of their own futures' median
-|cost / p50 - 1|, the error a quote makes even when its model is right), and per policy (the default, hedge, also
-with bubbles) the same plus
+p90, a cost equal to one counted half (true quotes: 0.1, 0.5, 0.9), over the quotes with a spread (p10 < p90; a
+quote free in every future is counted in `quoted_free_*`), `median_quoted_spread_pct`: the median over those quotes
+of their own futures' median |cost / p50 - 1|, the error a quote makes even when its model is right), and per
+policy (the default, hedge, also with bubbles) the same plus
 `savings_pct` (vs all on-demand in the same backtests), `deadline_misses`, `avoidable_misses` (those of them that
 all on-demand met: the others the job's true speed lost whatever the policy), `hours_late` (summed past the
 deadlines), and `cost_vs_joint_omniscient` (null here: `broker backtest` with omniscient reports it); and the seconds
