@@ -44,8 +44,9 @@ class MlpFill(FillTask):
         self.cold_s, self.cold_calls = float(config.get("cold_s", 0.0)), self.splits  # a GPU's first kernels
 
     def init(self) -> None:
-        """On the device, with one untimed forward and backward of one micro-batch (no update) so the first step
-        in a window does not pay for the GPU libraries' start, and the memory peak is the configuration's own."""
+        """On the device, with one untimed forward and backward of one micro-batch (no update): the GPU libraries
+        start here, not in a window, and the memory peak is the configuration's own. The first steps in windows are
+        still slower on a GPU; the executor times them as its warm-up."""
         self.model.to(self.device)
         x, y = self.batch(self.step)
         rows = self.rows // self.splits
