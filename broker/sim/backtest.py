@@ -115,7 +115,7 @@ def run_policy(
     broker = Broker(store, OfferBook(market.offers(bubbles)), policy, clock, model)
     checkpoints = CheckpointStore(f"memory://backtest/{seed}/{name}")
     server = BrokerServer(store, policy, clock, checkpoints, consumer="backtest")
-    fleet = SimFleet(store, checkpoints, market, bubbles, {a.spec.name: a.true_speed for a in arrivals})
+    fleet = SimFleet(store, checkpoints, market, bubbles, {a.spec.name: a.true_speed for a in arrivals}, seed)
     tick_h = market.tick_s / 3600
     queue, refused = list(arrivals), []
     last_tick = horizon(market, arrivals)

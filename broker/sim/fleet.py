@@ -8,12 +8,15 @@ for the offer, off by the job's own factor, which no policy sees), writes real c
 (to an in-memory fsspec store, verified by the server) at Young's interval, and reports started,
 progress, checkpoint and exited with the simulated time of each. A run pays the restart time
 (a new instance and the restore) before it progresses and the checkpoint write time each time it
-saves; a preempted run loses the work since its last checkpoint.
+saves; a preempted run loses the work since its last checkpoint. Where a pool shrinks, the instances that
+go are drawn at random among the pool's agents, idle or busy: a trace says how many instances a pool held, not
+which of them went, and an idle agent is an instance held like any other.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -50,9 +53,16 @@ class SimFleet:
     """The agents of every offer in the market, provisioned to its capacity at each tick."""
 
     def __init__(
-        self, store: Store, checkpoints: CheckpointStore, market: Market, bubbles: bool, speed: dict | None = None
+        self,
+        store: Store,
+        checkpoints: CheckpointStore,
+        market: Market,
+        bubbles: bool,
+        speed: dict | None = None,
+        seed: int = 0,
     ):
         self.store, self.checkpoints, self.market = store, checkpoints, market
+        self.victims = random.Random(seed)  # which instances of a shrinking pool go
         self.speed = speed or {}  # job id -> its true speed over the money model's estimate (1 when not given)
         self.bubble_offers = market.bubbles if bubbles else []
         self.on_offer: dict[str, list[str]] = {}  # offer id -> its agents, oldest first
@@ -78,8 +88,7 @@ class SimFleet:
     def _resize(self, offer: Offer, target: int, now: datetime) -> None:
         agents = self.on_offer.setdefault(offer.id, [])
         while len(agents) > target:
-            idle = [a for a in agents if a not in self.runs]
-            agent = idle[-1] if idle else agents[-1]
+            agent = agents[self.victims.randrange(len(agents))]
             if agent in self.runs:
                 self._end(agent, now, "preempted")
             agents.remove(agent)
