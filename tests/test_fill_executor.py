@@ -27,14 +27,20 @@ def windows(executor, count, length_s, gap_s=0.02):
     return reports
 
 
-def test_fill_steps_run_only_inside_their_windows():
-    executor = FillExecutor("fill_mlp:MlpFill", {"extra_step_s": 0.004, "step_s": 0.006}, grace_s=0.5)
+def filled(config: dict, count: int, length_s: float, grace_s: float = 0.05):
+    """A fill executor of `config` run through `count` windows and stopped; none of them killed it."""
+    executor = FillExecutor("fill_mlp:MlpFill", config, grace_s=grace_s)
     executor.start()
     try:
-        reports = windows(executor, 30, 0.05)
+        reports = windows(executor, count, length_s)
     finally:
         executor.stop()
     assert all(r is not None for r in reports) and executor.kills == 0
+    return executor, reports
+
+
+def test_fill_steps_run_only_inside_their_windows():
+    executor, _ = filled({"extra_step_s": 0.004, "step_s": 0.006}, 30, 0.05, grace_s=0.5)
     overruns = sorted(executor.overruns_ms())
     assert len(overruns) >= 60  # several steps per 50 ms window
     assert overruns[int(0.99 * (len(overruns) - 1))] <= 5.0  # p99 overrun within 5 ms
@@ -44,13 +50,7 @@ def test_a_slow_first_step_does_not_keep_the_steps_after_it_out_of_the_windows()
     """A process's first whole step (4 micro-steps here) is a warm-up: on a GPU its first kernels made it 3-5 times
     longer than the steps after it. Timed, it is not what the executor plans with: planning with it, no step would
     start again in windows shorter than it."""
-    executor = FillExecutor("fill_mlp:MlpFill", {"micro_steps": 4, "cold_s": 0.04, "step_s": 0.0})
-    executor.start()
-    try:
-        reports = windows(executor, 20, 0.03)
-    finally:
-        executor.stop()
-    assert all(r is not None for r in reports) and executor.kills == 0
+    executor, reports = filled({"micro_steps": 4, "cold_s": 0.04, "step_s": 0.0}, 20, 0.03)
     assert max(b - a for a, b, _ in executor.steps[:4]) >= 0.04  # the warm-up ran, longer than a window
     assert all(r["steps"] for r in reports[-10:])  # and the steps after it run in every window
     planned = sorted(max(0.0, (b - end) * 1000) for _, b, end in executor.steps[8:])
