@@ -102,8 +102,13 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     row_s = args.row_s if args.row_s is not None else (0.0025 if args.device == "cpu" else 0.0)
-    config = {"extra_row_s": str(row_s), "device": args.device, "width": args.width, "depth": args.depth}
-    config["batch"] = args.batch
+    config = {
+        "extra_row_s": str(row_s),
+        "device": args.device,
+        "width": args.width,
+        "depth": args.depth,
+        "batch": args.batch,
+    }
     free_bytes, cap, device = int(args.free_gb * 10**9), None, f"cpu ({os.cpu_count()} cores)"
     if args.device == "cuda":
         import torch
