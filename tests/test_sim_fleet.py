@@ -1,0 +1,138 @@
+"""The simulated fleet of a backtest (sim/fleet.py): its agents keep the live contract with the real store, and the
+world it plays takes its truth from the traces."""
+
+import numpy as np
+import pytest
+from test_backtest import START
+
+from broker.sim.market import PACKAGED_TRACES, from_traces
+from broker.sim.workloads import ml_mix
+
+
+@pytest.fixture(scope="module")
+def market(catalog):
+    return from_traces(PACKAGED_TRACES, catalog, START, tick_s=1200)
+
+
+def test_simulated_agents_learn_of_a_guard_move_from_their_view_and_hand_the_job_back(market, redis_url):
+    from datetime import timedelta
+
+    from broker import planning
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.core.broker import Broker
+    from broker.core.clock import SimulatedClock
+    from broker.core.server import BrokerServer
+    from broker.domain.model import IfLate
+    from broker.sim.fleet import SimFleet
+    from broker.sim.market import OfferBook
+    from broker.store.jobs import Store
+
+    store, clock = Store(redis_url, prefix="fleet-move:"), SimulatedClock(market.start)
+    policy = planning.get("cbl-greedy")  # spot when there is some: the guard is what moves it
+    checkpoints = CheckpointStore("memory://fleet-move")
+    server = BrokerServer(store, policy, clock, checkpoints, consumer="test")
+    fleet = SimFleet(store, checkpoints, market, bubbles=False)
+    [arrival] = ml_mix(0, 1, 3.06, arrival_h=0)
+    deadline = clock.now() + timedelta(hours=arrival.window_h)
+    spec = arrival.spec.model_copy(
+        update={"deadline": deadline, "if_late": IfLate.soonest}
+    )  # lost: on-demand to the end
+    Broker(store, OfferBook(market.offers(False)), policy, clock).submit(spec, job_id="j")
+    fleet.provision(0, clock.now(), store.pending_count())
+    fleet.take(server.step(), clock.now())
+    [(agent, run)] = fleet.runs.items()
+    assert run.offer.tier.value == "spot"
+    assert fleet.obey(clock.now()) == 0  # nothing asked yet
+    clock.advance(hours=arrival.window_h * 0.9)  # no progress reported: far behind, so the guard moves it
+    server.step()
+    assert fleet.obey(clock.now()) == 1 and agent not in fleet.runs
+    server.step()
+    job = store.get_job("j")
+    assert job.runs[0].end_reason == "moved" and job.runs[0].checkpoint_step is not None
+    assert job.runs[-1].offer.tier.value == "on_demand"  # the server re-dispatched it, on-demand only
+    fleet.close()
+
+
+def test_a_simulated_agent_asked_for_a_checkpoint_writes_one_pays_it_and_runs_on(market, redis_url):
+    """The request the guard writes near the net (tests/test_dispatch.py has the guard's side): the simulated agent
+    checkpoints once per request, pays the write before progress goes on, and keeps the job; the report settles it."""
+    from datetime import timedelta
+
+    from broker import planning
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.core.broker import Broker
+    from broker.core.clock import SimulatedClock
+    from broker.core.server import BrokerServer
+    from broker.models.risk import checkpoint_hours
+    from broker.sim.fleet import SimFleet
+    from broker.sim.market import OfferBook
+    from broker.store.jobs import Store
+
+    store, clock = Store(redis_url, prefix="fleet-ckpt:"), SimulatedClock(market.start)
+    policy = planning.get("cbl-greedy")
+    checkpoints = CheckpointStore("memory://fleet-ckpt")
+    server = BrokerServer(store, policy, clock, checkpoints, consumer="test")
+    fleet = SimFleet(store, checkpoints, market, bubbles=False)
+    [arrival] = ml_mix(0, 1, 3.06, arrival_h=0)
+    spec = arrival.spec.model_copy(update={"deadline": clock.now() + timedelta(hours=arrival.window_h)})
+    Broker(store, OfferBook(market.offers(False)), policy, clock).submit(spec, job_id="j")
+    fleet.provision(0, clock.now(), store.pending_count())
+    fleet.take(server.step(), clock.now())
+    [(agent, run)] = fleet.runs.items()
+    fleet.advance(clock.now(), 0.5)
+    clock.advance(hours=0.5)
+    server.step()
+    done, dead_h = run.done, run.dead_h
+
+    def ask(job):
+        latest = job.current_run.model_copy(update={"checkpoint_requested_at": clock.now()})
+        return job.model_copy(update={"runs": [*job.runs[:-1], latest]})
+
+    store.update_job("j", ask)
+    assert fleet.obey(clock.now()) == 0 and fleet.runs[agent] is run  # it runs on
+    assert run.since_checkpoint_h == 0 and run.dead_h == pytest.approx(dead_h + checkpoint_hours(run.spec))
+    assert fleet.obey(clock.now()) == 0 and run.dead_h == pytest.approx(dead_h + checkpoint_hours(run.spec))  # once
+    server.step()
+    current = store.get_job("j").current_run
+    assert current.checkpoint_step == int(done) > 0 and current.checkpoint_requested_at is None
+    assert current.checkpoints_asked == 1
+    fleet.advance(clock.now(), checkpoint_hours(run.spec) / 2)
+    assert run.done == done  # the write is paid before progress goes on
+    fleet.close()
+
+
+def test_a_shrinking_pool_takes_back_instances_at_random_busy_ones_too(market, redis_url):
+    """A trace says how many instances a pool held, not which went: the world takes back any of the pool's agents,
+    idle or busy (before, idle ones first, which sheltered every run behind the idle agents beside it). One run in a
+    pool of 4 that shrinks to 3 is preempted about one time in four."""
+    from dataclasses import replace
+    from datetime import timedelta
+
+    from broker import planning
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.core.broker import Broker
+    from broker.core.clock import SimulatedClock
+    from broker.core.server import BrokerServer
+    from broker.sim.fleet import SimFleet
+    from broker.sim.market import OfferBook
+    from broker.store.jobs import Store
+
+    pool = replace(market.spot[0], capacity=np.array([4, 3]))
+    shrinking = replace(market, spot=[pool], bubbles=[])
+    [arrival] = ml_mix(0, 1, 3.06, arrival_h=0)
+    preempted = 0
+    for seed in range(40):
+        store, clock = Store(redis_url, prefix=f"fleet-shrink-{seed}:"), SimulatedClock(market.start)
+        policy = planning.get("cbl-greedy")  # spot when there is some
+        checkpoints = CheckpointStore(f"memory://fleet-shrink-{seed}")
+        server = BrokerServer(store, policy, clock, checkpoints, consumer="test")
+        fleet = SimFleet(store, checkpoints, shrinking, bubbles=False, seed=seed)
+        spec = arrival.spec.model_copy(update={"deadline": clock.now() + timedelta(hours=arrival.window_h)})
+        Broker(store, OfferBook(shrinking.offers(False)), policy, clock).submit(spec, job_id="j")
+        fleet.provision(0, clock.now(), store.pending_count())
+        fleet.take(server.step(), clock.now())
+        assert len(fleet.runs) == 1 and len(fleet.on_offer[pool.offer.id]) == 4
+        fleet.provision(1, clock.now(), 0)
+        preempted += not fleet.runs
+        fleet.close()
+    assert 3 <= preempted <= 20  # 1 in 4 of 40: 10 expected (never, were idle agents taken first)
