@@ -26,6 +26,10 @@ all on-demand met: the others the job's true speed lost whatever the policy), `h
 deadlines), and `cost_vs_joint_omniscient` (null here: `broker backtest` with omniscient reports it); and the seconds
 a quote with its forecast takes (`quote_seconds`).
 
+`outlook` (pooled, and per policy): the same quote figures for each job's outlook (Broker.outlook: the quote made
+again from where the job stands, taken once in the first tick its speed is measured), with `window_gone_median`, the
+median share of the jobs' windows gone when it was made: what a user who looks again once the job has run learns.
+
     python bench/forecast.py [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
 """
 
@@ -38,6 +42,7 @@ from concurrent.futures import ProcessPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 from cost import avoidable_misses, fitted_on, gpu_directories, missed_jobs  # bench/cost.py, beside this file
 from rich.console import Console
 from rich.progress import Progress
@@ -63,7 +68,7 @@ def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int) -> 
     model = fitted_on(fit, market.tick_s)
     arrivals = backtest_workload(market, workload, jobs)
     with embedded.scratch() as url:
-        result = backtest.run(market, arrivals, POLICIES, seed, url, model=model)
+        result = backtest.run(market, arrivals, POLICIES, seed, url, model=model, outlooks_for=tuple(POLICIES))
     return {
         "traces": directory,
         "fit_on": fit,
@@ -71,6 +76,7 @@ def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int) -> 
         "workload_seed": workload,
         "rows": result.rows,
         "jobs": {o.policy: job_rows(o.jobs, o.end) for o in result.outcomes},
+        "outlooks": {o.policy: job_rows(o.jobs, o.end, o.outlooks) for o in result.outcomes},
         "missed": missed_jobs(result.outcomes),
     }
 
@@ -94,6 +100,11 @@ def figures(rows: list[dict]) -> dict:
     }
 
 
+def outlook_figures(rows: list[dict]) -> dict:
+    gone = [r["window_gone"] for r in rows if r.get("window_gone") is not None]
+    return {**figures(rows), "window_gone_median": round(float(np.median(gone)), 4) if gone else None}
+
+
 def aggregate(runs: list[dict]) -> dict:
     od = sum(row["cost_usd"] for r in runs for row in r["rows"] if row["policy"] == "on-demand")
     policies = {}
@@ -108,9 +119,11 @@ def aggregate(runs: list[dict]) -> dict:
             "hours_late": round(sum(row["hours_late"] for row in rows), 1),
             "cost_vs_joint_omniscient": None,
             **figures([j for r in runs for j in r["jobs"].get(policy, [])]),
+            "outlook": outlook_figures([j for r in runs for j in r["outlooks"].get(policy, [])]),
         }
     pooled = figures([j for r in runs for p in FORECASTING for j in r["jobs"].get(p, [])])
-    return {**pooled, "policies": policies}
+    outlook = outlook_figures([j for r in runs for p in FORECASTING for j in r["outlooks"].get(p, [])])
+    return {**pooled, "outlook": outlook, "policies": policies}
 
 
 def quote_seconds(directory: str, fit: list[str], jobs: int) -> dict:

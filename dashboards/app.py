@@ -14,10 +14,14 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from broker import planning
 from broker.app import wiring
 from broker.app.settings import Settings
+from broker.core.broker import Broker
+from broker.core.clock import SystemClock
 from broker.domain.errors import BrokerError
 from broker.models import accounting
+from broker.pricing.availability import MarketModel
 from broker.pricing.catalog import PriceCatalog
 from broker.sim import results
 from broker.store.jobs import Store
@@ -37,6 +41,22 @@ def store() -> Store:
 def catalog() -> PriceCatalog:
     """Priced as quotes and dispatch price it (newest prices, hazard with our agents' evidence); a minute old."""
     return wiring.live_catalog(store(), Settings.from_env())
+
+
+@st.cache_resource
+def market() -> MarketModel:
+    """The market model quotes are simulated on, learned once (about a second)."""
+    return wiring.market_model()
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def outlook(job_id: str, updated_at: datetime) -> dict | None:
+    """A job's outlook (Broker.outlook) as of its last change, at most a minute old."""
+    settings = Settings.from_env()
+    policy = planning.get(settings.policy, **settings.policy_options())
+    broker = Broker(store(), catalog(), policy, SystemClock(), market())
+    ahead = broker.outlook(store().get_job(job_id))
+    return ahead.model_dump() if ahead else None
 
 
 def now() -> datetime:
@@ -90,6 +110,16 @@ def jobs_page() -> None:
     asked = job.quote.deadline_probability
     short = f"{job.quote.p_meet_deadline - asked:+.2f} vs the {asked:.2f} asked" if job.quote.short_of_odds else None
     cols[3].metric("Quoted P(meet deadline)", f"{job.quote.p_meet_deadline:.2f}", delta=short)
+    ahead = None if job.state.terminal else outlook(job.id, job.updated_at)
+    if ahead:
+        cols = st.columns(3)
+        cols[0].metric("Outlook cost p50", money(ahead["cost_p50_usd"]))
+        cols[1].metric("Outlook cost p10 - p90", f"{money(ahead['cost_p10_usd'])} - {money(ahead['cost_p90_usd'])}")
+        cols[2].metric("Outlook P(meet deadline)", f"{ahead['p_meet_deadline']:.2f}")
+        st.caption(
+            "outlook: the quote made again from where the job stands (the work left, at its speed once measured, "
+            "after what it has spent), on today's market and fleet"
+        )
     if job.runs:
         st.subheader("Runs across offers")
         runs = [

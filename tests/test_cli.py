@@ -56,6 +56,11 @@ def test_submit_stores_the_job_and_prints_its_quote(env, tmp_path):
     status = json.loads(run("status", body["job"], "--json").stdout)
     assert status["state"] == "queued" and status["quote"]["chosen"] == chosen
     assert [e["state"] for e in status["events"]] == ["queued"]
+    # not run yet: its outlook is the quote made again now, at the same odds
+    assert status["outlook"]["futures"] == 1000
+    assert status["outlook"]["p_meet_deadline"] == pytest.approx(body["quote"]["forecast"]["p_meet_deadline"], abs=0.05)
+    assert json.loads(run("status", body["job"], "--json", "--no-outlook").stdout)["outlook"] is None
+    assert "outlook now" in run("status", body["job"]).stdout
 
 
 def test_quote_only_stores_nothing(env, tmp_path):

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import cached_property
 
-from broker.core.forecast import Fleet, forecast
+from broker.core.forecast import Fleet, Underway, forecast
 from broker.core.hedging import MarketHedge
 from broker.domain.errors import BrokerError
 from broker.domain.model import AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
@@ -98,11 +98,7 @@ class Broker:
         offers = self.offers(agents)
         quote = self.policy.quote(spec, offers, now)
         market = self.market_now()
-        fleet = None
-        # the jobs ahead of it (running, then the most urgent waiting), and the newest
-        if market is not None and self.store is not None:
-            others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)
-            fleet = Fleet.of(agents, others, now, self.store.recent_jobs(OTHERS_SEEN))
+        fleet = self._fleet(agents, now) if market is not None and self.store is not None else None
         places_by_rule = getattr(self.policy, "spot_while_in_time", False)
         started_on_demand = places_by_rule and _starts_on_demand(quote, spec, offers, now, fleet or Fleet())
         if started_on_demand:  # quoted where it starts; the money model's spot choice heads the alternatives
@@ -128,6 +124,35 @@ class Broker:
         if baseline is not None:  # no market randomness there: only the speed's (cheap)
             update["on_demand_baseline"] = baseline.model_copy(update={"forecast": simulated(baseline)})
         return quote.model_copy(update=update)
+
+    def outlook(self, job: Job) -> Forecast | None:
+        """What a job under way may still cost in all and when it may finish: its quote played again by the policy's
+        rule from where it stands (the work left, at its speed once measured, after what it has spent), on the market
+        and the fleet of now. None for a job that has ended (its cost is known) or without a market model."""
+        market = self.market_now()
+        if market is None or self.store is None or job.state.terminal:
+            return None
+        now = self.clock.now()
+        agents = self.store.working_agents()
+        return forecast(
+            job.spec,
+            job.quote,
+            self.offers(agents),
+            market,
+            getattr(self.policy, "rule", "greedy"),
+            now,
+            fleet=self._fleet(agents, now, without=job.id),
+            hedges=self.hedges,
+            spot_while_in_time=getattr(self.policy, "spot_while_in_time", False),
+            underway=Underway.of(job, now),
+        )
+
+    def _fleet(self, agents: list[AgentInfo], now: datetime, without: str | None = None) -> Fleet:
+        """The fleet a job meets: the agents, the jobs ahead of it (running, then the most urgent waiting; not the
+        job itself, `without`), and the newest."""
+        others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)
+        others = [j for j in others if j.id != without]
+        return Fleet.of(agents, others, now, self.store.recent_jobs(OTHERS_SEEN))
 
     def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
         """Quote the job and store it as queued; an infeasible job is refused and nothing is stored.

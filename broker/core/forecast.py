@@ -21,6 +21,7 @@ import numpy as np
 
 from broker.core.hedging import MAX_ZONES, MarketHedge
 from broker.domain.model import Forecast, IfLate, Job, JobSpec, Offer, Quote, Tier, tier_of
+from broker.models.accounting import productive_hours, spend_usd
 from broker.models.contention import arrivals, launchable
 from broker.models.futures import HEDGING, Setting, simulate
 from broker.models.placement import transfer_usd
@@ -137,6 +138,21 @@ class Fleet:
         return pinned, np.asarray(pooled, dtype=int)
 
 
+@dataclass(frozen=True)
+class Underway:
+    """Where a job under way stands, for its outlook (Broker.outlook): the share of its work left, its speed over the
+    estimate once measured (None: not yet), the productive hours it has run, and what it has cost so far."""
+
+    left: float
+    speed: float | None
+    run_h: float
+    spent_usd: float
+
+    @classmethod
+    def of(cls, job: Job, now: datetime) -> Underway:
+        return cls(work_left(job), measured_speed(job), productive_hours(job, now), spend_usd(job, now))
+
+
 def speed_spread(speeds: list[float]) -> float:
     """The log sd of true speed over the estimate: the prior, pooled with the measured speeds' own spread as jobs
     finish (its weight SPEED_PRIOR_JOBS against n - 1 for n measured). A quote made before any job finished is
@@ -190,13 +206,22 @@ def zones_for(spec: JobSpec, chosen: Offer, offers: list[Offer], ceiling_usd_per
     return sorted([chosen, *same], key=lambda o: (o.price_usd_per_h, o.id))[:MAX_ZONES]
 
 
-def zones_in_time(spec: JobSpec, chosen: Offer, offers: list[Offer], ceiling_usd_per_h: float, now: datetime):
+def zones_in_time(
+    spec: JobSpec,
+    chosen: Offer,
+    offers: list[Offer],
+    ceiling_usd_per_h: float,
+    now: datetime,
+    underway: Underway | None = None,
+):
     """The offers a policy that places a job every round by Uniform Progress's rule may give it, whatever tier its
     quote chose: those `spot_in_time` keeps at quote time (every bubble it fits, and every spot offer on which it
-    could still finish in time uninterrupted), cheaper by the hour than its fallback and no further from its data
-    than the chosen one, cheapest work first, at most MAX_ZONES. The futures play each at its own pace."""
+    could still finish in time uninterrupted: the work `underway` has left, at its speed once measured), cheaper by
+    the hour than its fallback and no further from its data than the chosen one, cheapest work first, at most
+    MAX_ZONES. The futures play each at its own pace."""
     fitting = [o for o in offers if fits(spec, o)]
-    item = PlanItem(id=spec.name, spec=spec, submitted_at=now)
+    left, speed = (underway.left, underway.speed or 1.0) if underway else (1.0, 1.0)
+    item = PlanItem(id=spec.name, spec=spec, submitted_at=now, remaining=left, speed=speed)
     moving = transfer_usd(spec, chosen)
     spot = [
         o
@@ -218,6 +243,7 @@ def forecast(
     fleet: Fleet | None = None,
     hedges: MarketHedge | None = None,
     spot_while_in_time: bool = False,
+    underway: Underway | None = None,
 ) -> Forecast:
     """The quote's chosen option on `futures` sampled futures of its zones (an offer without traces is modelled
     from its own hazard and availability, which the catalog's hazard model set), against the other jobs of
@@ -225,7 +251,9 @@ def forecast(
     moves (core/hedging.MarketHedge: the Broker's keeps them; one of its own on `model` when not given).
     `spot_while_in_time`: the policy places the job every round by its rule (Uniform Progress's family), so it
     runs on the spot and bubble offers still in time (`zones_in_time`) even where the quote chose on-demand, with
-    that on-demand offer as its fallback."""
+    that on-demand offer as its fallback. `underway`: the job's outlook from where it stands now (the work left, at its
+    speed once measured, with what it has spent; every future starts it afresh: a run under way pays a changeover it
+    may not need)."""
     chosen = quote.chosen.offer
     fallback = quote.chosen.fallback or (quote.on_demand_baseline.offer if quote.on_demand_baseline else None)
     window = window_hours(spec, now)
@@ -233,13 +261,17 @@ def forecast(
     # each future's true speed over the estimate (median 1), spread as finished jobs showed, or the prior's
     sigma = (fleet or Fleet()).speed_sigma
     speed = np.exp(rng.normal(0.0, sigma, futures)) if sigma > 0 else np.ones(1)
+    if underway is not None and underway.speed is not None:  # measured: the futures differ only in the market
+        sigma, speed = 0.0, np.array([underway.speed])
+    left = underway.left if underway else 1.0
+    spent = underway.spent_usd if underway else transfer_usd(spec, chosen)  # its input moved where it starts
     if chosen.tier == Tier.on_demand:
         fallback = chosen
     od_offer = fallback or chosen
     ceiling = od_offer.price_usd_per_h if fallback else float("inf")
-    zones = zones_in_time(spec, chosen, offers, ceiling, now) if spot_while_in_time else []
+    zones = zones_in_time(spec, chosen, offers, ceiling, now, underway) if spot_while_in_time else []
     if not zones and chosen.tier == Tier.on_demand:
-        return _on_demand(spec, quote, chosen, now, speed, sigma)
+        return _on_demand(spec, quote, chosen, now, speed, sigma, left, spent)
     zones = zones or zones_for(spec, chosen, offers, ceiling)
     played = chosen if chosen in zones else zones[0]  # the offer whose speed and hazard the futures are told in
     tick_h = model.tick_h
@@ -251,14 +283,15 @@ def forecast(
     available = np.stack([z.sample(rng, futures, ticks, up, shrinks=True) for z, up in zip(zone_models, up_now)])
     free = None if slots is None else fleet.free(zones, available, tick_h, rng, window)
     work_h = exclusive_hours(spec, played)
+    measured = underway is not None and underway.speed is not None
     setting = Setting(
-        work_h=work_h / speed,
-        od_work_h=exclusive_hours(spec, od_offer) / speed,
+        work_h=work_h * left / speed,
+        od_work_h=exclusive_hours(spec, od_offer) * left / speed,
         # the rule sees the estimate, with the margin of a speed not yet measured, until the job has run long
         # enough for its speed to be measured (as the live guard: PlanItem.unsure)
-        od_estimate_h=exclusive_hours(spec, od_offer),
+        od_estimate_h=None if measured else exclusive_hours(spec, od_offer) * left,
         unmeasured_margin=unmeasured_margin(sigma, spec.deadline_probability),
-        measured_after_h=MIN_MEASURED_H,
+        measured_after_h=max(0.0, MIN_MEASURED_H - (underway.run_h if underway else 0.0)),
         spot_prices=tuple(o.price_usd_per_h for o in zones),
         od_price=od_offer.price_usd_per_h,
         restart_h=restart_hours(spec),
@@ -280,18 +313,20 @@ def forecast(
             loss_h = lost_per_preemption_h(setting.interval_h)
             hedge = hedges.planned(zones, ticks, setting.od_price, setting.counted_h, od_speed, loss_h)
     out = simulate(setting, available, tick_h, hedge, launchable=free)
-    cost = out.cost_usd + transfer_usd(spec, chosen)  # its input moved to where it starts
+    cost = out.cost_usd + spent
     forecast = _summary(spec, now, cost, out.finish_h, out.spot_h, out.od_h, setting.rule, zones, zone_models)
     note = f"; chosen on {chosen.tier.value}, run on {played.tier.value} whenever in time" if played != chosen else ""
     return _with_speed(forecast, forecast.evidence + note, speed, sigma)
 
 
-def _on_demand(spec: JobSpec, quote: Quote, offer: Offer, now: datetime, speed: np.ndarray, sigma: float) -> Forecast:
-    """On-demand: no market randomness; the money model's time and cost, at each future's speed."""
+def _on_demand(
+    spec: JobSpec, quote: Quote, offer: Offer, now: datetime, speed: np.ndarray, sigma: float, left: float, spent: float
+) -> Forecast:
+    """On-demand: no market randomness; the money model's time and cost for the share of the work `left`, at each
+    future's speed, after what was `spent` (the input's move, paid once at any speed, at submit)."""
     option = quote.chosen
-    wall = option.expected_wall_h / speed
-    moving = transfer_usd(spec, offer)  # paid once, at any speed
-    cost = (option.expected_cost_usd - moving) / speed + moving
+    wall = option.expected_wall_h * left / speed
+    cost = (option.expected_cost_usd - transfer_usd(spec, offer)) * left / speed + spent
     forecast = _summary(spec, now, cost, wall, np.zeros_like(wall), wall, "on-demand", [offer], [])
     return _with_speed(forecast, "on-demand: always available", speed, sigma)
 

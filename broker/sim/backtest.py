@@ -22,8 +22,9 @@ from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
 from broker.core.server import BrokerServer
 from broker.domain.errors import BrokerError, InfeasibleError
-from broker.domain.model import Job, JobState
+from broker.domain.model import Forecast, Job, JobState
 from broker.models.accounting import hours_late, missed_deadline, spend_usd
+from broker.planning.option_table import measured_speed
 from broker.pricing.availability import MarketModel
 from broker.sim.calibration import cost_errors_pct, job_rows, reliability
 from broker.sim.fleet import SimFleet
@@ -56,6 +57,8 @@ class Outcome:
     end: datetime
     refused: list[str] = field(default_factory=list)  # jobs the policy's quote refused at submit
     ticks: int = 0
+    # job id -> (when, its outlook): Broker.outlook once the job's speed was measured (when asked for)
+    outlooks: dict[str, tuple[datetime, Forecast]] = field(default_factory=dict)
 
     def cost_usd(self) -> float:
         return sum(spend_usd(j, self.end) for j in self.jobs)
@@ -103,9 +106,12 @@ def run_policy(
     seed: int,
     on_tick: Callable[[int], None] | None = None,
     model: MarketModel | None = None,
+    outlooks: bool = False,
 ) -> Outcome:
     """Run one policy over the workload on the simulated clock; its keys are deleted afterwards. With a
-    market `model` every quote carries a forecast (simulated on the model's futures, not the traces')."""
+    market `model` every quote carries a forecast (simulated on the model's futures, not the traces'); with
+    `outlooks`, each job's outlook is taken once, in the first tick its speed is measured (the quote made again
+    from where the job stands: Broker.outlook)."""
     base, bubbles = name.removesuffix(BUBBLES), name.endswith(BUBBLES)
     prefix = f"backtest:{seed}:{name}:"
     store = Store(redis_url, prefix=prefix)
@@ -117,7 +123,7 @@ def run_policy(
     server = BrokerServer(store, policy, clock, checkpoints, consumer="backtest")
     fleet = SimFleet(store, checkpoints, market, bubbles, {a.spec.name: a.true_speed for a in arrivals}, seed)
     tick_h = market.tick_s / 3600
-    queue, refused = list(arrivals), []
+    queue, refused, taken = list(arrivals), [], {}
     last_tick = horizon(market, arrivals)
     tick = 0
     try:
@@ -139,6 +145,8 @@ def run_policy(
             if fleet.obey(now):  # a live agent hands a moved job back within a second: re-dispatched at once
                 dispatched += server.step()
             fleet.take(dispatched, now)
+            if outlooks and model is not None:
+                _take_outlooks(broker, store, taken, now)
             fleet.advance(now, tick_h)
             clock.advance(hours=tick_h)
             if on_tick:
@@ -148,11 +156,20 @@ def run_policy(
                 if store.pending_count() == 0:
                     break
         server.step()
-        return Outcome(name, store.list_jobs(), clock.now(), refused, tick + 1)
+        return Outcome(name, store.list_jobs(), clock.now(), refused, tick + 1, taken)
     finally:
         fleet.close()
         checkpoints.fs.rm(checkpoints.root, recursive=True) if checkpoints.fs.exists(checkpoints.root) else None
         store.clear_namespace()
+
+
+def _take_outlooks(broker: Broker, store: Store, taken: dict, now: datetime) -> None:
+    """The outlook of each active job whose speed is measured and that has none yet."""
+    for job in store.active_jobs():
+        if job.id not in taken and measured_speed(job) is not None:
+            outlook = broker.outlook(job)
+            if outlook is not None:
+                taken[job.id] = (now, outlook)
 
 
 def horizon(market: Market, arrivals: list[Arrival]) -> int:
@@ -255,9 +272,11 @@ def run(
     progress: Callable[[str, int, int], None] | None = None,
     setting: dict | None = None,
     model: MarketModel | None = None,
+    outlooks_for: tuple[str, ...] = (),
 ) -> Result:
     """Every requested policy over the workload (all on-demand too: savings are measured against it), then
-    the omniscient bound when asked for; `progress(what, done, total)` is called as it goes."""
+    the omniscient bound when asked for; `progress(what, done, total)` is called as it goes. The policies named
+    in `outlooks_for` take each job's outlook once its speed is measured (run_policy)."""
     check_policies(names)
     simulated = [n for n in names if n != OMNISCIENT]
     if "on-demand" not in simulated:
@@ -266,7 +285,7 @@ def run(
     for name in simulated:
         last = horizon(market, arrivals)
         tick = (lambda t, n=name, last=last: progress(n, t + 1, last)) if progress else None
-        outcomes.append(run_policy(name, redis_url, market, arrivals, seed, tick, model))
+        outcomes.append(run_policy(name, redis_url, market, arrivals, seed, tick, model, name in outlooks_for))
         if progress:
             progress(name, last, last)
     bound: dict[str, Bound] = {}

@@ -3,27 +3,42 @@ its deadline, and the figures that say whether quotes can be trusted (cost error
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from broker.domain.model import Job, JobState
 from broker.models.accounting import missed_deadline, spend_usd
+from broker.models.risk import window_hours
 
 BINS = 10  # reliability diagram: P(meet) in 10-point bins
 MIN_PER_BIN = 20  # a bin counts toward the calibration gap only with this many jobs
 NOISE_DRAWS = 1000  # outcomes drawn at the quoted odds for the noise floor of the largest gap
 
 
-def job_rows(jobs: list[Job], end) -> list[dict]:
-    """One row per job with a deadline or a cost: quoted and realised cost, quoted P(meet), and whether it met."""
+def job_rows(jobs: list[Job], end, outlooks: dict | None = None) -> list[dict]:
+    """One row per job with a deadline or a cost: quoted and realised cost, quoted P(meet), and whether it met.
+    With `outlooks` (job id -> (when, Forecast): Outcome.outlooks), one row per job that has one, against it in place
+    of the quote, with the share of the job's window gone when it was made (`window_gone`)."""
     rows = []
     for job in jobs:
-        forecast = job.quote.forecast
+        extra = {}
+        if outlooks is None:
+            forecast, quoted, p_meet = job.quote.forecast, job.quote.cost_usd, job.quote.p_meet_deadline
+        elif job.id in outlooks:
+            at, forecast = outlooks[job.id]
+            quoted, p_meet = forecast.cost_p50_usd, forecast.p_meet_deadline
+            window_h = window_hours(job.spec, job.submitted_at)
+            gone_h = (at - job.submitted_at).total_seconds() / 3600
+            extra = {"window_gone": round(gone_h / window_h, 4) if math.isfinite(window_h) else None}
+        else:
+            continue
         rows.append(
             {
                 "job": job.id,
-                "quoted_cost_usd": job.quote.cost_usd,  # the forecast's median, else the money model's
+                "quoted_cost_usd": quoted,  # the forecast's median, else the money model's
                 "cost_usd": spend_usd(job, end),
-                "p_meet": job.quote.p_meet_deadline,
+                "p_meet": p_meet,
                 "met": job.state == JobState.done and not missed_deadline(job, end),
                 **(
                     {f"quoted_{q}_usd": getattr(forecast, f"cost_{q}_usd") for q in ("p10", "p90")}
@@ -31,6 +46,7 @@ def job_rows(jobs: list[Job], end) -> list[dict]:
                     if forecast
                     else {}
                 ),
+                **extra,
             }
         )
     return rows

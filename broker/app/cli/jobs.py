@@ -63,16 +63,26 @@ def list_jobs(
 
 
 @user_errors
-def status(job_id: str = typer.Argument(..., help="The job id (see `broker list`)."), as_json: bool = JsonOpt) -> None:
-    """Show one job: its state, quote and events."""
+def status(
+    job_id: str = typer.Argument(..., help="The job id (see `broker list`)."),
+    as_json: bool = JsonOpt,
+    outlook: bool = typer.Option(
+        True,
+        "--outlook/--no-outlook",
+        help="For a job under way: its quote made again from where it stands (about a second: the model is learned).",
+    ),
+) -> None:
+    """Show one job: its state, quote, outlook and events."""
     from broker.core.waiting import waiting_for
 
     store = make_store()
     job = store.get_job(job_id)
     events = store.events(job_id)
     waiting = waiting_for(store, job)
+    ahead = make_broker(live=True).outlook(job) if outlook and not job.state.terminal else None
     if as_json:
-        print_json({**render.job_dict(job, events), "waiting_for": waiting})
+        dumped = ahead.model_dump(mode="json") if ahead else None
+        print_json({**render.job_dict(job, events), "waiting_for": waiting, "outlook": dumped})
         return
     now = datetime.now(UTC)
     out.print(f"[bold]{job.id}[/]  state: [bold]{job.state.value}[/]" + (f"  ({job.reason})" if job.reason else ""))
@@ -82,6 +92,8 @@ def status(job_id: str = typer.Argument(..., help="The job id (see `broker list`
     if waiting:
         out.print(f"[yellow]waiting:[/] {waiting}", highlight=False)
     out.print(render.quote_table(job.quote, f"quote at {job.quote.created_at:%Y-%m-%d %H:%M} UTC"))
+    if ahead is not None:
+        out.print(f"[bold]outlook now[/], from where it stands: {render.forecast_line(ahead)}", highlight=False)
     if job.runs:
         out.print(render.runs_table(job))
     for line in job.log_tail:
