@@ -12,6 +12,7 @@ from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
 from broker.core.forecast import Underway, forecast
 from broker.domain.model import JobState
+from broker.models.risk import exclusive_hours, restart_hours
 from broker.pricing.availability import MarketModel
 from broker.sim.market import OfferBook
 
@@ -83,3 +84,20 @@ def test_a_backtest_takes_each_jobs_outlook_once_its_speed_is_measured(redis_ser
     assert all(0 < row["window_gone"] < 0.5 for row in ahead)
     assert max(abs(r["cost_usd"] / r["quoted_cost_usd"] - 1) for r in quoted) > 0.1
     assert max(abs(r["cost_usd"] / r["quoted_cost_usd"] - 1) for r in ahead) < 0.03
+
+
+def test_an_outlook_finds_the_job_where_it_runs_now():
+    """Greedy never leaves on-demand: a job on it now finishes there, though spot is nearly always free; one that runs
+    nowhere starts on spot. A job on spot now pays no changeover to go on."""
+    model = MarketModel.fit(CALM)
+    spot, on_demand = _offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)
+    quote, spec = _quote(model, 30.0), _quote_spec(30.0)
+
+    def ahead(on):
+        underway = Underway(left=0.5, speed=1.0, run_h=2.0, spent_usd=0.0, on=on)
+        return forecast(spec, quote, [spot, on_demand], model, "greedy", NOW, underway=underway)
+
+    idle, kept, going = ahead(None), ahead(on_demand), ahead(spot)
+    assert idle.spot_share > 0.9 and kept.spot_share == 0.0
+    assert kept.cost_p50_usd == pytest.approx(3.06 * exclusive_hours(spec, on_demand) / 2, rel=0.01)
+    assert going.cost_p50_usd == pytest.approx(idle.cost_p50_usd - spot.price_usd_per_h * restart_hours(spec), rel=0.01)

@@ -23,7 +23,7 @@ from broker.core.hedging import MAX_ZONES, MarketHedge
 from broker.domain.model import Forecast, IfLate, Job, JobSpec, Offer, Quote, Tier, tier_of
 from broker.models.accounting import productive_hours, spend_usd
 from broker.models.contention import arrivals, launchable
-from broker.models.futures import HEDGING, Setting, simulate
+from broker.models.futures import HEDGING, ON_DEMAND_NOW, Setting, simulate
 from broker.models.placement import transfer_usd
 from broker.models.risk import (
     SPEED_PRIOR_SIGMA,
@@ -141,16 +141,28 @@ class Fleet:
 @dataclass(frozen=True)
 class Underway:
     """Where a job under way stands, for its outlook (Broker.outlook): the share of its work left, its speed over the
-    estimate once measured (None: not yet), the productive hours it has run, and what it has cost so far."""
+    estimate once measured (None: not yet), the productive hours it has run, what it has cost so far, and the offer
+    its run under way runs on (None: none runs)."""
 
     left: float
     speed: float | None
     run_h: float
     spent_usd: float
+    on: Offer | None = None
 
     @classmethod
     def of(cls, job: Job, now: datetime) -> Underway:
-        return cls(work_left(job), measured_speed(job), productive_hours(job, now), spend_usd(job, now))
+        run = job.current_run
+        on = run.offer if run is not None and run.started_at is not None else None
+        return cls(work_left(job), measured_speed(job), productive_hours(job, now), spend_usd(job, now), on)
+
+    def running_on(self, zones: list[Offer]) -> int | None:
+        """Where the futures find it (Setting.running_on): on-demand, one of their zones, or nowhere."""
+        if self.on is None:
+            return None
+        if self.on.tier == Tier.on_demand:
+            return ON_DEMAND_NOW
+        return next((i for i, o in enumerate(zones) if o.id == self.on.id), None)
 
 
 def speed_spread(speeds: list[float]) -> float:
@@ -252,8 +264,8 @@ def forecast(
     `spot_while_in_time`: the policy places the job every round by its rule (Uniform Progress's family), so it
     runs on the spot and bubble offers still in time (`zones_in_time`) even where the quote chose on-demand, with
     that on-demand offer as its fallback. `underway`: the job's outlook from where it stands now (the work left, at its
-    speed once measured, with what it has spent; every future starts it afresh: a run under way pays a changeover it
-    may not need)."""
+    speed once measured, with what it has spent; every future finds it where its run under way runs, without the
+    changeover a start pays)."""
     chosen = quote.chosen.offer
     fallback = quote.chosen.fallback or (quote.on_demand_baseline.offer if quote.on_demand_baseline else None)
     window = window_hours(spec, now)
@@ -303,6 +315,7 @@ def forecast(
         cheapest_if_late=spec.if_late == IfLate.cheapest,
         zone_pace=tuple(exclusive_hours(spec, o) / work_h for o in zones),
         leaves_on_demand_to_wait=False,  # the live guard leaves on-demand only for an idle spot agent
+        running_on=underway.running_on(zones) if underway else None,
     )
     hedge = None
     if setting.rule in HEDGING:

@@ -47,6 +47,7 @@ from broker.models.hedge_view import Hedge
 RULES = ("greedy", "uniform", "hedge", "cost-to-go", "spot-only")
 HEDGING = ("hedge", "cost-to-go")  # the rules that read the market (Hedge): zone moves, queues, spot worth
 WAIT, SPOT, OD, DONE = 0, 1, 2, 3
+ON_DEMAND_NOW = -1  # Setting.running_on: the job runs on on-demand now
 TIE_H = 1e-9  # exactly on a threshold is not past it (planning/uniform_progress.TIE_H)
 
 
@@ -81,6 +82,9 @@ class Setting:
     # (the single-job mode plays the paper's rule); the live guard moves a job off on-demand only to an idle spot
     # agent, so a live quote keeps it there until spot is free (False)
     leaves_on_demand_to_wait: bool = True
+    # where the job runs now (an outlook of a job under way): the zone's index, ON_DEMAND_NOW for on-demand; None:
+    # nowhere yet, so it starts by the rule and pays the changeover
+    running_on: int | None = None
 
     @property
     def counted_h(self) -> float:
@@ -116,8 +120,8 @@ def simulate(
     zones, n, ticks = available.shape
     prices = np.asarray(s.spot_prices, dtype=float)
     pace = np.asarray(s.zone_pace or (1.0,) * zones, dtype=float)
-    state = np.full(n, WAIT)
-    zone = np.zeros(n, dtype=int)
+    state = np.full(n, WAIT if s.running_on is None else OD if s.running_on == ON_DEMAND_NOW else SPOT)
+    zone = np.full(n, max(s.running_on or 0, 0), dtype=int)
     done = np.zeros(n)  # share of the work done (0-1), checkpointed or not
     saved = np.zeros(n)  # share of the work in the newest checkpoint
     dead = np.zeros(n)  # hours of changeover still to pay before progress
