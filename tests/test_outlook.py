@@ -101,3 +101,15 @@ def test_an_outlook_finds_the_job_where_it_runs_now():
     assert idle.spot_share > 0.9 and kept.spot_share == 0.0
     assert kept.cost_p50_usd == pytest.approx(3.06 * exclusive_hours(spec, on_demand) / 2, rel=0.01)
     assert going.cost_p50_usd == pytest.approx(idle.cost_p50_usd - spot.price_usd_per_h * restart_hours(spec), rel=0.01)
+
+
+def test_status_warns_when_the_outlook_falls_below_the_odds_asked():
+    from broker.app.render import outlook_line
+
+    model = MarketModel.fit(CALM)
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    quote, spec = _quote(model, 30.0), _quote_spec(30.0)
+    slow = forecast(spec, quote, offers, model, "greedy", NOW, underway=Underway(0.9, 0.3, 2.0, 1.0))
+    on_time = forecast(spec, quote, offers, model, "greedy", NOW, underway=Underway(0.5, 1.0, 2.0, 1.0))
+    assert "at risk: P(meet deadline) 0.00, below the 0.95 asked" in outlook_line(slow, 0.95)
+    assert "at risk" not in outlook_line(on_time, 0.95) and "outlook now" in outlook_line(on_time, 0.95)

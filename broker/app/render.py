@@ -112,6 +112,14 @@ def short_of_odds(quote: Quote) -> str:
     )
 
 
+def outlook_line(f, asked: float) -> str:
+    """A job's outlook in a line, warned in yellow when its odds of meeting the deadline fell below those asked."""
+    line = f"[bold]outlook now[/], from where it stands: {forecast_line(f)}"
+    if f.p_meet_deadline < asked:
+        line = f"[yellow]at risk: P(meet deadline) {f.p_meet_deadline:.2f}, below the {asked:.2f} asked[/]\n" + line
+    return line
+
+
 def forecast_line(f) -> str:
     """The quote's forecast in a line: cost and finish percentiles and the odds, over how many futures."""
     finish = " - ".join(when(t) if t else "after the horizon" for t in (f.finish_p50, f.finish_p90))
