@@ -14,14 +14,11 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from broker import planning
 from broker.app import wiring
 from broker.app.settings import Settings
 from broker.core.broker import Broker
-from broker.core.clock import SystemClock
 from broker.domain.errors import BrokerError
 from broker.models import accounting
-from broker.pricing.availability import MarketModel
 from broker.pricing.catalog import PriceCatalog
 from broker.sim import results
 from broker.store.jobs import Store
@@ -43,19 +40,16 @@ def catalog() -> PriceCatalog:
     return wiring.live_catalog(store(), Settings.from_env())
 
 
-@st.cache_resource
-def market() -> MarketModel:
-    """The market model quotes are simulated on, learned once (about a second)."""
-    return wiring.market_model()
+@st.cache_resource(ttl=60)
+def broker() -> Broker:
+    """The broker as `broker status` makes it (its policy, live prices, the market model learned when first asked)."""
+    return wiring.make_broker(live=True)
 
 
 @st.cache_data(ttl=60, show_spinner=False)
 def outlook(job_id: str, updated_at: datetime) -> dict | None:
     """A job's outlook (Broker.outlook) as of its last change, at most a minute old."""
-    settings = Settings.from_env()
-    policy = planning.get(settings.policy, **settings.policy_options())
-    broker = Broker(store(), catalog(), policy, SystemClock(), market())
-    ahead = broker.outlook(store().get_job(job_id))
+    ahead = broker().outlook(store().get_job(job_id))
     return ahead.model_dump() if ahead else None
 
 
