@@ -141,7 +141,7 @@ def test_one_shard_on_one_redis_keeps_the_keys_stores_were_written_with(redis_ur
 
 def test_a_local_agent_for_a_job_is_named_into_the_job_s_shard():
     for job_id in ("train-1", "eval-2", "x"):
-        name = agent_id_in(f"local-{job_id}", job_id, 8)
+        name = agent_id_in(f"local-{job_id}", shard_of(job_id, 8), 8)
         assert name.startswith(f"local-{job_id}") and shard_of(name, 8) == shard_of(job_id, 8)
 
 
@@ -199,8 +199,8 @@ def test_a_new_job_goes_to_a_shard_with_agents_it_fits_and_runs_there(redis_url,
 def test_a_job_in_a_shard_without_an_agent_that_fits_says_so_and_whether_another_shard_has_one(
     redis_url, tmp_path, catalog
 ):
-    """A job stays in its shard: `broker status` says when its own shard has no agent that fits it while others do,
-    rather than that no agent is registered."""
+    """`broker status` says when a job's own shard has no agent that fits it while others do (it is about to move:
+    test_rehoming.py), rather than that no agent is registered."""
     from broker.core.waiting import waiting_for
 
     store = ShardedStore(redis_url, "broker:", SHARDS)

@@ -65,15 +65,15 @@ def run_job(
     while another replica plans), and `show(kind, text)` each state change ("state") and output line."""
     store = broker.store.of_job(job.id)  # its shard: the server given plans it there, on that shard's agents
     if not any(a.job is None for a in store.working_agents()):
-        agent_id = agent_id_in(f"local-{job.id}", job.id, len(broker.store.shards))
+        agent_id = agent_id_in(f"local-{job.id}", broker.store.shards.index(store), len(broker.store.shards))
         offer = local_offer(job.quote)
         provisioner.start(agent_id, offer)
         show("state", f"started local agent {agent_id} for {offer.id}")
         wait_for_agents(store, [agent_id], AGENT_START_S, provisioner.run_root)
-    follower, state, waiting = LogFollower(store, job.id), None, None
+    follower, state, waiting = LogFollower(broker.store, job.id), None, None
     while True:
         server.round(block_ms=int(poll_s * 1000))
-        current = store.get_job(job.id)
+        current = broker.store.get_job(job.id)  # wherever it is (a sharded job may move: core/rehoming.py)
         ended = current.state.terminal  # read before the output: what was sent before the end is read below
         if current.state != state:
             state = current.state

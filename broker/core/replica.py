@@ -6,6 +6,8 @@ is alive (a heartbeat younger than the lease). A shard goes to the live replica 
 "replica/shard": all agree without talking, and a replica joining or leaving moves only its share. A replica
 gives up the lease of a shard no longer its own, and the shard's new owner takes it; each shard keeps its own
 planning lease and fencing token (Store.lead), so two replicas that briefly disagree still never both write.
+Every REHOME_EVERY_S the leader of a shard moves its waiting jobs that no agent of it fits to a shard with one
+(core/rehoming.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 import zlib
 from collections.abc import Callable
 
+from broker.core.rehoming import REHOME_EVERY_S, rehome
 from broker.core.server import BrokerServer, serve_rounds
 from broker.store.jobs import Store
 from broker.store.shards import ShardedStore
@@ -37,6 +40,7 @@ class Replica:
         self.servers = [make(shard) for shard in store.shards]
         self.owned: list[int] = []
         self._checked = -float("inf")
+        self._rehomed = -float("inf")
 
     def own(self) -> list[int]:
         """Beat the heart and work out the shards this replica plans (at most every quarter lease)."""
@@ -65,6 +69,12 @@ class Replica:
             return
         for index in owned:
             self.servers[index].round(max(1, block_ms // len(owned)))
+        if len(self.servers) > 1 and time.monotonic() - self._rehomed >= REHOME_EVERY_S:
+            self._rehomed = time.monotonic()
+            for index in owned:
+                server = self.servers[index]
+                if server.token is not None:  # it leads the shard (the moves are fenced by its lease too)
+                    rehome(self.store, index, server.consumer, server.clock.now())
 
     def serve(self, until=lambda: False, interval_s: float = 0.05) -> None:
         serve_rounds(self.round, self.name, until, interval_s)

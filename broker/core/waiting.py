@@ -37,15 +37,14 @@ def waiting_for(store: Store, job: Job) -> str | None:
 
 def _not_in_its_shard(shards: list[Store], own: Store, job: Job, fits) -> str:
     """A sharded broker's job runs only on its own shard's agents: say which shard lacks one, and whether others
-    have agents that fit (the job stays in its shard; an agent joins the shard its id hashes to)."""
+    have agents that fit (then its shard's leader moves it to one of them: core/rehoming.py)."""
+    from broker.core.rehoming import REHOME_EVERY_S
+
     index = shards.index(own)
     elsewhere = sum(
         1 for shard in shards if shard is not own for a in shard.working_agents() if fits(job.spec, a.offer)
     )
     where = f"its shard ({index} of {len(shards)}, BROKER_SHARDS) has no agent that fits it"
     if elsewhere:
-        return (
-            f"{where}; {elsewhere} in other shards do, but a job runs only on its own shard's agents: start one whose"
-            f" --id falls in shard {index} (crc32 of the id mod {len(shards)}; `broker run` starts one there)"
-        )
+        return f"{where}; {elsewhere} in other shards do: the server moves it to one within {REHOME_EVERY_S:.0f} s"
     return f"{where}, nor does any other: start one (`broker agent`, `broker agents provision`, `broker run`)"

@@ -2,9 +2,10 @@
 
 A shard is a whole Store (jobs with their indexes and events, agents, leases, streams, its own planning lease)
 whose keys all carry one hash tag, `{prefix}{n}:` with n in braces: every transaction of a shard stays in one
-cluster slot. A job and an agent belong to the shard their id hashes to (crc32), so a job runs only on agents
-of its shard. A new job's id is chosen to land in the shard with the most agents it fits per waiting job
-(`new_job_id`), and the job stays there, so shards are for fleets where each holds agents of each pool. What is
+cluster slot. An agent belongs to the shard its id hashes to (crc32), and a job runs only on agents of its shard.
+A new job's id is chosen to land in the shard with the most agents it fits per waiting job (`new_job_id`); a
+waiting job whose shard has lost every agent that fits it moves to another (store/moves.py, core/rehoming.py), and
+its home shard keeps a route to it, which `of_job` follows. What is
 not a job's or an agent's (prices, bubble profiles, the replicas' heartbeats) lives in shard 0; the spot capacity
 each shard's server saw stays in its shard (capacity.fleet_seen sums it). ShardedStore is the clients' view: it
 writes a job to its shard and reads across all of them.
@@ -26,6 +27,7 @@ from broker.domain.errors import BrokerError, StoreUnavailableError
 from broker.domain.model import AgentInfo, Job, JobState
 from broker.store.connection import patient_retry, redact_url
 from broker.store.jobs import DEFAULT_PREFIX, Store
+from broker.store.moves import ROUTE
 
 
 def shard_of(name: str, count: int) -> int:
@@ -33,9 +35,8 @@ def shard_of(name: str, count: int) -> int:
     return zlib.crc32(name.encode()) % count
 
 
-def agent_id_in(name: str, job_id: str, count: int) -> str:
-    """An agent id in the job's shard: `name`, or the first of name-1, name-2, ... that hashes there."""
-    shard = shard_of(job_id, count)
+def agent_id_in(name: str, shard: int, count: int) -> str:
+    """An agent id in shard `shard` of `count`: `name`, or the first of name-1, name-2, ... that hashes there."""
     return next(n for n in (name, *(f"{name}-{k}" for k in range(1, 100 * count))) if shard_of(n, count) == shard)
 
 
@@ -75,7 +76,18 @@ class ShardedStore:
         self.shards[0]._ensure_durable()
 
     def of_job(self, job_id: str) -> Store:
-        return self.shards[shard_of(job_id, len(self.shards))]
+        """The shard the job is in: its home shard, or where the routes of its moves lead."""
+        return self._route(job_id)[-1]
+
+    def _route(self, job_id: str) -> list[Store]:
+        """The shards from the job's home to where it is now (one read a shard: only moved jobs have routes)."""
+        path = [self.shards[shard_of(job_id, len(self.shards))]]
+        while len(self.shards) > 1 and len(path) <= len(self.shards):
+            to = path[-1].redis.hget(path[-1].key(ROUTE), job_id)
+            if to is None:
+                break
+            path.append(self.shards[int(to)])
+        return path
 
     def of_agent(self, agent_id: str) -> Store:
         return self.shards[shard_of(agent_id, len(self.shards))]
@@ -85,16 +97,20 @@ class ShardedStore:
         agents per job waiting there: a job runs only on its own shard's agents, and a small fleet leaves some shards
         without any of a kind. Any shard when none fits."""
         job_id = self.shards[0].new_job_id(name, fitting)
-        if len(self.shards) == 1 or not fitting:
-            return job_id
+        best = self.roomiest(fitting) if len(self.shards) > 1 else None
+        while best is not None and shard_of(job_id, len(self.shards)) != best:  # one in `count` suffixes lands there
+            job_id = self.shards[0].new_job_id(name, fitting)
+        return job_id
+
+    def roomiest(self, fitting: list[AgentInfo], waiting: list[int] | None = None) -> int | None:
+        """The shard with the most of the `fitting` agents per job waiting there (`waiting`: the counts, when the
+        caller has them); None when no shard has one."""
         agents = [0] * len(self.shards)
         for agent in fitting:
             agents[shard_of(agent.id, len(self.shards))] += 1
-        room = [n / (1 + shard.pending_count()) for n, shard in zip(agents, self.shards)]
-        best = room.index(max(room))
-        while shard_of(job_id, len(self.shards)) != best:  # one in `count` suffixes lands there
-            job_id = self.shards[0].new_job_id(name, fitting)
-        return job_id
+        waiting = waiting or [shard.pending_count() for shard in self.shards]
+        room = [n / (1 + w) for n, w in zip(agents, waiting)]
+        return room.index(max(room)) if any(agents) else None
 
     # -- one job or agent: its shard --------------------------------------------------------
 
@@ -159,10 +175,9 @@ class ShardedStore:
 
     def events(self, job_id: str | None = None, count: int = 1000) -> list[dict]:
         """State-change events, oldest first (by stream id: milliseconds, then sequence)."""
-        if job_id is not None:
-            return self.of_job(job_id).events(job_id, count)
         order = lambda e: tuple(map(int, e["id"].split("-")))  # noqa: E731
-        return list(heapq.merge(*(s.events(None, count) for s in self.shards), key=order))[:count]
+        shards = list(dict.fromkeys(self._route(job_id))) if job_id is not None else self.shards  # a moved job's too
+        return list(heapq.merge(*(s.events(job_id, count) for s in shards), key=order))[:count]
 
     def agents(self) -> list[AgentInfo]:
         return [agent for shard in self.shards for agent in shard.agents()]

@@ -1,0 +1,55 @@
+"""Waiting jobs stranded in a shard move to one that can run them.
+
+A job runs only on its own shard's agents, and a new job goes where the agents that fit it are. Agents come and go
+(spot is taken back, a fleet scales down), so a shard can lose every agent a waiting job fits while other shards
+still have some. Such a job would wait for an agent whose id happens to hash into its shard. Instead the leader of
+its shard moves it, each pass, to the shard with the most agents that fit it per waiting job (the rule new jobs
+follow). Only a job no agent of its own shard fits moves, to a shard that has one, so a job never moves back and
+forth while the fleet stands still.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from broker.models.risk import fits
+from broker.store.moves import finish_move, move_job, unfinished_moves
+from broker.store.shards import ShardedStore
+
+log = logging.getLogger(__name__)
+
+PAGE = 200  # the most urgent waiting jobs a pass looks at
+REHOME_EVERY_S = 10.0  # how often a shard's leader looks: agents join and leave over minutes
+
+
+def stranded(store: ShardedStore, index: int) -> list[tuple[str, int]]:
+    """The waiting jobs of shard `index` that no working agent of it fits, each with the shard it should go to."""
+    agents = [shard.working_agents() for shard in store.shards]
+    if not any(group for i, group in enumerate(agents) if i != index):
+        return []
+    waiting = [shard.pending_count() for shard in store.shards]
+    moves = []
+    for job in store.shards[index].pending_jobs(0, PAGE):
+        if any(fits(job.spec, agent.offer) for agent in agents[index]):
+            continue
+        fitting = [a for i, group in enumerate(agents) if i != index for a in group if fits(job.spec, a.offer)]
+        target = store.roomiest(fitting, waiting)
+        if target is not None:
+            moves.append((job.id, target))
+            waiting[target] += 1  # the next stranded job weighs this one in
+    return moves
+
+
+def rehome(store: ShardedStore, index: int, leader: str, now: datetime) -> int:
+    """One pass over shard `index` by its leader: finish the moves a mover left half done, then move its stranded
+    jobs; returns how many jobs moved out."""
+    shards = store.shards
+    for job_id, target in unfinished_moves(shards[index]).items():
+        finish_move(shards, job_id, index, target, leader, now)
+    moved = 0
+    for job_id, target in stranded(store, index):
+        if move_job(shards, job_id, index, target, leader, now):
+            log.info("job=%s moved from shard %d to %d: no agent of its shard fits it", job_id, index, target)
+            moved += 1
+    return moved

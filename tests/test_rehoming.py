@@ -1,0 +1,145 @@
+"""A waiting job whose shard has no agent that fits it moves to a shard that has one, on a real Redis Cluster (the
+move spans two slots) and on one Redis; a mover that dies midway is finished by the next pass, and a job that
+changed meanwhile stays where it is."""
+
+import time
+
+import pytest
+
+from broker import planning
+from broker.agents.agent import Agent
+from broker.agents.checkpoints import CheckpointStore
+from broker.core.broker import Broker
+from broker.core.clock import SystemClock
+from broker.core.rehoming import rehome
+from broker.core.replica import Replica
+from broker.core.server import BrokerServer
+from broker.core.waiting import waiting_for
+from broker.domain.model import JobState, Tier
+from broker.store import moves
+from broker.store.moves import MOVING, ROUTE
+from broker.store.shards import ShardedStore, shard_of
+from conftest import NOW, make_spec
+
+SHARDS = 4
+L4 = {"run": ["true"], "resources": {"accelerators": ["L4:1"]}, "work": {"gpu_hours": 0.01}}
+
+
+def in_shard(prefix: str, shard: int) -> str:
+    return next(n for n in (f"{prefix}-{i}" for i in range(200)) if shard_of(n, SHARDS) == shard)
+
+
+class World:
+    """A sharded store with one L4 agent, in shard 2, and a job given an id in shard 1 (as if its agents had gone)."""
+
+    def __init__(self, url, tmp_path, catalog):
+        self.store = ShardedStore(url, "broker:", SHARDS)
+        self.root = str(tmp_path / "ckpt")
+        offers = [o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1]
+        offer = min((o for o in offers if o.tier == Tier.on_demand), key=lambda o: o.price_usd_per_h)
+        name = in_shard("agent", 2)
+        self.agent = Agent(self.store.of_agent(name), name, offer, self.root, tmp_path / "runs", heartbeat_s=0.2)
+        self.agent.register()
+        self.broker = Broker(self.store, catalog, planning.get(), SystemClock())
+        self.job = self.broker.submit(make_spec(**L4), job_id=in_shard("l4", 1))
+
+    def lead(self, shard: int, name: str = "replica-a") -> None:
+        BrokerServer(self.store.shards[shard], planning.get(), SystemClock(), CheckpointStore(self.root), name).lead()
+
+
+def cut_off(monkeypatch, step: str, call) -> None:
+    """Run `call` with the mover dying at `step` (a function of store/moves.py), as a killed process would."""
+
+    def died(*_):
+        raise ConnectionError("the mover died")
+
+    monkeypatch.setattr(moves, step, died)
+    with pytest.raises(ConnectionError):
+        call()
+    monkeypatch.undo()
+
+
+@pytest.fixture
+def world(redis_url, tmp_path, catalog):
+    return World(redis_url, tmp_path, catalog)
+
+
+def test_a_stranded_job_moves_to_a_shard_with_an_agent_and_runs_there_on_a_cluster(cluster_url, tmp_path, catalog):
+    world = World(cluster_url, tmp_path, catalog)
+    store, job = world.store, world.job
+
+    def make(shard):
+        return BrokerServer(shard, planning.get(), SystemClock(), CheckpointStore(world.root), "replica-a")
+
+    replica = Replica(store, make, "replica-a", lease_s=1.0)
+    replica.round(block_ms=1)  # it plans every shard, and its first round looks for stranded jobs
+    assert store.of_job(job.id) is store.shards[2]
+    assert store.shards[1].redis.hget(store.shards[1].key(ROUTE), job.id) == "2"
+    assert store.shards[1].pending_count() == 0 and not store.shards[1].list_jobs()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and store.get_job(job.id).state != JobState.done:
+        replica.round(block_ms=5)
+        world.agent.step(block_ms=5)
+    done = store.get_job(job.id)
+    assert done.state == JobState.done and [r.agent for r in done.runs] == [world.agent.id]
+    assert [j.id for j in store.list_jobs()] == [job.id]  # listed once
+    reasons = [e["reason"] for e in store.events(job.id)]  # its events from both shards, in order
+    assert reasons[0] == "submitted" and reasons[1] == "moved from shard 1: no agent there fits it"
+    assert store.events(job.id)[-1]["state"] == "done"
+
+
+def test_status_says_a_stranded_job_is_moving(world):
+    world.lead(1)
+    why = waiting_for(world.store, world.store.get_job(world.job.id))
+    assert why == (
+        "its shard (1 of 4, BROKER_SHARDS) has no agent that fits it; 1 in other shards do: the server moves it to one"
+        " within 10 s"
+    )
+
+
+def test_only_the_shard_s_leader_moves_its_jobs_and_only_stranded_ones(world, catalog):
+    store, job = world.store, world.job
+    world.lead(1)
+    assert rehome(store, 1, "replica-b", NOW) == 0  # not the leader: nothing moves
+    assert store.of_job(job.id) is store.shards[1]
+    stays = world.broker.submit(make_spec(**L4), job_id=in_shard("l4", 2))  # an agent of its shard fits it
+    world.lead(2)
+    assert rehome(store, 2, "replica-a", NOW) == 0 and store.of_job(stays.id) is store.shards[2]
+    assert rehome(store, 1, "replica-a", NOW) == 1 and store.of_job(job.id) is store.shards[2]
+
+
+def test_a_move_cut_off_after_the_hand_over_is_finished_by_the_next_pass(world, monkeypatch):
+    store, job = world.store, world.job
+    world.lead(1)
+    cut_off(monkeypatch, "_land", lambda: rehome(store, 1, "replica-a", NOW))
+    target = store.shards[2]
+    assert store.get_job(job.id).state == JobState.queued  # read through the route: nothing lost
+    assert target.pending_count() == 0  # not yet in the target's queue: no server there runs it half moved
+    assert store.shards[1].redis.hget(store.shards[1].key(MOVING), job.id) == "2"
+    assert rehome(store, 1, "replica-a", NOW) == 0  # finished, not moved again
+    assert [j.id for j in target.pending_jobs()] == [job.id] and not store.shards[1].redis.hlen(
+        store.shards[1].key(MOVING)
+    )
+
+
+def test_a_job_cancelled_before_the_hand_over_stays_cancelled_where_it_was(world, monkeypatch):
+    store, job = world.store, world.job
+    world.lead(1)
+    cut_off(monkeypatch, "finish_move", lambda: moves.move_job(store.shards, job.id, 1, 2, "replica-a", NOW))
+    world.broker.cancel(job.id)  # no route yet: the cancel goes to the job in shard 1
+    rehome(store, 1, "replica-a", NOW)
+    assert store.of_job(job.id) is store.shards[1] and store.get_job(job.id).state == JobState.cancelled
+    assert store.shards[2].redis.get(store.shards[2].key("job", job.id)) is None  # the copy is gone
+    assert not store.shards[1].redis.hlen(store.shards[1].key(MOVING))
+
+
+def test_a_job_moved_there_and_back_is_found_in_its_home_shard(world):
+    store, job = world.store, world.job
+    world.lead(1)
+    world.lead(2)
+    assert moves.move_job(store.shards, job.id, 1, 2, "replica-a", NOW)
+    assert moves.move_job(store.shards, job.id, 2, 1, "replica-a", NOW)
+    assert store.of_job(job.id) is store.shards[1]
+    assert store.shards[1].redis.hget(store.shards[1].key(ROUTE), job.id) is None  # no route out of where it is
+    assert [j.id for j in store.shards[1].pending_jobs()] == [job.id] and store.shards[2].pending_count() == 0
+    assert [j.id for j in store.list_jobs()] == [job.id]
