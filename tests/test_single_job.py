@@ -58,6 +58,9 @@ def test_the_single_job_mode_on_held_out_traces_bounds_every_rule_and_misses_not
     }
     assert all(r["deadline_misses"] == 0 for r in rows)
     assert all(r["cost_vs_omniscient"] >= 1.0 for r in rows)  # a bound that a policy beats is no bound
+    # the worst window is at least the mean's ratio (a ratio of sums is at most the largest ratio), the bound's is 1
+    assert all(r["worst_vs_omniscient"] >= r["cost_vs_omniscient"] for r in rows)
+    assert {r["worst_vs_omniscient"] for r in rows if r["policy"] == "omniscient"} == {1.0}
     by = {(r["setting"], r["deadline_h"], r["policy"]): r["mean_cost_usd"] for r in rows}
     for s, d, _ in [k for k in by if k[2] == "hedge"]:
         assert by[s, d, "hedge"] < by[s, d, "uniform"] < by[s, d, "on-demand"]

@@ -119,6 +119,8 @@ def run(traces: Path, fit_share: float = 0.5, stride_h: float = 6.0, prices_dir:
                         # per zone, against Uniform Progress in that zone: the least and the most it saves
                         "vs_uniform_zone_range_pct": _zone_range(single, policy) if setting == "1 zone" else None,
                         "cost_vs_omniscient": round(mean / bound, 3),
+                        # the worst window: what a randomised rule (ROSS) bounds, where the mean shows the typical
+                        "worst_vs_omniscient": round(float(np.max(cost / costs["omniscient"])), 3),
                         "deadline_misses": int(missed[policy].sum()) if policy in missed else 0,
                     }
                 )
