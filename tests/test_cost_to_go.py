@@ -31,7 +31,7 @@ def test_a_spells_chance_to_end_is_read_by_age_and_the_tail_by_its_mean_residual
     assert chain.ends[0][:2] == pytest.approx([1e-3, 1e-3])  # a 3-tick gap never ends before its third tick
 
 
-def brute_force(chain: SpellChain, spot: float, od: float, restart: int):
+def brute_force(chain: SpellChain, spot: float, od: float, restart: int, shrink: float = 0.0):
     """The same program written as a recursion over single states: the reference for the vectorised solve."""
     ends, ages = chain.ends, chain.ends.shape[1]
 
@@ -47,6 +47,8 @@ def brute_force(chain: SpellChain, spot: float, od: float, restart: int):
         def after(work_next: int, move: int) -> float:
             older = min(age + 1, ages - 1)
             stay = value(left - 1, work_next, up, older, move)
+            if move == SPOT and up:  # the pool shrinks under the run while it stays up
+                stay = (1 - shrink) * stay + shrink * value(left - 1, work_next, up, older, IDLE)
             turn = value(left - 1, work_next, 1 - up, 0, move)
             return (1 - ends[up, age]) * stay + ends[up, age] * turn
 
@@ -61,13 +63,13 @@ def brute_force(chain: SpellChain, spot: float, od: float, restart: int):
     return value
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_the_vectorised_solve_has_the_recursions_expected_costs(seed):
+@pytest.mark.parametrize("seed, shrink", [(0, 0.0), (1, 0.0), (2, 0.0), (3, 0.2)])
+def test_the_vectorised_solve_has_the_recursions_expected_costs(seed, shrink):
     rng = np.random.default_rng(seed)
     chain = SpellChain.from_spells(rng.integers(1, 6, 30), rng.integers(1, 4, 30), ages=3)
     ticks = 9
-    table = CostToGo.solve(chain, ticks, spot_usd=1.0, od_usd=3.0, tick_h=TICK_H, restart_ticks=2)
-    value = brute_force(chain, 1.0, 3.0, 2)
+    table = CostToGo.solve(chain, ticks, spot_usd=1.0, od_usd=3.0, tick_h=TICK_H, restart_ticks=2, shrink=shrink)
+    value = brute_force(chain, 1.0, 3.0, 2, shrink)
     for work in range(ticks + 1):
         for up in (0, 1):
             for age in range(3):
@@ -232,3 +234,30 @@ def test_work_a_preemption_loses_makes_the_same_state_dearer():
     kept = CostToGo.solve(chain, 100, spot_usd=1.0, od_usd=3.0, tick_h=TICK_H, restart_ticks=2)
     lost = CostToGo.solve(chain, 100, spot_usd=1.0, od_usd=3.0, tick_h=TICK_H, restart_ticks=2, loss_ticks=3)
     assert lost.cost[40, 1, 0, SPOT] > kept.cost[40, 1, 0, SPOT] + 0.1  # 4 h of work: about 3 preemptions to redo
+
+
+def test_a_pool_that_shrinks_under_its_runs_keeps_a_job_on_on_demand_until_spot_pays_its_restarts():
+    """Spells that never end, but the pool takes back a run three ticks in ten, each start paying 2 ticks: a job on
+    on-demand with 10 ticks of work goes back to spot when nothing is taken back, stays where its slack would go to
+    restarts, and goes back where there is time for them."""
+    chain = SpellChain.from_spells(np.full(20, 10_000), np.full(20, 1))
+    solve = dict(ticks=80, spot_usd=1.0, od_usd=3.0, tick_h=TICK_H, restart_ticks=2)
+    steady, shrinking = CostToGo.solve(chain, **solve), CostToGo.solve(chain, **solve, shrink=0.3)
+    assert steady.move(20, 10, 1, 5, OD) == SPOT
+    assert shrinking.move(20, 10, 1, 5, OD) == OD
+    assert shrinking.move(60, 10, 1, 5, OD) == SPOT
+    assert shrinking.cost[10, 1, 5, OD] > steady.cost[10, 1, 5, OD]
+
+
+def test_the_broker_s_view_solves_its_moves_with_the_shrink_its_fleet_saw():
+    """How often the pool our agents saw lost a run while it stayed up (ZoneModel.with_seen) is the table's shrink."""
+    spot, od = offer("s", Tier.spot, 1.0), offer("o", Tier.on_demand, 3.0)
+    zone = ZoneModel("aws", "s", "x", TICK_H, np.full(40, 1000), np.full(40, 1))
+    counts = np.tile([10, 10, 9, 9], 50)  # the pool loses 1 of 10 one tick in four, never empty
+    seen = MarketModel(TICK_H, {("aws", "s", "x"): zone}).with_recent({("aws", "s", "x"): counts})
+    steady = MarketHedge(lambda: MarketModel(TICK_H, {("aws", "s", "x"): zone}), lambda: [spot, od])
+    shrinking = MarketHedge(lambda: seen, lambda: [spot, od])
+    assert seen.for_offer(spot).shrink == pytest.approx(0.025, rel=0.02)
+    assert shrinking.for_zones([spot]).shrink == seen.for_offer(spot).shrink
+    plans = [m.planned([spot], 100, 3.0, 0.2).plan for m in (steady, shrinking)]
+    assert plans[1].cost[50, 1, 5, IDLE] > plans[0].cost[50, 1, 5, IDLE]  # the same state, dearer: runs lost

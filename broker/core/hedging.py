@@ -35,7 +35,8 @@ def hedge_for(model: MarketModel, offers: list[Offer], tick_h: float, seed: int 
     up = np.concatenate([f[0][1:-1] for f in found])  # the cut-off first and last spells are not whole
     down = np.concatenate([f[1][1:-1] for f in found])
     zone_up_h = tuple(model.for_offer(o).mean_up_h for o in offers)
-    return Hedge.from_spells(up, down, tick_h, horizon, zone_up_h, tuple(o.id for o in offers))
+    view = Hedge.from_spells(up, down, tick_h, horizon, zone_up_h, tuple(o.id for o in offers))
+    return replace(view, shrink=model.for_offer(offers[0]).shrink) if offers else view  # it launches there first
 
 
 class MarketHedge:
@@ -91,6 +92,7 @@ class MarketHedge:
         chain = np.round(view.chain.ends, 2).tobytes()
         prices = (round(spot_usd, 4), round(od_usd, 4))
         key = (chain, view.zones, ticks, prices, round(changeover_h, 3), round(od_speed, 3), round(loss_h, 3))
+        key += (round(view.shrink, 3),)
         if key not in self._plans:
             if len(self._plans) >= PLANS_KEPT:
                 del self._plans[next(iter(self._plans))]  # the oldest

@@ -4,7 +4,9 @@ The market as the model sees it, one state a tick: spot up or down, and how long
 age; spells are heavy-tailed, so the age says how soon it ends). The job's state: ticks left to its deadline,
 ticks of work left, and what it runs on (nothing, spot, on-demand). Each tick it waits, runs on spot (when up)
 or runs on on-demand. A start pays the changeover (ticks without progress); a preemption loses the work since
-the last checkpoint. Backward induction over the time left gives, in every state, the move of least expected
+the last checkpoint. A run on spot is preempted when the spell ends, and also within one, with the pool's `shrink`
+a tick: a pool that shrinks without emptying takes back some of its busy instances (then spot is still up, and a
+new start pays the changeover). Backward induction over the time left gives, in every state, the move of least expected
 cost that still finishes by the deadline whatever the market does: a miss costs more than any schedule, so the
 moves keep Can't Be Late's safety net by themselves. Where the deadline is lost whatever is done, the move is
 on-demand (the soonest finish).
@@ -73,10 +75,11 @@ class CostToGo:
         restart_ticks: int,
         od_speed: float = 1.0,
         loss_ticks: float = 0.0,
+        shrink: float = 0.0,
     ) -> CostToGo:
         """Moves for up to `ticks` ticks left. A tick costs its price for a whole tick; spot does a tick of work a
         tick, on-demand `od_speed` ticks of it; a start pays `restart_ticks` without progress, a preemption loses
-        `loss_ticks` of work."""
+        `loss_ticks` of work; a run on spot is lost within an up-spell with chance `shrink` a tick."""
         ends = chain.ends
         ages = ends.shape[1]
         work = np.arange(ticks + 1, dtype=float)
@@ -87,6 +90,9 @@ class CostToGo:
         for left in range(1, ticks + 1):
             nxt = cost.copy()
             nxt[:, 0, :, SPOT] = _at(cost[:, 0, :, IDLE], work + loss_ticks)  # preempted: idle, the loss to redo
+            if shrink > 0:  # taken back while the pool stays up: idle, spot still there
+                taken = _at(cost[:, 1, :, IDLE], work + loss_ticks)
+                nxt[:, 1, :, SPOT] = (1 - shrink) * cost[:, 1, :, SPOT] + shrink * taken
             stay, turn = (1 - ends)[None, :, :, None], ends[None, :, :, None]
             expected = stay * nxt[:, :, older, :] + turn * nxt[:, ::-1, :1, :]  # (work, up, age, runs on)
             q = np.empty((3, ticks + 1, 2, ages, 3))

@@ -35,6 +35,7 @@ class Hedge:
     zones: tuple[str, ...] = ()  # the offer ids zone_up_h is given for, when known
     chain: SpellChain | None = None  # the same spells as a chain (cost_to_go), for `planned`
     plan: CostToGo | None = None  # the cost-to-go moves the rule `cost-to-go` plays (`planned`)
+    shrink: float = 0.0  # per tick up, the chance a run in the cheapest zone is taken back (ZoneModel.shrink)
 
     def up_h(self, zone: str) -> float:
         """The mean up-spell of this zone (offer id), or of the market as a whole when it is not known."""
@@ -89,7 +90,9 @@ class Hedge:
         loss_h: float = 0.0,
     ) -> Hedge:
         """This view with the cost-to-go moves for up to `ticks` ticks left (models/cost_to_go.py); a preemption
-        loses `loss_h` hours of spot work; a start pays `changeover_h` (as the rule counts it)."""
+        (a spell's end, or the pool's shrink within one) loses `loss_h` hours of spot work; a start pays
+        `changeover_h` (as the rule counts it)."""
         restart = math.ceil(changeover_h / self.tick_h - 1e-9)  # a part tick is a tick
-        plan = CostToGo.solve(self.chain, ticks, spot_usd, od_usd, self.tick_h, restart, od_speed, loss_h / self.tick_h)
+        loss = loss_h / self.tick_h
+        plan = CostToGo.solve(self.chain, ticks, spot_usd, od_usd, self.tick_h, restart, od_speed, loss, self.shrink)
         return replace(self, plan=plan)
