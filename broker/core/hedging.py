@@ -85,6 +85,7 @@ class MarketHedge:
         ticks left, a preemption losing `loss_h` hours of work: tables are solved for whole multiples of PLAN_TICKS
         and the loss in whole ticks, so jobs of similar windows and checkpoints share one."""
         view = self.for_zones(offers)
+        view = replace(view, shrink=round(view.shrink, 2))  # the fleet's estimate moves every tick: a point a table
         ticks = PLAN_TICKS * max(1, math.ceil(ticks / PLAN_TICKS))
         spot_usd = min(o.price_usd_per_h for o in offers)
         loss_h = round(loss_h / view.tick_h) * view.tick_h
@@ -92,7 +93,7 @@ class MarketHedge:
         chain = np.round(view.chain.ends, 2).tobytes()
         prices = (round(spot_usd, 4), round(od_usd, 4))
         key = (chain, view.zones, ticks, prices, round(changeover_h, 3), round(od_speed, 3), round(loss_h, 3))
-        key += (round(view.shrink, 3),)
+        key += (view.shrink,)
         if key not in self._plans:
             if len(self._plans) >= PLANS_KEPT:
                 del self._plans[next(iter(self._plans))]  # the oldest
