@@ -85,7 +85,8 @@ class MarketHedge:
         ticks left, a preemption losing `loss_h` hours of work: tables are solved for whole multiples of PLAN_TICKS
         and the loss in whole ticks, so jobs of similar windows and checkpoints share one."""
         view = self.for_zones(offers)
-        view = replace(view, shrink=round(view.shrink, 2))  # the fleet's estimate moves every tick: a point a table
+        # the fleet's shrink moves a little every tick: a table is solved again only when it moves by 0.01 a tick
+        view = replace(view, shrink=round(view.shrink, 2))
         ticks = PLAN_TICKS * max(1, math.ceil(ticks / PLAN_TICKS))
         spot_usd = min(o.price_usd_per_h for o in offers)
         loss_h = round(loss_h / view.tick_h) * view.tick_h
