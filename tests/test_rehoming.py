@@ -100,23 +100,23 @@ def test_status_says_a_stranded_job_is_moving(world):
 def test_only_the_shard_s_leader_moves_its_jobs_and_only_stranded_ones(world, catalog):
     store, job = world.store, world.job
     world.lead(1)
-    assert rehome(store, 1, "replica-b", NOW) == 0  # not the leader: nothing moves
+    assert rehome(store, {1: "replica-b"}, NOW) == 0  # not the leader: nothing moves
     assert store.of_job(job.id) is store.shards[1]
     stays = world.broker.submit(make_spec(**L4), job_id=in_shard("l4", 2))  # an agent of its shard fits it
     world.lead(2)
-    assert rehome(store, 2, "replica-a", NOW) == 0 and store.of_job(stays.id) is store.shards[2]
-    assert rehome(store, 1, "replica-a", NOW) == 1 and store.of_job(job.id) is store.shards[2]
+    assert rehome(store, {2: "replica-a"}, NOW) == 0 and store.of_job(stays.id) is store.shards[2]
+    assert rehome(store, {1: "replica-a"}, NOW) == 1 and store.of_job(job.id) is store.shards[2]
 
 
 def test_a_move_cut_off_after_the_hand_over_is_finished_by_the_next_pass(world, monkeypatch):
     store, job = world.store, world.job
     world.lead(1)
-    cut_off(monkeypatch, "_land", lambda: rehome(store, 1, "replica-a", NOW))
+    cut_off(monkeypatch, "_land", lambda: rehome(store, {1: "replica-a"}, NOW))
     target = store.shards[2]
     assert store.get_job(job.id).state == JobState.queued  # read through the route: nothing lost
     assert target.pending_count() == 0  # not yet in the target's queue: no server there runs it half moved
     assert store.shards[1].redis.hget(store.shards[1].key(MOVING), job.id) == "2"
-    assert rehome(store, 1, "replica-a", NOW) == 0  # finished, not moved again
+    assert rehome(store, {1: "replica-a"}, NOW) == 0  # finished, not moved again
     assert [j.id for j in target.pending_jobs()] == [job.id] and not store.shards[1].redis.hlen(
         store.shards[1].key(MOVING)
     )
@@ -127,7 +127,7 @@ def test_a_job_cancelled_before_the_hand_over_stays_cancelled_where_it_was(world
     world.lead(1)
     cut_off(monkeypatch, "finish_move", lambda: moves.move_job(store.shards, job.id, 1, 2, "replica-a", NOW))
     world.broker.cancel(job.id)  # no route yet: the cancel goes to the job in shard 1
-    rehome(store, 1, "replica-a", NOW)
+    rehome(store, {1: "replica-a"}, NOW)
     assert store.of_job(job.id) is store.shards[1] and store.get_job(job.id).state == JobState.cancelled
     assert store.shards[2].redis.get(store.shards[2].key("job", job.id)) is None  # the copy is gone
     assert not store.shards[1].redis.hlen(store.shards[1].key(MOVING))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from broker.domain.model import AgentInfo
 from broker.models.risk import fits
 from broker.store.moves import finish_move, move_job, unfinished_moves
 from broker.store.shards import ShardedStore
@@ -23,12 +24,11 @@ PAGE = 200  # the most urgent waiting jobs a pass looks at
 REHOME_EVERY_S = 10.0  # how often a shard's leader looks: agents join and leave over minutes
 
 
-def stranded(store: ShardedStore, index: int) -> list[tuple[str, int]]:
-    """The waiting jobs of shard `index` that no working agent of it fits, each with the shard it should go to."""
-    agents = [shard.working_agents() for shard in store.shards]
-    if not any(group for i, group in enumerate(agents) if i != index):
+def stranded(store: ShardedStore, index: int, agents: list[list[AgentInfo]], waiting: list[int]):
+    """The waiting jobs of shard `index` that no working agent of it fits, each with the shard it should go to
+    (`agents`, `waiting`: each shard's working agents and waiting jobs, read once a pass)."""
+    if not waiting[index] or not any(group for i, group in enumerate(agents) if i != index):
         return []
-    waiting = [shard.pending_count() for shard in store.shards]
     moves = []
     for job in store.shards[index].pending_jobs(0, PAGE):
         if any(fits(job.spec, agent.offer) for agent in agents[index]):
@@ -41,15 +41,18 @@ def stranded(store: ShardedStore, index: int) -> list[tuple[str, int]]:
     return moves
 
 
-def rehome(store: ShardedStore, index: int, leader: str, now: datetime) -> int:
-    """One pass over shard `index` by its leader: finish the moves a mover left half done, then move its stranded
-    jobs; returns how many jobs moved out."""
+def rehome(store: ShardedStore, leaders: dict[int, str], now: datetime) -> int:
+    """One pass over the shards `leaders` names (index -> the replica leading it): finish the moves a mover left half
+    done, then move the stranded jobs, the fleet and the queues read once; returns how many jobs moved."""
     shards = store.shards
-    for job_id, target in unfinished_moves(shards[index]).items():
-        finish_move(shards, job_id, index, target, leader, now)
+    agents = [shard.working_agents() for shard in shards]
+    waiting = [shard.pending_count() for shard in shards]
     moved = 0
-    for job_id, target in stranded(store, index):
-        if move_job(shards, job_id, index, target, leader, now):
-            log.info("job=%s moved from shard %d to %d: no agent of its shard fits it", job_id, index, target)
-            moved += 1
+    for index, leader in leaders.items():
+        for job_id, target in unfinished_moves(shards[index]).items():
+            finish_move(shards, job_id, index, target, leader, now)
+        for job_id, target in stranded(store, index, agents, waiting):
+            if move_job(shards, job_id, index, target, leader, now):
+                log.info("job=%s moved from shard %d to %d: no agent of its shard fits it", job_id, index, target)
+                moved += 1
     return moved

@@ -71,10 +71,9 @@ class Replica:
             self.servers[index].round(max(1, block_ms // len(owned)))
         if len(self.servers) > 1 and time.monotonic() - self._rehomed >= REHOME_EVERY_S:
             self._rehomed = time.monotonic()
-            for index in owned:
-                server = self.servers[index]
-                if server.token is not None:  # it leads the shard (the moves are fenced by its lease too)
-                    rehome(self.store, index, server.consumer, server.clock.now())
+            led = {i: self.servers[i].consumer for i in owned if self.servers[i].token is not None}  # fenced too
+            if led:
+                rehome(self.store, led, self.servers[owned[0]].clock.now())
 
     def serve(self, until=lambda: False, interval_s: float = 0.05) -> None:
         serve_rounds(self.round, self.name, until, interval_s)
