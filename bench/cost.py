@@ -5,8 +5,9 @@ from the two FreeRide-like main jobs, the omniscient bound per job), with the ma
 the hedge policy decide from fitted on the *other* GPU trace directories (leave one out, as bench/forecast.py
 does: the evaluated traces are never seen by the model). The summary adds the runs up per
 policy: total cost, savings against all on-demand, deadline misses (and the avoidable ones: jobs all on-demand met in
-the same backtest) and hours late, cost / omniscient, migrations,
-work lost and the mean quote error, and checks the issue's goals.
+the same backtest) and hours late, cost / omniscient (per job, the joint bound, and the joint offline schedule:
+`joint_schedule_vs_joint_bound` says how far above the bound the joint optimum can lie), migrations, work lost and
+the mean quote error, and checks the issue's goals.
 
     python bench/cost.py --json [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
 """
@@ -94,6 +95,8 @@ def aggregate(runs: list[dict]) -> list[dict]:
         # on the jobs each joint bound covers (those some schedule meets): a run's ratio times its bound, pooled
         joint = [(_cost(r, backtest.JOINT), _cost(r, policy, "cost_vs_joint_omniscient")) for r in done]
         joint_usd = sum(bound for bound, _ in joint)
+        schedule = [(_cost(r, backtest.SCHEDULE), _cost(r, policy, "cost_vs_joint_schedule")) for r in done]
+        schedule_usd = sum(usd for usd, _ in schedule)
         errors = [row["median_abs_cost_error_pct"] for row in rows if row["median_abs_cost_error_pct"] is not None]
         out.append(
             {
@@ -105,12 +108,22 @@ def aggregate(runs: list[dict]) -> list[dict]:
                 "hours_late": round(sum(row["hours_late"] for row in rows), 1),
                 "cost_vs_omniscient": round(cost / best, 3),
                 "cost_vs_joint_omniscient": round(sum(b * x for b, x in joint) / joint_usd, 3) if joint_usd else None,
+                "cost_vs_joint_schedule": round(sum(u * x for u, x in schedule) / schedule_usd, 3)
+                if schedule_usd
+                else None,
                 "migrations": sum(row["migrations"] for row in rows),
                 "work_lost_h": round(sum(row["work_lost_h"] for row in rows), 1),
                 "median_abs_cost_error_pct": round(float(np.median(errors)), 1) if errors else None,
             }
         )
     return out
+
+
+def schedule_vs_bound(runs: list[dict]) -> float | None:
+    """The offline schedules' cost over the joint bounds', pooled: how far from the bound the joint optimum can be."""
+    done = [r for r in runs if "rows" in r]
+    bound = sum(_cost(r, backtest.JOINT) for r in done)
+    return round(sum(_cost(r, backtest.SCHEDULE) for r in done) / bound, 3) if bound else None
 
 
 def _cost(run: dict, policy: str, key: str = "cost_usd") -> float:
@@ -151,7 +164,9 @@ def main() -> None:
             runs.append(run)
             bar.advance(task)
     table = aggregate(runs)
-    body = {"jobs_per_run": args.jobs, "seeds": args.seeds, "policies": table, "goals": goals(table), "runs": runs}
+    body = {"jobs_per_run": args.jobs, "seeds": args.seeds, "policies": table, "goals": goals(table)}
+    body["joint_schedule_vs_joint_bound"] = schedule_vs_bound(runs)
+    body["runs"] = runs
     if args.json:
         print(json.dumps(body, indent=1))
         return

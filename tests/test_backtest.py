@@ -17,7 +17,7 @@ from broker.pricing.traces import Trace
 from broker.sim import backtest
 from broker.sim.fleet import PROGRESS_UNITS
 from broker.sim.market import PACKAGED_TRACES, Market, SpotSeries, from_traces, resample, trace_start
-from broker.sim.omniscient import joint, omniscient
+from broker.sim.omniscient import joint, joint_schedule, omniscient
 from broker.sim.workloads import FREERIDE_MAIN_JOBS, ml_mix
 from conftest import make_spec
 
@@ -52,11 +52,15 @@ def test_omniscient_costs_no_more_than_any_policy_for_every_job_it_finishes_on_t
                 assert bound.cost_usd <= cost * (1 + 1e-6) + 1e-6, (outcome.policy, name, bound, cost)
         optimum = next(r for r in result.rows if r["policy"] == backtest.OMNISCIENT)
         joint = next(r for r in result.rows if r["policy"] == backtest.JOINT)
+        schedule = next(r for r in result.rows if r["policy"] == backtest.SCHEDULE)
         for row in result.rows:
             if row["deadline_misses"] == 0 and row["policy"] not in (backtest.OMNISCIENT, backtest.JOINT):
                 assert optimum["cost_usd"] <= row["cost_usd"] + 0.01, row
                 assert joint["cost_usd"] <= row["cost_usd"] + 0.01, row
                 assert row["cost_vs_joint_omniscient"] >= 1.0 - 1e-3, row
+        # a schedule of the jobs together costs at least what the bounds say any schedule must
+        assert result.schedule.status == "schedule" and schedule["cost_vs_joint_omniscient"] >= 1.0 - 1e-3
+        assert schedule["cost_usd"] >= optimum["cost_usd"] - 0.01
 
 
 def test_the_joint_bound_counts_the_capacity_jobs_share(market):
@@ -72,6 +76,14 @@ def test_the_joint_bound_counts_the_capacity_jobs_share(market):
     assert each.tier_hours["on_demand"] < 1e-9 and both.status == "LP relaxation"
     assert both.cost_usd > 2 * each.cost_usd * 1.5  # one of the two pays on-demand for much of its work
     assert both.tier_hours["on_demand"] >= 2 * exclusive_hours(spec, od) - window_h - 1e-6  # spot: one at a time
+    # a schedule of the two: one instance, held by one job a tick; the other job pays on-demand for what it misses
+    schedule = joint_schedule([(spec, window_h, 0, 1.0), (spec, window_h, 0, 1.0)], alone, bubbles=False)
+    assert schedule.status == "schedule" and schedule.tier_hours["spot"] <= window_h + 1e-6
+    assert both.cost_usd - 1e-6 <= schedule.cost_usd <= 2 * each.cost_usd + od.price_usd_per_h * window_h
+    # with time to take turns, both run on the one instance, each paying its changeover
+    turns = joint_schedule([(spec, 3 * window_h, 0, 1.0), (spec, 3 * window_h, 0, 1.0)], alone, bubbles=False)
+    assert turns.tier_hours["on_demand"] == pytest.approx(0.0, abs=1e-6)
+    assert turns.cost_usd == pytest.approx(2 * each.cost_usd, rel=1e-6)
 
 
 def test_all_on_demand_and_uniform_progress_meet_every_feasible_deadline(results):
@@ -109,7 +121,7 @@ def test_the_same_seed_gives_the_same_result_and_another_seed_another(results, m
     again = backtest.run(market, workload(0), ["costslo", "skypilot-eager"], 0, redis_server)
     first = {r["policy"]: r for r in results[0].rows}
     for row in again.rows:  # (no bound asked for this time)
-        bounds = {"cost_vs_omniscient": None, "cost_vs_joint_omniscient": None}
+        bounds = {"cost_vs_omniscient": None, "cost_vs_joint_omniscient": None, "cost_vs_joint_schedule": None}
         assert {**row, **bounds} == {**first[row["policy"]], **bounds}
     assert [r["cost_usd"] for r in results[0].rows] != [r["cost_usd"] for r in results[1].rows]
 
@@ -217,7 +229,7 @@ def test_cli_backtest_json_and_output_directory(tmp_path):
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     names = [row["policy"] for row in body["policies"]]
-    assert names == ["uniform-progress", "costslo+bubbles", "omniscient", backtest.JOINT]
+    assert names == ["uniform-progress", "costslo+bubbles", "omniscient", backtest.JOINT, backtest.SCHEDULE]
     for row in body["policies"]:
         assert {
             "policy",

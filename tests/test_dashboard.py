@@ -290,7 +290,13 @@ def test_backtest_page_shows_a_backtest_directory_as_written(app, redis_url, tmp
     assert metrics["Savings vs all on-demand"] == f"{best['savings_pct']:.1f}%"
     assert metrics["Deadline misses"] == str(int(best["deadline_misses"]))
     assert metrics["Cost / omniscient"] == f"{best['cost_vs_omniscient']:.2f}x"
-    assert list(app.dataframe[0].value["policy"]) == ["on-demand", "costslo+bubbles", "omniscient", "joint omniscient"]
+    assert list(app.dataframe[0].value["policy"]) == [
+        "on-demand",
+        "costslo+bubbles",
+        "omniscient",
+        "joint omniscient",
+        "joint schedule",
+    ]
     app.text_input[0].set_value(str(tmp_path / "nothing")).run()
     assert any("has no policies.csv" in i.value for i in app.info)
 

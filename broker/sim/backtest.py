@@ -29,7 +29,7 @@ from broker.pricing.availability import MarketModel
 from broker.sim.calibration import cost_errors_pct, job_rows, reliability
 from broker.sim.fleet import SimFleet
 from broker.sim.market import Market, OfferBook
-from broker.sim.omniscient import Bound, joint, omniscient
+from broker.sim.omniscient import Bound, joint, joint_schedule, omniscient
 from broker.sim.workloads import Arrival
 from broker.store.jobs import Store
 
@@ -45,6 +45,7 @@ DEFAULT_POLICIES = (
 )
 OMNISCIENT = "omniscient"
 JOINT = "joint omniscient"  # a row of the summary: all jobs at once, capacity shared (asked for with omniscient)
+SCHEDULE = "joint schedule"  # a row too: an offline schedule of them all; the joint optimum lies between the two
 BUBBLES = "+bubbles"
 
 
@@ -184,15 +185,17 @@ def summary(
     bound: dict[str, Bound] | None,
     reference: Outcome | None = None,
     joint_bound: Bound | None = None,
+    schedule: Bound | None = None,
 ) -> list[dict]:
     """One row per policy: cost, savings vs all on-demand (`reference`), misses, cost / omniscient (per-job and
-    joint bounds, on the jobs some schedule can finish in time: a bound says nothing of the others), migrations,
-    work lost, and how far realised costs were from the quotes."""
+    joint bounds, and the joint offline schedule, on the jobs some schedule can finish in time: a bound says nothing
+    of the others), migrations, work lost, and how far realised costs were from the quotes."""
     reference = reference or next((o for o in outcomes if o.policy == "on-demand"), None)
     reference = reference.cost_usd() if reference else None
     bounded = {name: b for name, b in (bound or {}).items() if math.isfinite(b.cost_usd)}
     optimum = sum(b.cost_usd for b in bounded.values()) if bounded else None
     joint_usd = joint_bound.cost_usd if joint_bound and math.isfinite(joint_bound.cost_usd) else None
+    schedule_usd = schedule.cost_usd if schedule and math.isfinite(schedule.cost_usd) else None
 
     def versus(out: Outcome, against: float | None) -> float | None:
         same = sum(spend_usd(j, out.end) for j in out.jobs if j.spec.name in bounded)
@@ -212,6 +215,7 @@ def summary(
                 "hours_late": round(sum(hours_late(j, out.end) for j in out.jobs), 1),
                 "cost_vs_omniscient": versus(out, optimum),
                 "cost_vs_joint_omniscient": versus(out, joint_usd),
+                "cost_vs_joint_schedule": versus(out, schedule_usd),
                 "migrations": sum(j.migrations for j in out.jobs),
                 "work_lost_h": round(sum(r.work_lost_s for j in out.jobs for r in j.runs) / 3600, 2),
                 "median_abs_cost_error_pct": median_error,
@@ -224,6 +228,7 @@ def summary(
     for name, usd, hours in (
         (OMNISCIENT, optimum, [b.tier_hours for b in bounded.values()]),
         (JOINT, joint_usd, [joint_bound.tier_hours] if joint_bound else []),
+        (SCHEDULE, schedule_usd, [schedule.tier_hours] if schedule else []),
     ):
         if usd is None:
             continue
@@ -236,6 +241,7 @@ def summary(
                 "hours_late": 0.0,
                 "cost_vs_omniscient": round(usd / optimum, 3) if optimum else None,
                 "cost_vs_joint_omniscient": round(usd / joint_usd, 3) if joint_usd else None,
+                "cost_vs_joint_schedule": round(usd / schedule_usd, 3) if schedule_usd else None,
                 "migrations": 0,
                 "work_lost_h": 0.0,
                 "median_abs_cost_error_pct": None,
@@ -261,6 +267,7 @@ class Result:
     rows: list[dict]
     skipped: list[str]
     joint: Bound | None = None
+    schedule: Bound | None = None
 
 
 def run(
@@ -289,7 +296,7 @@ def run(
         if progress:
             progress(name, last, last)
     bound: dict[str, Bound] = {}
-    joint_bound = None
+    joint_bound = schedule = None
     if OMNISCIENT in names:
         tick_h = market.tick_s / 3600
         for i, a in enumerate(arrivals):
@@ -301,5 +308,7 @@ def run(
         feasible = [a for a in arrivals if math.isfinite(bound[a.spec.name].cost_usd)]
         together = [(a.spec, a.window_h or 72.0, math.ceil(a.at_h / tick_h - 1e-9), a.true_speed) for a in feasible]
         joint_bound = joint(together, market) if together else None
-    rows = summary([o for o in outcomes if o.policy in names], bound or None, outcomes[0], joint_bound)
-    return Result(setting or {}, outcomes, bound, rows, market.skipped, joint_bound)
+        done = (lambda i, n: progress(SCHEDULE, i, n)) if progress else None
+        schedule = joint_schedule(together, market, progress=done) if together else None
+    rows = summary([o for o in outcomes if o.policy in names], bound or None, outcomes[0], joint_bound, schedule)
+    return Result(setting or {}, outcomes, bound, rows, market.skipped, joint_bound, schedule)

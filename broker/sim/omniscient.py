@@ -14,6 +14,7 @@ is not proved optimal within the time limit, HiGHS's dual bound is used (still a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,13 +132,21 @@ def _tier_hours(parts: list[tuple[list[Choice], dict]], dt: float) -> dict[str, 
     return hours
 
 
-def cheapest(choices: list[Choice], restart_h: float, window_h: float, dt: float, time_limit_s: float = 5.0) -> Bound:
-    """Can't Be Late's ILP over `choices` (each with its availability from now, one tick of `dt` hours each):
-    the least cost of the whole job's work within `window_h`, paying `restart_h` at each start."""
+def _alone(
+    choices: list[Choice], restart_h: float, window_h: float, dt: float, time_limit_s: float
+) -> tuple[pulp.LpProblem, dict]:
+    """Can't Be Late's ILP for one job over `choices`, solved: the problem and its variables (`_job`)."""
     prob = pulp.LpProblem("omniscient", pulp.LpMinimize)
     held = _job(prob, "j", choices, restart_h, window_h, dt, binary=True)
     prob += pulp.lpSum(choices[k].price_usd_per_h * dt * f for (k, _), (_, f) in held.items())
     prob.solve(pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=MIP_GAP))
+    return prob, held
+
+
+def cheapest(choices: list[Choice], restart_h: float, window_h: float, dt: float, time_limit_s: float = 5.0) -> Bound:
+    """Can't Be Late's ILP over `choices` (each with its availability from now, one tick of `dt` hours each):
+    the least cost of the whole job's work within `window_h`, paying `restart_h` at each start."""
+    prob, held = _alone(choices, restart_h, window_h, dt, time_limit_s)
     if pulp.LpStatus[prob.status] == "Infeasible" or not held:
         return Bound(math.inf, "infeasible", {})
     info = prob.solverModel.getInfo()
@@ -225,3 +234,57 @@ def joint(
     if status != "Optimal":
         return Bound(math.inf if status == "Infeasible" else 0.0, status.lower(), {})
     return Bound(float(pulp.value(prob.objective) or 0.0), "LP relaxation", _tier_hours(parts, dt))
+
+
+def joint_schedule(
+    jobs: list[tuple[JobSpec, float, int, float]],
+    market: Market,
+    bubbles: bool = True,
+    time_limit_s: float = 5.0,
+    progress: Callable[[int, int], None] | None = None,
+) -> Bound:
+    """An offline schedule of all the jobs, `jobs` as `joint` takes them: one job at a time, least slack first, each
+    at the least cost of the capacity the jobs before it left (every zone and bubble executor its own, no pooling;
+    the per-job program, solved to `time_limit_s`, longer when that finds no schedule). It is a schedule, not a
+    bound: the offline optimum of the jobs together lies between `joint` and its cost, which says how much of a
+    policy's distance from `joint` is the bound's own slack. Infinite when some job finds no capacity left."""
+    dt = market.tick_s / 3600
+    pools = [(s.offer, np.array(s.capacity[: market.ticks], dtype=int)) for s in market.spot]
+    pools += [(o, np.ones(market.ticks, dtype=int)) for o in (market.bubbles if bubbles else [])]
+    on_demand = market.on_demand
+
+    def slack(job: tuple[JobSpec, float, int, float]) -> float:
+        spec, window_h, _, speed = job
+        return window_h - min((exclusive_hours(spec, o) / speed for o in on_demand if fits(spec, o)), default=0.0)
+
+    cost, parts = 0.0, []
+    for i, (spec, window_h, start, speed) in enumerate(sorted(jobs, key=slack)):
+        ticks = max(1, math.ceil(window_h / dt - 1e-9))
+        choices, left = [], []
+        for offer, capacity in pools:
+            available = np.r_[capacity[start : start + ticks] > 0, np.zeros(ticks, dtype=bool)][:ticks]
+            if fits(spec, offer) and available.any():
+                work_h = exclusive_hours(spec, offer) / speed
+                choices.append(Choice(offer.tier.value, offer.price_usd_per_h, work_h, available))
+                left.append(capacity)
+        fitting = [o for o in on_demand if fits(spec, o)]
+        if fitting:
+            best = min(fitting, key=lambda o: o.price_usd_per_h * exclusive_hours(spec, o))
+            work_h = exclusive_hours(spec, best) / speed
+            choices.append(Choice(best.tier.value, best.price_usd_per_h, work_h, np.ones(ticks, dtype=bool)))
+            left.append(None)
+        for limit in (time_limit_s, 12 * time_limit_s):
+            prob, held = _alone(choices, restart_hours(spec), window_h, dt, limit)
+            found = bool(held) and prob.solverModel.getInfo().primal_solution_status == 2  # 2: a feasible point
+            if found or pulp.LpStatus[prob.status] == "Infeasible":
+                break
+        if not found:
+            return Bound(math.inf, "infeasible", {})
+        for (k, t), (u, f) in held.items():
+            if left[k] is not None and (u.value() or 0.0) > 0.5:
+                left[k][start + t] -= 1
+            cost += choices[k].price_usd_per_h * dt * (f.value() or 0.0)
+        parts.append((choices, held))
+        if progress:
+            progress(i + 1, len(jobs))
+    return Bound(cost, "schedule", _tier_hours(parts, dt))

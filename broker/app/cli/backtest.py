@@ -121,6 +121,8 @@ def command(
         "deadline_misses",
         "hours_late",
         "cost_vs_omniscient",
+        "cost_vs_joint_omniscient",
+        "cost_vs_joint_schedule",
         "migrations",
         "work_lost_h",
         "median_abs_cost_error_pct",
