@@ -63,13 +63,18 @@ def _candidates(
             merged[key] = Choice(Tier.spot.value, series.offer.price_usd_per_h, work_h, available)
     out = [c for c in merged.values() if c.available.any()]
     for group in (market.on_demand, market.bubbles if bubbles else []):
-        fitting = [o for o in group if fits(spec, o)]
-        if fitting:
-            best = min(fitting, key=lambda o: (o.price_usd_per_h * exclusive_hours(spec, o), exclusive_hours(spec, o)))
-            out.append(
-                Choice(best.tier.value, best.price_usd_per_h, exclusive_hours(spec, best) / speed, np.ones(ticks, bool))
-            )
+        out += _always(group, spec, speed, ticks)
     return out
+
+
+def _always(offers: list, spec: JobSpec, speed: float, ticks: int) -> list[Choice]:
+    """The one offer of `offers` (always available: on-demand, or bubbles with no capacity counted) that does the
+    job's work cheapest, as a choice; none when nothing fits."""
+    fitting = [o for o in offers if fits(spec, o)]
+    if not fitting:
+        return []
+    best = min(fitting, key=lambda o: (o.price_usd_per_h * exclusive_hours(spec, o), exclusive_hours(spec, o)))
+    return [Choice(best.tier.value, best.price_usd_per_h, exclusive_hours(spec, best) / speed, np.ones(ticks, bool))]
 
 
 def omniscient(
@@ -213,11 +218,7 @@ def joint(
                 available = np.r_[capacity[start : start + ticks] > 0, np.zeros(ticks, dtype=bool)][:ticks]
                 work_h = exclusive_hours(spec, offer) / speed
                 choices.append(Choice(offer.tier.value, offer.price_usd_per_h, work_h, available, key))
-        od = [o for o in market.on_demand if fits(spec, o)]
-        if od:
-            best = min(od, key=lambda o: o.price_usd_per_h * exclusive_hours(spec, o))
-            work_h = exclusive_hours(spec, best) / speed
-            choices.append(Choice(best.tier.value, best.price_usd_per_h, work_h, np.ones(ticks, dtype=bool)))
+        choices += _always(market.on_demand, spec, speed, ticks)
         held = _job(prob, str(j), choices, restart_hours(spec), window_h, dt, binary=False)
         if not held:
             return Bound(math.inf, "infeasible", {})
@@ -267,12 +268,9 @@ def joint_schedule(
                 work_h = exclusive_hours(spec, offer) / speed
                 choices.append(Choice(offer.tier.value, offer.price_usd_per_h, work_h, available))
                 left.append(capacity)
-        fitting = [o for o in on_demand if fits(spec, o)]
-        if fitting:
-            best = min(fitting, key=lambda o: o.price_usd_per_h * exclusive_hours(spec, o))
-            work_h = exclusive_hours(spec, best) / speed
-            choices.append(Choice(best.tier.value, best.price_usd_per_h, work_h, np.ones(ticks, dtype=bool)))
-            left.append(None)
+        od = _always(on_demand, spec, speed, ticks)
+        choices += od
+        left += [None] * len(od)
         for limit in (time_limit_s, 12 * time_limit_s):
             prob, held = _alone(choices, restart_hours(spec), window_h, dt, limit)
             found = bool(held) and prob.solverModel.getInfo().primal_solution_status == 2  # 2: a feasible point

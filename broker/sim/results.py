@@ -10,7 +10,7 @@ import pandas as pd
 
 from broker.domain.errors import BrokerError
 from broker.models.accounting import missed_deadline, spend_over_time
-from broker.sim.backtest import OMNISCIENT, Result, tier_hours
+from broker.sim.backtest import JOINT, OMNISCIENT, SCHEDULE, Result, tier_hours
 
 POLICIES_CSV, JOBS_CSV, SPEND_CSV, SUMMARY_JSON = "policies.csv", "jobs.csv", "spend.csv", "summary.json"
 TIERS = ("bubble", "spot", "on_demand")
@@ -76,10 +76,10 @@ def _plots(table: pd.DataFrame, spend: pd.DataFrame, directory: Path) -> list[Pa
 
     paths = [directory / "cost_by_policy.png", directory / "spend_over_time.png", directory / "tier_mix.png"]
     fig, ax = plt.subplots(figsize=(8, 4))
-    colors = ["#888888" if p == OMNISCIENT else "#1f77b4" for p in table.policy]
+    colors = ["#888888" if p in (OMNISCIENT, JOINT, SCHEDULE) else "#1f77b4" for p in table.policy]
     ax.barh(table.policy, table.cost_usd, color=colors)
     ax.set_xlabel("total cost (USD)")
-    ax.set_title("Cost by policy (grey: the omniscient bound)")
+    ax.set_title("Cost by policy (grey: the omniscient bounds and the offline schedule)")
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(paths[0], dpi=100)
