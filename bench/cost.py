@@ -61,7 +61,7 @@ def fitted_on(directories: list[str], tick_s: float) -> MarketModel:
 def one(directory: str, seed: int, jobs: int, fit: list[str]) -> dict:
     """One backtest, its market model fitted on `fit`; its rows, or why the directory has no GPU offers."""
     try:
-        market = backtest_market(Path(directory))
+        market = backtest_market(Path(directory), hazard_from=[Path(d) for d in fit])
     except BrokerError as err:
         return {"traces": directory, "seed": seed, "skipped": str(err)}
     arrivals = backtest_workload(market, seed, jobs)

@@ -64,7 +64,7 @@ FORECASTING = ["uniform-progress", "cbl-greedy", "costslo"]
 def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int) -> dict:
     """One backtest on `directory` with quotes forecast on a model fitted on `fit`, of the jobs workload seed
     `workload` draws; per policy its row and jobs."""
-    market = backtest_market(Path(directory))
+    market = backtest_market(Path(directory), hazard_from=[Path(d) for d in fit])
     model = fitted_on(fit, market.tick_s)
     arrivals = backtest_workload(market, workload, jobs)
     with embedded.scratch() as url:
@@ -128,7 +128,7 @@ def aggregate(runs: list[dict]) -> dict:
 
 def quote_seconds(directory: str, fit: list[str], jobs: int) -> dict:
     """Seconds per quote with its forecast (1,000 futures), costslo, over one workload's jobs."""
-    market = backtest_market(Path(directory))
+    market = backtest_market(Path(directory), hazard_from=[Path(d) for d in fit])
     model = fitted_on(fit, market.tick_s)
     clock = SimulatedClock(market.start)
     broker = Broker(None, OfferBook(market.offers()), planning.get("costslo"), clock, model)

@@ -128,3 +128,21 @@ def test_the_catalog_prices_spot_with_the_model(catalog):
     ]
     assert spot and all(o.hazard_per_h == catalog.hazard.spot("aws", "us-east-1", "p3.2xlarge").per_hour for o in spot)
     assert all("observed" in o.hazard_source and o.availability < 1 for o in spot)
+
+
+def test_a_backtest_market_learns_its_hazard_only_from_the_traces_it_is_fitted_on(tmp_path):
+    """The shipped evidence has every shared trace in it, the ones a backtest is evaluated on too: a backtest that
+    fits on other traces must price its offers' preemptions from those alone."""
+    from broker.sim.market import PACKAGED_TRACES, backtest_market
+
+    fit = tmp_path / "preemption" / "aws-01-01-2024"
+    write_trace(fit / "us-west-2b_v100_1.json", [1, 1, 1, 0] * 30, gap_s=1800)  # 30 drops in 45 h running
+    shipped = {s.offer.zone: s.offer for s in backtest_market(PACKAGED_TRACES).spot}
+    fitted = {s.offer.zone: s.offer for s in backtest_market(PACKAGED_TRACES, hazard_from=[fit]).spot}
+    assert shipped.keys() == fitted.keys()
+    for zone, offer in fitted.items():
+        if offer.region == "us-west-2":
+            assert offer.hazard_source.startswith("30 preemptions in 45 h observed"), offer.hazard_source
+        else:  # no evidence of its own in the fit traces: the prior, not what the shipped traces saw there
+            assert "observed" not in offer.hazard_source.split(",")[0], offer.hazard_source
+        assert "observed" in shipped[zone].hazard_source and offer.hazard_per_h != shipped[zone].hazard_per_h

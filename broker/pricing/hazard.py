@@ -95,8 +95,10 @@ class HazardModel:
         self.anchor = self._anchor()
 
     @classmethod
-    def packaged(cls) -> HazardModel:
-        """The model from the evidence and Spot Advisor slice shipped in the package."""
+    def packaged(cls, evidence: pd.DataFrame | None = None) -> HazardModel:
+        """The model from the evidence and Spot Advisor slice shipped in the package; with `evidence` (rows as
+        `traces.evidence` writes them), from that evidence instead of the shipped one, which has every shared trace
+        in it (a backtest evaluated on traces the model must not have seen)."""
         data = json.loads((packaged_dir() / "aws_spot_advisor_gpu.json").read_text())
         labels = {r["index"]: r["label"] for r in data["ranges"]}
         bands = {
@@ -104,7 +106,7 @@ class HazardModel:
             for region, oses in data["spot_advisor"].items()
             for itype, row in oses.get("Linux", {}).items()
         }
-        return cls(pd.read_csv(packaged_dir() / "trace_evidence.csv"), bands)
+        return cls(pd.read_csv(packaged_dir() / "trace_evidence.csv") if evidence is None else evidence, bands)
 
     def observe(self, observed: dict[Key, Evidence]) -> HazardModel:
         """A model that also counts preemptions our agents saw (offer key -> preemptions over spot hours)."""

@@ -41,8 +41,9 @@ def command(
     ),
     fit_traces: Path | None = typer.Option(
         None,
-        help="Trace directory the market model is learned from (quotes are forecast on it); default the packaged "
-        "traces. Give other traces than --traces to evaluate quotes out of sample.",
+        help="Trace directory the market model and the offers' preemption hazard are learned from (quotes are "
+        "forecast on it); default the packaged traces and the shipped hazard evidence. Give other traces than "
+        "--traces to evaluate out of sample.",
     ),
     single_job: bool = typer.Option(
         False,
@@ -64,6 +65,7 @@ def command(
     from broker.sim.workloads import backtest_workload
 
     traces = traces or PACKAGED_TRACES
+    hazard_from = [fit_traces] if fit_traces else None  # else the shipped evidence, as the live broker has it
     fit_traces = fit_traces or PACKAGED_TRACES
     if not fit_traces.is_dir():
         raise BrokerError(f"fit-traces: {fit_traces} is not a directory; point --fit-traces at trace JSON files")
@@ -75,11 +77,13 @@ def command(
     backtest.check_policies(names)
     if not traces.is_dir():
         raise BrokerError(f"traces: {traces} is not a directory; point --traces at a directory of trace JSON files")
-    market = backtest_market(traces, Settings.from_env().prices_dir, tick_minutes * 60, spot_instances, profiles)
+    prices_dir = Settings.from_env().prices_dir
+    market = backtest_market(traces, prices_dir, tick_minutes * 60, spot_instances, profiles, hazard_from)
     arrivals = backtest_workload(market, seed, jobs, arrival_hours)
     setting = {
         "traces": str(traces),
         "fit_traces": str(fit_traces),
+        "hazard_from": str(hazard_from[0]) if hazard_from else "shipped evidence",
         "jobs": jobs,
         "seed": seed,
         "tick_minutes": tick_minutes,
