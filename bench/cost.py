@@ -30,7 +30,7 @@ from broker.pricing.availability import MarketModel
 from broker.pricing.traces import load_traces
 from broker.sim import backtest
 from broker.sim.calibration import job_rows
-from broker.sim.market import backtest_market
+from broker.sim.market import Market, backtest_market
 from broker.sim.workloads import backtest_workload
 from broker.store import embedded
 
@@ -53,20 +53,23 @@ def gpu_directories(root: Path) -> list[Path]:
     return out
 
 
-def fitted_on(directories: list[str], tick_s: float) -> MarketModel:
-    """The market model learned from these trace directories only."""
-    return MarketModel.fit([t for d in directories for t in load_traces(Path(d))], tick_s)
+def fit_market(directory: str, fit: list[str]) -> tuple[Market, MarketModel]:
+    """The backtest's market on `directory` and the market model, both learned from the traces of `fit` only (the
+    offers' hazard too), read once."""
+    traces = [t for d in fit for t in load_traces(Path(d))]
+    market = backtest_market(Path(directory), hazard_from=traces)
+    return market, MarketModel.fit(traces, market.tick_s)
 
 
 def one(directory: str, seed: int, jobs: int, fit: list[str]) -> dict:
     """One backtest, its market model fitted on `fit`; its rows, or why the directory has no GPU offers."""
     try:
-        market = backtest_market(Path(directory), hazard_from=[Path(d) for d in fit])
+        market, model = fit_market(directory, fit)
     except BrokerError as err:
         return {"traces": directory, "seed": seed, "skipped": str(err)}
     arrivals = backtest_workload(market, seed, jobs)
     with embedded.scratch() as url:
-        result = backtest.run(market, arrivals, POLICIES, seed, url, model=fitted_on(fit, market.tick_s))
+        result = backtest.run(market, arrivals, POLICIES, seed, url, model=model)
     bound_status = sorted({b.status for b in result.bound.values()})
     missed = missed_jobs(result.outcomes)
     return {"traces": directory, "seed": seed, "rows": result.rows, "bound_status": bound_status, "missed": missed}

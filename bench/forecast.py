@@ -43,7 +43,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
-from cost import avoidable_misses, fitted_on, gpu_directories, missed_jobs  # bench/cost.py, beside this file
+from cost import avoidable_misses, fit_market, gpu_directories, missed_jobs  # bench/cost.py, beside this file
 from rich.console import Console
 from rich.progress import Progress
 
@@ -52,7 +52,7 @@ from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
 from broker.sim import backtest
 from broker.sim.calibration import cost_coverage, cost_errors_pct, job_rows, reliability
-from broker.sim.market import OfferBook, backtest_market
+from broker.sim.market import OfferBook
 from broker.sim.workloads import backtest_workload
 from broker.store import embedded
 
@@ -64,8 +64,7 @@ FORECASTING = ["uniform-progress", "cbl-greedy", "costslo"]
 def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int) -> dict:
     """One backtest on `directory` with quotes forecast on a model fitted on `fit`, of the jobs workload seed
     `workload` draws; per policy its row and jobs."""
-    market = backtest_market(Path(directory), hazard_from=[Path(d) for d in fit])
-    model = fitted_on(fit, market.tick_s)
+    market, model = fit_market(directory, fit)
     arrivals = backtest_workload(market, workload, jobs)
     with embedded.scratch() as url:
         result = backtest.run(market, arrivals, POLICIES, seed, url, model=model, outlooks_for=tuple(POLICIES))
@@ -128,8 +127,7 @@ def aggregate(runs: list[dict]) -> dict:
 
 def quote_seconds(directory: str, fit: list[str], jobs: int) -> dict:
     """Seconds per quote with its forecast (1,000 futures), costslo, over one workload's jobs."""
-    market = backtest_market(Path(directory), hazard_from=[Path(d) for d in fit])
-    model = fitted_on(fit, market.tick_s)
+    market, model = fit_market(directory, fit)
     clock = SimulatedClock(market.start)
     broker = Broker(None, OfferBook(market.offers()), planning.get("costslo"), clock, model)
     seconds = []

@@ -138,7 +138,7 @@ def test_a_backtest_market_learns_its_hazard_only_from_the_traces_it_is_fitted_o
     fit = tmp_path / "preemption" / "aws-01-01-2024"
     write_trace(fit / "us-west-2b_v100_1.json", [1, 1, 1, 0] * 30, gap_s=1800)  # 30 drops in 45 h running
     shipped = {s.offer.zone: s.offer for s in backtest_market(PACKAGED_TRACES).spot}
-    fitted = {s.offer.zone: s.offer for s in backtest_market(PACKAGED_TRACES, hazard_from=[fit]).spot}
+    fitted = {s.offer.zone: s.offer for s in backtest_market(PACKAGED_TRACES, hazard_from=load_traces(fit)).spot}
     assert shipped.keys() == fitted.keys()
     for zone, offer in fitted.items():
         if offer.region == "us-west-2":

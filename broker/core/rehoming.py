@@ -45,12 +45,16 @@ def rehome(store: ShardedStore, leaders: dict[int, str], now: datetime) -> int:
     """One pass over the shards `leaders` names (index -> the replica leading it): finish the moves a mover left half
     done, then move the stranded jobs, the fleet and the queues read once; returns how many jobs moved."""
     shards = store.shards
-    agents = [shard.working_agents() for shard in shards]
     waiting = [shard.pending_count() for shard in shards]
+    agents = None  # the fleet is read only when a led shard has a job waiting: an idle pass reads the queues alone
     moved = 0
     for index, leader in leaders.items():
         for job_id, target in unfinished_moves(shards[index]).items():
             finish_move(shards, job_id, index, target, leader, now)
+        if not waiting[index]:
+            continue
+        if agents is None:
+            agents = [shard.working_agents() for shard in shards]
         for job_id, target in stranded(store, index, agents, waiting):
             if move_job(shards, job_id, index, target, leader, now):
                 log.info("job=%s moved from shard %d to %d: no agent of its shard fits it", job_id, index, target)

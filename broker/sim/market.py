@@ -29,7 +29,7 @@ from broker.domain.model import Offer, Tier
 from broker.pricing.availability import tick_minimum
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.hazard import HazardModel
-from broker.pricing.traces import Trace, evidence, load_trace, load_traces, read_ticks
+from broker.pricing.traces import Trace, evidence, load_trace, read_ticks
 from broker.sim.workloads import FREERIDE_MAIN_JOBS
 
 UNLIMITED = 10**6
@@ -222,15 +222,15 @@ def backtest_market(
     tick_s: float = 600.0,
     spot_instances: int = 4,
     profiles: Path | None = None,
-    hazard_from: list[Path] | None = None,
+    hazard_from: list[Trace] | None = None,
 ) -> Market:
     """The market a backtest runs in: spot offers from the traces, on-demand from the catalog, and bubbles from
     measured profiles or, without them, two FreeRide-like main jobs. The offers' preemption hazard is learned from
-    the trace directories `hazard_from` (those the market model is fitted on) when given, else from the evidence
-    shipped in the package, which has every shared trace in it, the evaluated ones too."""
+    the traces `hazard_from` (those the market model is fitted on, loaded once by the caller) when given, else from
+    the evidence shipped in the package, which has every shared trace in it, the evaluated ones too."""
     hazard = None
     if hazard_from is not None:
-        hazard = HazardModel.packaged(evidence([t for d in hazard_from for t in load_traces(d)]))
+        hazard = HazardModel.packaged(evidence(hazard_from))
     catalog = PriceCatalog.from_snapshot(prices_dir, hazard)
     market = from_traces(traces, catalog, trace_start(traces), tick_s, spot_instances)
     return market.with_bubbles(

@@ -65,11 +65,12 @@ def command(
     from broker.sim.workloads import backtest_workload
 
     traces = traces or PACKAGED_TRACES
-    hazard_from = [fit_traces] if fit_traces else None  # else the shipped evidence, as the live broker has it
+    own_fit = fit_traces is not None  # else the hazard from the shipped evidence, as the live broker has it
     fit_traces = fit_traces or PACKAGED_TRACES
     if not fit_traces.is_dir():
         raise BrokerError(f"fit-traces: {fit_traces} is not a directory; point --fit-traces at trace JSON files")
-    model = MarketModel.fit(load_traces(fit_traces), tick_minutes * 60)
+    fit = load_traces(fit_traces)
+    model = MarketModel.fit(fit, tick_minutes * 60)
     policies = policies or ",".join([*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT])
     names = [n.strip() for n in policies.split(",") if n.strip()]
     if not names:
@@ -78,12 +79,13 @@ def command(
     if not traces.is_dir():
         raise BrokerError(f"traces: {traces} is not a directory; point --traces at a directory of trace JSON files")
     prices_dir = Settings.from_env().prices_dir
+    hazard_from = fit if own_fit else None
     market = backtest_market(traces, prices_dir, tick_minutes * 60, spot_instances, profiles, hazard_from)
     arrivals = backtest_workload(market, seed, jobs, arrival_hours)
     setting = {
         "traces": str(traces),
         "fit_traces": str(fit_traces),
-        "hazard_from": str(hazard_from[0]) if hazard_from else "shipped evidence",
+        "hazard_from": str(fit_traces) if own_fit else "shipped evidence",
         "jobs": jobs,
         "seed": seed,
         "tick_minutes": tick_minutes,
