@@ -7,9 +7,12 @@ does: the evaluated traces are never seen by the model). The summary adds the ru
 policy: total cost, savings against all on-demand, deadline misses (and the avoidable ones: jobs all on-demand met in
 the same backtest) and hours late, cost / omniscient (per job, the joint bound, and the joint offline schedule:
 `joint_schedule_vs_joint_bound` says how far above the bound the joint optimum can lie), migrations, work lost and
-the mean quote error, and checks the issue's goals.
+the mean quote error, and checks the issue's goals. With `--idle-first`, pools that shrink take their idle
+instances first (the bounds' world, where a pool's instances are interchangeable): the difference from a run without
+it is what the random victims of the traces' shrinking pools cost each policy.
 
     python bench/cost.py --json [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
+        [--idle-first]
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -61,10 +65,11 @@ def fit_market(directory: str, fit: list[str]) -> tuple[Market, MarketModel]:
     return market, MarketModel.fit(traces, market.tick_s)
 
 
-def one(directory: str, seed: int, jobs: int, fit: list[str]) -> dict:
+def one(directory: str, seed: int, jobs: int, fit: list[str], idle_first: bool = False) -> dict:
     """One backtest, its market model fitted on `fit`; its rows, or why the directory has no GPU offers."""
     try:
         market, model = fit_market(directory, fit)
+        market = replace(market, idle_first=idle_first)
     except BrokerError as err:
         return {"traces": directory, "seed": seed, "skipped": str(err)}
     arrivals = backtest_workload(market, seed, jobs)
@@ -155,6 +160,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--idle-first", action="store_true", help="shrinking pools take idle instances first")
     args = parser.parse_args()
     gpu = [str(d) for d in gpu_directories(args.traces)]
     tasks = [(str(d), s, [f for f in gpu if f != str(d)]) for d in leaf_directories(args.traces) for s in args.seeds]
@@ -163,11 +169,12 @@ def main() -> None:
     with Progress(console=console) as bar, ProcessPoolExecutor(args.workers) as pool:
         task = bar.add_task("backtests", total=len(tasks))
         directories, seeds, fits = zip(*tasks)
-        for run in pool.map(one, directories, seeds, [args.jobs] * len(tasks), fits):
+        for run in pool.map(one, directories, seeds, [args.jobs] * len(tasks), fits, [args.idle_first] * len(tasks)):
             runs.append(run)
             bar.advance(task)
     table = aggregate(runs)
-    body = {"jobs_per_run": args.jobs, "seeds": args.seeds, "policies": table, "goals": goals(table)}
+    body = {"jobs_per_run": args.jobs, "seeds": args.seeds, "idle_first": args.idle_first, "policies": table}
+    body["goals"] = goals(table)
     body["joint_schedule_vs_joint_bound"] = schedule_vs_bound(runs)
     body["runs"] = runs
     if args.json:

@@ -101,10 +101,12 @@ def test_a_simulated_agent_asked_for_a_checkpoint_writes_one_pays_it_and_runs_on
     fleet.close()
 
 
-def test_a_shrinking_pool_takes_back_instances_at_random_busy_ones_too(market, redis_url):
+@pytest.mark.parametrize("idle_first", [False, True])
+def test_a_shrinking_pool_takes_back_instances_at_random_busy_ones_too(market, redis_url, idle_first):
     """A trace says how many instances a pool held, not which went: the world takes back any of the pool's agents,
     idle or busy (before, idle ones first, which sheltered every run behind the idle agents beside it). One run in a
-    pool of 4 that shrinks to 3 is preempted about one time in four."""
+    pool of 4 that shrinks to 3 is preempted about one time in four; never in a market marked `idle_first` (the
+    bounds' world, a measuring aid: bench/cost.py --idle-first)."""
     from dataclasses import replace
     from datetime import timedelta
 
@@ -118,13 +120,13 @@ def test_a_shrinking_pool_takes_back_instances_at_random_busy_ones_too(market, r
     from broker.store.jobs import Store
 
     pool = replace(market.spot[0], capacity=np.array([4, 3]))
-    shrinking = replace(market, spot=[pool], bubbles=[])
+    shrinking = replace(market, spot=[pool], bubbles=[], idle_first=idle_first)
     [arrival] = ml_mix(0, 1, 3.06, arrival_h=0)
     preempted = 0
     for seed in range(40):
-        store, clock = Store(redis_url, prefix=f"fleet-shrink-{seed}:"), SimulatedClock(market.start)
+        store, clock = Store(redis_url, prefix=f"fleet-shrink-{idle_first}-{seed}:"), SimulatedClock(market.start)
         policy = planning.get("cbl-greedy")  # spot when there is some
-        checkpoints = CheckpointStore(f"memory://fleet-shrink-{seed}")
+        checkpoints = CheckpointStore(f"memory://fleet-shrink-{idle_first}-{seed}")
         server = BrokerServer(store, policy, clock, checkpoints, consumer="test")
         fleet = SimFleet(store, checkpoints, shrinking, bubbles=False, seed=seed)
         spec = arrival.spec.model_copy(update={"deadline": clock.now() + timedelta(hours=arrival.window_h)})
@@ -135,4 +137,4 @@ def test_a_shrinking_pool_takes_back_instances_at_random_busy_ones_too(market, r
         fleet.provision(1, clock.now(), 0)
         preempted += not fleet.runs
         fleet.close()
-    assert 3 <= preempted <= 20  # 1 in 4 of 40: 10 expected (never, were idle agents taken first)
+    assert preempted == 0 if idle_first else 3 <= preempted <= 20  # 1 in 4 of 40: 10 expected

@@ -10,7 +10,8 @@ progress, checkpoint and exited with the simulated time of each. A run pays the 
 (a new instance and the restore) before it progresses and the checkpoint write time each time it
 saves; a preempted run loses the work since its last checkpoint. Where a pool shrinks, the instances that
 go are drawn at random among the pool's agents, idle or busy: a trace says how many instances a pool held, not
-which of them went, and an idle agent is an instance held like any other.
+which of them went, and an idle agent is an instance held like any other. A market marked `idle_first` takes the
+idle ones first instead: the world the bounds assume, to measure what the random victims cost.
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ class SimFleet:
     def _resize(self, offer: Offer, target: int, now: datetime) -> None:
         agents = self.on_offer.setdefault(offer.id, [])
         while len(agents) > target:
-            agent = agents[self.victims.randrange(len(agents))]
+            idle = [a for a in agents if a not in self.runs] if self.market.idle_first else []
+            among = idle or agents
+            agent = among[self.victims.randrange(len(among))]
             if agent in self.runs:
                 self._end(agent, now, "preempted")
             agents.remove(agent)

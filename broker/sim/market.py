@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -65,6 +65,9 @@ class Market:
     on_demand: list[Offer]
     bubbles: list[Offer] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # trace files that give no GPU offer, and why
+    # where a pool shrinks, its idle instances go first (the world the bounds assume, where a pool's instances are
+    # interchangeable), not instances drawn at random (the traces say how many went, not which): a measuring aid
+    idle_first: bool = False
 
     @property
     def ticks(self) -> int:
@@ -74,7 +77,7 @@ class Market:
         return [s.offer for s in self.spot] + self.on_demand + (self.bubbles if bubbles else [])
 
     def with_bubbles(self, bubbles: list[Offer]) -> Market:
-        return Market(self.start, self.tick_s, self.spot, self.on_demand, bubbles, self.skipped)
+        return replace(self, bubbles=bubbles)
 
 
 def resample(trace: Trace, tick_s: float) -> np.ndarray:
