@@ -9,10 +9,12 @@ the same backtest) and hours late, cost / omniscient (per job, the joint bound, 
 `joint_schedule_vs_joint_bound` says how far above the bound the joint optimum can lie), migrations, work lost and
 the mean quote error, and checks the issue's goals. With `--idle-first`, pools that shrink take their idle
 instances first (the bounds' world, where a pool's instances are interchangeable): the difference from a run without
-it is what the random victims of the traces' shrinking pools cost each policy.
+it is what the random victims of the traces' shrinking pools cost each policy. A spot instance taken back gives its
+cloud's notice and the agents checkpoint on it (as live agents do); with `--no-notices` a preemption loses the work
+since the newest periodic checkpoint instead (the world before 2026-11-26).
 
     python bench/cost.py --json [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
-        [--idle-first]
+        [--idle-first] [--no-notices]
 """
 
 from __future__ import annotations
@@ -65,11 +67,11 @@ def fit_market(directory: str, fit: list[str]) -> tuple[Market, MarketModel]:
     return market, MarketModel.fit(traces, market.tick_s)
 
 
-def one(directory: str, seed: int, jobs: int, fit: list[str], idle_first: bool = False) -> dict:
+def one(directory: str, seed: int, jobs: int, fit: list[str], idle_first: bool = False, notices: bool = True) -> dict:
     """One backtest, its market model fitted on `fit`; its rows, or why the directory has no GPU offers."""
     try:
         market, model = fit_market(directory, fit)
-        market = replace(market, idle_first=idle_first)
+        market = replace(market, idle_first=idle_first, notices=notices)
     except BrokerError as err:
         return {"traces": directory, "seed": seed, "skipped": str(err)}
     arrivals = backtest_workload(market, seed, jobs)
@@ -161,6 +163,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--idle-first", action="store_true", help="shrinking pools take idle instances first")
+    parser.add_argument(
+        "--no-notices", action="store_true", help="no preemption notice: the work since the checkpoint is lost"
+    )
     args = parser.parse_args()
     gpu = [str(d) for d in gpu_directories(args.traces)]
     tasks = [(str(d), s, [f for f in gpu if f != str(d)]) for d in leaf_directories(args.traces) for s in args.seeds]
@@ -169,11 +174,18 @@ def main() -> None:
     with Progress(console=console) as bar, ProcessPoolExecutor(args.workers) as pool:
         task = bar.add_task("backtests", total=len(tasks))
         directories, seeds, fits = zip(*tasks)
-        for run in pool.map(one, directories, seeds, [args.jobs] * len(tasks), fits, [args.idle_first] * len(tasks)):
+        flags = [args.idle_first] * len(tasks), [not args.no_notices] * len(tasks)
+        for run in pool.map(one, directories, seeds, [args.jobs] * len(tasks), fits, *flags):
             runs.append(run)
             bar.advance(task)
     table = aggregate(runs)
-    body = {"jobs_per_run": args.jobs, "seeds": args.seeds, "idle_first": args.idle_first, "policies": table}
+    body = {
+        "jobs_per_run": args.jobs,
+        "seeds": args.seeds,
+        "idle_first": args.idle_first,
+        "notices": not args.no_notices,
+    }
+    body["policies"] = table
     body["goals"] = goals(table)
     body["joint_schedule_vs_joint_bound"] = schedule_vs_bound(runs)
     body["runs"] = runs

@@ -81,7 +81,11 @@ def test_a_preemption_loses_the_work_since_the_last_checkpoint():
     hourly = simulate(_setting(), available, 1 / 6)
     never = simulate(_setting(interval_h=None), available, 1 / 6)
     assert hourly.finish_h[0] < never.finish_h[0]
-    assert never.finish_h[0] == pytest.approx(11 / 6 + 0.1 + 10, abs=1e-6)  # all 1.5 h of progress lost
+    assert never.finish_h[0] == pytest.approx(11 / 6 + 0.1 + 10, abs=1e-6)  # all its progress lost
+    # checkpointed on the cloud's notice (the agents do, risk.notice_loss_h): only the notice's 2 minutes are lost
+    noticed = simulate(_setting(interval_h=None, notice_h=2 / 60), available, 1 / 6)
+    progress_h = 10 / 6 - 0.1  # ten ticks less the restart
+    assert noticed.finish_h[0] == pytest.approx(11 / 6 + 0.1 + 10 - progress_h + 2 / 60, abs=1e-6)
 
 
 def test_near_the_net_a_run_checkpoints_so_that_a_preemption_does_not_cost_the_deadline():

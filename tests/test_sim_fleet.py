@@ -138,3 +138,55 @@ def test_a_shrinking_pool_takes_back_instances_at_random_busy_ones_too(market, r
         preempted += not fleet.runs
         fleet.close()
     assert preempted == 0 if idle_first else 3 <= preempted <= 20  # 1 in 4 of 40: 10 expected
+
+
+@pytest.mark.parametrize("notices", [True, False])
+def test_a_preempted_run_checkpoints_on_the_clouds_notice_and_loses_only_its_lead(market, redis_url, notices):
+    """EC2 says two minutes ahead that it takes a spot instance back, and the agent checkpoints the job then
+    (agents/agent.py): the run loses the lead's work, not the work since its last periodic checkpoint (all of it
+    here: none was due yet). A market without `notices` (a measuring aid) loses it all."""
+    from dataclasses import replace
+    from datetime import timedelta
+
+    from broker import planning
+    from broker.agents.checkpoints import CheckpointStore
+    from broker.core.broker import Broker
+    from broker.core.clock import SimulatedClock
+    from broker.core.server import BrokerServer
+    from broker.models.risk import notice_loss_h
+    from broker.sim.fleet import SimFleet
+    from broker.sim.market import OfferBook
+    from broker.store.jobs import Store
+
+    pool = replace(market.spot[0], capacity=np.array([1, 1, 0]))
+    world = replace(market, spot=[pool], bubbles=[], notices=notices)
+    store, clock = Store(redis_url, prefix=f"fleet-notice-{notices}:"), SimulatedClock(market.start)
+    policy = planning.get("cbl-greedy")
+    checkpoints = CheckpointStore(f"memory://fleet-notice-{notices}")
+    server = BrokerServer(store, policy, clock, checkpoints, consumer="test")
+    fleet = SimFleet(store, checkpoints, world, bubbles=False)
+    [arrival] = ml_mix(0, 1, 3.06, arrival_h=0)
+    spec = arrival.spec.model_copy(update={"deadline": clock.now() + timedelta(hours=arrival.window_h)})
+    Broker(store, OfferBook(world.offers(False)), policy, clock).submit(spec, job_id="j")
+    fleet.provision(0, clock.now(), store.pending_count())
+    fleet.take(server.step(), clock.now())
+    [run] = fleet.runs.values()
+    lead_h = notice_loss_h(run.spec, run.offer)
+    assert lead_h == pytest.approx(120 / 3600)  # EC2's lead
+    hours = run.dead_h + 0.9 * run.interval_h  # the restart, then most of an interval: no periodic checkpoint yet
+    fleet.advance(clock.now(), hours)
+    clock.advance(hours=hours)
+    assert run.since_checkpoint_h > lead_h
+    fleet.provision(1, clock.now(), 0)
+    server.step()
+    done = run.done
+    fleet.provision(2, clock.now(), 0)  # the pool is gone
+    assert not fleet.runs
+    server.step()
+    [first, *_] = store.get_job("j").runs
+    assert first.end_reason == "preempted"
+    if notices:
+        assert first.checkpoint_step == int(done - run.rate * lead_h) > 0
+    else:
+        assert first.checkpoint_step is None
+    fleet.close()

@@ -18,7 +18,7 @@ import redis
 
 from broker.agents.contract import Contract, Verdict
 from broker.agents.runner import JobProcess
-from broker.domain.model import Offer
+from broker.domain.model import Offer, notice_grace_s
 from broker.store.jobs import Store
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,6 @@ FORWARDED = ("progress", "checkpoint", "restored", "checkpoint_skipped", "checkp
 PROGRESS_EVERY_S = 1.0
 OUTPUT_EVERY_S = 0.5  # how often the job's new output lines go to the log stream
 NOTICE_POLL_S = 1.0  # how often the metadata service is asked (AWS suggests every 5 s; leads are 30-120 s)
-NOTICE_MARGIN_S = 2.0  # stop the job this long before the instance goes away (less on a short notice)
 
 
 class Agent:
@@ -199,7 +198,7 @@ class Agent:
             grace = self.grace_s
             if notice:
                 left = (notice.deadline - datetime.now(UTC)).total_seconds()
-                grace = max(0.5, left - min(NOTICE_MARGIN_S, left / 4))
+                grace = notice_grace_s(left)
             self.job.stop(grace)
             self._end_job("preempted")
         if notice and hasattr(self.notices, "acknowledge"):

@@ -23,6 +23,8 @@ from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 
+from broker.domain.model import NOTICE_LEAD_S
+
 log = logging.getLogger(__name__)
 
 HTTP_TIMEOUT_S = 2.0
@@ -52,7 +54,7 @@ class AwsSpotNotices:
     """EC2 spot interruption notices through IMDSv2."""
 
     cloud = "aws"
-    lead_s = 120
+    lead_s = NOTICE_LEAD_S["aws"]
 
     def __init__(self, base_url: str = "http://169.254.169.254"):
         self.base_url = base_url.rstrip("/")
@@ -90,7 +92,7 @@ class GcpPreemptionNotices:
     """GCE preemption through the metadata server's `preempted` flag."""
 
     cloud = "gcp"
-    lead_s = 30
+    lead_s = NOTICE_LEAD_S["gcp"]
 
     def __init__(self, base_url: str = "http://metadata.google.internal"):
         self.base_url = base_url.rstrip("/")
@@ -112,7 +114,7 @@ class AzureScheduledEvents:
     """Azure spot evictions through Scheduled Events (EventType Preempt)."""
 
     cloud = "azure"
-    lead_s = 30
+    lead_s = NOTICE_LEAD_S["azure"]
     api_version = "2020-07-01"
 
     def __init__(self, base_url: str = "http://169.254.169.254"):

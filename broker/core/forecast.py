@@ -33,6 +33,7 @@ from broker.models.risk import (
     exclusive_hours,
     fits,
     lost_per_preemption_h,
+    notice_loss_h,
     restart_hours,
     unmeasured_margin,
     window_hours,
@@ -310,6 +311,7 @@ def forecast(
         changeover_h=changeover_hours(spec),  # as the live guard counts it (uniform_progress.progress_of)
         checkpoint_h=checkpoint_hours(spec),
         interval_h=young_interval_h(checkpoint_hours(spec), played.hazard_per_h, work_h),  # as the agents run it
+        notice_h=notice_loss_h(spec, played),  # the agents checkpoint on the cloud's notice
         window_h=window,
         rule=rule if fallback is not None else "spot-only",
         cheapest_if_late=spec.if_late == IfLate.cheapest,
@@ -323,7 +325,7 @@ def forecast(
         hedge = hedges.for_zones(zones)
         if setting.rule == "cost-to-go":  # the table's work is in spot ticks; on-demand does od_speed of them a tick
             od_speed = work_h / exclusive_hours(spec, od_offer)
-            loss_h = lost_per_preemption_h(setting.interval_h)
+            loss_h = lost_per_preemption_h(setting.interval_h, setting.notice_h)
             hedge = hedges.planned(zones, ticks, setting.od_price, setting.counted_h, od_speed, loss_h)
     out = simulate(setting, available, tick_h, hedge, launchable=free)
     cost = out.cost_usd + spent

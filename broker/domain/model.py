@@ -37,6 +37,19 @@ class JobState(str, Enum):
         return self in (JobState.done, JobState.failed, JobState.cancelled)
 
 
+# How long before a spot instance is taken back its cloud says so (EC2's interruption notice, GCE's preemption, Azure's
+# Preempt event): the agent checkpoints and stops the job within it (agents/agent.py), keeping a margin of
+# NOTICE_MARGIN_S (a quarter of a shorter notice) for the instance to go.
+NOTICE_LEAD_S = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+NOTICE_MARGIN_S = 2.0
+
+
+def notice_grace_s(left_s: float) -> float:
+    """How long a job may take to checkpoint and stop on a notice that comes `left_s` seconds before its instance
+    goes: all of it but the margin."""
+    return max(0.5, left_s - min(NOTICE_MARGIN_S, left_s / 4))
+
+
 def offer_id(cloud: str, zone_or_region: str, instance_type: str, tier: Tier) -> str:
     """An offer's id: cloud/zone (or region)/instance type/tier; price rows and history use it too."""
     return f"{cloud}/{zone_or_region}/{instance_type}/{tier.value}"

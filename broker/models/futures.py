@@ -6,8 +6,8 @@ tick on each of many availability futures (one bool array per zone: futures x ti
 from the market model for a quote or cut from the traces for a backtest, the way the broker runs it:
 - on spot: progress at 1 / (work_h x the zone's pace) per hour (a bubble or a slower GPU takes longer), less
   the checkpoint writes (delta every Young interval tau); when the zone loses capacity the run is preempted
-  and the work since its last checkpoint is lost (none with `keeps_progress`: a checkpoint on the notice,
-  Can't Be Late's assumption);
+  and the work since its last checkpoint is lost, at most the notice's lead where the job checkpoints on the
+  cloud's notice (`notice_h`, as the agents do; none with `keeps_progress`, Can't Be Late's assumption);
 - every start, on spot or on-demand, pays the changeover d before progress;
 - the safety net of Can't Be Late (time left < on-demand work left + 2d, d a changeover as the live guard counts
   it: `Setting.changeover_h`): on-demand to the end; with
@@ -65,6 +65,9 @@ class Setting:
     window_h: float  # hours to the deadline (inf: none)
     rule: str = "greedy"
     keeps_progress: bool = False  # a preemption loses no work
+    notice_h: float | None = (
+        None  # a preemption loses at most this: the job checkpoints on the notice (risk.notice_loss_h)
+    )
     cheapest_if_late: bool = False  # a lost deadline runs cheapest, not on on-demand to the end
     net_changeovers: int = 2  # the safety net keeps this many changeovers (Can't Be Late's 2d; cost-to-go keeps 1)
     # per zone, its exclusive hours over work_h's (a bubble or a slower GPU: more than 1); empty: all 1
@@ -230,9 +233,11 @@ def simulate(
         new_done = np.where(running, np.minimum(1.0, done + progress_h / whole_h), done)
         if s.keeps_progress:
             saved = new_done
-        elif s.interval_h:
+        if s.interval_h and not s.keeps_progress:
             step = s.interval_h / whole_h  # share of the work between checkpoints
             saved = np.where(running & ~on_od, np.maximum(saved, np.floor(new_done / step + 1e-9) * step), saved)
+        if s.notice_h is not None and not s.keeps_progress:  # a preemption now would keep all but the notice's lead
+            saved = np.where(running & ~on_od, np.maximum(saved, new_done - s.notice_h / whole_h), saved)
         saved = np.where(on_od, new_done, saved)
         done = new_done
         dead = np.where(running, dead - paid, dead)

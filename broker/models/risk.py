@@ -4,7 +4,8 @@ The model (DESIGN.md, "The money model"): exclusive time t from the job's work a
 offer's speed; checkpoint cost delta, restart cost R, hazard lambda; Young's interval
 tau = sqrt(2 delta / lambda). Expected wall time is t (1 + delta/tau)(1 + lambda (R + tau/2))
 plus the first start-up. The number of preemptions is Poisson with mean lambda t (1 + delta/tau),
-each costing R + tau/2, which gives P(finish by the deadline).
+each costing R + tau/2, which gives P(finish by the deadline). Where the cloud's notice leaves the
+job time to checkpoint (agents/agent.py), a preemption loses the notice's lead instead of tau/2.
 
 `expectation` is the one implementation of those formulas: it takes numpy arrays (the planner
 prices millions of job x offer pairs at once) or plain numbers (a quote). Pure: no clock, no I/O.
@@ -21,7 +22,7 @@ import numpy as np
 from scipy.special import gammaincc
 
 from broker.domain.accelerators import ACCELERATORS
-from broker.domain.model import JobSpec, Offer, Option, Tier
+from broker.domain.model import NOTICE_LEAD_S, JobSpec, Offer, Option, Tier, notice_grace_s
 from broker.models.placement import placed, transfer_usd
 
 # Sustained checkpoint upload to object storage (a single stream to S3/GCS/Blob typically
@@ -141,10 +142,34 @@ def young_interval_h(checkpoint_h: float, hazard_per_h: float, exclusive_h: floa
     return None if math.isnan(tau) else float(tau)
 
 
-def lost_per_preemption_h(interval_h: float | None) -> float:
+def notice_window_h(offer: Offer) -> tuple[float, float]:
+    """(lead, grace) in hours of the notice a preemption of the offer comes with (domain NOTICE_LEAD_S): the time
+    from the notice to the instance's end, and how much of it a checkpoint may take; NaN for both where none comes
+    (on-demand is not preempted, a bubble ends with its main job's need)."""
+    lead_s = NOTICE_LEAD_S.get(offer.cloud, math.nan) if offer.tier == Tier.spot else math.nan
+    return lead_s / 3600, notice_grace_s(lead_s) / 3600 if math.isfinite(lead_s) else math.nan
+
+
+def notice_loss_h(spec: JobSpec, offer: Offer) -> float | None:
+    """The work a preemption of `offer` loses when the agent checkpoints the job on the cloud's notice (agents/
+    agent.py `_leave`): the notice's lead, in which the job writes its checkpoint and stops. None where no notice
+    comes or the write does not fit in it: the work since the newest periodic checkpoint is lost then."""
+    lead_h, grace_h = notice_window_h(offer)
+    return lead_h if checkpoint_hours(spec) <= grace_h else None
+
+
+def _notice_h(spec: JobSpec, offer: Offer) -> float:
+    """`notice_loss_h` as `expectation` takes it: NaN where no notice checkpoint comes."""
+    lost = notice_loss_h(spec, offer)
+    return math.nan if lost is None else lost
+
+
+def lost_per_preemption_h(interval_h: float | None, notice_h: float | None = None) -> float:
     """The work a preemption loses on average: half a checkpoint interval (it strikes anywhere between two
-    checkpoints); none where nothing is expected to preempt (no interval)."""
-    return interval_h / 2 if interval_h else 0.0
+    checkpoints), or the notice's lead where the job checkpoints on the notice (`notice_loss_h`), whichever is
+    less; none where nothing is expected to preempt (no interval)."""
+    lost = interval_h / 2 if interval_h else 0.0
+    return lost if notice_h is None else min(lost, notice_h)
 
 
 def poisson_cdf(k, mean):
@@ -155,14 +180,16 @@ def poisson_cdf(k, mean):
     return p.item() if p.ndim == 0 else p
 
 
-def expectation(t, delta, restart, hazard, price, window_h, availability=1.0) -> Expectation:
+def expectation(t, delta, restart, hazard, price, window_h, availability=1.0, notice_h=math.nan) -> Expectation:
     """The money model for exclusive hours t, checkpoint hours delta, restart hours R, hazard per hour,
     price per hour and hours until the deadline (inf for none). Arrays broadcast; numbers give numbers.
+    A preemption loses tau/2 of work, or `notice_h` where the job checkpoints on the cloud's notice
+    (`notice_loss_h`; NaN: no such checkpoint), whichever is less.
 
     With spot `availability` a < 1 each launch succeeds with probability a, so a start (and every
     restart) takes 1/a launch attempts on average: (1/a - 1) extra start-ups."""
-    t, delta, restart, hazard, price, window_h, availability = np.broadcast_arrays(
-        *(np.asarray(x, dtype=float) for x in (t, delta, restart, hazard, price, window_h, availability))
+    t, delta, restart, hazard, price, window_h, availability, notice_h = np.broadcast_arrays(
+        *(np.asarray(x, dtype=float) for x in (t, delta, restart, hazard, price, window_h, availability, notice_h))
     )
     waiting = STARTUP_H * (1 / availability - 1)
     restart = restart + waiting
@@ -170,7 +197,7 @@ def expectation(t, delta, restart, hazard, price, window_h, availability=1.0) ->
         tau = np.where(hazard > 0, np.minimum(np.sqrt(2 * delta / hazard), t), np.nan)
         writes = np.where(tau > 0, delta / tau, 0.0)  # share of time spent checkpointing
         running = t * (1 + writes)
-        per_preemption = restart + np.where(hazard > 0, tau, 0.0) / 2
+        per_preemption = restart + np.fmin(np.where(hazard > 0, tau, 0.0) / 2, notice_h)  # fmin: NaN is none
         mean_preemptions = hazard * running
         wall = STARTUP_H + waiting + running + mean_preemptions * per_preemption
         slack = window_h - STARTUP_H - waiting - running
@@ -220,6 +247,7 @@ def evaluate(spec: JobSpec, offer: Offer, now: datetime, remaining: float = 1.0)
         offer.price_usd_per_h,
         window_hours(spec, now),
         offer.availability,
+        _notice_h(spec, offer),
     )
     return _option(spec, offer, now, t, e)
 
@@ -231,7 +259,14 @@ def evaluate_with_fallback(
     t = exclusive_hours(spec, spot) * remaining
     restart, window = restart_hours(spec), window_hours(spec, now)
     alone = expectation(
-        t, checkpoint_hours(spec), restart, spot.hazard_per_h, spot.price_usd_per_h, window, spot.availability
+        t,
+        checkpoint_hours(spec),
+        restart,
+        spot.hazard_per_h,
+        spot.price_usd_per_h,
+        window,
+        spot.availability,
+        _notice_h(spec, spot),
     )
     e = fallback_expectation(
         alone, spot.price_usd_per_h, t, on_demand.expected_cost_usd, on_demand.exclusive_h, restart, window

@@ -15,7 +15,14 @@ from datetime import datetime
 
 from broker.domain.model import JobSpec, Offer, Plan, Tier
 from broker.models.cost_to_go import IDLE, OD, SPOT
-from broker.models.risk import checkpoint_hours, exclusive_hours, fits, lost_per_preemption_h, young_interval_h
+from broker.models.risk import (
+    checkpoint_hours,
+    exclusive_hours,
+    fits,
+    lost_per_preemption_h,
+    notice_loss_h,
+    young_interval_h,
+)
 from broker.planning import register
 from broker.planning.hedge import HedgePolicy
 from broker.planning.option_table import PlanItem
@@ -48,7 +55,7 @@ class CostToGoPolicy(HedgePolicy):
         spot_h = exclusive_hours(item.spec, zones[0])
         od_speed = spot_h / exclusive_hours(item.spec, od)
         interval_h = young_interval_h(checkpoint_hours(item.spec), zones[0].hazard_per_h, spot_h)  # as agents run it
-        loss_h = lost_per_preemption_h(interval_h)
+        loss_h = lost_per_preemption_h(interval_h, notice_loss_h(item.spec, zones[0]))
         ticks = math.ceil(left_h / tick_h)
         moves = planned(list(zones), ticks, od.price_usd_per_h, progress.changeover_h, od_speed, loss_h)
         work = (1 - progress.done_h / progress.total_h) * spot_h / item.speed / tick_h

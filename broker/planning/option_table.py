@@ -168,6 +168,7 @@ def _offer_columns(offers: list[Offer]) -> dict[str, np.ndarray]:
         "mem": np.array([o.memory_gb or 0 for o in offers], dtype=float),
         "speed": np.array([o.speed_factor for o in offers], dtype=float),
         "availability": np.array([o.availability for o in offers], dtype=float),
+        "notice": np.array([risk.notice_window_h(o) for o in offers], dtype=float).reshape(len(offers), 2),
     }
 
 
@@ -251,8 +252,10 @@ def option_table(items: list[PlanItem], offers: list[Offer], now: datetime) -> O
 
     t = hours * j["remaining"][job] / o["speed"][offer]
     restart, window = j["restart"][job], j["window"][job]
+    lead_h, grace_h = o["notice"][offer, 0], o["notice"][offer, 1]
+    notice_h = np.where(j["delta"][job] <= grace_h, lead_h, np.nan)  # a write that fits the notice (risk.notice_loss_h)
     e = risk.expectation(
-        t, j["delta"][job], restart, o["hazard"][offer], o["price"][offer], window, o["availability"][offer]
+        t, j["delta"][job], restart, o["hazard"][offer], o["price"][offer], window, o["availability"][offer], notice_h
     )
     staying = j["current"][job] == offer  # its input is there already
     cost, wall, p_meet = e.cost_usd + np.where(staying, 0.0, moving_data), e.wall_h.copy(), e.p_meet.copy()

@@ -8,7 +8,9 @@ for the offer, off by the job's own factor, which no policy sees), writes real c
 (to an in-memory fsspec store, verified by the server) at Young's interval, and reports started,
 progress, checkpoint and exited with the simulated time of each. A run pays the restart time
 (a new instance and the restore) before it progresses and the checkpoint write time each time it
-saves; a preempted run loses the work since its last checkpoint. Where a pool shrinks, the instances that
+saves. A spot instance taken back gives its cloud's notice first, and the agent checkpoints the job within the lead
+when the write fits (agents/agent.py): the run loses the lead's work; otherwise (or in a market without `notices`)
+the work since its last checkpoint. Where a pool shrinks, the instances that
 go are drawn at random among the pool's agents, idle or busy: a trace says how many instances a pool held, not
 which of them went, and an idle agent is an instance held like any other. A market marked `idle_first` takes the
 idle ones first instead: the world the bounds assume, to measure what the random victims cost.
@@ -26,7 +28,7 @@ from pathlib import Path
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.contract import Contract, Verdict
 from broker.domain.model import JobSpec, Offer
-from broker.models.risk import checkpoint_hours, exclusive_hours, restart_hours, young_interval_h
+from broker.models.risk import checkpoint_hours, exclusive_hours, notice_loss_h, restart_hours, young_interval_h
 from broker.sim.market import Market
 from broker.store.jobs import Store
 
@@ -93,6 +95,8 @@ class SimFleet:
             among = idle or agents
             agent = among[self.victims.randrange(len(among))]
             if agent in self.runs:
+                if self.market.notices:
+                    self._on_notice(agent, self.runs[agent], now)
                 self._end(agent, now, "preempted")
             agents.remove(agent)
             self.contracts.pop(agent).remove()
@@ -185,6 +189,15 @@ class SimFleet:
                     run.since_checkpoint_h, run.dead_h = 0.0, checkpoint_hours(run.spec)
             else:
                 self._progress(agent, run, start + timedelta(hours=hours))
+
+    def _on_notice(self, agent: str, run: SimRun, now: datetime) -> None:
+        """The instance goes now: its agent had the cloud's notice a lead ago and checkpointed the job then, if the
+        write fits in the lead (risk.notice_loss_h); the lead's work is lost, less when a checkpoint is newer."""
+        lead_h = notice_loss_h(run.spec, run.offer)
+        if lead_h is None or run.since_checkpoint_h <= lead_h:
+            return
+        run.done -= run.rate * lead_h
+        self._checkpoint(agent, run, now)
 
     def _progress(self, agent: str, run: SimRun, at: datetime) -> None:
         done = min(run.done, PROGRESS_UNITS)

@@ -68,6 +68,9 @@ class Market:
     # where a pool shrinks, its idle instances go first (the world the bounds assume, where a pool's instances are
     # interchangeable), not instances drawn at random (the traces say how many went, not which): a measuring aid
     idle_first: bool = False
+    # a spot instance taken back comes with its cloud's notice, and the agent checkpoints the job within the lead
+    # (agents/agent.py); False: no notice, a preemption loses the work since the newest checkpoint (a measuring aid)
+    notices: bool = True
 
     @property
     def ticks(self) -> int:
