@@ -14,7 +14,9 @@ def market(catalog):
     return from_traces(PACKAGED_TRACES, catalog, START, tick_s=1200)
 
 
-def test_simulated_agents_learn_of_a_guard_move_from_their_view_and_hand_the_job_back(market, redis_url):
+def _started(world, redis_url, name: str, seed: int = 0, **spec_changes):
+    """One job of the ML mix ("j", due at its window's end; `spec_changes` on top) submitted under Greedy (spot when
+    there is some) and started on the world's fleet: (store, clock, server, fleet)."""
     from datetime import timedelta
 
     from broker import planning
@@ -22,28 +24,33 @@ def test_simulated_agents_learn_of_a_guard_move_from_their_view_and_hand_the_job
     from broker.core.broker import Broker
     from broker.core.clock import SimulatedClock
     from broker.core.server import BrokerServer
-    from broker.domain.model import IfLate
     from broker.sim.fleet import SimFleet
     from broker.sim.market import OfferBook
     from broker.store.jobs import Store
 
-    store, clock = Store(redis_url, prefix="fleet-move:"), SimulatedClock(market.start)
-    policy = planning.get("cbl-greedy")  # spot when there is some: the guard is what moves it
-    checkpoints = CheckpointStore("memory://fleet-move")
+    store, clock = Store(redis_url, prefix=f"{name}:"), SimulatedClock(world.start)
+    policy = planning.get("cbl-greedy")
+    checkpoints = CheckpointStore(f"memory://{name}")
     server = BrokerServer(store, policy, clock, checkpoints, consumer="test")
-    fleet = SimFleet(store, checkpoints, market, bubbles=False)
+    fleet = SimFleet(store, checkpoints, world, bubbles=False, seed=seed)
     [arrival] = ml_mix(0, 1, 3.06, arrival_h=0)
-    deadline = clock.now() + timedelta(hours=arrival.window_h)
-    spec = arrival.spec.model_copy(
-        update={"deadline": deadline, "if_late": IfLate.soonest}
-    )  # lost: on-demand to the end
-    Broker(store, OfferBook(market.offers(False)), policy, clock).submit(spec, job_id="j")
+    spec = arrival.spec.model_copy(update={"deadline": clock.now() + timedelta(hours=arrival.window_h), **spec_changes})
+    Broker(store, OfferBook(world.offers(False)), policy, clock).submit(spec, job_id="j")
     fleet.provision(0, clock.now(), store.pending_count())
     fleet.take(server.step(), clock.now())
+    return store, clock, server, fleet
+
+
+def test_simulated_agents_learn_of_a_guard_move_from_their_view_and_hand_the_job_back(market, redis_url):
+    from broker.domain.model import IfLate
+
+    # Greedy: the guard is what moves it; lost: on-demand to the end
+    store, clock, server, fleet = _started(market, redis_url, "fleet-move", if_late=IfLate.soonest)
+    window_h = (store.get_job("j").spec.deadline - clock.now()).total_seconds() / 3600
     [(agent, run)] = fleet.runs.items()
     assert run.offer.tier.value == "spot"
     assert fleet.obey(clock.now()) == 0  # nothing asked yet
-    clock.advance(hours=arrival.window_h * 0.9)  # no progress reported: far behind, so the guard moves it
+    clock.advance(hours=window_h * 0.9)  # no progress reported: far behind, so the guard moves it
     server.step()
     assert fleet.obey(clock.now()) == 1 and agent not in fleet.runs
     server.step()
@@ -56,28 +63,9 @@ def test_simulated_agents_learn_of_a_guard_move_from_their_view_and_hand_the_job
 def test_a_simulated_agent_asked_for_a_checkpoint_writes_one_pays_it_and_runs_on(market, redis_url):
     """The request the guard writes near the net (tests/test_dispatch.py has the guard's side): the simulated agent
     checkpoints once per request, pays the write before progress goes on, and keeps the job; the report settles it."""
-    from datetime import timedelta
-
-    from broker import planning
-    from broker.agents.checkpoints import CheckpointStore
-    from broker.core.broker import Broker
-    from broker.core.clock import SimulatedClock
-    from broker.core.server import BrokerServer
     from broker.models.risk import checkpoint_hours
-    from broker.sim.fleet import SimFleet
-    from broker.sim.market import OfferBook
-    from broker.store.jobs import Store
 
-    store, clock = Store(redis_url, prefix="fleet-ckpt:"), SimulatedClock(market.start)
-    policy = planning.get("cbl-greedy")
-    checkpoints = CheckpointStore("memory://fleet-ckpt")
-    server = BrokerServer(store, policy, clock, checkpoints, consumer="test")
-    fleet = SimFleet(store, checkpoints, market, bubbles=False)
-    [arrival] = ml_mix(0, 1, 3.06, arrival_h=0)
-    spec = arrival.spec.model_copy(update={"deadline": clock.now() + timedelta(hours=arrival.window_h)})
-    Broker(store, OfferBook(market.offers(False)), policy, clock).submit(spec, job_id="j")
-    fleet.provision(0, clock.now(), store.pending_count())
-    fleet.take(server.step(), clock.now())
+    store, clock, server, fleet = _started(market, redis_url, "fleet-ckpt")
     [(agent, run)] = fleet.runs.items()
     fleet.advance(clock.now(), 0.5)
     clock.advance(hours=0.5)
@@ -108,31 +96,12 @@ def test_a_shrinking_pool_takes_back_instances_at_random_busy_ones_too(market, r
     pool of 4 that shrinks to 3 is preempted about one time in four; never in a market marked `idle_first` (the
     bounds' world, a measuring aid: bench/cost.py --idle-first)."""
     from dataclasses import replace
-    from datetime import timedelta
-
-    from broker import planning
-    from broker.agents.checkpoints import CheckpointStore
-    from broker.core.broker import Broker
-    from broker.core.clock import SimulatedClock
-    from broker.core.server import BrokerServer
-    from broker.sim.fleet import SimFleet
-    from broker.sim.market import OfferBook
-    from broker.store.jobs import Store
 
     pool = replace(market.spot[0], capacity=np.array([4, 3]))
     shrinking = replace(market, spot=[pool], bubbles=[], idle_first=idle_first)
-    [arrival] = ml_mix(0, 1, 3.06, arrival_h=0)
     preempted = 0
     for seed in range(40):
-        store, clock = Store(redis_url, prefix=f"fleet-shrink-{idle_first}-{seed}:"), SimulatedClock(market.start)
-        policy = planning.get("cbl-greedy")  # spot when there is some
-        checkpoints = CheckpointStore(f"memory://fleet-shrink-{idle_first}-{seed}")
-        server = BrokerServer(store, policy, clock, checkpoints, consumer="test")
-        fleet = SimFleet(store, checkpoints, shrinking, bubbles=False, seed=seed)
-        spec = arrival.spec.model_copy(update={"deadline": clock.now() + timedelta(hours=arrival.window_h)})
-        Broker(store, OfferBook(shrinking.offers(False)), policy, clock).submit(spec, job_id="j")
-        fleet.provision(0, clock.now(), store.pending_count())
-        fleet.take(server.step(), clock.now())
+        store, clock, server, fleet = _started(shrinking, redis_url, f"fleet-shrink-{idle_first}-{seed}", seed)
         assert len(fleet.runs) == 1 and len(fleet.on_offer[pool.offer.id]) == 4
         fleet.provision(1, clock.now(), 0)
         preempted += not fleet.runs
@@ -146,30 +115,12 @@ def test_a_preempted_run_checkpoints_on_the_clouds_notice_and_loses_only_its_lea
     (agents/agent.py): the run loses the lead's work, not the work since its last periodic checkpoint (all of it
     here: none was due yet). A market without `notices` (a measuring aid) loses it all."""
     from dataclasses import replace
-    from datetime import timedelta
 
-    from broker import planning
-    from broker.agents.checkpoints import CheckpointStore
-    from broker.core.broker import Broker
-    from broker.core.clock import SimulatedClock
-    from broker.core.server import BrokerServer
     from broker.models.risk import notice_loss_h
-    from broker.sim.fleet import SimFleet
-    from broker.sim.market import OfferBook
-    from broker.store.jobs import Store
 
     pool = replace(market.spot[0], capacity=np.array([1, 1, 0]))
     world = replace(market, spot=[pool], bubbles=[], notices=notices)
-    store, clock = Store(redis_url, prefix=f"fleet-notice-{notices}:"), SimulatedClock(market.start)
-    policy = planning.get("cbl-greedy")
-    checkpoints = CheckpointStore(f"memory://fleet-notice-{notices}")
-    server = BrokerServer(store, policy, clock, checkpoints, consumer="test")
-    fleet = SimFleet(store, checkpoints, world, bubbles=False)
-    [arrival] = ml_mix(0, 1, 3.06, arrival_h=0)
-    spec = arrival.spec.model_copy(update={"deadline": clock.now() + timedelta(hours=arrival.window_h)})
-    Broker(store, OfferBook(world.offers(False)), policy, clock).submit(spec, job_id="j")
-    fleet.provision(0, clock.now(), store.pending_count())
-    fleet.take(server.step(), clock.now())
+    store, clock, server, fleet = _started(world, redis_url, f"fleet-notice-{notices}")
     [run] = fleet.runs.values()
     lead_h = notice_loss_h(run.spec, run.offer)
     assert lead_h == pytest.approx(120 / 3600)  # EC2's lead
