@@ -22,6 +22,7 @@ from broker.core.clock import ManualClock, SystemClock
 from broker.core.guard import DeadlineGuard
 from broker.core.server import BrokerServer
 from broker.domain.model import IfLate, JobState, Tier
+from broker.models.risk import notice_loss_h
 from broker.planning.option_table import PlanItem, work_unsaved
 from broker.planning.uniform_progress import progress_of
 from broker.store.jobs import Store
@@ -134,12 +135,17 @@ def test_near_its_net_the_guard_asks_a_spot_job_for_a_checkpoint_and_it_runs_on(
     """A job on spot with no checkpoint since it started: far from the safety net the guard leaves it be; where a
     preemption would put it past the net, it asks for a checkpoint. The agent passes the request to the job (a file
     the SDK reads), the job saves at its next step and runs on, and the checkpoint's report settles the request:
-    one save, on the same run, which then finishes."""
+    one save, on the same run, which then finishes. Its checkpoint (8 GB declared: 32 s to write) does not fit in the
+    notice of spot-a's cloud (GCE: 30 s), so a preemption would lose all the work since it started."""
     system.agent("spot-a")
     system.agent("ondemand-a")
     spec = train_spec(STEPS="600", CKPT_EVERY="100000", STEP_SLEEP_S="0.03", OUTPUT=str(tmp_path / "final.pt"))
     spec = spec.model_copy(
-        update={"deadline": system.server.clock.now() + timedelta(hours=2), "if_late": IfLate.soonest}
+        update={
+            "deadline": system.server.clock.now() + timedelta(hours=2),
+            "if_late": IfLate.soonest,
+            "checkpoint": spec.checkpoint.model_copy(update={"size_gb": 8.0}),
+        }
     )
     job = system.broker.submit(spec)
     system.drive(lambda: progressed(system, job.id, 60))
@@ -147,6 +153,7 @@ def test_near_its_net_the_guard_asks_a_spot_job_for_a_checkpoint_and_it_runs_on(
     item = PlanItem.from_job(current)
     progress = progress_of(item, item.on_demand_h, current.submitted_at, current.submitted_at)
     unsaved_h = work_unsaved(current) * progress.total_h
+    assert current.current_run.offer.cloud == "gcp" and notice_loss_h(spec, current.current_run.offer) is None
     # when the time left is the work left (with the reserve for a speed not yet measured) and 2 changeovers, were
     # the job to make no more progress
     assert progress.unsure_h > 0 and progress.elapsed_h == 0

@@ -60,6 +60,9 @@ def test_a_run_near_the_net_checkpoints_when_a_preemption_would_put_it_past_the_
     assert checkpoint_due(near, unsaved_h=0.25, checkpoint_h=0.01)  # it does not: checkpoint now
     assert checkpoint_due(replace(near, pass_h=0.1), unsaved_h=0.15, checkpoint_h=0.01)  # ... by the guard's next pass
     assert not checkpoint_due(near, unsaved_h=0.25, checkpoint_h=0.3)  # the write costs more than the work it keeps
+    # the job checkpoints on the cloud's notice: a preemption loses the lead (2 minutes), which the slack covers
+    assert not checkpoint_due(near, unsaved_h=0.25, checkpoint_h=0.01, notice_h=2 / 60)
+    assert checkpoint_due(near, unsaved_h=0.25, checkpoint_h=0.01, notice_h=0.25)  # a lead longer than the slack
     assert not checkpoint_due(at(done_h=30, elapsed_h=53.7), unsaved_h=5.0, checkpoint_h=0.01)  # past: the net's
     assert not checkpoint_due(at(done_h=30, elapsed_h=40), unsaved_h=5.0, checkpoint_h=0.01)  # far: Young's interval
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from broker.domain.model import AgentInfo, Job, Offer, Tier
-from broker.models.risk import as_fast, checkpoint_hours, fit_key, fits
+from broker.models.risk import as_fast, checkpoint_hours, fit_key, fits, notice_loss_h
 from broker.planning.option_table import PlanItem, work_unsaved
 from broker.planning.uniform_progress import Move, checkpoint_due, decide, progress_of
 from broker.store.jobs import Store
@@ -83,7 +83,7 @@ class DeadlineGuard:
         if run.offer.tier == Tier.on_demand or run.checkpoint_requested_at is not None:
             return
         unsaved_h = work_unsaved(job) * progress.total_h
-        if not checkpoint_due(progress, unsaved_h, checkpoint_hours(job.spec)):
+        if not checkpoint_due(progress, unsaved_h, checkpoint_hours(job.spec), notice_loss_h(job.spec, run.offer)):
             return
 
         def request(current: Job, fence=job.fence) -> Job | None:

@@ -96,15 +96,17 @@ def decide(p: Progress, on: Tier | None, spot_available: bool, uniform: bool = T
     return Move.on_demand if uniform and p.done_h < p.expected_done_h(p.elapsed_h) - TIE_H else Move.wait
 
 
-def checkpoint_due(p: Progress, unsaved_h: float, checkpoint_h: float) -> bool:
+def checkpoint_due(p: Progress, unsaved_h: float, checkpoint_h: float, notice_h: float | None = None) -> bool:
     """Whether a job on spot (or in a bubble) should checkpoint now and run on: it is in time, but a preemption
     before the guard looks again (in `p.pass_h`), losing the `unsaved_h` hours of work (on on-demand) since its
     newest checkpoint and what it does until then, would put it past the safety net, where on-demand no longer has
     the changeovers' margin. Not within one pass of the net (decide moves it to on-demand there), nor when the write
     (`checkpoint_h`) takes longer than the work it keeps. The preemption at the net's edge is rare: a checkpoint there
-    costs less than on-demand for every job that comes near it (bench/results/forecast.md)."""
+    costs less than on-demand for every job that comes near it (bench/results/forecast.md). Where the job checkpoints
+    on the cloud's notice, a preemption loses at most the notice's lead (`notice_h`, risk.notice_loss_h)."""
     margin_h = p.slack_h()
-    return p.pass_h - TIE_H <= margin_h < unsaved_h + p.pass_h - TIE_H and unsaved_h > checkpoint_h
+    at_risk_h = unsaved_h if notice_h is None else min(unsaved_h, notice_h)
+    return p.pass_h - TIE_H <= margin_h < at_risk_h + p.pass_h - TIE_H and unsaved_h > checkpoint_h
 
 
 def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now: datetime) -> Progress:
