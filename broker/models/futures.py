@@ -65,9 +65,8 @@ class Setting:
     window_h: float  # hours to the deadline (inf: none)
     rule: str = "greedy"
     keeps_progress: bool = False  # a preemption loses no work
-    notice_h: float | None = (
-        None  # a preemption loses at most this: the job checkpoints on the notice (risk.notice_loss_h)
-    )
+    # a preemption loses at most this: the job checkpoints on the cloud's notice (risk.notice_loss_h); None: no notice
+    notice_h: float | None = None
     cheapest_if_late: bool = False  # a lost deadline runs cheapest, not on on-demand to the end
     net_changeovers: int = 2  # the safety net keeps this many changeovers (Can't Be Late's 2d; cost-to-go keeps 1)
     # per zone, its exclusive hours over work_h's (a bubble or a slower GPU: more than 1); empty: all 1
@@ -233,11 +232,13 @@ def simulate(
         new_done = np.where(running, np.minimum(1.0, done + progress_h / whole_h), done)
         if s.keeps_progress:
             saved = new_done
-        if s.interval_h and not s.keeps_progress:
-            step = s.interval_h / whole_h  # share of the work between checkpoints
-            saved = np.where(running & ~on_od, np.maximum(saved, np.floor(new_done / step + 1e-9) * step), saved)
-        if s.notice_h is not None and not s.keeps_progress:  # a preemption now would keep all but the notice's lead
-            saved = np.where(running & ~on_od, np.maximum(saved, new_done - s.notice_h / whole_h), saved)
+        else:
+            if s.interval_h:
+                step = s.interval_h / whole_h  # share of the work between checkpoints
+                periodic = np.floor(new_done / step + 1e-9) * step
+                saved = np.where(running & ~on_od, np.maximum(saved, periodic), saved)
+            if s.notice_h is not None:  # a preemption now would keep all but the notice's lead
+                saved = np.where(running & ~on_od, np.maximum(saved, new_done - s.notice_h / whole_h), saved)
         saved = np.where(on_od, new_done, saved)
         done = new_done
         dead = np.where(running, dead - paid, dead)
