@@ -150,18 +150,24 @@ def notice_window_h(offer: Offer) -> tuple[float, float]:
     return lead_s / 3600, notice_grace_s(lead_s) / 3600 if math.isfinite(lead_s) else math.nan
 
 
-def notice_loss_h(spec: JobSpec, offer: Offer) -> float | None:
-    """The work a preemption of `offer` loses when the agent checkpoints the job on the cloud's notice (agents/
-    agent.py `_leave`): the notice's lead, in which the job writes its checkpoint and stops. None where no notice
-    comes or the write does not fit in it: the work since the newest periodic checkpoint is lost then."""
-    lead_h, grace_h = notice_window_h(offer)
-    return lead_h if checkpoint_hours(spec) <= grace_h else None
+def notice_loss(delta_h, lead_h, grace_h):
+    """The work a preemption loses when the job checkpoints on the cloud's notice (agents/agent.py `_leave`): the
+    notice's lead, in which the job writes its checkpoint (`delta_h`) and stops, where the write fits in the lead's
+    grace; NaN where it does not or no notice comes (`notice_window_h`'s NaN): the work since the newest periodic
+    checkpoint is lost then. Numbers or arrays (the option table's pairs)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.asarray(delta_h, dtype=float) <= grace_h, lead_h, np.nan)
 
 
 def _notice_h(spec: JobSpec, offer: Offer) -> float:
-    """`notice_loss_h` as `expectation` takes it: NaN where no notice checkpoint comes."""
-    lost = notice_loss_h(spec, offer)
-    return math.nan if lost is None else lost
+    """`notice_loss` for the job on the offer, as `expectation` takes it (NaN: none)."""
+    return float(notice_loss(checkpoint_hours(spec), *notice_window_h(offer)))
+
+
+def notice_loss_h(spec: JobSpec, offer: Offer) -> float | None:
+    """`notice_loss` for the job on the offer; None where no notice checkpoint comes."""
+    lost = _notice_h(spec, offer)
+    return None if math.isnan(lost) else lost
 
 
 def lost_per_preemption_h(interval_h: float | None, notice_h: float | None = None) -> float:

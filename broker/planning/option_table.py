@@ -252,8 +252,7 @@ def option_table(items: list[PlanItem], offers: list[Offer], now: datetime) -> O
 
     t = hours * j["remaining"][job] / o["speed"][offer]
     restart, window = j["restart"][job], j["window"][job]
-    lead_h, grace_h = o["notice"][offer, 0], o["notice"][offer, 1]
-    notice_h = np.where(j["delta"][job] <= grace_h, lead_h, np.nan)  # a write that fits the notice (risk.notice_loss_h)
+    notice_h = risk.notice_loss(j["delta"][job], o["notice"][offer, 0], o["notice"][offer, 1])
     e = risk.expectation(
         t, j["delta"][job], restart, o["hazard"][offer], o["price"][offer], window, o["availability"][offer], notice_h
     )
