@@ -71,6 +71,13 @@ def test_the_rule_sees_the_estimate_until_the_speed_is_measured_and_keeps_a_rese
     # fast as estimated, Uniform Progress leaves on-demand once ahead, as the live guard would
     tight = simulate(replace(as_estimated, window_h=13.3, rule="uniform"), np.ones((1, 1, 200), dtype=bool), 0.1)
     assert 1.0 < tight.od_h[0] < 3.0 and tight.spot_h[0] > 7.0 and tight.finish_h[0] <= 13.3
+    # where the quote found the odds hold with the speed measured on spot, it starts there and stays; while it waits
+    # with no spot (the first 3 h), the reserve still sends it to on-demand
+    spot_first = replace(as_estimated, window_h=13.3, rule="uniform", measures_on_spot=True)
+    measured_on_spot = simulate(spot_first, np.ones((1, 1, 200), dtype=bool), 0.1)
+    assert measured_on_spot.od_h[0] == 0 and measured_on_spot.finish_h[0] == pytest.approx(10.1)
+    waiting = simulate(spot_first, available, 0.1)
+    assert waiting.od_h[0] > 0.5 and waiting.finish_h[0] <= 13.3
     believed_h, reserve = replace(believed, unmeasured_margin=0.3).believed_od_h(np.array([0.4, 0.5]))
     assert believed_h == pytest.approx([10.0, 12.0]) and reserve == pytest.approx([0.3, 0.0])  # measured at 0.5 h
 

@@ -85,6 +85,27 @@ def test_a_quote_names_where_the_rule_starts_the_job_and_warns_when_the_odds_fal
     assert tight.forecast.finish_at_odds > NOW + timedelta(hours=14.0)  # the 95th percentile finish: late
     assert "is below the 0.95 asked" in shown(tight) and "is below" not in shown(roomy)
     assert not roomy.short_of_odds and roomy.forecast.finish_at_odds <= NOW + timedelta(hours=30.0)
+    assert not tight.forecast.measures_on_spot and not roomy.forecast.measures_on_spot
+
+
+def test_a_job_whose_odds_hold_without_the_reserve_starts_on_spot_and_the_planner_knows():
+    """10 h of work in 14.5 h does not hold the reserve for a speed not yet measured (46% at the prior's spread),
+    but the futures with the speed measured on spot still meet the deadline with the odds asked: the quote keeps the
+    spot offer and says so, and the planner's view of the stored job carries it to the guard's rule."""
+    from broker.planning.option_table import PlanItem
+
+    calm = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    spec = _quote_spec(14.5).model_copy(update={"budget_usd": None})
+    quote = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm).quote(spec)
+    assert quote.chosen.offer == offers[0] and quote.forecast.measures_on_spot and not quote.short_of_odds
+    assert "measures its speed on spot" in quote.forecast.evidence
+    job = Job(id="j", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote)
+    assert PlanItem.from_job(job).measures_on_spot
+    # asked for better odds than that, the reserve's start on on-demand stays
+    sure = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm)
+    surer = sure.quote(spec.model_copy(update={"deadline_probability": 0.99}))
+    assert surer.chosen.offer.tier == "on_demand" and not surer.forecast.measures_on_spot
 
 
 def test_a_quote_shows_and_saves_against_its_futures_not_the_money_model():

@@ -91,6 +91,20 @@ def test_a_job_whose_speed_is_not_measured_keeps_the_work_a_slower_speed_would_n
     assert not unsure.lost(None)  # at the estimate's speed on-demand is in time: the deadline is not given up
 
 
+def test_a_job_whose_quote_holds_its_odds_measures_its_speed_on_spot():
+    """Where the quote found the odds hold with the speed measured on spot (Progress.measures_on_spot), the reserve
+    for a speed not yet measured keeps the job off spot only while it waits with none to take: a run on spot measures
+    the speed as well as one on on-demand. On on-demand it stays until measured, as any job within the reserve."""
+    on_spot = Progress(48.0, 0.0, 20.0, 72.0, D, unsure_h=9.6, measures_on_spot=True)
+    for on in (None, Tier.spot, Tier.bubble):
+        assert decide(on_spot, on=on, spot_available=True) == Move.spot
+        assert decide(replace(on_spot, measures_on_spot=False), on=on, spot_available=True) == Move.on_demand
+    assert decide(on_spot, on=None, spot_available=False, uniform=False) == Move.on_demand  # waiting: the reserve
+    assert decide(on_spot, on=Tier.on_demand, spot_available=True) == Move.on_demand
+    # the net itself stays: without the reserve, past it
+    assert decide(replace(on_spot, elapsed_h=24.0), on=Tier.spot, spot_available=True) == Move.on_demand
+
+
 def test_the_server_plans_a_start_on_spot_keeping_the_guards_pass(redis_url, catalog, tmp_path):
     """The planner's Progress carries the time between the guard's passes: a job within one pass of the net starts on
     on-demand though a spot agent is idle (on spot, the guard would move it at that pass, or a preemption before it

@@ -9,7 +9,7 @@ from functools import cached_property
 from broker.core.forecast import Fleet, Underway, forecast
 from broker.core.hedging import MarketHedge
 from broker.domain.errors import BrokerError
-from broker.domain.model import AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
+from broker.domain.model import ODDS_NOISE, AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
 from broker.models.risk import fits, unmeasured_margin
 from broker.planning.cheapest import ALTERNATIVES
 from broker.planning.uniform_progress import starts_on_demand
@@ -101,25 +101,37 @@ class Broker:
         fleet = self._fleet(agents, now) if market is not None and self.store is not None else None
         places_by_rule = getattr(self.policy, "spot_while_in_time", False)
         started_on_demand = places_by_rule and _starts_on_demand(quote, spec, offers, now, fleet or Fleet())
-        if started_on_demand:  # quoted where it starts; the money model's spot choice heads the alternatives
-            alternatives = [quote.chosen, *quote.alternatives][:ALTERNATIVES]
-            quote = quote.model_copy(update={"chosen": quote.on_demand_baseline, "alternatives": alternatives})
         if market is None:
-            return quote
+            return _on_demand_start(quote) if started_on_demand else quote
         rule = getattr(self.policy, "rule", "greedy")
 
-        def simulated(option: Option, spot: bool = False) -> Forecast:
+        def simulated(option: Option, spot: bool = False, measures_on_spot: bool = False) -> Forecast:
             played = quote.model_copy(update={"chosen": option})
             return forecast(
-                spec, played, offers, market, rule, now, fleet=fleet, hedges=self.hedges, spot_while_in_time=spot
+                spec,
+                played,
+                offers,
+                market,
+                rule,
+                now,
+                fleet=fleet,
+                hedges=self.hedges,
+                spot_while_in_time=spot,
+                measures_on_spot=measures_on_spot,
             )
 
         # a policy that places by its rule every round runs the job on spot while in time, whatever tier it chose
-        update: dict = {"forecast": simulated(quote.chosen, places_by_rule)}
-        if started_on_demand:
-            started = update["forecast"]
-            note = "; starts on on-demand: the window holds no reserve for a speed slower than estimated until measured"
-            update["forecast"] = started.model_copy(update={"evidence": started.evidence + note})
+        if not started_on_demand:
+            played, note = simulated(quote.chosen, places_by_rule), ""
+        else:  # a run on spot measures the speed as well as one on on-demand: it starts there if the odds hold so
+            on_spot = simulated(quote.chosen, places_by_rule, measures_on_spot=True)
+            reserved = simulated(quote.on_demand_baseline, places_by_rule)
+            if _measures_on_spot(on_spot, reserved, spec.deadline_probability):
+                played, note = on_spot, "; measures its speed on spot: the odds hold without the reserve's start"
+            else:
+                quote, played = _on_demand_start(quote), reserved
+                note = "; starts on on-demand: the window holds no reserve for a slower speed until it is measured"
+        update: dict = {"forecast": played.model_copy(update={"evidence": played.evidence + note})}
         baseline = quote.on_demand_baseline
         if baseline is not None:  # no market randomness there: only the speed's (cheap)
             update["on_demand_baseline"] = baseline.model_copy(update={"forecast": simulated(baseline)})
@@ -145,6 +157,7 @@ class Broker:
             hedges=self.hedges,
             spot_while_in_time=getattr(self.policy, "spot_while_in_time", False),
             underway=Underway.of(job, now),
+            measures_on_spot=bool(job.quote.forecast and job.quote.forecast.measures_on_spot),
         )
 
     def _fleet(self, agents: list[AgentInfo], now: datetime, without: str | None = None) -> Fleet:
@@ -184,6 +197,20 @@ class Broker:
 
     def jobs(self, states: set[JobState] | None = None) -> list[Job]:
         return self.store.list_jobs(states)
+
+
+def _on_demand_start(quote: Quote) -> Quote:
+    """The quote of a job that starts on on-demand: quoted where it starts, the money model's spot choice heading the
+    alternatives (so the quote, `broker run`'s local agent and the Terraform plan name where the job will run)."""
+    alternatives = [quote.chosen, *quote.alternatives][:ALTERNATIVES]
+    return quote.model_copy(update={"chosen": quote.on_demand_baseline, "alternatives": alternatives})
+
+
+def _measures_on_spot(on_spot: Forecast, reserved: Forecast, asked: float) -> bool:
+    """Whether a job the reserve for a speed not yet measured would start on on-demand starts on spot instead: its
+    futures meet the deadline as often as the spec asks, or as often as with the reserve's start (within the noise of
+    the futures' sampling: both are drawn from the same seed, so they differ mostly by the start)."""
+    return on_spot.p_meet_deadline >= min(asked, reserved.p_meet_deadline) - ODDS_NOISE
 
 
 def _starts_on_demand(quote: Quote, spec: JobSpec, offers: list[Offer], now: datetime, fleet: Fleet) -> bool:

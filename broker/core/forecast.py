@@ -257,6 +257,7 @@ def forecast(
     hedges: MarketHedge | None = None,
     spot_while_in_time: bool = False,
     underway: Underway | None = None,
+    measures_on_spot: bool = False,
 ) -> Forecast:
     """The quote's chosen option on `futures` sampled futures of its zones (an offer without traces is modelled
     from its own hazard and availability, which the catalog's hazard model set), against the other jobs of
@@ -266,7 +267,7 @@ def forecast(
     runs on the spot and bubble offers still in time (`zones_in_time`) even where the quote chose on-demand, with
     that on-demand offer as its fallback. `underway`: the job's outlook from where it stands now (the work left, at its
     speed once measured, with what it has spent; every future finds it where its run under way runs, without the
-    changeover a start pays)."""
+    changeover a start pays). `measures_on_spot`: the job may measure its speed on spot (Forecast.measures_on_spot)."""
     chosen = quote.chosen.offer
     fallback = quote.chosen.fallback or (quote.on_demand_baseline.offer if quote.on_demand_baseline else None)
     window = window_hours(spec, now)
@@ -305,6 +306,7 @@ def forecast(
         od_estimate_h=None if measured else exclusive_hours(spec, od_offer) * left,
         unmeasured_margin=unmeasured_margin(sigma, spec.deadline_probability),
         measured_after_h=max(0.0, MIN_MEASURED_H - (underway.run_h if underway else 0.0)),
+        measures_on_spot=measures_on_spot,
         spot_prices=tuple(o.price_usd_per_h for o in zones),
         od_price=od_offer.price_usd_per_h,
         restart_h=restart_hours(spec),
@@ -331,6 +333,7 @@ def forecast(
     cost = out.cost_usd + spent
     forecast = _summary(spec, now, cost, out.finish_h, out.spot_h, out.od_h, setting.rule, zones, zone_models)
     note = f"; chosen on {chosen.tier.value}, run on {played.tier.value} whenever in time" if played != chosen else ""
+    forecast = forecast.model_copy(update={"measures_on_spot": measures_on_spot})
     return _with_speed(forecast, forecast.evidence + note, speed, sigma)
 
 

@@ -86,6 +86,9 @@ class Offer(BaseModel):
         return offer_id(self.cloud, self.zone or self.region, self.instance_type, self.tier)
 
 
+ODDS_NOISE = 0.005  # two forecasts' odds closer than this are the same: the sampling noise of 1,000 futures
+
+
 class Forecast(BaseModel):
     """An option (the chosen one, or the on-demand baseline) played out by the policy's rule on sampled futures of
     the market model (core/forecast.py): what the job may cost and when it may finish, with the odds."""
@@ -110,6 +113,9 @@ class Forecast(BaseModel):
     # the log sd of the job's true speed over the estimate the futures were sampled with; the deadline guard keeps
     # the same margin for it until the speed is measured (None: not recorded, the prior)
     speed_sigma: float | None = None
+    # the odds were found to hold with the job's speed measured on spot (Broker.quote): the guard's reserve for a
+    # speed not yet measured keeps it off spot only while it waits with no spot to take (Progress.measures_on_spot)
+    measures_on_spot: bool = False
 
 
 class Option(BaseModel):
@@ -150,7 +156,7 @@ class Quote(BaseModel):
         """Whether the forecast meets the deadline less often than the spec asked (the money model, which knows
         neither the market's gaps nor how far off the speed estimate may be, chose an option it thought would)."""
         asked = self.deadline_probability
-        return self.forecast is not None and asked is not None and self.forecast.p_meet_deadline < asked - 0.005
+        return self.forecast is not None and asked is not None and self.forecast.p_meet_deadline < asked - ODDS_NOISE
 
     @property
     def cost_usd(self) -> float:

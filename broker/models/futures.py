@@ -80,6 +80,9 @@ class Setting:
     od_estimate_h: float | None = None
     unmeasured_margin: float = 0.0
     measured_after_h: float = 0.0
+    # the quote found the deadline's odds hold with the speed measured on spot (Forecast.measures_on_spot): the
+    # reserve sends the job to on-demand only while it waits with no spot free, not off spot or from a start there
+    measures_on_spot: bool = False
     # Uniform Progress on on-demand, ahead of ep(t + 2d) with no spot free: Can't Be Late's rule leaves it to wait
     # (the single-job mode plays the paper's rule); the live guard moves a job off on-demand only to an idle spot
     # agent, so a live quote keeps it there until spot is free (False)
@@ -197,7 +200,8 @@ def simulate(
                 )
             if late.any():
                 to_od, leave_od = _cheapest_moves(s, hedge, late, state, any_up, zone, prices, to_od, leave_od)
-            to_od = to_od | (reserved & ((state == WAIT) | (state == SPOT)))  # new arrays: a rule's may be one
+            kept_off = (state == WAIT) & ~any_up if s.measures_on_spot else (state == WAIT) | (state == SPOT)
+            to_od = to_od | (reserved & kept_off)  # new arrays: a rule's may be one
             leave_od = leave_od & ~reserved
             saved = np.where(leave_od, done, saved)  # on-demand is left at a checkpoint
             state = np.where(leave_od, WAIT, state)

@@ -40,6 +40,8 @@ class PlanItem:
     # (risk.unmeasured_margin at the spread its quote was sampled with; Progress.unsure_h): a job slower than
     # estimated finds out only once it has run
     unsure: float = 0.0
+    # its quote found the deadline's odds hold with the speed measured on spot (Progress.measures_on_spot)
+    measures_on_spot: bool = False
     # the time until the deadline guard looks at a job placed now (the server's time between its passes): what a
     # start on spot may lose to a preemption before the guard can move it, so the safety net keeps it (Progress.pass_h)
     pass_h: float = 0.0
@@ -72,6 +74,7 @@ class PlanItem:
             speed,
             None if run else last.ended_at if last and last.ended_at else job.submitted_at,
             unsure,
+            measures_on_spot=bool(job.quote.forecast and job.quote.forecast.measures_on_spot),
         )
 
 

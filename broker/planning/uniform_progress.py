@@ -11,7 +11,9 @@ C(t) is the work left (hours on on-demand), R(t) the time left, d the changeover
   starts on on-demand, not on spot it would leave a pass later (broker's, not the paper's).
 - Until the job's speed is measured (half an hour of runs), C(t) is the estimate's, and the net keeps the work more
   that a speed at the deadline probability's quantile of the estimate's error would need (Progress.unsure_h;
-  broker's: the paper knows the job's length).
+  broker's: the paper knows the job's length). Where the quote found the deadline's odds hold with the speed
+  measured on spot (Progress.measures_on_spot), that reserve sends the job to on-demand only from a wait with no
+  spot to take: a run on spot measures the speed as well as one on on-demand.
 Bubbles count as spot here: cheap capacity that can vanish. Pure: state and time are passed in.
 
 Once a deadline is lost (even on-demand from now finishes after it), the paper's net keeps the job on on-demand to
@@ -57,6 +59,9 @@ class Progress:
     # hours of work more the net keeps while the job's speed is not measured (PlanItem.unsure): were it as slow as
     # the estimate's error allows, on-demand from the net's edge would still be in time
     unsure_h: float = 0.0
+    # the quote found the deadline's odds hold with the speed measured on spot (Forecast.measures_on_spot): the
+    # reserve then keeps the job off spot only while it waits with no spot to take
+    measures_on_spot: bool = False
 
     def slack_h(self) -> float:
         """Hours the job can still lose beyond its on-demand work left (and the margin for a speed not yet measured)
@@ -85,7 +90,9 @@ def decide(p: Progress, on: Tier | None, spot_available: bool, uniform: bool = T
         return Move.spot if on == Tier.spot or spot_available else Move.on_demand
     left_h, time_left_h = p.total_h - p.done_h, p.window_h - p.elapsed_h
     exposed_h = p.pass_h if on != Tier.on_demand else 0.0  # idle: it would start on spot
-    if time_left_h < left_h + p.unsure_h + 2 * p.changeover_h + exposed_h - TIE_H:
+    on_spot = on in (Tier.spot, Tier.bubble) or (on is None and spot_available)
+    unsure_h = 0.0 if p.measures_on_spot and on_spot else p.unsure_h
+    if time_left_h < left_h + unsure_h + 2 * p.changeover_h + exposed_h - TIE_H:
         return Move.on_demand  # safety net
     if on == Tier.on_demand:
         if p.done_h < p.expected_done_h(p.elapsed_h + 2 * p.changeover_h) - TIE_H:
@@ -121,6 +128,7 @@ def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now:
         changeover_h=changeover_hours(item.spec),
         cheapest_if_late=item.spec.if_late == IfLate.cheapest,
         pass_h=item.pass_h,
+        measures_on_spot=item.measures_on_spot,
     )
 
 
