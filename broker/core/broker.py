@@ -157,7 +157,7 @@ class Broker:
             hedges=self.hedges,
             spot_while_in_time=getattr(self.policy, "spot_while_in_time", False),
             underway=Underway.of(job, now),
-            measures_on_spot=bool(job.quote.forecast and job.quote.forecast.measures_on_spot),
+            measures_on_spot=job.quote.measures_on_spot,
         )
 
     def _fleet(self, agents: list[AgentInfo], now: datetime, without: str | None = None) -> Fleet:

@@ -159,6 +159,11 @@ class Quote(BaseModel):
         return self.forecast is not None and asked is not None and self.forecast.p_meet_deadline < asked - ODDS_NOISE
 
     @property
+    def measures_on_spot(self) -> bool:
+        """Whether the deadline's odds hold with the speed measured on spot (Forecast.measures_on_spot)."""
+        return self.forecast is not None and self.forecast.measures_on_spot
+
+    @property
     def cost_usd(self) -> float:
         """What the quote says the job will cost: its forecast's median, else the money model's expectation."""
         return self.forecast.cost_p50_usd if self.forecast is not None else self.chosen.expected_cost_usd

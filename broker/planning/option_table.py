@@ -74,7 +74,7 @@ class PlanItem:
             speed,
             None if run else last.ended_at if last and last.ended_at else job.submitted_at,
             unsure,
-            measures_on_spot=bool(job.quote.forecast and job.quote.forecast.measures_on_spot),
+            measures_on_spot=job.quote.measures_on_spot,
         )
 
 
