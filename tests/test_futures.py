@@ -136,15 +136,31 @@ def test_hedge_goes_back_to_spot_only_with_the_slack_for_a_changeover_and_a_tick
     assert roomy.spot_h[0] > 9 and roomy.finish_h[0] <= 10.7
 
 
-def test_a_live_quote_keeps_uniform_progress_on_on_demand_until_spot_is_free():
-    """No spot at all: Can't Be Late's rule leaves on-demand to wait whenever it is ahead, and comes back when behind,
-    a changeover each time; the live guard moves a job off on-demand only to an idle spot agent, and a live quote's
-    futures play that: on-demand once, to the end."""
-    available = np.zeros((1, 1, 200), dtype=bool)
-    paper = simulate(_setting(rule="uniform"), available, 1 / 6)
-    live = simulate(_setting(rule="uniform", leaves_on_demand_to_wait=False), available, 1 / 6)
-    assert live.od_h[0] == pytest.approx(10.1) and live.finish_h[0] == pytest.approx(10.1 + 1 / 6)  # behind a tick in
-    assert paper.od_h[0] > 12 and paper.finish_h[0] > 19  # 21 changeovers more, idle near half the window
+def test_uniform_progress_leaves_on_demand_to_wait_for_spot_once_ahead():
+    """Can't Be Late's rule, as the live guard runs it (planning/uniform_progress.leaves_on_demand_to_wait): past
+    ep(t + 2d) a job leaves on-demand to wait for spot even with none free, and catches spot when it comes; with no
+    spot at all that is a changeover each time it falls behind again."""
+    none = np.zeros((1, 1, 200), dtype=bool)
+    never = simulate(_setting(rule="uniform"), none, 1 / 6)
+    assert never.od_h[0] > 12 and never.finish_h[0] > 19  # 21 changeovers more, idle near half the window
+    later = np.zeros((1, 1, 200), dtype=bool)
+    later[:, :, 30:] = True  # spot from the fifth hour on
+    caught = simulate(_setting(rule="uniform"), later, 1 / 6)
+    assert caught.spot_h[0] > 4 and caught.od_h[0] < 5
+
+
+def test_hedge_leaves_on_demand_to_wait_in_a_queue_not_in_a_long_gap():
+    """Under hedge a job on on-demand, ahead of its line, leaves to wait for spot where the rule would have it wait:
+    in a queue (spot up, other jobs hold it) until a slot frees, not in a market gap older than it waits out."""
+    market = Hedge(np.arange(50) * 100.0, 100.0, (), 100.0)  # gaps that never end: it waits none of them out
+    up = np.ones((1, 1, 200), dtype=bool)
+    queue = np.zeros((1, 1, 200), dtype=bool)
+    queue[:, :, 30:] = True  # a slot frees for the job from the fifth hour on
+    queued = simulate(_setting(rule="hedge", window_h=20.0), up, 1 / 6, market, launchable=queue)
+    gap = simulate(_setting(rule="hedge", window_h=20.0), np.zeros_like(up), 1 / 6, market)
+    # past ep(t + 2d) it waits in the queue rather than pay on-demand until the slot frees (4.8 h on it otherwise)
+    assert queued.od_h[0] == pytest.approx(3.0) and queued.spot_h[0] > 7
+    assert gap.od_h[0] == pytest.approx(10.1) and gap.spot_h[0] == 0  # on-demand once, to the end
 
 
 def test_the_next_zone_takes_the_job_when_the_cheapest_has_no_capacity():

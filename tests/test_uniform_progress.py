@@ -276,7 +276,6 @@ def test_a_job_on_on_demand_yields_idle_spot_to_a_job_that_waits(redis_url, cata
     "name, done, spot_agent, back, if_late",
     [
         ("uniform-progress", 900, True, True, "soonest"),
-        ("uniform-progress", 900, False, False, "soonest"),
         ("uniform-progress", 50, True, False, "soonest"),
         ("uniform-progress", 150, True, False, "soonest"),
         ("hedge", 150, True, True, "soonest"),  # behind ep(t + 2d), with the slack for the changeovers
@@ -321,3 +320,44 @@ def test_the_guard_takes_a_job_back_from_on_demand_to_spot_by_the_policys_rule(
         assert ("if_late: cheapest" if lost else f"back to spot ({name}'s rule)") in job.reason
         on_demand.exited("j", assignment.fence, "moved", at=clock.now().timestamp())
         assert server.step() == [("j", "spot")]  # re-dispatched to the idle spot agent
+
+
+@pytest.mark.parametrize(
+    "name, done, queue, waits",
+    [
+        ("uniform-progress", 900, False, True),  # past ep(t + 2d), no spot free: the paper's rule waits for it
+        ("uniform-progress", 150, False, False),  # behind: on-demand
+        ("hedge", 900, False, False),  # a gap it waits out not a tick of (a* = 0): on-demand until spot is back
+        ("hedge-short-gaps", 900, False, True),  # a gap its slack affords waiting out: as Uniform Progress
+        ("hedge", 900, True, True),  # a queue (the fleet's spot held by another job): as Uniform Progress
+    ],
+)
+def test_a_job_on_on_demand_ahead_of_its_pace_goes_back_to_wait_for_spot_none_is_free(
+    redis_url, catalog, tmp_path, name, done, queue, waits
+):
+    """Can't Be Late's Uniform Progress leaves on-demand to wait once past ep(t + 2d), even with no spot free: the
+    work it puts off runs on spot that frees before it falls behind (the quote's futures play the same)."""
+    from broker.agents.contract import Contract
+    from broker.core.broker import Broker
+    from broker.core.clock import SimulatedClock
+    from broker.store.jobs import Store
+
+    store, clock = Store(redis_url, prefix=f"wait-{name}-{done}-{queue}:"), SimulatedClock(NOW)
+    # gaps that never end: none is waited out, so it went to on-demand an hour in
+    market = {"gaps": futures.Hedge(np.arange(50) * 100.0, 100.0, (), 100.0)}
+    short_gaps, name = name.endswith("-short-gaps"), name.removesuffix("-short-gaps")
+    policy = planning.get(name, **({"hedge": lambda spec: market["gaps"]} if name == "hedge" else {}))
+    server, on_demand, assignment, spot = an_hour_on_demand(store, catalog, policy, clock, tmp_path, done, "soonest")
+    if short_gaps:  # the market model learned since that gaps are short: a wait of hours is worth it
+        market["gaps"] = futures.Hedge(np.arange(50) * 0.1, 100.0, (), 100.0)
+    if queue:  # another job holds the one spot agent
+        Contract(store, "spot").register(spot, 10**10, host="test", pid=0, at=clock.now())
+        other = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 2}, deadline="+48h")
+        Broker(store, catalog, policy, clock).submit(other, job_id="k")
+        assert server.step() == [("k", "spot")]
+        server.step()  # the guard's pass once the planner has seen the agent busy
+    else:
+        server.step()
+    job = store.get_job("j")
+    assert job.move_requested == waits and job.pinned_tier is None
+    assert ("queued to wait for spot" in job.reason) == waits

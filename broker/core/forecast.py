@@ -318,7 +318,6 @@ def forecast(
         rule=rule if fallback is not None else "spot-only",
         cheapest_if_late=spec.if_late == IfLate.cheapest,
         zone_pace=tuple(exclusive_hours(spec, o) / work_h for o in zones),
-        leaves_on_demand_to_wait=False,  # the live guard leaves on-demand only for an idle spot agent
         running_on=underway.running_on(zones) if underway else None,
     )
     hedge = None

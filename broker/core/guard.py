@@ -3,9 +3,11 @@ cheaper zone, as the quote's forecast (models/futures.py) plays that rule. A mov
 hand it back, pinned to a tier or not), written by the leading replica only; the agent learns of it from its view.
 A job goes back from on-demand only to spot that no pending job fits: the planner gives a waiting job the idle agent
 first, and the job handed back would go to on-demand again, a changeover and a checkpoint for nothing (a lost
-deadline run cheapest so yields to the jobs that can still make theirs). A job on spot near the safety net that a
-preemption would put past it is asked for a checkpoint, and runs on (uniform_progress.checkpoint_due); on spot, and for
-a start there, the net keeps one pass of the guard more (Progress.pass_h).
+deadline run cheapest so yields to the jobs that can still make theirs); with no spot free, a rule that waits for it
+(policy.leaves_on_demand_to_wait: Uniform Progress past ep(t + 2d)) hands the job back to the queue. A job on spot
+near the safety net that a preemption would put past it is asked for a checkpoint, and runs on
+(uniform_progress.checkpoint_due); on spot, and for a start there, the net keeps one pass of the guard more
+(Progress.pass_h).
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ class DeadlineGuard:
                 or job.move_requested
             ):
                 continue
-            if run.offer.tier == Tier.on_demand and not spot_idle:
-                continue  # nowhere to go back to: skip the planner's view of it
+            if run.offer.tier == Tier.on_demand and not (spot_idle or hasattr(self.policy, "leaves_on_demand_to_wait")):
+                continue  # nowhere to go back to, nor a rule that waits for spot: skip the planner's view of it
             item = PlanItem.from_job(job)  # its work on on-demand at the speed it has shown
             progress = replace(progress_of(item, item.on_demand_h, job.submitted_at, now), pass_h=pass_h)
             decided = self._move(item, progress, run.offer, job.quote.chosen.offer, spot_idle, now)
@@ -108,9 +110,17 @@ class DeadlineGuard:
             because = f"; back to spot ({self.policy.name}'s rule)"
             if progress.runs_cheapest(on.tier):
                 because = "; the deadline is lost: back to spot no waiting job needs (if_late: cheapest)"
-            agent = self._return_to(item, progress, on, planned, spot_idle, now)
+            agent = self._return_to(item, progress, on, planned, spot_idle, now) if spot_idle else None
             if agent:
                 return None, agent, because
+            if hasattr(self.policy, "leaves_on_demand_to_wait") and self.policy.leaves_on_demand_to_wait(
+                item, progress, now
+            ):
+                return (
+                    None,
+                    None,
+                    f"; ahead of its pace, no spot free: queued to wait for spot ({self.policy.name}'s rule)",
+                )
         elif on.tier == Tier.spot:
             agent = _cheapest_idle(item, [a for a in spot_idle if a.offer.tier == Tier.spot], as_fast_as=on)
             if agent and self.policy.moves_zone(item, progress, on, agent.offer):

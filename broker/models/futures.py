@@ -23,7 +23,8 @@ from the market model for a quote or cut from the traces for a backtest, the way
   the net only by that reserve goes to on-demand, not to the end: once its speed is measured the rule may leave;
 - what an idle job does, and when it leaves on-demand, is the rule's (each one a policy's):
   `greedy` waits for spot; `uniform` is Uniform Progress exactly as planning/uniform_progress.decide
-  runs it (on-demand when idle and behind ep(t), back once ahead of ep(t + 2d)); `hedge` waits out
+  runs it (on-demand when idle and behind ep(t), back once ahead of ep(t + 2d), to spot or, with none free, to
+  wait for it); `hedge` waits out
   the short no-capacity spells and pays on-demand through the long ones, the split set by what the
   market model says of spell lengths (Hedge below), and moves as `uniform` does while other jobs hold
   the capacity there is; `spot-only` (SkyPilot's managed spot) has no guard.
@@ -83,10 +84,6 @@ class Setting:
     # the quote found the deadline's odds hold with the speed measured on spot (Forecast.measures_on_spot): the
     # reserve sends the job to on-demand only while it waits with no spot free, not off spot or from a start there
     measures_on_spot: bool = False
-    # Uniform Progress on on-demand, ahead of ep(t + 2d) with no spot free: Can't Be Late's rule leaves it to wait
-    # (the single-job mode plays the paper's rule); the live guard moves a job off on-demand only to an idle spot
-    # agent, so a live quote keeps it there until spot is free (False)
-    leaves_on_demand_to_wait: bool = True
     # where the job runs now (an outlook of a job under way): the zone's index, ON_DEMAND_NOW for on-demand; None:
     # nowhere yet, so it starts by the rule and pays the changeover
     running_on: int | None = None
@@ -269,16 +266,21 @@ def _rule_moves(
     idle = (state == WAIT) & ~any_up
     nothing = np.zeros_like(idle)
 
+    # on on-demand past ep(t + 2d): back to spot, or, with none free, to wait for it (Can't Be Late's rule;
+    # planning/uniform_progress.leaves_on_demand_to_wait)
+    ahead = (state == OD) & ~_behind(s, now + 2 * s.counted_h, done)
     if s.rule == "uniform":
-        leave = (state == OD) & ~_behind(s, now + 2 * s.counted_h, done)
-        return idle & _behind(s, now, done), leave if s.leaves_on_demand_to_wait else leave & any_up
+        return idle & _behind(s, now, done), ahead
     if s.rule != "hedge":
         return nothing, nothing
     longest_wait = hedge.longest_wait(slack, (1 - done) * s.work_h, s.counted_h, _zone_up(hedge, zone))
     worth = hedge.spot_worth(s.od_price, prices[zone], s.counted_h)
     back = (state == OD) & any_up & worth & (slack >= s.counted_h + pass_h)  # as planning/hedge.leaves_on_demand
     queued = idle & market_up  # other jobs hold the capacity: Uniform Progress's move (planning/hedge.py)
-    return (queued & _behind(s, now, done)) | (idle & ~market_up & (down_age > longest_wait)), back
+    # as Uniform Progress, where it would then wait: a queue, or a gap it waits out a tick of at least (the live rule
+    # counts a* from the leave, these futures from the gap's start: planning/hedge.leaves_on_demand_to_wait)
+    waits = ahead & ~any_up & (market_up | (longest_wait >= 1))
+    return (queued & _behind(s, now, done)) | (idle & ~market_up & (down_age > longest_wait)), back | waits
 
 
 def _cheapest_moves(s: Setting, hedge: Hedge | None, late, state, any_up, zone, prices, to_od, leave_od):

@@ -84,6 +84,10 @@ class CostToGoPolicy(HedgePolicy):
             return super().idle_move(item, progress, spot_available, now)
         return Move.on_demand if move == OD else Move.wait
 
+    def leaves_on_demand_to_wait(self, item: PlanItem, progress: Progress, now: datetime) -> bool:
+        """Never: the table's moves take a job off on-demand only to spot (leaves_on_demand), as its futures play."""
+        return False
+
     def leaves_on_demand(
         self, item: PlanItem, progress: Progress, spot: Offer, on_demand: Offer, now: datetime
     ) -> bool:

@@ -64,11 +64,14 @@ class HedgePolicy(UniformProgress):
             or self.held_by_others(item.spec)
         ):
             return super().idle_move(item, progress, spot_available, now)  # spot, the net, no model, or a queue
+        waited_h = (now - (item.idle_since or now)).total_seconds() / 3600
+        return Move.on_demand if waited_h > self._wait_ticks(view, progress) * view.tick_h else Move.wait
+
+    def _wait_ticks(self, view: Hedge, progress: Progress) -> int:
+        """a*: the ticks of a gap the job's slack affords waiting out (-1: none)."""
         left_h = progress.total_h - progress.done_h
         zone_up_h = view.zone_up_h[0] if view.zone_up_h else view.mean_up_h  # it launches in the cheapest first
-        wait_ticks = int(view.longest_wait(progress.slack_h(), left_h, progress.changeover_h, zone_up_h))
-        waited_h = (now - (item.idle_since or now)).total_seconds() / 3600
-        return Move.on_demand if waited_h > wait_ticks * view.tick_h else Move.wait
+        return int(view.longest_wait(progress.slack_h(), left_h, progress.changeover_h, zone_up_h))
 
     def leaves_on_demand(
         self, item: PlanItem, progress: Progress, spot: Offer, on_demand: Offer, now: datetime
@@ -80,6 +83,15 @@ class HedgePolicy(UniformProgress):
         room_h = progress.changeover_h + progress.pass_h  # the changeover back, and the pass kept for a start on spot
         affords = progress.slack_h() >= room_h or progress.runs_cheapest(Tier.on_demand)
         return bool(worth) and affords
+
+    def leaves_on_demand_to_wait(self, item: PlanItem, progress: Progress, now: datetime) -> bool:
+        """As Uniform Progress (past ep(t + 2d), no spot free), where the job would then wait: in a queue, or in a gap
+        its slack affords waiting out for a tick at least (with a* = 0 it would be back on on-demand at the next
+        round, two changeovers for nothing)."""
+        if not super().leaves_on_demand_to_wait(item, progress, now):
+            return False
+        view = self.view(item.spec)
+        return view is None or self.held_by_others(item.spec) or self._wait_ticks(view, progress) >= 1
 
     def moves_zone(self, item: PlanItem, progress: Progress, now_on: Offer, there: Offer) -> bool:
         """SpotHedge's idea: cheap zones come and go, follow them when the saving pays the changeover."""

@@ -225,6 +225,17 @@ class UniformProgress(CheapestFeasible):
         once it is past ep(t + 2d), as the paper's rule; Greedy never leaves (on-demand only at its safety net)."""
         return self.uniform and decide(progress, Tier.on_demand, spot_available=True) == Move.spot
 
+    def leaves_on_demand_to_wait(self, item: PlanItem, progress: Progress, now: datetime) -> bool:
+        """Whether a job running on on-demand, with no idle spot agent to go to, goes back to the queue to wait for
+        spot: the paper's rule once it is past ep(t + 2d) (`decide` says wait), where the rule would then have it wait
+        (`idle_move`); the work it puts off can run on spot that frees up before it falls behind. Greedy never
+        leaves."""
+        return (
+            self.uniform
+            and decide(progress, Tier.on_demand, spot_available=False) == Move.wait
+            and self.idle_move(item, progress, False, now) == Move.wait
+        )
+
     def moves_zone(self, item: PlanItem, progress: Progress, now_on: Offer, there: Offer) -> bool:
         """Whether a job running on spot moves to `there`, a cheaper idle spot agent: not under this rule (a job on
         spot stays until preempted)."""
