@@ -163,6 +163,15 @@ def test_hedge_leaves_on_demand_to_wait_in_a_queue_not_in_a_long_gap():
     assert gap.od_h[0] == pytest.approx(10.1) and gap.spot_h[0] == 0  # on-demand once, to the end
 
 
+def test_hedge_counts_its_wait_in_a_gap_from_when_the_job_went_idle():
+    """Idle in a gap, hedge waits a* counted from when the job went idle (the live rule's idle_since), not from the
+    gap's start: a job that left on-demand mid-gap waits its a* again before it goes back. With no spot at all that is
+    a changeover every few hours (10.6 h on on-demand for 10 h of work), not one each tick past a*."""
+    market = Hedge(np.arange(50) * 0.3, 100.0, (), 100.0)  # a wait of a few ticks is affordable
+    out = simulate(_setting(rule="hedge", window_h=20.0), np.zeros((1, 1, 200), dtype=bool), 1 / 6, market)
+    assert out.od_h[0] == pytest.approx(10.6) and out.finish_h[0] <= 20.0
+
+
 def test_the_next_zone_takes_the_job_when_the_cheapest_has_no_capacity():
     available = np.zeros((2, 1, 200), dtype=bool)
     available[1] = True

@@ -128,6 +128,7 @@ def simulate(
     saved = np.zeros(n)  # share of the work in the newest checkpoint
     dead = np.zeros(n)  # hours of changeover still to pay before progress
     down_age = up_age = 0  # ticks since no zone had capacity, since some zone had
+    waited = np.zeros(n, dtype=int)  # ticks the job has been idle
     run_h = np.zeros(n)  # productive hours run so far (after changeovers): what the job's speed is measured over
     cost, spot_h, od_h = np.zeros(n), np.zeros(n), np.zeros(n)
     finish = np.full(n, math.inf)
@@ -145,6 +146,7 @@ def simulate(
         lost = (state == SPOT) & ~up[zone, idx]
         done = np.where(lost, saved, done)  # preempted: back to the last checkpoint
         state = np.where(lost, WAIT, state)
+        waited = np.where(state == WAIT, waited + 1, 0)  # ticks idle, as the live rule counts from idle_since
         believed_h, unsure = s.believed_od_h(run_h)
         left_h = (1 - done) * believed_h * (1 + unsure)  # the on-demand work left the rule keeps time for
         slack = s.window_h - now - left_h - 2 * s.counted_h  # what it can lose beyond that and the net's 2d
@@ -190,7 +192,7 @@ def simulate(
                     state,
                     any_up,
                     up.any(axis=0),
-                    down_age,
+                    waited,
                     zone,
                     prices,
                     0.0 if s.keeps_progress else tick_h,
@@ -257,7 +259,7 @@ def simulate(
 
 
 def _rule_moves(
-    s: Setting, hedge: Hedge | None, now, done, slack, state, any_up, market_up, down_age, zone, prices, pass_h
+    s: Setting, hedge: Hedge | None, now, done, slack, state, any_up, market_up, waited, zone, prices, pass_h
 ):
     """(to on-demand, leave on-demand) per future under the rule, after the safety net. `slack`: hours the job can
     still lose beyond the on-demand work the rule keeps time for and the net's 2d; `any_up`: a slot free for
@@ -277,10 +279,10 @@ def _rule_moves(
     worth = hedge.spot_worth(s.od_price, prices[zone], s.counted_h)
     back = (state == OD) & any_up & worth & (slack >= s.counted_h + pass_h)  # as planning/hedge.leaves_on_demand
     queued = idle & market_up  # other jobs hold the capacity: Uniform Progress's move (planning/hedge.py)
-    # as Uniform Progress, where it would then wait: a queue, or a gap it waits out a tick of at least (the live rule
-    # counts a* from the leave, these futures from the gap's start: planning/hedge.leaves_on_demand_to_wait)
+    # as Uniform Progress, where it would then wait: a queue, or a gap it waits out a tick of at least, counted from
+    # the leave (planning/hedge.leaves_on_demand_to_wait)
     waits = ahead & ~any_up & (market_up | (longest_wait >= 1))
-    return (queued & _behind(s, now, done)) | (idle & ~market_up & (down_age > longest_wait)), back | waits
+    return (queued & _behind(s, now, done)) | (idle & ~market_up & (waited > longest_wait)), back | waits
 
 
 def _cheapest_moves(s: Setting, hedge: Hedge | None, late, state, any_up, zone, prices, to_od, leave_od):
