@@ -31,14 +31,16 @@ class DeadlineGuard:
 
     def __init__(self, store: Store, policy, leader: str):
         self.store, self.policy, self.leader = store, policy, leader
+        self._waits_for_spot = getattr(policy, "leaves_on_demand_to_wait", None)  # a rule that waits off on-demand
         self._wanted_ids: set[str] | None = None
 
     def moves(self, now: datetime, idle: list[AgentInfo], pass_h: float = 0.0) -> list[str]:
         """A spot or bubble job falling behind its deadline is asked to checkpoint and move to on-demand now; under
         a rule that leaves on-demand (Uniform Progress once far enough ahead, ep(t + 2d); hedge when spot is worth
         its changeovers) a job on on-demand is asked back to spot when one of the `idle` agents fits it and no
-        pending job does; a job on spot that a preemption before the next pass (in `pass_h`) would put past the
-        safety net is asked for a checkpoint, and one within a pass of the net goes to on-demand. Returns the ids
+        pending job does, or, with none to go to, back to the queue where the rule waits for spot
+        (leaves_on_demand_to_wait); a job on spot that a preemption before the next pass (in `pass_h`) would put past
+        the safety net is asked for a checkpoint, and one within a pass of the net goes to on-demand. Returns the ids
         of the jobs it moved."""
         moved = []  # the idle agents to go to: bubbles (free) first, then the cheapest spot
         spot_idle = sorted((a for a in idle if a.offer.tier != Tier.on_demand), key=lambda a: a.offer.price_usd_per_h)
@@ -52,7 +54,7 @@ class DeadlineGuard:
                 or job.move_requested
             ):
                 continue
-            if run.offer.tier == Tier.on_demand and not (spot_idle or hasattr(self.policy, "leaves_on_demand_to_wait")):
+            if run.offer.tier == Tier.on_demand and not (spot_idle or self._waits_for_spot):
                 continue  # nowhere to go back to, nor a rule that waits for spot: skip the planner's view of it
             item = PlanItem.from_job(job)  # its work on on-demand at the speed it has shown
             progress = replace(progress_of(item, item.on_demand_h, job.submitted_at, now), pass_h=pass_h)
@@ -113,9 +115,7 @@ class DeadlineGuard:
             agent = self._return_to(item, progress, on, planned, spot_idle, now) if spot_idle else None
             if agent:
                 return None, agent, because
-            if hasattr(self.policy, "leaves_on_demand_to_wait") and self.policy.leaves_on_demand_to_wait(
-                item, progress, now
-            ):
+            if self._waits_for_spot and self._waits_for_spot(item, progress, now):
                 return (
                     None,
                     None,
