@@ -59,6 +59,14 @@ def gpu_directories(root: Path) -> list[Path]:
     return out
 
 
+def gpu_directories_or_exit(parser: argparse.ArgumentParser, root: Path) -> list[str]:
+    """gpu_directories, or the one-line error when fewer than two are found (leave one out fits on another)."""
+    found = [str(d) for d in gpu_directories(root)]
+    if len(found) < 2:
+        parser.error(f"--traces {root}: {len(found)} trace directories map to GPU offers, 2 needed")
+    return found
+
+
 def fit_market(directory: str, fit: list[str]) -> tuple[Market, MarketModel]:
     """The backtest's market on `directory` and the market model, both learned from the traces of `fit` only (the
     offers' hazard too), read once."""
@@ -167,7 +175,7 @@ def main() -> None:
         "--no-notices", action="store_true", help="no preemption notice: the work since the checkpoint is lost"
     )
     args = parser.parse_args()
-    gpu = [str(d) for d in gpu_directories(args.traces)]
+    gpu = gpu_directories_or_exit(parser, args.traces)
     tasks = [(str(d), s, [f for f in gpu if f != str(d)]) for d in leaf_directories(args.traces) for s in args.seeds]
     console = Console(stderr=True)
     runs = []

@@ -43,7 +43,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
-from cost import avoidable_misses, fit_market, gpu_directories, missed_jobs  # bench/cost.py, beside this file
+from cost import avoidable_misses, fit_market, gpu_directories_or_exit, missed_jobs  # bench/cost.py, beside this file
 from rich.console import Console
 from rich.progress import Progress
 
@@ -148,7 +148,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    directories = [str(d) for d in gpu_directories(args.traces)]
+    directories = gpu_directories_or_exit(parser, args.traces)
     tasks = [
         (d, [f for f in directories if f != d], s, args.jobs, s * len(directories) + i)
         for i, d in enumerate(directories)
