@@ -112,7 +112,7 @@ class DeadlineGuard:
             because = f"; back to spot ({self.policy.name}'s rule)"
             if progress.runs_cheapest(on.tier):
                 because = "; the deadline is lost: back to spot no waiting job needs (if_late: cheapest)"
-            agent = self._return_to(item, progress, on, planned, spot_idle, now) if spot_idle else None
+            agent = self._return_to(item, progress, on, planned, spot_idle, now)
             if agent:
                 return None, agent, because
             if self._waits_for_spot and self._waits_for_spot(item, progress, now):
