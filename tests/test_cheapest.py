@@ -111,7 +111,26 @@ def test_infeasible_job_names_the_cheapest_on_time_option_and_earliest_finish_wi
     assert f"cheapest option meeting the deadline is {on_time.offer.cloud} {on_time.offer.instance_type}" in message
     assert f"${on_time.expected_cost_usd:,.2f}" in message
     assert f"earliest finish within the budget is {in_budget.expected_finish:%Y-%m-%d %H:%M} UTC" in message
+    assert message.endswith(f"raise --budget to ${on_time.expected_cost_usd:,.2f} or move --deadline later")
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "deadline, budget_usd, fix",
+    [
+        ("+3h", 1000, "; move --deadline later"),  # no offer is that fast: a budget raise would not help
+        ("+22h", 1, "; raise --budget to $"),  # the deadline is met, nothing fits $1: a later deadline would not help
+        ("+3h", 1, "; move --deadline later and raise --budget"),  # neither alone
+    ],
+)
+def test_an_infeasible_job_is_told_only_the_fix_that_helps(catalog, deadline, budget_usd, fix):
+    spec = make_spec(
+        resources={"accelerators": ["A100:1", "L4:1"]}, work={"gpu_hours": 20}, deadline=deadline, budget_usd=budget_usd
+    )
+    with pytest.raises(InfeasibleError) as err:
+        POLICY.quote(spec, catalog.offers, NOW)
+    message = str(err.value)
+    assert fix in message and message.count(" or ") == 0
 
 
 def test_no_matching_hardware_is_reported_as_such(catalog):

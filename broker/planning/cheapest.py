@@ -119,4 +119,12 @@ class CheapestFeasible:
             )
         elif spec.budget_usd is not None:
             parts.append(f"nothing fits the budget of ${spec.budget_usd:,.2f}")
-        return "deadline/budget: no offer meets both; " + "; ".join(parts) + "; raise --budget or move --deadline"
+        return "deadline/budget: no offer meets both; " + "; ".join(parts) + "; " + _fix(on_time, affordable)
+
+
+def _fix(on_time: list[Option], affordable: list[Option]) -> str:
+    """The flags that would make the job feasible: a budget raise only where some option meets the deadline (to
+    the cheapest of those), a later deadline only where some option fits the budget; both where neither does."""
+    fixes = [f"raise --budget to ${on_time[0].expected_cost_usd:,.2f}"] if on_time else []
+    fixes += ["move --deadline later"] if affordable else []
+    return " or ".join(fixes) if fixes else "move --deadline later and raise --budget"
