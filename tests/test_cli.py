@@ -171,7 +171,13 @@ def test_demo_runs_the_product_end_to_end_with_a_migration(env, monkeypatch, tmp
     train = jobs["demo-train-mlp"]
     output = run("logs", train["id"]).stdout  # the output its agents sent, copied with the job
     assert "(checkpoint saved)" in output and "done: " in output, output
-    assert train["migrations"] == 1 and train["tiers"][0] == "spot" and len(train["agents"]) == 2
+    assert train["agents"][0] == "spot-a" and train["tiers"][0] == "spot"
+    assert train["migrations"] == len(train["agents"]) - 1 >= 1  # every migration to another agent
+    # preempted on spot-a first; on on-demand after, hedge's guard may queue it to wait for spot-b once batch-infer
+    # holds it and the job is ahead of its pace: a second migration, whether it comes is the processes' timing
+    events = json.loads(run("status", train["id"], "--json").stdout)["events"]
+    moves = [e["reason"] for e in events if e["state"] == "migrating"]
+    assert moves[0] == "preemption notice on spot-a" and all("by the deadline guard" in m for m in moves[1:]), moves
     assert train["work_lost_s"] <= 40 * 0.08 * body["speedup"]  # at most one checkpoint interval
     assert body["cost_usd"] < body["on_demand_cost_usd"] and body["savings_pct"] > 0
     assert body["cost_usd"] == pytest.approx(sum(j["cost_usd"] for j in jobs.values()), abs=1e-3)
