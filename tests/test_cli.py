@@ -173,8 +173,9 @@ def test_demo_runs_the_product_end_to_end_with_a_migration(env, monkeypatch, tmp
     assert "(checkpoint saved)" in output and "done: " in output, output
     assert train["agents"][0] == "spot-a" and train["tiers"][0] == "spot"
     assert train["migrations"] == len(train["agents"]) - 1 >= 1  # every migration to another agent
-    # preempted on spot-a first; on on-demand after, hedge's guard may queue it to wait for spot-b once batch-infer
-    # holds it and the job is ahead of its pace: a second migration, whether it comes is the processes' timing
+    # preempted on spot-a (its trace replayed from its first job; the training job, priority 1, is placed first);
+    # to spot-b if batch-infer is done, else to on-demand, where hedge's guard may queue it again to wait for spot-b
+    # once the job is ahead of its pace: a second migration, whether it comes is the processes' timing
     events = json.loads(run("status", train["id"], "--json").stdout)["events"]
     moves = [e["reason"] for e in events if e["state"] == "migrating"]
     assert moves[0] == "preemption notice on spot-a" and all("by the deadline guard" in m for m in moves[1:]), moves

@@ -137,6 +137,8 @@ class Agent:
             self.contract.refuse(assignment, str(err))
             return
         self.job, self.fence = process, assignment.fence
+        if hasattr(self.notices, "job_started"):  # a trace replayed from the instance's first job
+            self.notices.job_started()
         self.contract.started(assignment, at=started_at, pid=process.pid)  # acked only now: a crash redelivers it
 
     def _forward(self, flush: bool = False) -> None:

@@ -154,22 +154,31 @@ class TraceNotices:
 
     The instance runs while the trace says capacity is there; the first tick at or after
     `start_tick` with value 0 is its preemption, announced `lead_s` (trace time) ahead.
-    Trace time runs `speedup` times faster than the wall clock.
+    Trace time runs `speedup` times faster than the wall clock, from the agent's start, or with
+    `from_job` from its first job's (the demo's preemption then lands in the job however long the
+    agents and the job took to start on a busy machine).
     """
 
     cloud = "trace"
 
-    def __init__(self, path: Path, start_tick: int = 0, speedup: float = 1.0, lead_s: float = 120.0):
+    def __init__(
+        self, path: Path, start_tick: int = 0, speedup: float = 1.0, lead_s: float = 120.0, from_job: bool = False
+    ):
         data = json.loads(Path(path).read_text())
         self.gap_s = float(data["metadata"]["gap_seconds"])
         values = data["data"][start_tick:]
         lost = next((i for i, v in enumerate(values) if v <= 0), None)
         self.preempt_after_s = None if lost is None else lost * self.gap_s  # trace seconds from start
         self.speedup, self.lead_s = speedup, lead_s
-        self.started = time.monotonic()
+        self.started = None if from_job else time.monotonic()
+
+    def job_started(self) -> None:
+        """The agent started a job: the trace's clock starts now if it waits for the first one."""
+        if self.started is None:
+            self.started = time.monotonic()
 
     def check(self) -> Notice | None:
-        if self.preempt_after_s is None:
+        if self.preempt_after_s is None or self.started is None:
             return None
         elapsed = (time.monotonic() - self.started) * self.speedup
         if elapsed + self.lead_s < self.preempt_after_s:
@@ -179,14 +188,18 @@ class TraceNotices:
 
 
 def watcher(spec: str, speedup: float = 1.0):
-    """A watcher from a CLI spec: aws[=URL], gcp[=URL], azure[=URL], trace=PATH[@TICK], or none."""
+    """A watcher from a CLI spec: aws[=URL], gcp[=URL], azure[=URL], trace=PATH[@TICK[@job]] (@job: the trace's
+    clock starts with the agent's first job), or none."""
     kind, _, arg = spec.partition("=")
     if kind == "none":
         return None
     if kind == "trace":
-        path, _, tick = arg.partition("@")
-        return TraceNotices(Path(path), int(tick or 0), speedup)
+        path, _, at = arg.partition("@")
+        tick, _, anchor = at.partition("@")
+        if anchor not in ("", "job"):
+            raise ValueError(f"notices: {spec!r}; the trace's clock starts at the agent's start or @job")
+        return TraceNotices(Path(path), int(tick or 0), speedup, from_job=anchor == "job")
     classes = {"aws": AwsSpotNotices, "gcp": GcpPreemptionNotices, "azure": AzureScheduledEvents}
     if kind not in classes:
-        raise ValueError(f"notices: unknown source {spec!r}; use aws, gcp, azure, trace=PATH[@TICK] or none")
+        raise ValueError(f"notices: unknown source {spec!r}; use aws, gcp, azure, trace=PATH[@TICK[@job]] or none")
     return classes[kind](arg) if arg else classes[kind]()

@@ -1,7 +1,7 @@
 """`broker demo`: the product end to end on one machine, on a compressed clock.
 
 Local agents stand for three instances: the cheapest L4 spot offer (its trace loses the
-instance a few seconds in), a second L4 spot offer and an L4 on-demand one. Two real jobs
+instance a few seconds into its first job), a second L4 spot offer and an L4 on-demand one. Two real jobs
 (a torch training job and a batch-inference job, both through broker.sdk) are submitted,
 dispatched, one is preempted, checkpoints, migrates and finishes; the summary prices every
 run against running the same work on on-demand.
@@ -30,7 +30,7 @@ from broker.store.shards import ShardedStore
 
 PREFIX = "broker-demo:"
 TRACE = "traces/aws-04-22-2023_us-east-1f_v100_1.json"
-LOSES_SOON_TICK = 430  # 18 ticks (9.6 trace minutes) before this trace's first lost tick (448)
+LOSES_SOON_TICK = 430  # 18 ticks (9.6 trace minutes) before this trace's first lost tick (448), from the first job
 STAYS_TICK = 1000  # the next loss is 1,941 ticks (17 trace hours) away
 
 
@@ -41,7 +41,7 @@ def pick_agents(catalog: PriceCatalog) -> list[tuple[str, object, str]]:
     on_demand = min((o for o in l4 if o.tier == Tier.on_demand), key=lambda o: o.price_usd_per_h)
     second = next(o for o in spot if o.cloud != spot[0].cloud)
     return [
-        ("spot-a", spot[0], f"{TRACE}@{LOSES_SOON_TICK}"),
+        ("spot-a", spot[0], f"{TRACE}@{LOSES_SOON_TICK}@job"),
         ("spot-b", second, f"{TRACE}@{STAYS_TICK}"),
         ("ondemand-a", on_demand, "none"),
     ]

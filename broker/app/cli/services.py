@@ -37,7 +37,9 @@ def agent(
         ..., "--offer", help="The offer this instance is (cloud/zone/type/tier, see `broker prices`)."
     ),
     notices: str = typer.Option(
-        "none", help="Preemption notices: aws, gcp, azure (optionally =URL), trace=PATH[@TICK], none."
+        "none",
+        help="Preemption notices: aws, gcp, azure (optionally =URL), trace=PATH[@TICK[@job]] "
+        "(@job: replayed from its first job), none.",
     ),
     speedup: float = typer.Option(1.0, help="Time compression for trace notices."),
     lease_s: float = typer.Option(5.0, help="Heartbeat lease; the broker moves the job when it lapses."),
