@@ -197,7 +197,7 @@ def watcher(spec: str, speedup: float = 1.0):
         path, _, at = arg.partition("@")
         tick, _, anchor = at.partition("@")
         if anchor not in ("", "job"):
-            raise ValueError(f"notices: {spec!r}; the trace's clock starts at the agent's start or @job")
+            raise ValueError(f"notices: {spec!r}; after the tick only @job is known (replay from the first job)")
         return TraceNotices(Path(path), int(tick or 0), speedup, from_job=anchor == "job")
     classes = {"aws": AwsSpotNotices, "gcp": GcpPreemptionNotices, "azure": AzureScheduledEvents}
     if kind not in classes:
