@@ -34,15 +34,16 @@ LOSES_SOON_TICK = 430  # 18 ticks (9.6 trace minutes) before this trace's first 
 STAYS_TICK = 1000  # the next loss is 1,941 ticks (17 trace hours) away
 
 
-def pick_agents(catalog: PriceCatalog) -> list[tuple[str, object, str]]:
-    """(agent id, offer, notices) for the demo pool: two L4 spot offers in different clouds and one on-demand."""
+def pick_agents(catalog: PriceCatalog, examples: Path = Path("examples")) -> list[tuple[str, object, str]]:
+    """(agent id, offer, notices spec) for the demo pool: two L4 spot offers in different clouds, each replaying
+    `examples`' trace, and one on-demand."""
     l4 = [o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1]
     spot = sorted((o for o in l4 if o.tier == Tier.spot), key=lambda o: o.price_usd_per_h)
     on_demand = min((o for o in l4 if o.tier == Tier.on_demand), key=lambda o: o.price_usd_per_h)
     second = next(o for o in spot if o.cloud != spot[0].cloud)
     return [
-        ("spot-a", spot[0], f"{TRACE}@{LOSES_SOON_TICK}@job"),
-        ("spot-b", second, f"{TRACE}@{STAYS_TICK}"),
+        ("spot-a", spot[0], f"trace={examples / TRACE}@{LOSES_SOON_TICK}@job"),
+        ("spot-b", second, f"trace={examples / TRACE}@{STAYS_TICK}"),
         ("ondemand-a", on_demand, "none"),
     ]
 
@@ -115,12 +116,9 @@ def run_demo(
     broker = Broker(store, catalog, policy, clock)
     server = BrokerServer(store, policy, clock, CheckpointStore(checkpoints), lease_s=3.0)
     provisioner = LocalProvisioner(redis_url, checkpoints, work / "runs", speedup=speedup, lease_s=3.0, prefix=PREFIX)
-    pool = pick_agents(catalog)
+    pool = pick_agents(catalog, examples)
     try:
         for agent_id, offer, notices in pool:
-            if notices != "none":
-                path, _, tick = notices.partition("@")
-                notices = f"trace={examples / path}@{tick}"
             provisioner.start(agent_id, offer, notices)
         wait_for_agents(store, [a for a, _, _ in pool], 60, provisioner.run_root)
         specs = [load_spec(p, clock.now()) for p in sorted((examples / "demo").glob("*.yaml"))]
