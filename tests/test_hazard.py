@@ -9,7 +9,7 @@ import pytest
 from broker.domain.errors import BrokerError
 from broker.pricing.hazard import PRIOR_HOURS, Evidence, HazardModel, gamma_band
 from broker.pricing.snapshot import packaged_dir
-from broker.pricing.traces import evidence, load_trace, load_traces
+from broker.pricing.traces import EVIDENCE_COLUMNS, evidence, load_trace, load_traces
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 needs_traces = pytest.mark.skipif(not TRACES.exists(), reason="../shared/data/traces is not here")
@@ -75,20 +75,7 @@ def test_a_steady_rate_has_no_dispersion_and_a_bursty_one_has_some(tmp_path):
 
 
 def model(rows, bands=None):
-    columns = [
-        "trace",
-        "kind",
-        "cloud",
-        "region",
-        "zone",
-        "instance_type",
-        "hours",
-        "preemptions",
-        "exposure_h",
-        "dispersion",
-        "availability",
-    ]
-    return HazardModel(pd.DataFrame(rows, columns=columns), bands or {})
+    return HazardModel(pd.DataFrame(rows, columns=EVIDENCE_COLUMNS), bands or {})
 
 
 def test_observed_preemptions_dominate_the_prior_and_narrow_the_band():
