@@ -15,7 +15,9 @@ Prints one JSON object: `jobs`, the quote figures pooled over every job of the f
 `quoted_free_jobs`, quoted $0 (a bubble), and `quoted_free_but_paid`, those of them that cost something after all;
 `calibration_max_gap_pts` of the reliability diagram of P(meet) in 10-point bins with >= 20 jobs,
 `calibration_mean_gap_pts` (the bins' gaps weighted by jobs), `calibration_max_gap_if_calibrated_pts` (median and
-90th percentile of the largest gap that true odds would show on the same quotes: the figure's noise floor),
+90th percentile of the largest gap that true odds would show on the same quotes: the figure's noise floor, with one
+job's rows under the pooled policies meeting or missing together, as they mostly do: the floor's high end) and
+`calibration_max_gap_if_calibrated_rows_apart_pts` (every row drawn on its own, as before 2026-11-27: its low end),
 `brier`, `cost_at_or_below_p10_p50_p90`: the share of jobs whose realised cost was at most the quoted p10, p50 and
 p90, a cost equal to one counted half (true quotes: 0.1, 0.5, 0.9), over the quotes with a spread (p10 < p90; a
 quote free in every future is counted in `quoted_free_*`), `median_quoted_spread_pct`: the median over those quotes
@@ -74,15 +76,23 @@ def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int) -> 
         "seed": seed,
         "workload_seed": workload,
         "rows": result.rows,
-        "jobs": {o.policy: job_rows(o.jobs, o.end) for o in result.outcomes},
-        "outlooks": {o.policy: job_rows(o.jobs, o.end, o.outlooks) for o in result.outcomes},
+        "jobs": {o.policy: with_case(job_rows(o.jobs, o.end), directory, seed) for o in result.outcomes},
+        "outlooks": {
+            o.policy: with_case(job_rows(o.jobs, o.end, o.outlooks), directory, seed) for o in result.outcomes
+        },
         "missed": missed_jobs(result.outcomes),
     }
+
+
+def with_case(rows: list[dict], directory: str, seed: int) -> list[dict]:
+    """The rows, each naming its job in its backtest (`case`): pooled over policies, one job's rows are one case."""
+    return [r | {"case": f"{directory}:{seed}:{r['job']}"} for r in rows]
 
 
 def figures(rows: list[dict]) -> dict:
     median, p90 = cost_errors_pct(rows)
     calibration = reliability(rows)
+    apart = reliability([{k: v for k, v in r.items() if k != "case"} for r in rows])
     return {
         "jobs": len(rows),
         "median_abs_cost_error_pct": median,
@@ -94,6 +104,7 @@ def figures(rows: list[dict]) -> dict:
         "calibration_max_gap_pts": calibration["calibration_max_gap_pts"],
         "calibration_mean_gap_pts": calibration["calibration_mean_gap_pts"],
         "calibration_max_gap_if_calibrated_pts": calibration["calibration_max_gap_if_calibrated_pts"],
+        "calibration_max_gap_if_calibrated_rows_apart_pts": apart["calibration_max_gap_if_calibrated_pts"],
         "brier": calibration["brier"],
         "reliability": calibration["bins"],
     }

@@ -232,6 +232,11 @@ def test_quote_figures_count_errors_and_calibration():
     assert figures["calibration_max_gap_if_calibrated_pts"] == [5.0, 10.0]  # median and 90th percentile
     many = [{"quoted_cost_usd": 1.0, "cost_usd": 1.0, "p_meet": 0.9, "met": i % 10 != 0} for i in range(2000)]
     assert reliability(many)["calibration_max_gap_if_calibrated_pts"][1] < 2.0  # 2,000 jobs: a tight floor
+    # the 20 jobs pooled under three policies: one job's rows meet or miss together, so the floor is the 20 jobs'
+    pooled = [r | {"case": i} for i, r in enumerate(rows) for _ in range(3)]
+    assert reliability(pooled)["calibration_max_gap_if_calibrated_pts"] == [5.0, 10.0]
+    apart = reliability([r | {"case": (i, k)} for i, r in enumerate(rows) for k in range(3)])
+    assert apart["calibration_max_gap_if_calibrated_pts"][1] < 10.0  # 60 outcomes drawn apart: a floor too low
     quoted = {"quoted_p10_usd": 8.0, "quoted_cost_usd": 10.0, "quoted_p90_usd": 12.0, "quoted_spread_pct": 10.0}
     spread = [quoted | {"cost_usd": c} for c in (7.0, 9.0, 11.0, 13.0)]
     free = [dict.fromkeys([*quoted, "cost_usd"], 0.0)] * 4  # free in every future, and free: right, not too dear

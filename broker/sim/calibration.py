@@ -86,7 +86,9 @@ def reliability(rows: list[dict]) -> dict:
     |predicted - observed| in points over bins with MIN_PER_BIN jobs, and the same gap weighted by jobs over all bins
     (`calibration_mean_gap_pts`); the Brier score; and `calibration_max_gap_if_calibrated_pts`: the median and 90th
     percentile of the largest gap that perfectly calibrated odds would show on these very quotes (each job meeting
-    with its quoted P), the noise floor below which a largest gap says nothing."""
+    with its quoted P), the noise floor below which a largest gap says nothing. Rows with the same `case` (one job
+    under several policies, pooled) meet or miss together in those draws, each at its own odds: drawn apart, one
+    job's outcome under three policies would count as three independent ones, and the floor would be too low."""
     if not rows:
         return {
             "bins": [],
@@ -112,7 +114,9 @@ def reliability(rows: list[dict]) -> dict:
     gaps = np.array([abs(b["predicted"] - b["observed"]) for b in bins])
     jobs = np.array([b["jobs"] for b in bins])
     counted = [m for m in masks.values() if m.sum() >= MIN_PER_BIN]
-    draws = np.random.default_rng(0).random((NOISE_DRAWS, len(p))) < p  # outcomes if the odds were true
+    case = {}
+    index = np.array([case.setdefault(r.get("case", i), len(case)) for i, r in enumerate(rows)])
+    draws = np.random.default_rng(0).random((NOISE_DRAWS, len(case)))[:, index] < p  # outcomes if the odds were true
     chance = np.max([np.abs(p[m].mean() - draws[:, m].mean(axis=1)) for m in counted] or [np.zeros(1)], axis=0)
     return {
         "bins": bins,
