@@ -8,6 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from broker.agents import notices as notices_module
 from broker.agents.notices import AwsSpotNotices, AzureScheduledEvents, GcpPreemptionNotices, TraceNotices, watcher
 
 
@@ -152,18 +153,22 @@ def test_trace_notice_comes_lead_seconds_before_the_first_lost_tick(tmp_path):
     assert TraceNotices(trace, start_tick=3, speedup=600).preempt_after_s == 90
 
 
-def test_a_trace_replayed_from_the_first_job_waits_for_it(tmp_path):
+def test_a_trace_replayed_from_the_first_job_waits_for_it(tmp_path, monkeypatch):
     """An agent that starts slowly must not lose its instance before its first job: the demo's preemption lands in
     the job, whatever the start-up took."""
     trace = tmp_path / "t.json"
     trace.write_text(json.dumps({"metadata": {"gap_seconds": 100}, "data": [1, 1, 0, 1, 1, 1, 0]}))
+    clock = [1000.0]  # the watcher's monotonic clock, moved by hand: no sleep a busy machine could stretch
+    monkeypatch.setattr(notices_module.time, "monotonic", lambda: clock[0])
     # from tick 3 the loss is 300 trace seconds away: 0.5 s at 600x, its notice 30 trace seconds (0.05 s) ahead
     notices = TraceNotices(trace, start_tick=3, speedup=600, lead_s=30, from_job=True)
-    time.sleep(0.7)  # past the loss, counted from the agent's start
+    clock[0] += 0.7  # past the loss, counted from the agent's start
     assert notices.check() is None
     notices.job_started()
     assert notices.check() is None  # the loss is 0.5 s into the job
-    time.sleep(0.5)
+    clock[0] += 0.44
+    assert notices.check() is None  # not yet within the notice's lead
+    clock[0] += 0.02
     assert notices.check() is not None
     assert watcher(f"trace={trace}@3@job").started is None and watcher(f"trace={trace}@3").started is not None
     with pytest.raises(ValueError, match="@job"):

@@ -115,7 +115,7 @@ def reliability(rows: list[dict]) -> dict:
     jobs = np.array([b["jobs"] for b in bins])
     counted = [m for m in masks.values() if m.sum() >= MIN_PER_BIN]
     case = {}
-    index = np.array([case.setdefault(r.get("case", i), len(case)) for i, r in enumerate(rows)])
+    index = np.array([case.setdefault(r.get("case", ("row", i)), len(case)) for i, r in enumerate(rows)])
     draws = np.random.default_rng(0).random((NOISE_DRAWS, len(case)))[:, index] < p  # outcomes if the odds were true
     chance = np.max([np.abs(p[m].mean() - draws[:, m].mean(axis=1)) for m in counted] or [np.zeros(1)], axis=0)
     return {
