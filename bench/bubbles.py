@@ -13,10 +13,13 @@ With --device cuda (a machine with one GPU) each stage runs alone on the GPU ins
 the schedule model says the other stages take, fill work from a second process in the marked
 waits; it adds per stage the slowdown and whether the losses stayed identical, the overhead of
 the bubble marks alone (`marks_overhead_pct`) and each stage's microbatch time. `--one-stage`
-runs the same replay on CPU.
+runs the same replay on CPU. `--live` fills the replayed stages through the live broker instead
+(bench/live_fill.py: redis-server, `broker server`, `broker submit`, the stage's FillAgent) and adds
+each fill job's outcome; give it more steps, since the agent first times the job's configurations.
 
     python bench/bubbles.py --steps 12 --json
     PYTHONPATH=. python bench/bubbles.py --device cuda --steps 24 --json
+    PYTHONPATH=. python bench/bubbles.py --device cuda --live --steps 80 --json
 """
 
 from __future__ import annotations
@@ -77,21 +80,31 @@ def stage_figures(plain: dict, filled: dict) -> dict:
     start_fill = steady(filled)[0][0]
     windows = [(start, end) for _, start, end, _ in filled["windows"] if start >= start_fill]
     steps = filled["fill"]["steps"] if filled["fill"] else []
-    overruns, filled_s = [], 0.0
+    overruns = []
     for began, ended, _ in steps:
         window = next(((s, e) for s, e in reversed(windows) if s <= began), None)
         overruns.append(max(0.0, ended - window[1]) * 1000 if window else (ended - began) * 1000)
-        filled_s += ended - began
-    bubble_s = sum(end - start for start, end in windows)
-    return {
+    figures = {
         "stage": plain["stage"],
         "bubble_fraction": round(idle / busy, 4),
         "formula_fraction": round((STAGES - 1) / (MICRO_BATCHES + STAGES - 1), 4),
-        "fill_share": round(filled_s / bubble_s, 4) if bubble_s else 0.0,
+        "fill_share": fill_share(windows, steps, start_fill),
         "fill_steps": len(steps),
         "overrun_p50_ms": round(float(np.percentile(overruns, 50)), 2) if overruns else 0.0,
         "overrun_p99_ms": round(float(np.percentile(overruns, 99)), 2) if overruns else 0.0,
     }
+    chosen_at = (filled["fill"] or {}).get("chosen_at")
+    if chosen_at:  # the live agent timed the job's configurations first: the share once it runs on in its choice
+        figures["choosing_s"] = round(chosen_at - start_fill, 1)
+        figures["fill_share_after_choosing"] = fill_share(windows, steps, chosen_at)
+    return figures
+
+
+def fill_share(windows: list[tuple[float, float]], steps: list[tuple], since: float) -> float:
+    """The share of the windows from `since` on that fill steps ran in."""
+    bubble_s = sum(end - start for start, end in windows if start >= since)
+    filled_s = sum(ended - began for began, ended, _ in steps if began >= since)
+    return round(filled_s / bubble_s, 4) if bubble_s else 0.0
 
 
 def median_iteration(run: dict) -> float:
@@ -111,8 +124,11 @@ def pipeline(steps: int) -> tuple[list[dict], list[dict], str]:
     return plain, filled, f"cpu ({os.cpu_count()} cores, {STAGES} ranks, gloo)"
 
 
-def one_stage_at_a_time(steps: int, device: str) -> tuple[list[dict], list[dict], list[dict], str]:
-    """Each stage alone on the device (bench/stage_replay.py), fill from a second process."""
+def one_stage_at_a_time(
+    steps: int, device: str, live=None, fill_steps: int | None = None, only: list[int] | None = None
+) -> tuple[list[dict], list[dict], list[dict], str]:
+    """Each stage alone on the device (bench/stage_replay.py), fill from a second process (the broker's agent's,
+    given a live_fill.LiveBroker)."""
     if device == "cuda":
         os.environ.update(CUDA_SHAPE, CUBLAS_WORKSPACE_CONFIG=":4096:8")  # cuBLAS's deterministic workspace
         torch.use_deterministic_algorithms(True)  # else attention's backward may add in another order each run
@@ -126,10 +142,14 @@ def one_stage_at_a_time(steps: int, device: str) -> tuple[list[dict], list[dict]
         PROFILE_STEPS,
         device,
         CUDA_FILL if device == "cuda" else {},
+        live,
+        fill_steps,
+        only,
     )
     name = torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({os.cpu_count()} cores)"
     sharing = "MPS" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "time-sliced contexts"
-    return bare, plain, filled, f"{name}, one stage at a time, fill in a second process ({sharing})"
+    served = " served by the live broker" if live else ""
+    return bare, plain, filled, f"{name}, one stage at a time, fill in a second process{served} ({sharing})"
 
 
 def main() -> None:
@@ -143,17 +163,36 @@ def main() -> None:
         help="cpu: the 4-rank DeepSpeed pipeline under torchrun; cuda: one stage at a time on the one GPU",
     )
     parser.add_argument("--one-stage", action="store_true", help="on CPU too, replay one stage at a time")
+    parser.add_argument(
+        "--live", action="store_true", help="one stage at a time, filled through the live broker (no bare runs)"
+    )
+    parser.add_argument("--fill-steps", type=int, help="one stage at a time: the filled runs' steps (default --steps)")
+    parser.add_argument("--stage", type=int, action="append", help="one stage at a time: only this stage (repeatable)")
     args = parser.parse_args()
-    bare = None
-    if args.device == "cuda" or args.one_stage:
-        bare, plain, filled, device = one_stage_at_a_time(args.steps, args.device)
+    bare, one_stage = None, args.live or args.device == "cuda" or args.one_stage
+    if args.live:
+        from live_fill import LiveBroker
+
+        live = LiveBroker()
+        try:
+            bare, plain, filled, device = one_stage_at_a_time(
+                args.steps, args.device, live, args.fill_steps, args.stage
+            )
+        finally:
+            live.close()
+    elif one_stage:
+        bare, plain, filled, device = one_stage_at_a_time(args.steps, args.device, None, args.fill_steps, args.stage)
     else:
         plain, filled, device = pipeline(args.steps)
     stages = [stage_figures(a, b) for a, b in zip(plain, filled)]
     for figures, a, b in zip(stages, plain, filled):
         figures["slowdown_pct"] = round(100 * (median_iteration(b) / median_iteration(a) - 1), 2)
-        figures["losses_identical"] = a["losses"] == b["losses"] and bool(np.isfinite(a["losses"]).all())
-    worst = max(range(len(stages)), key=lambda s: stages[s]["slowdown_pct"]) if bare else 0
+        common = min(len(a["losses"]), len(b["losses"]))  # the iterations both ran
+        same = a["losses"][:common] == b["losses"][:common]
+        figures["losses_identical"] = same and bool(np.isfinite(a["losses"]).all())
+        if b["fill"] and "job" in b["fill"]:  # served by the live broker
+            figures["fill_job"] = {k: b["fill"][k] for k in ("job", "state", "runs", "micro_steps", "probing", "kills")}
+    worst = max(range(len(stages)), key=lambda s: stages[s]["slowdown_pct"]) if one_stage else 0
     without, with_fill = median_iteration(plain[worst]), median_iteration(filled[worst])
     result = {
         "stages": stages,
@@ -162,6 +201,7 @@ def main() -> None:
         "slowdown_pct": stages[worst]["slowdown_pct"],
         "device": device,
         "steps": args.steps,
+        "fill_steps": args.fill_steps or args.steps,
         "losses_identical": all(figures["losses_identical"] for figures in stages),
     }
     if bare:  # if runs without fill differ too, the arithmetic is not repeatable, whatever the fill does
@@ -170,7 +210,8 @@ def main() -> None:
         result["marks_overhead_pct"] = round(
             100 * max(median_iteration(a) / median_iteration(b) - 1 for a, b in zip(plain, bare)), 2
         )
-        result["microbatch_ms"] = [round(1000 * (run["t_f"] + run["t_b"]), 1) for run in bare]
+    if one_stage:
+        result["microbatch_ms"] = [round(1000 * (run["t_f"] + run["t_b"]), 1) for run in plain]
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 

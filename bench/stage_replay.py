@@ -121,12 +121,13 @@ def idle(seconds: float, kind: str | None, recorder: BubbleRecorder | None) -> N
 def replay(
     stage: Stage, plan: list[tuple], steps: int, device: str, recorder=None, fill_from: int | None = None, fill=None
 ) -> dict:
-    """Run `steps` iterations of the plan; from iteration `fill_from` on, `fill(recorder)` starts a Filler.
+    """Run `steps` iterations of the plan; from iteration `fill_from` on, `fill(recorder, iterations)` starts a
+    filler (stage_fill.Filler, or live_fill.BrokerFill).
     Returns the records bench/bubbles.py reads: iterations, windows, losses and the fill's steps."""
     iterations, losses, filler = [], [], None
     for iteration in range(steps):
         if fill is not None and iteration == fill_from:
-            filler = fill(recorder)
+            filler = fill(recorder, iterations)
         began, total = time.monotonic(), 0.0
         for before, kind, op in plan:
             idle(before, kind, recorder)
@@ -148,25 +149,44 @@ def replay(
 
 
 def stage_runs(
-    stages: int, micro_batches: int, micro_batch: int, steps: int, profile_steps: int, device: str, fill_config: dict
+    stages: int,
+    micro_batches: int,
+    micro_batch: int,
+    steps: int,
+    profile_steps: int,
+    device: str,
+    fill_config: dict,
+    live=None,
+    fill_steps: int | None = None,
+    only: list[int] | None = None,
 ) -> tuple[list[dict], list[dict], list[dict]]:
-    """Each stage in turn: bare (no marks), instrumented without fill, and with fill from iteration
-    `profile_steps` on. The waits come from every stage's times, measured first."""
+    """Each stage in turn: bare (no marks; not with `live`), instrumented without fill, and with fill from
+    iteration `profile_steps` on for `fill_steps` iterations (default `steps`), by a Filler or, given a
+    live_fill.LiveBroker, by the broker's own agent; the stages in `only`, or all. The waits come from every
+    stage's times, measured first."""
+    from live_fill import BrokerFill
     from stage_fill import Filler
+
+    def filler(recorder, iterations, stage):
+        if live is not None:
+            return BrokerFill(live, recorder, stage, iterations, fill_config)
+        return Filler("fill_mlp:MlpFill", recorder, stage, fill_config)
 
     times = [op_seconds(Stage(s, stages, micro_batch, device), device) for s in range(stages)]
     t_f, t_b = [t for t, _ in times], [t for _, t in times]
     bare, plain, filled = [], [], []
-    for s in range(stages):
+    for s in only if only is not None else range(stages):
         plan = waits(s, stages, micro_batches, t_f, t_b)
         runs = []
-        for recorder, fill in (
-            (None, None),
-            (BubbleRecorder(MEMORY_BUDGET), None),
-            (BubbleRecorder(MEMORY_BUDGET), lambda r, s=s: Filler("fill_mlp:MlpFill", r, s, fill_config)),
+        for recorder, fill, iterations in (
+            (None, None, 0 if live else steps),
+            (BubbleRecorder(MEMORY_BUDGET), None, steps),
+            (BubbleRecorder(MEMORY_BUDGET), lambda r, its, s=s: filler(r, its, s), fill_steps or steps),
         ):
-            run = replay(Stage(s, stages, micro_batch, device), plan, steps, device, recorder, profile_steps, fill)
+            run = replay(Stage(s, stages, micro_batch, device), plan, iterations, device, recorder, profile_steps, fill)
             runs.append({**run, "stage": s, "t_f": t_f[s], "t_b": t_b[s]})
         for into, run in zip((bare, plain, filled), runs):
-            into.append(run)
+            if run["iterations"]:
+                into.append(run)
+        print(f"stage {s}: {len(runs[-1]['iterations'])} iterations filled", file=sys.stderr, flush=True)
     return bare, plain, filled

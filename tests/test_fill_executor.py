@@ -95,6 +95,23 @@ def test_a_trial_configuration_is_timed_but_its_steps_are_not_kept():
         executor.stop()
 
 
+def test_another_configuration_runs_in_the_same_process_with_a_memory_peak_of_its_own():
+    """Timing a configuration starts no new process (on an H200 each start took seconds of windows); the task is
+    built again in the child, and its memory peak starts over, so a split's peak is not the whole batch's."""
+    executor = FillExecutor("fill_mlp:MlpFill", {"step_s": 0.0, "width": 512, "depth": 3, "batch": 4096})
+    executor.start()
+    try:
+        pid = executor.process.pid
+        assert executor.window(3.0)["steps"]
+        whole = executor.peak_bytes
+        executor.reconfigure({"micro_steps": 8}, trial=True)
+        assert executor.process.pid == pid and executor.micro_steps == 8
+        assert executor.window(3.0)["steps"]
+        assert executor.peak_bytes < whole - 20 * 2**20  # 512 of 4096 rows' activations at once, not all of them
+    finally:
+        executor.stop()
+
+
 def test_a_task_that_cannot_start_says_why_in_one_line():
     executor = FillExecutor("fill_mlp:MlpFill", {"micro_steps": "3"})  # 3 does not divide its batch of 16
     with pytest.raises(RuntimeError, match="could not start: ValueError: micro_steps: 3 does not divide batch 16"):

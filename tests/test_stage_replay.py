@@ -41,7 +41,7 @@ def test_fill_in_the_marked_waits_leaves_the_stages_losses_bit_identical(monkeyp
         "cpu",
         BubbleRecorder(MEMORY_BUDGET),
         fill_from=2,
-        fill=lambda recorder: Filler("fill_mlp:MlpFill", recorder, 1),
+        fill=lambda recorder, iterations: Filler("fill_mlp:MlpFill", recorder, 1),
     )
     assert plain["losses"] == filled["losses"]
     assert len(plain["losses"]) == 5 and len({round(x, 6) for x in plain["losses"]}) == 5  # it trains

@@ -27,14 +27,17 @@ from datetime import UTC, datetime
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.contract import Assignment, Contract, Verdict
-from broker.bubbles.capacity import measured_speed
+from broker.bubbles.capacity import bubble_offer, measured_speed
 from broker.bubbles.executor import START_TIMEOUT_S, FillExecutor
 from broker.bubbles.probe import NEXT, TIMING, UNFIT, ConfigurationProbe
+from broker.bubbles.profiler import profile
+from broker.bubbles.recorder import BubbleRecorder
 from broker.domain.bubbles import BubbleProfile, FillStats
 from broker.domain.model import Offer
 from broker.sdk import STATE_FILE
 from broker.store.jobs import Store
-from broker.store.profiles import save_fill_stats
+from broker.store.profiles import save_fill_stats, save_profile
+from broker.store.shards import ShardedStore
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,7 @@ class FillAgent:
         self.executor: FillExecutor | None = None
         self.job: Assignment | None = None
         self.probe: ConfigurationProbe | None = None  # while the job's configurations are being timed
+        self.chosen_at: float | None = None  # when the running job's configuration was chosen (monotonic)
         self.efficiency = 1.0  # the chosen configuration's work per second over the submitted one's
         self.total_steps = 0
         self.served: list[str] = []  # job ids it ran, in order
@@ -193,7 +197,7 @@ class FillAgent:
             self.contract.refuse(job, str(err))
             return
         self.executor, self.job, self.total_steps = executor, job, int(job.spec.work.steps)
-        self.probe = ConfigurationProbe(executor.configurations, executor.micro_steps)
+        self.probe, self.chosen_at = ConfigurationProbe(executor.configurations, executor.micro_steps), None
         self.efficiency, self.step_s = 1.0, []
         self._owned = self._saved = time.monotonic()
         self.served.append(job.job)
@@ -243,7 +247,7 @@ class FillAgent:
         self.step_s = []  # the offer's speed comes from the steps of the configuration that runs
         if outcome == NEXT:
             return
-        probe, self.probe = self.probe, None
+        probe, self.probe, self.chosen_at = self.probe, None, time.monotonic()
         if outcome == UNFIT:
             log.warning(
                 "job=%s agent=%s no configuration's steps fit these windows in time or memory", self.job.job, self.id
@@ -285,6 +289,33 @@ class FillAgent:
         self.executor.stop()
         self.contract.exited(self.job.job, self.job.fence, reason, code=0 if reason == "finished" else None)
         self.executor, self.job = None, None
+
+
+def serve_stage(
+    store: ShardedStore,
+    checkpoints: CheckpointStore,
+    main_job: str,
+    stage: int,
+    recorder: BubbleRecorder,
+    iterations: list[tuple[float, float]],
+    accelerator: str,
+    min_window_s: float = 0.05,
+) -> FillAgent | None:
+    """Publish a stage's measured profile; serve fill jobs as an agent, fed by the recorder's bubble signals, if a
+    window is long enough to use. An engine's stage (Bubbles) and bench/stage_replay.py's replayed one both start
+    here."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    measured = profile(main_job, stage, device, recorder.windows, iterations, datetime.now(UTC))
+    save_profile(store.shards[0], measured)  # profiles live in shard 0
+    offer = bubble_offer(measured, "local", "local", accelerator, min_window_s=min_window_s)
+    if offer is None:
+        return None
+    agent = FillAgent(store.of_agent(stage_agent_id(measured)), checkpoints, measured, offer)
+    recorder.signal = agent.signal
+    agent.start()
+    return agent
 
 
 def memory_cap(profile: BubbleProfile) -> float | None:

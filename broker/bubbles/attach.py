@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from datetime import UTC, datetime
 
 import torch
 
 from broker.agents.checkpoints import CheckpointStore
-from broker.bubbles.agent import FillAgent, stage_agent_id
-from broker.bubbles.capacity import bubble_offer
+from broker.bubbles.agent import FillAgent, serve_stage
 from broker.bubbles.instrument import instrument
-from broker.bubbles.profiler import profile
 from broker.bubbles.recorder import BubbleRecorder
-from broker.store.profiles import save_profile
 from broker.store.shards import ShardedStore
 
 
@@ -68,18 +64,16 @@ class Bubbles:
             self.agent.iteration(self.iterations[-1][1] - started)
 
     def _register(self) -> FillAgent | None:
-        """Publish the measured profile; serve fill jobs if a window is long enough to use."""
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        stage = self.engine.stage_id
-        measured = profile(self.main_job, stage, device, self.recorder.windows, self.iterations, datetime.now(UTC))
-        save_profile(self.store.shards[0], measured)  # profiles live in shard 0
-        offer = bubble_offer(measured, "local", "local", self.accelerator, min_window_s=self.min_window_s)
-        if offer is None:
-            return None
-        agent = FillAgent(self.store.of_agent(stage_agent_id(measured)), self.checkpoints, measured, offer)
-        self.recorder.signal = agent.signal
-        agent.start()
-        return agent
+        return serve_stage(
+            self.store,
+            self.checkpoints,
+            self.main_job,
+            self.engine.stage_id,
+            self.recorder,
+            self.iterations,
+            self.accelerator,
+            self.min_window_s,
+        )
 
     @property
     def served(self) -> list[str]:

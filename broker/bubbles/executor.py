@@ -72,22 +72,17 @@ def load_task(path: str) -> FillTask:
 
 
 def _serve(task_path: str, config: dict, state: dict | None, conn, memory_fraction: float | None) -> None:
-    """The child: one task, commands from the executor, one reply per command."""
+    """The child: one task at a time, commands from the executor, one reply per command. `reconfigure` builds the
+    task again in this process from a configuration and a state: no new interpreter, no new CUDA context (on an
+    H200 a fill process took seconds to start, and the agent times several configurations)."""
     if memory_fraction is not None:
         import torch
 
         if torch.cuda.is_available():
             torch.cuda.set_per_process_memory_fraction(memory_fraction)  # an OOM hits the fill job, not the main job
-    try:
-        task = load_task(task_path)
-        task.create(config)
-        if state is not None:
-            task.load_state_dict(state)
-        task.init()
-    except Exception as err:  # a bad configuration or task path: the executor says why, in one line
-        conn.send(("failed", f"{type(err).__name__}: {err}"))
+    task = _ready(conn, task_path, config, state)
+    if task is None:
         return
-    conn.send(("ready", {"configurations": task.configurations(), "micro_steps": task.micro_steps()}))
     step_s = float(config.get("step_s", 0.0))  # the profiled step time; refined as steps run
     warm_up = task.micro_steps()  # calls of the first whole step: timed, not planned with
     while True:
@@ -106,18 +101,64 @@ def _serve(task_path: str, config: dict, state: dict | None, conn, memory_fracti
             conn.send(("paused", {"steps": steps, "done": task.steps_done(), "peak_bytes": _peak_bytes()}))
         elif command == "state":
             conn.send(("state", _pack(task.state_dict())))
+        elif command == "reconfigure":
+            config, packed = arg
+            task.stop()
+            task = None
+            _reset_peak()  # the next configuration's memory peak is its own
+            task = _ready(conn, task_path, config, _unpack(packed) if packed is not None else None)
+            if task is None:
+                return
+            step_s, warm_up = float(config.get("step_s", 0.0)), task.micro_steps()
         elif command == "stop":
             task.stop()
             conn.send(("stopped", _pack(task.state_dict())))
             return
 
 
+def _ready(conn, task_path: str, config: dict, state: dict | None) -> FillTask | None:
+    """The task built from its configuration and state, announced with what the executor needs of it; None (and
+    why, in one line) when it cannot be built."""
+    try:
+        task = load_task(task_path)
+        task.create(config)
+        if state is not None:
+            task.load_state_dict(state)
+        task.init()
+    except Exception as err:  # a bad configuration or task path: the executor says why, in one line
+        conn.send(("failed", f"{type(err).__name__}: {err}"))
+        return None
+    conn.send(("ready", {"configurations": task.configurations(), "micro_steps": task.micro_steps()}))
+    return task
+
+
 def _peak_bytes() -> int:
-    """The most memory the task has held: the GPU allocator's peak on CUDA, else the process's peak resident set."""
+    """The most memory the task has held: the GPU allocator's peak on CUDA, else the process's peak resident set
+    (since the last reset where Linux's /proc allows one)."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         return int(torch.cuda.max_memory_allocated())
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) * 1024
+    except (OSError, StopIteration, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+
+
+def _reset_peak() -> None:
+    """Start the peak over from what the process holds now (the previous task released)."""
+    import gc
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
+    except OSError:
+        pass
 
 
 def _pack(state: dict) -> bytes:
@@ -165,8 +206,12 @@ class FillExecutor:
             target=_serve, args=(self.task_path, self.config, self.state, child, self.memory_fraction), daemon=True
         )
         self.process.start()
+        self._await_ready()
+
+    def _await_ready(self) -> None:
+        """The child's word that the task is built (imports take seconds), or why it is not, as a RuntimeError."""
         try:
-            kind, about = self.conn.recv() if self.conn.poll(START_TIMEOUT_S) else (None, None)  # imports take seconds
+            kind, about = self.conn.recv() if self.conn.poll(START_TIMEOUT_S) else (None, None)
         except EOFError:  # the process died before it could say why (killed, out of memory)
             self.process.join(5)
             kind, about = "failed", f"its process exited with code {self.process.exitcode}"
@@ -199,12 +244,15 @@ class FillExecutor:
         self.start()
 
     def reconfigure(self, overrides: dict, trial: bool = False) -> None:
-        """Run on from the task's state with `overrides` on the submitted configuration. A trial's steps are timed,
-        never kept: its state is never taken, so checkpoints and what comes after it go on from the state before."""
-        self.stop()
+        """Run on from the task's state with `overrides` on the submitted configuration, in the same process. A
+        trial's steps are timed, never kept: its state is never taken, so checkpoints and what comes after it go on
+        from the state before."""
+        if not self.trying:
+            self.take_state()
         self.config, self.longest_step_s = {**self.submitted, **overrides, "step_s": 0.0}, 0.0
         self.trying = trial
-        self.start()
+        self.conn.send(("reconfigure", (self.config, _pack(self.state) if self.state is not None else None)))
+        self._await_ready()
 
     def take_state(self) -> dict:
         if self.trying:
