@@ -2,7 +2,6 @@
 
 import json
 import threading
-import time
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -141,15 +140,20 @@ def test_an_unreachable_metadata_service_is_no_notice():
     assert AzureScheduledEvents("http://127.0.0.1:9").check() is None
 
 
-def test_trace_notice_comes_lead_seconds_before_the_first_lost_tick(tmp_path):
+def test_trace_notice_comes_lead_seconds_before_the_first_lost_tick(tmp_path, monkeypatch):
     trace = tmp_path / "t.json"
     trace.write_text(json.dumps({"metadata": {"gap_seconds": 30}, "data": [1, 1, 0, 1, 1, 1, 0]}))
+    clock = [1000.0]  # the watcher's monotonic clock, moved by hand: no sleep a busy machine could stretch
+    monkeypatch.setattr(notices_module.time, "monotonic", lambda: clock[0])
     # from tick 3 the next loss is 3 ticks = 90 trace seconds away; at 600x that is 0.15 s
     notices = TraceNotices(trace, start_tick=3, speedup=600, lead_s=30)
+    clock[0] += 0.09  # 54 trace seconds: not yet within the 30 s lead of second 90
     assert notices.check() is None
-    time.sleep(0.11)  # 66 trace seconds: inside the 30 s lead of second 90
+    clock[0] += 0.02  # 66 trace seconds: inside it
+    before = datetime.now(UTC)
     notice = notices.check()
-    assert notice is not None and 0 <= (notice.deadline - datetime.now(UTC)).total_seconds() <= 0.05
+    assert notice is not None
+    assert 0.039 <= (notice.deadline - before).total_seconds() <= 0.041 + (datetime.now(UTC) - before).total_seconds()
     assert TraceNotices(trace, start_tick=3, speedup=600).preempt_after_s == 90
 
 
