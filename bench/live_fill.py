@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -109,7 +110,11 @@ class BrokerFill:
         self.agent = serve_stage(live.store, checkpoints, MAIN_JOB, stage, recorder, iterations, ACCELERATOR, 0.001)
         if self.agent is None:
             raise SystemExit(f"stage {stage}: no window long enough to offer; nothing to fill")
+        self.registered_at = datetime.now(UTC)
         self.submitting = live.submit(stage, fill_config)
+
+    def _since(self, at: datetime | None) -> float | None:
+        return round((at - self.registered_at).total_seconds(), 1) if at else None
 
     def finish(self) -> dict:
         """Hand the job back (training is over), then what it did: the executor's steps, its chosen split."""
@@ -131,6 +136,9 @@ class BrokerFill:
             "job": job_id,
             "state": job.state.value,
             "runs": [{"agent": r.agent, "end": r.end_reason, "checkpoint_step": r.checkpoint_step} for r in job.runs],
+            # from the stage's registration (the submit's process, the server's round, the fill process's start)
+            "dispatched_s": self._since(job.runs[0].dispatched_at) if job.runs else None,
+            "started_s": self._since(job.runs[0].started_at) if job.runs else None,
             "micro_steps": micro_steps,  # the split it ran on (1: as submitted)
             "probing": probing,  # still timing its configurations when training ended
             "chosen_at": chosen_at,

@@ -107,6 +107,15 @@ def test_the_band_widens_with_dispersion():
     assert wide[0] < narrow[0] < 0.5 < narrow[1] < wide[1]
 
 
+@pytest.mark.parametrize("shape,rate,dispersion", [(50, 100, 0.0), (50, 100, 0.8), (0.2, 3, 0.3), (1e-6, 24, 0.0)])
+def test_the_band_is_the_central_90_percent_of_the_rates_gamma(shape, rate, dispersion):
+    from scipy import stats
+
+    cv2 = 1 / shape + dispersion  # a mean shape / rate with squared coefficient of variation cv2
+    rates = stats.gamma(a=1 / cv2, scale=shape / rate * cv2)
+    assert gamma_band(shape, rate, dispersion) == pytest.approx(tuple(rates.ppf([0.05, 0.95])), rel=1e-9)
+
+
 def test_the_catalog_prices_spot_with_the_model(catalog):
     spot = [
         o

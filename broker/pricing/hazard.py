@@ -70,10 +70,12 @@ def gamma_band(shape: float, rate: float, dispersion: float, level: float = 0.90
     if mean <= 0:
         return 0.0, 0.0
     tail = (1 - level) / 2
-    from scipy import stats  # here: scipy.stats takes a second to import, and agents start often
+    # the gamma quantiles from the inverse incomplete gamma function: a catalog prices every spot offer with its
+    # band, and scipy.stats' frozen distributions took 3.8 of `broker submit`'s 5.7 s for 2,073 offers
+    from scipy.special import gammaincinv
 
-    dist = stats.gamma(a=1 / cv2, scale=mean * cv2)
-    return float(dist.ppf(tail)), float(dist.ppf(1 - tail))
+    shape_, scale = 1 / cv2, mean * cv2
+    return float(scale * gammaincinv(shape_, tail)), float(scale * gammaincinv(shape_, 1 - tail))
 
 
 class HazardModel:
