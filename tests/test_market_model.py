@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-from broker.pricing.availability import MarketModel, spells, tick_minimum
+from broker.pricing.availability import MarketModel, spell_at_ticks, spells, tick_minimum
 from broker.pricing.traces import Trace
 
 NOW = datetime(2023, 2, 15, tzinfo=UTC)
@@ -73,3 +73,11 @@ def _offer(zone: str, tier: str = "spot", price: float = 0.9):
         hazard_per_h=0.2 if tier == "spot" else 0.0,
         availability=0.9 if tier == "spot" else 1.0,
     )
+
+
+def test_each_tick_falls_in_the_spell_its_middle_is_in():
+    rng = np.random.default_rng(3)
+    lengths = np.concatenate([rng.integers(1, 9, (50, 12)) / 2, rng.exponential(4.0, (50, 12))])  # ends on x.5 too
+    ends = np.cumsum(lengths, axis=1)
+    expected = np.stack([np.searchsorted(row, np.arange(60) + 0.5, side="right") for row in ends])
+    assert (spell_at_ticks(ends, 60) == expected).all()

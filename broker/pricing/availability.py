@@ -169,11 +169,7 @@ class ZoneModel:
         lengths[:, 0] = first
         lengths[:, 1::2] = np.where(start_up[:, None], down, up)
         lengths[:, 2::2] = np.where(start_up[:, None], up, down)
-        ends = np.cumsum(lengths, axis=1)
-        index = np.empty((n, ticks), dtype=int)
-        moments = np.arange(ticks) + 0.5
-        for i in range(n):
-            index[i] = np.searchsorted(ends[i], moments, side="right")
+        index = spell_at_ticks(np.cumsum(lengths, axis=1), ticks)
         up = (index % 2 == 0) == start_up[:, None]
         return up & (rng.random(up.shape) >= self.shrink) if shrinks and self.shrink > 0 else up
 
@@ -191,6 +187,16 @@ class ZoneModel:
         biased = probs * values
         picked = rng.choice(values, n, p=biased / biased.sum())
         return np.maximum(rng.random(n) * picked, 1e-6)
+
+
+def spell_at_ticks(ends: np.ndarray, ticks: int) -> np.ndarray:
+    """For rows of spell ends (each row increasing), the spell each tick's middle t + 0.5 falls in: how many of the
+    row's spells ended by then (a searchsorted per row, done for all rows at once: per row it took a tenth of a
+    backtest). A spell ending at e has ended by every tick t >= ceil(e - 0.5)."""
+    rows = ends.shape[0]
+    behind = np.clip(np.ceil(ends - 0.5), 0, ticks).astype(np.int64) + (np.arange(rows) * (ticks + 1))[:, None]
+    counts = np.bincount(behind.ravel(), minlength=rows * (ticks + 1)).reshape(rows, ticks + 1)
+    return counts.cumsum(axis=1)[:, :ticks]
 
 
 def exponential_zone(
