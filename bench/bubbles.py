@@ -19,7 +19,7 @@ each fill job's outcome; give it more steps, since the agent first times the job
 
     python bench/bubbles.py --steps 12 --json
     PYTHONPATH=. python bench/bubbles.py --device cuda --steps 24 --json
-    PYTHONPATH=. python bench/bubbles.py --device cuda --live --steps 80 --json
+    PYTHONPATH=. python bench/bubbles.py --device cuda --live --steps 24 --fill-steps 90 --json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The fill work reaches the stage the way a user's does: a private redis-server, a `broker server` process, the
 fill job submitted with `broker submit` (its own process), and the stage's FillAgent in the stage's process
-(broker.bubbles.attach.serve_stage, as `attach` starts it): assignment from the stream, the configuration probe,
+(broker.bubbles.agent.serve_stage, as `attach` starts it): assignment from the stream, the configuration probe,
 progress and checkpoint reports, the heartbeat lease. What the stage pays for all of that shows in its iterations.
 """
 
