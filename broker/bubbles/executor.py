@@ -156,6 +156,12 @@ def _reset_peak() -> None:
         torch.cuda.reset_peak_memory_stats()
         return
     try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed memory resident; give it back first
+    except (OSError, AttributeError):
+        pass
+    try:
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
     except OSError:
         pass
