@@ -164,12 +164,14 @@ def stage_runs(
     iteration `profile_steps` on for `fill_steps` iterations (default `steps`), by a Filler or, given a
     live_fill.LiveBroker, by the broker's own agent; the stages in `only`, or all. The waits come from every
     stage's times, measured first."""
-    from live_fill import BrokerFill
-    from stage_fill import Filler
 
     def filler(recorder, iterations, stage):
         if live is not None:
+            from live_fill import BrokerFill  # redis, the broker's agent: only for --live
+
             return BrokerFill(live, recorder, stage, iterations, fill_config)
+        from stage_fill import Filler
+
         return Filler("fill_mlp:MlpFill", recorder, stage, fill_config)
 
     times = [op_seconds(Stage(s, stages, micro_batch, device), device) for s in range(stages)]

@@ -140,11 +140,17 @@ def test_an_unreachable_metadata_service_is_no_notice():
     assert AzureScheduledEvents("http://127.0.0.1:9").check() is None
 
 
-def test_trace_notice_comes_lead_seconds_before_the_first_lost_tick(tmp_path, monkeypatch):
+@pytest.fixture
+def clock(monkeypatch) -> list[float]:
+    """The watchers' monotonic clock, moved by hand (`clock[0] += s`): no sleep a busy machine could stretch."""
+    now = [1000.0]
+    monkeypatch.setattr(notices_module.time, "monotonic", lambda: now[0])
+    return now
+
+
+def test_trace_notice_comes_lead_seconds_before_the_first_lost_tick(tmp_path, clock):
     trace = tmp_path / "t.json"
     trace.write_text(json.dumps({"metadata": {"gap_seconds": 30}, "data": [1, 1, 0, 1, 1, 1, 0]}))
-    clock = [1000.0]  # the watcher's monotonic clock, moved by hand: no sleep a busy machine could stretch
-    monkeypatch.setattr(notices_module.time, "monotonic", lambda: clock[0])
     # from tick 3 the next loss is 3 ticks = 90 trace seconds away; at 600x that is 0.15 s
     notices = TraceNotices(trace, start_tick=3, speedup=600, lead_s=30)
     clock[0] += 0.09  # 54 trace seconds: not yet within the 30 s lead of second 90
@@ -157,13 +163,11 @@ def test_trace_notice_comes_lead_seconds_before_the_first_lost_tick(tmp_path, mo
     assert TraceNotices(trace, start_tick=3, speedup=600).preempt_after_s == 90
 
 
-def test_a_trace_replayed_from_the_first_job_waits_for_it(tmp_path, monkeypatch):
+def test_a_trace_replayed_from_the_first_job_waits_for_it(tmp_path, clock):
     """An agent that starts slowly must not lose its instance before its first job: the demo's preemption lands in
     the job, whatever the start-up took."""
     trace = tmp_path / "t.json"
     trace.write_text(json.dumps({"metadata": {"gap_seconds": 100}, "data": [1, 1, 0, 1, 1, 1, 0]}))
-    clock = [1000.0]  # the watcher's monotonic clock, moved by hand: no sleep a busy machine could stretch
-    monkeypatch.setattr(notices_module.time, "monotonic", lambda: clock[0])
     # from tick 3 the loss is 300 trace seconds away: 0.5 s at 600x, its notice 30 trace seconds (0.05 s) ahead
     notices = TraceNotices(trace, start_tick=3, speedup=600, lead_s=30, from_job=True)
     clock[0] += 0.7  # past the loss, counted from the agent's start
