@@ -84,3 +84,9 @@ def test_status_says_what_a_queued_job_waits_for(env, store, catalog, tmp_path):
     small_holds(None)
     shown = runner.invoke(app, ["status", job_id]).stdout
     assert "waiting: the next planning round" in shown
+
+
+def test_run_says_the_end_after_the_jobs_last_output(env, store, tmp_path):
+    result = runner.invoke(app, ["run", str(spec_file(tmp_path))])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.index("── done") > result.stdout.index("hello from the job")

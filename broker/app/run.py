@@ -75,16 +75,18 @@ def run_job(
         server.round(block_ms=int(poll_s * 1000))
         current = broker.store.get_job(job.id)  # wherever it is (a sharded job may move: core/rehoming.py)
         ended = current.state.terminal  # read before the output: what was sent before the end is read below
-        if current.state != state:
-            state = current.state
-            show("state", f"{state.value}" + (f" ({current.reason})" if current.reason else ""))
+        changed, state = current.state != state, current.state
+        said = f"{state.value}" + (f" ({current.reason})" if current.reason else "")
+        if changed and not ended:
+            show("state", said)
         now_waiting = waiting_for(store, current)
         if now_waiting and now_waiting != waiting:
             show("state", f"waiting: {now_waiting}")
         waiting = now_waiting
         for kind, text in follower.read(current):
             show(kind, text)
-        if ended:
+        if ended:  # the end is said after the job's last output, which was sent before it
+            show("state", said)
             return current
 
 
