@@ -75,14 +75,22 @@ def fit_market(directory: str, fit: list[str]) -> tuple[Market, MarketModel]:
     return market, MarketModel.fit(traces, market.tick_s)
 
 
-def one(directory: str, seed: int, jobs: int, fit: list[str], idle_first: bool = False, notices: bool = True) -> dict:
+def one(
+    directory: str,
+    seed: int,
+    jobs: int,
+    fit: list[str],
+    idle_first: bool = False,
+    notices: bool = True,
+    repeats: float = 0.0,
+) -> dict:
     """One backtest, its market model fitted on `fit`; its rows, or why the directory has no GPU offers."""
     try:
         market, model = fit_market(directory, fit)
         market = replace(market, idle_first=idle_first, notices=notices)
     except BrokerError as err:
         return {"traces": directory, "seed": seed, "skipped": str(err)}
-    arrivals = backtest_workload(market, seed, jobs)
+    arrivals = backtest_workload(market, seed, jobs, repeats=repeats)
     with embedded.scratch() as url:
         result = backtest.run(market, arrivals, POLICIES, seed, url, model=model)
     bound_status = sorted({b.status for b in result.bound.values()})
@@ -174,6 +182,7 @@ def main() -> None:
     parser.add_argument(
         "--no-notices", action="store_true", help="no preemption notice: the work since the checkpoint is lost"
     )
+    parser.add_argument("--repeats", type=float, default=0.0, help="share of jobs that are an earlier one run again")
     args = parser.parse_args()
     gpu = gpu_directories_or_exit(parser, args.traces)
     tasks = [(str(d), s, [f for f in gpu if f != str(d)]) for d in leaf_directories(args.traces) for s in args.seeds]
@@ -182,7 +191,7 @@ def main() -> None:
     with Progress(console=console) as bar, ProcessPoolExecutor(args.workers) as pool:
         task = bar.add_task("backtests", total=len(tasks))
         directories, seeds, fits = zip(*tasks)
-        flags = [args.idle_first] * len(tasks), [not args.no_notices] * len(tasks)
+        flags = [args.idle_first] * len(tasks), [not args.no_notices] * len(tasks), [args.repeats] * len(tasks)
         for run in pool.map(one, directories, seeds, [args.jobs] * len(tasks), fits, *flags):
             runs.append(run)
             bar.advance(task)
@@ -192,6 +201,7 @@ def main() -> None:
         "seeds": args.seeds,
         "idle_first": args.idle_first,
         "notices": not args.no_notices,
+        "repeats": args.repeats,
     }
     body["policies"] = table
     body["goals"] = goals(table)

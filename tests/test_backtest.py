@@ -189,6 +189,19 @@ def test_workloads_are_seeded_and_deadlines_feasible_on_demand():
         assert 0 < fraction < 1 if arrival.spec.fill else 0.55 < fraction < 0.9
 
 
+def test_a_workload_with_repeats_runs_earlier_jobs_again_as_jobs_of_their_own(market, redis_server):
+    plain, again = ml_mix(5, 12, 3.06, arrival_h=12), ml_mix(5, 12, 3.06, arrival_h=12, repeats=0.5)
+    repeated = [a for a in again if a.job_id]
+    assert 2 <= len(repeated) <= 10 and len({a.id for a in again}) == 12  # each its own job id
+    for mine, first in zip(again, plain):
+        assert mine == first or mine.at_h == first.at_h and mine.job_id.startswith(f"{mine.spec.name}-again-")
+    speeds = {a.spec.name: a.true_speed for a in plain}
+    for arrival in repeated:  # the earlier job's spec and speed, within a few percent
+        assert arrival.true_speed == pytest.approx(speeds[arrival.spec.name], rel=0.15)
+    result = backtest.run(market, again, ["on-demand"], 0, redis_server)
+    assert sorted(j.id for j in result.outcomes[0].jobs) == sorted(a.id for a in again)
+
+
 def _v100_on_demand():
     from broker.domain.model import Offer, Tier
 

@@ -173,7 +173,8 @@ def test_a_quote_chosen_on_demand_runs_on_spot_while_in_time_under_a_policy_that
 def test_a_job_chosen_for_a_bubble_is_quoted_on_spot_while_the_bubbles_are_busy():
     """Fill jobs wait for no bubble: where the bubbles are held by other jobs and spot is free, the policy places
     the job on spot at spot's pace, and its quote says so rather than the on-demand the futures fell back to."""
-    from broker.core.forecast import Fleet, forecast
+    from broker.core.fleet import Fleet
+    from broker.core.forecast import forecast
 
     model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
     spot = _offer("us-east-1a")
@@ -203,7 +204,7 @@ def test_a_job_chosen_for_a_bubble_is_quoted_on_spot_while_the_bubbles_are_busy(
 
 
 def test_a_running_job_holds_a_slot_only_where_it_runs_and_a_waiting_one_where_it_may_launch():
-    from broker.core.forecast import Fleet
+    from broker.core.fleet import Fleet
 
     model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
     quote = _quote(model, 30.0)
@@ -271,9 +272,9 @@ def test_a_quote_sees_the_jobs_ahead_of_it_in_the_fleet(store):
     assert third.finish_p50 > first.finish_p50 or third.spot_share < 0.5
 
 
-def _finished(quote, speed: float, name: str, state: JobState = JobState.done) -> Job:
+def _finished(quote, speed: float, name: str, state: JobState = JobState.done, spec_name: str = "train") -> Job:
     """A finished (or `state`) job whose one run progressed at `speed` times the estimate for 3 productive hours."""
-    offer, spec = quote.chosen.offer, _quote_spec(30.0)
+    offer, spec = quote.chosen.offer, _quote_spec(30.0).model_copy(update={"name": spec_name})
     started = NOW + timedelta(hours=1)
     run = Run(fence=1, agent="a", offer=offer, dispatched_at=started, started_at=started, progress_total=1000.0)
     run.last_progress_at = started + timedelta(hours=3 + spec.checkpoint.restore_minutes / 60 + 0.05)
@@ -282,7 +283,9 @@ def _finished(quote, speed: float, name: str, state: JobState = JobState.done) -
 
 
 def test_quotes_learn_how_far_off_the_speed_estimate_is_from_measured_jobs():
-    from broker.core.forecast import SPEED_PRIOR_SIGMA, Fleet, forecast
+    from broker.core.fleet import Fleet
+    from broker.core.forecast import forecast
+    from broker.models.risk import SPEED_PRIOR_SIGMA
 
     model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
     quote = _quote(model, 30.0)
@@ -308,11 +311,54 @@ def test_quotes_learn_how_far_off_the_speed_estimate_is_from_measured_jobs():
     assert forecast(spec, tight, offers, model, "greedy", NOW).p_meet_deadline < 0.8  # no fleet: the prior's spread
 
 
+def test_a_job_run_again_is_quoted_at_the_speed_its_earlier_runs_showed_where_the_fleet_shows_repeats_hold():
+    """Ten job names ran four times each, each name at its own speed (log sd 0.3 between names) and its runs within
+    2% of it: a fifth run of a name is expected at that name's speed, far surer than a new job, and plans with it.
+    Where repeats do not hold (each run as far off as any job) or no name ran twice, a name's earlier runs tell
+    nothing: the estimate at the fleet's spread, as before."""
+    from broker.core.fleet import Fleet
+    from broker.core.forecast import forecast
+    from broker.planning.option_table import PlanItem
+
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    quote = _quote(model, 30.0)
+    rng = np.random.default_rng(3)
+    names = np.exp(rng.normal(0.0, 0.3, 10))
+    repeats = [(f"n{k}", v * np.exp(rng.normal(0.0, 0.02))) for k, v in enumerate(names) for _ in range(4)]
+    fleet = Fleet.of([], [], NOW, [_finished(quote, v, f"j{i}", spec_name=n) for i, (n, v) in enumerate(repeats)])
+    for k, v in enumerate(names):
+        prior = fleet.speed_prior(f"n{k}")
+        assert prior.median == pytest.approx(v, rel=0.05) and prior.sigma < 0.25 * fleet.speed_sigma
+    assert fleet.speed_prior("new") == (1.0, fleet.speed_sigma, 0) and fleet.speed_sigma > 0.2
+    apart = [(f"n{i % 10}", float(np.exp(rng.normal(0.0, 0.3)))) for i in range(40)]  # repeats do not hold
+    loose = Fleet.of([], [], NOW, [_finished(quote, v, f"j{i}", spec_name=n) for i, (n, v) in enumerate(apart)])
+    assert loose.speed_prior("n1").sigma > 0.9 * loose.speed_sigma
+    unique = Fleet.of(
+        [], [], NOW, [_finished(quote, v, f"j{i}", spec_name=f"u{i}") for i, (_, v) in enumerate(repeats)]
+    )
+    assert unique.speed_prior("u1") == (1.0, unique.speed_sigma, 0)
+
+    slow = int(np.argmin(names))  # a slow name run again: its quote and the guard expect the slowness
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    spec = _quote_spec(30.0).model_copy(update={"name": f"n{slow}"})
+    again = forecast(spec, quote, offers, model, "greedy", NOW, fleet=fleet)
+    fresh = forecast(spec.model_copy(update={"name": "new"}), quote, offers, model, "greedy", NOW, fleet=fleet)
+    assert again.speed_median == pytest.approx(names[slow], rel=0.05) and fresh.speed_median == 1.0
+    assert again.speed_sigma < 0.25 * fresh.speed_sigma and "4 earlier job(s) of this name" in again.evidence
+    assert again.cost_p50_usd > 1.5 * fresh.cost_p50_usd  # at less than half the speed: about twice the hours
+    job = Job(
+        id="again", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote.model_copy(update={"forecast": again})
+    )
+    item = PlanItem.from_job(job)
+    assert item.speed == again.speed_median and item.unsure < 0.2  # a prior's reserve: 0.46 at 0.23
+
+
 def test_a_quote_counts_the_jobs_that_will_arrive_ahead_of_it_where_jobs_keep_arriving():
     """Jobs came every half hour lately, each due 10 h after it came and holding a spot slot for hours: those that
     come in the next 20 h are due before this job (30 h) and take the fleet's one cheap slot ahead of it, so its
     quote is dearer than in a quiet fleet. Jobs due later than it wait behind it and change nothing."""
-    from broker.core.forecast import Fleet, forecast
+    from broker.core.fleet import Fleet
+    from broker.core.forecast import forecast
 
     cheap, dear = _offer("us-east-1a", price=0.9), _offer("us-east-1b", price=1.8)
     offers = [cheap, dear, _offer("us-east-1z", "on_demand", 3.06)]

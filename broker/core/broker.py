@@ -6,7 +6,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import cached_property
 
-from broker.core.forecast import Fleet, Underway, forecast
+from broker.core.fleet import Fleet
+from broker.core.forecast import Underway, forecast
 from broker.core.hedging import MarketHedge
 from broker.domain.errors import BrokerError
 from broker.domain.model import ODDS_NOISE, AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
@@ -220,4 +221,5 @@ def _starts_on_demand(quote: Quote, spec: JobSpec, offers: list[Offer], now: dat
     the job will run."""
     if quote.on_demand_baseline is None or quote.chosen.offer.tier == Tier.on_demand:
         return False
-    return starts_on_demand(spec, offers, now, unmeasured_margin(fleet.speed_sigma, spec.deadline_probability))
+    prior = fleet.speed_prior(spec.name)
+    return starts_on_demand(spec, offers, now, unmeasured_margin(prior.sigma, spec.deadline_probability), prior.median)

@@ -32,7 +32,8 @@ class PlanItem:
     submitted_at: datetime | None = None
     preempted_in: str | None = None  # region of its last run when that run was preempted or lost
     on_demand_h: float | None = None  # its whole work on the on-demand offer it was quoted against, at `speed`
-    # its measured speed over the money model's estimate (measured_speed; 1 before): a job slower than estimated
+    # its measured speed over the money model's estimate (measured_speed; before, its quote's speed_median: 1, or
+    # as the earlier jobs of its name ran): a job slower than estimated
     # needs more time on on-demand too, which the deadline guard must know before it is too late
     speed: float = 1.0
     idle_since: datetime | None = None  # without a run: since its last run ended (or it was submitted)
@@ -58,9 +59,9 @@ class PlanItem:
         last = job.runs[-1] if job.runs else None
         preempted_in = last.offer.region if last and last.end_reason in ("preempted", "lost") else None
         baseline = job.quote.on_demand_baseline
-        measured = measured_speed(job)
-        speed = 1.0 if measured is None else measured
-        sigma = (job.quote.forecast.speed_sigma if job.quote.forecast else None) or risk.SPEED_PRIOR_SIGMA
+        measured, forecast = measured_speed(job), job.quote.forecast
+        speed = measured if measured is not None else forecast.speed_median if forecast else 1.0
+        sigma = (forecast.speed_sigma if forecast else None) or risk.SPEED_PRIOR_SIGMA
         unsure = 0.0 if measured is not None else risk.unmeasured_margin(sigma, job.spec.deadline_probability)
         return cls(
             job.id,

@@ -69,9 +69,7 @@ class Outcome:
 
     def on_time(self) -> dict[str, float]:
         """Cost of each job that finished by its deadline."""
-        return {
-            j.spec.name: j.cost_usd for j in self.jobs if j.state == JobState.done and not missed_deadline(j, self.end)
-        }
+        return {j.id: j.cost_usd for j in self.jobs if j.state == JobState.done and not missed_deadline(j, self.end)}
 
     def tier_hours(self) -> dict[str, float]:
         return tier_hours(self.jobs, self.end)
@@ -122,7 +120,7 @@ def run_policy(
     broker = Broker(store, OfferBook(market.offers(bubbles)), policy, clock, model)
     checkpoints = CheckpointStore(f"memory://backtest/{seed}/{name}")
     server = BrokerServer(store, policy, clock, checkpoints, consumer="backtest")
-    fleet = SimFleet(store, checkpoints, market, bubbles, {a.spec.name: a.true_speed for a in arrivals}, seed)
+    fleet = SimFleet(store, checkpoints, market, bubbles, {a.id: a.true_speed for a in arrivals}, seed)
     tick_h = market.tick_s / 3600
     queue, refused, taken = list(arrivals), [], {}
     last_tick = horizon(market, arrivals)
@@ -138,9 +136,9 @@ def run_policy(
                     else arrival.spec
                 )
                 try:
-                    broker.submit(spec, job_id=spec.name)
+                    broker.submit(spec, job_id=arrival.id)
                 except InfeasibleError:
-                    refused.append(spec.name)
+                    refused.append(arrival.id)
             fleet.provision(tick, now, store.pending_count())
             dispatched = server.step()
             if fleet.obey(now):  # a live agent hands a moved job back within a second: re-dispatched at once
@@ -198,7 +196,7 @@ def summary(
     schedule_usd = schedule.cost_usd if schedule and math.isfinite(schedule.cost_usd) else None
 
     def versus(out: Outcome, against: float | None) -> float | None:
-        same = sum(spend_usd(j, out.end) for j in out.jobs if j.spec.name in bounded)
+        same = sum(spend_usd(j, out.end) for j in out.jobs if j.id in bounded)
         return round(same / against, 3) if against else None
 
     rows = []
@@ -300,12 +298,12 @@ def run(
     if OMNISCIENT in names:
         tick_h = market.tick_s / 3600
         for i, a in enumerate(arrivals):
-            bound[a.spec.name] = omniscient(
+            bound[a.id] = omniscient(
                 a.spec, a.window_h or 72.0, market, math.ceil(a.at_h / tick_h - 1e-9), bubbles=True, speed=a.true_speed
             )
             if progress:
                 progress(OMNISCIENT, i + 1, len(arrivals))
-        feasible = [a for a in arrivals if math.isfinite(bound[a.spec.name].cost_usd)]
+        feasible = [a for a in arrivals if math.isfinite(bound[a.id].cost_usd)]
         together = [(a.spec, a.window_h or 72.0, math.ceil(a.at_h / tick_h - 1e-9), a.true_speed) for a in feasible]
         joint_bound = joint(together, market) if together else None
         done = (lambda i, n: progress(SCHEDULE, i, n)) if progress else None

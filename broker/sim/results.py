@@ -35,7 +35,7 @@ def jobs_frame(result: Result) -> pd.DataFrame:
     for out in result.outcomes:
         for job in out.jobs:
             hours = tier_hours([job], out.end)
-            bound = result.bound.get(job.spec.name)
+            bound = result.bound.get(job.id)
             rows.append(
                 {
                     "policy": out.policy,

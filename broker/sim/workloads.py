@@ -25,6 +25,10 @@ from broker.models.risk import RESTART_OVERHEAD_H, STARTUP_H
 # How far a job's real speed is from the planner's estimate (log-normal sigma): per-GPU throughput from a
 # datasheet ratio is off by 10-20% for real models (input pipelines, kernels, memory-bound layers).
 TRUE_SPEED_SIGMA = 0.15
+# A job run again (a nightly evaluation, a fine-tune on new data) runs within a few percent of its earlier runs' speed
+# on the same GPU type: a DL job repeats the same mini-batches (Gandiva's intra-job predictability). The `repeats`
+# workload's assumption, not the default's.
+REPEAT_SPEED_SIGMA = 0.03
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,11 @@ class Arrival:
     spec: JobSpec
     window_h: float | None
     true_speed: float = 1.0  # the job's real speed over the planner's estimate: the backtest's truth, not its guess
+    job_id: str = ""  # its id in the backtest: the spec's name, unless it is an earlier job run again (`repeats`)
+
+    @property
+    def id(self) -> str:
+        return self.job_id or self.spec.name
 
 
 @dataclass(frozen=True)
@@ -84,9 +93,12 @@ def ml_mix(
     arrival_h: float = 48.0,
     fill_share: float = 0.4,
     speed_sigma: float = TRUE_SPEED_SIGMA,
+    repeats: float = 0.0,
 ) -> list[Arrival]:
     """`jobs` seeded arrivals of the ML mix on one accelerator type, oldest first; each job's true speed is off
-    the planner's estimate by a log-normal factor of `speed_sigma` (0: the estimate is the truth)."""
+    the planner's estimate by a log-normal factor of `speed_sigma` (0: the estimate is the truth). With `repeats`,
+    that share of the jobs (after the first) are an earlier one run again: its spec (name, work, window, budget) and
+    its speed within REPEAT_SPEED_SIGMA (drawn from streams of their own: the other jobs are those without)."""
     rng = np.random.default_rng(seed)
     truth = np.random.default_rng([seed, 1])  # its own stream: the jobs drawn do not depend on it
     speed = ACCELERATORS[accelerator].speed("training")
@@ -114,10 +126,22 @@ def ml_mix(
         )
         true_speed = float(np.clip(truth.lognormal(0.0, speed_sigma), 0.7, 1.4))
         out.append(Arrival(float(at_h), spec, float(window_h), true_speed))
+    return _run_again(out, repeats, np.random.default_rng([seed, 2])) if repeats > 0 else out
+
+
+def _run_again(arrivals: list[Arrival], share: float, rng: np.random.Generator) -> list[Arrival]:
+    """The arrivals with `share` of them (after the first) replaced by an earlier job run again at the same time."""
+    out = list(arrivals)
+    for i in range(1, len(out)):
+        if rng.random() < share:
+            first = arrivals[int(rng.integers(i))]  # the job as it first came (not a run again of it)
+            speed = first.true_speed * float(rng.lognormal(0.0, REPEAT_SPEED_SIGMA))
+            job_id = f"{first.spec.name}-again-{i:04d}"
+            out[i] = Arrival(out[i].at_h, first.spec, first.window_h, speed, job_id)
     return out
 
 
-def backtest_workload(market, seed: int, jobs: int, arrival_hours: float = 48.0) -> list:
-    """The seeded ML mix, priced against the market's cheapest on-demand offer."""
+def backtest_workload(market, seed: int, jobs: int, arrival_hours: float = 48.0, repeats: float = 0.0) -> list:
+    """The seeded ML mix, priced against the market's cheapest on-demand offer (`repeats`: ml_mix's)."""
     od_price = min(o.price_usd_per_h for o in market.on_demand)
-    return ml_mix(seed, jobs, od_price, market.spot[0].offer.accelerator, arrival_hours)
+    return ml_mix(seed, jobs, od_price, market.spot[0].offer.accelerator, arrival_hours, repeats=repeats)

@@ -36,6 +36,12 @@ def command(
         4, min=1, help="Instances a trace's peak stands for (a 1-node trace says spot could be had)."
     ),
     arrival_hours: float = typer.Option(48.0, min=0.0, help="Jobs arrive over this many hours."),
+    repeats: float = typer.Option(
+        0.0,
+        min=0.0,
+        max=1.0,
+        help="Share of the jobs that are an earlier job run again (same name, within 3% of its speed).",
+    ),
     profiles: Path | None = typer.Option(
         None, help="Measured bubble profiles (a JSON list of BubbleProfile) instead of the FreeRide-like forecasts."
     ),
@@ -81,13 +87,14 @@ def command(
     prices_dir = Settings.from_env().prices_dir
     hazard_from = fit if own_fit else None
     market = backtest_market(traces, prices_dir, tick_minutes * 60, spot_instances, profiles, hazard_from)
-    arrivals = backtest_workload(market, seed, jobs, arrival_hours)
+    arrivals = backtest_workload(market, seed, jobs, arrival_hours, repeats)
     setting = {
         "traces": str(traces),
         "fit_traces": str(fit_traces),
         "hazard_from": str(fit_traces) if own_fit else "shipped evidence",
         "jobs": jobs,
         "seed": seed,
+        "repeats": repeats,
         "tick_minutes": tick_minutes,
         "spot_instances": spot_instances,
         "spot_offers": [s.offer.id for s in market.spot],

@@ -1,0 +1,176 @@
+"""The broker's own fleet as the market a quote meets: its agents are the capacity it can dispatch to, the other active
+jobs and those still to come hold slots in it (models/contention.py), and its measured jobs say how far a speed
+estimate is off, for any job and for a job run again (`Fleet.speed_prior`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+import numpy as np
+
+from broker.domain.model import Job, Offer, Tier, tier_of
+from broker.models.contention import arrivals, launchable
+from broker.models.risk import SPEED_PRIOR_SIGMA, window_hours
+from broker.planning.option_table import measured_speed, work_left
+
+SPEED_PRIOR_JOBS = 5  # the prior weighs as much as this many finished jobs' measured speeds
+REPEAT_PRIOR_RUNS = 1  # a run again is as far off as any job (the whole spread) until as many repeats show otherwise
+ARRIVALS_H = 24.0  # the recent submissions whose rate and kind say what will arrive
+
+
+class SpeedPrior(NamedTuple):
+    """A job's speed over the estimate before it is measured: the median, its log sd, and the earlier jobs of its
+    name it was learned from (Fleet.speed_prior)."""
+
+    median: float
+    sigma: float
+    runs: int
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The broker's own capacity at quote time: live agents per offer id, and per other active job that may use
+    spot or bubble capacity, where it holds a slot (the offer it runs on, or while it waits the ones it may use) and
+    the hours it has left."""
+
+    agents: dict[str, int] = field(default_factory=dict)
+    others: list[tuple[frozenset[str], float]] = field(default_factory=list)
+    speed_sigma: float = SPEED_PRIOR_SIGMA  # spread (log) of the true speed over the estimate (speed_spread)
+    arrivals_per_h: float = 0.0  # jobs submitted per hour lately
+    # per job submitted lately that may use spot: the offer ids it may use, hours held, hours to its deadline
+    arrived: list[tuple[frozenset[str], float, float]] = field(default_factory=list)
+    # per job name, the log speeds over the estimate measured of its jobs (a job run again: speed_prior)
+    repeats: dict[str, list[float]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, agents: list, jobs: list[Job], now: datetime, recent: list[Job] = ()) -> Fleet:
+        """From the live agents (AgentInfo), the active jobs and the newest ones (`recent`); a job pinned to or
+        running on on-demand holds no spot slot. The estimate's error is learned from every job whose speed was
+        measured (speed_spread), running or done: a run's rate counts after its first half hour of progress
+        (option_table.measured_speed), so quotes learn it hours before the first jobs finish. The jobs to come are
+        like those submitted in the last ARRIVALS_H hours: their rate (from the first of them to now) and kind."""
+        count: dict[str, int] = {}
+        for agent in agents:
+            count[agent.offer.id] = count.get(agent.offer.id, 0) + 1
+        others = [(_holds(job), work_left(job) * job.quote.chosen.expected_wall_h) for job in jobs if _on_spot(job)]
+        seen = {job.id: job for job in [*recent, *jobs]}  # a job both recent and active counts once
+        measured = [(job.spec.name, v) for job in seen.values() if (v := measured_speed(job)) is not None]
+        sigma = speed_spread([v for _, v in measured])
+        repeats: dict[str, list[float]] = {}
+        for name, v in measured:
+            repeats.setdefault(name, []).append(math.log(v))
+        lately = [j for j in recent if j.submitted_at >= now - timedelta(hours=ARRIVALS_H)]
+        span_h = (now - min((j.submitted_at for j in lately), default=now)).total_seconds() / 3600
+        rate = (len(lately) - 1) / span_h if len(lately) >= 2 and span_h > 0 else 0.0
+        arrived = [
+            (_zones(j), j.quote.chosen.expected_wall_h, window_hours(j.spec, j.submitted_at))
+            for j in lately
+            if j.quote.chosen.offer.tier != Tier.on_demand
+        ]
+        return cls(count, others, sigma, rate, arrived, repeats)
+
+    def speed_prior(self, name: str) -> SpeedPrior:
+        """A new job's speed over the estimate before it is measured. Jobs of the same name that ran before (a nightly
+        inference, an evaluation run again) tell it as far as the fleet shows that repeats hold: a random-effects model,
+        each job's log speed its name's plus a part of its own. That part's variance is pooled over the names measured
+        more than once, with the whole spread (speed_sigma) as its prior, REPEAT_PRIOR_RUNS strong; the names' share is
+        the rest. With no repeats seen the job's own part is the whole spread, and its name's earlier jobs tell nothing:
+        the estimate at speed_sigma, as for any job."""
+        total = self.speed_sigma**2
+        within = sum(float(np.sum((np.asarray(v) - np.mean(v)) ** 2)) for v in self.repeats.values())
+        df = sum(len(v) - 1 for v in self.repeats.values())
+        own = min(total, (REPEAT_PRIOR_RUNS * total + within) / (REPEAT_PRIOR_RUNS + df))
+        logs = self.repeats.get(name, [])
+        if not logs or own <= 0 or total - own <= 0:
+            return SpeedPrior(1.0, self.speed_sigma, 0)
+        precision = 1 / (total - own) + len(logs) / own
+        return SpeedPrior(math.exp(sum(logs) / own / precision), math.sqrt(1 / precision + own), len(logs))
+
+    def slots(self, zones: list[Offer]) -> np.ndarray | None:
+        """Slots per zone while up: its agents now, or for a zone with none now the most any of them has;
+        None when the fleet has no agent in any of them (nothing known: capacity is not the limit)."""
+        now = np.asarray([self.agents.get(o.id, 0) for o in zones])
+        if now.sum() == 0:
+            return None
+        return np.where(now > 0, now, now.max())
+
+    def arriving(self, zones: list[Offer], tick_h: float, ticks: int, futures: int, rng, window_h: float):
+        """Slots held per future and tick in `zones`, ahead of a job due in `window_h`, by jobs still to arrive: at
+        the rate jobs came lately, like those of them that may use one of the zones (models/contention.arrivals);
+        None when none is expected."""
+        ids = {o.id for o in zones}
+        like = [(held, due) for offers, held, due in self.arrived if offers & ids]
+        if not like or self.arrivals_per_h <= 0:
+            return None
+        held, due = (np.asarray(x, dtype=float) for x in zip(*like))
+        per_tick = self.arrivals_per_h * tick_h * len(like) / len(self.arrived)
+        hold_ticks = np.maximum(1, np.ceil(held / tick_h)).astype(int)
+        return arrivals(rng, futures, ticks, per_tick, hold_ticks, due / tick_h, window_h / tick_h)
+
+    def free(self, zones: list[Offer], available: np.ndarray, tick_h: float, rng, window_h: float) -> np.ndarray:
+        """Where a slot is free for the job (zones x futures x ticks) once the other jobs and those to come take
+        theirs, each tier apart: a job that runs only on spot holds no bubble (contention.launchable fills the
+        cheapest zones first, and bubbles are free)."""
+        free = available.copy()
+        _, futures, ticks = available.shape
+        for tier in sorted({o.tier for o in zones}):
+            rows = [i for i, o in enumerate(zones) if o.tier == tier]
+            group = [zones[i] for i in rows]
+            slots = self.slots(group)
+            if slots is not None:
+                coming = self.arriving(group, tick_h, ticks, futures, rng, window_h)
+                pinned, pooled = self.held(group, tick_h, ticks, pin=tier == Tier.bubble)
+                free[rows] = launchable(available[rows], slots, pooled, coming, pinned)
+        return free
+
+    def held(self, zones: list[Offer], tick_h: float, ticks: int, pin: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The slots other jobs hold in `zones`: with `pin` (bubbles: no market takes them back), per zone and tick
+        those of the jobs running there (one offer each); and the ticks each other job still holds one of them (at
+        least one), the cheapest free: on spot, a run preempted in its zone starts again in the cheapest with room."""
+        ids = [o.id for o in zones]
+        pinned, pooled, known = np.zeros((len(zones), ticks)), [], set(ids)
+        for offers, hours in self.others:
+            if not offers & known:
+                continue
+            held = max(1, math.ceil(hours / tick_h))
+            if pin and len(offers) == 1:
+                pinned[ids.index(next(iter(offers))), :held] += 1
+            else:
+                pooled.append(held)
+        return pinned, np.asarray(pooled, dtype=int)
+
+
+def speed_spread(speeds: list[float]) -> float:
+    """The log sd of true speed over the estimate: the prior, pooled with the measured speeds' own spread as jobs
+    finish (its weight SPEED_PRIOR_JOBS against n - 1 for n measured). A quote made before any job finished is
+    as unsure of the speed as an untested performance model is; one made after many says what they showed."""
+    logs = np.log(np.asarray(speeds, dtype=float))
+    squares = float(np.sum((logs - logs.mean()) ** 2)) if len(logs) >= 2 else 0.0
+    weight = max(len(logs) - 1, 0)
+    return math.sqrt((SPEED_PRIOR_JOBS * SPEED_PRIOR_SIGMA**2 + squares) / (SPEED_PRIOR_JOBS + weight))
+
+
+def _on_spot(job: Job) -> bool:
+    """Whether an active job may hold a spot or bubble slot (not pinned to or running on on-demand)."""
+    run = job.current_run
+    return not (job.state.terminal or job.pinned_tier == Tier.on_demand or (run and run.offer.tier == Tier.on_demand))
+
+
+def _zones(job: Job) -> frozenset[str]:
+    """The offers a job may run in: its forecast's zones of its chosen tier where it has some (a fill job waiting for a
+    bubble is on spot only when none frees up: 51 h on spot against 2,955 h in bubbles in the 12 backtests of
+    bench/results/forecast.md), else all of them (or its chosen offer), and where it runs now."""
+    zones = job.quote.forecast.zones if job.quote.forecast else [job.quote.chosen.offer.id]
+    offers = {z for z in zones if tier_of(z) == job.quote.chosen.offer.tier} or set(zones)
+    if job.current_run is not None:
+        offers.add(job.current_run.offer.id)
+    return frozenset(offers)
+
+
+def _holds(job: Job) -> frozenset[str]:
+    """Where a job holds a slot: the offer it runs on; while it waits, any of those it may launch in."""
+    return frozenset({job.current_run.offer.id}) if job.current_run is not None else _zones(job)
