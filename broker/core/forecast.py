@@ -106,9 +106,8 @@ def zones_in_time(
     """The offers a policy that places a job every round by Uniform Progress's rule may give it, whatever tier its
     quote chose: those `spot_in_time` keeps at quote time (every bubble it fits, and every spot offer on which it
     could still finish in time uninterrupted: the work `underway` has left, at its speed once measured, else at the
-    `expected_speed` over the estimate), cheaper by
-    the hour than its fallback and no further from its data than the chosen one, cheapest work first, at most
-    MAX_ZONES. The futures play each at its own pace."""
+    `expected_speed` over the estimate), cheaper by the hour than its fallback and no further from its data than the
+    chosen one, cheapest work first, at most MAX_ZONES. The futures play each at its own pace."""
     fitting = [o for o in offers if fits(spec, o)]
     left = underway.left if underway else 1.0
     speed = underway.speed if underway and underway.speed is not None else expected_speed
