@@ -5,9 +5,10 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+from test_baselines import offer
 
 from broker import planning
-from broker.domain.model import Offer, Tier
+from broker.domain.model import Tier
 from broker.models import futures
 from broker.models.risk import changeover_hours, exclusive_hours
 from broker.planning.option_table import PlanItem
@@ -197,22 +198,6 @@ def run_an_hour(agent, clock, done: float):
     clock.advance(hours=1)
     agent.report("j", assignment.fence, "progress", at=clock.now().timestamp(), done=done, total=1000)
     return assignment
-
-
-def offer(name, tier, price):
-    return Offer(
-        cloud="aws",
-        region="r",
-        zone=name,
-        instance_type="x",
-        tier=tier,
-        accelerator="A100",
-        accelerator_count=1,
-        gpu_memory_gb=40,
-        vcpus=8,
-        memory_gb=64,
-        price_usd_per_h=price,
-    )
 
 
 def test_the_policy_places_on_spot_when_available_and_waits_when_ahead():
