@@ -169,14 +169,20 @@ def goals(table: list[dict]) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def backtests_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every leave-one-out bench over the shared traces takes (this one and bench/forecast.py)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
     )
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--workers", type=int, default=2)
+    return parser
+
+
+def main() -> None:
+    parser = backtests_parser(__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--idle-first", action="store_true", help="shrinking pools take idle instances first")
     parser.add_argument(

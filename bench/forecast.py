@@ -37,15 +37,19 @@ median share of the jobs' windows gone when it was made: what a user who looks a
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
-from cost import avoidable_misses, fit_market, gpu_directories_or_exit, missed_jobs  # bench/cost.py, beside this file
+from cost import (  # bench/cost.py, beside this file
+    avoidable_misses,
+    backtests_parser,
+    fit_market,
+    gpu_directories_or_exit,
+    missed_jobs,
+)
 from rich.console import Console
 from rich.progress import Progress
 
@@ -151,13 +155,7 @@ def quote_seconds(directory: str, fit: list[str], jobs: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
-    )
-    parser.add_argument("--jobs", type=int, default=40)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--workers", type=int, default=2)
+    parser = backtests_parser(__doc__.splitlines()[0])
     args = parser.parse_args()
     directories = gpu_directories_or_exit(parser, args.traces)
     tasks = [
