@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
@@ -80,15 +81,22 @@ class Fleet:
         more than once, with the whole spread (speed_sigma) as its prior, REPEAT_PRIOR_RUNS strong; the names' share is
         the rest. With no repeats seen the job's own part is the whole spread, and its name's earlier jobs tell nothing:
         the estimate at speed_sigma, as for any job."""
-        total = self.speed_sigma**2
-        within = sum(float(np.sum((np.asarray(v) - np.mean(v)) ** 2)) for v in self.repeats.values())
-        df = sum(len(v) - 1 for v in self.repeats.values())
-        own = min(total, (REPEAT_PRIOR_RUNS * total + within) / (REPEAT_PRIOR_RUNS + df))
+        total, own = self.speed_sigma**2, self._own_variance
         logs = self.repeats.get(name, [])
         if not logs or own <= 0 or total - own <= 0:
             return SpeedPrior(1.0, self.speed_sigma, 0)
         precision = 1 / (total - own) + len(logs) / own
         return SpeedPrior(math.exp(sum(logs) / own / precision), math.sqrt(1 / precision + own), len(logs))
+
+    @cached_property
+    def _own_variance(self) -> float:
+        """The run-to-run part of a job's log speed (speed_prior), pooled once per fleet over the names measured more
+        than once: a quote asks for it several times, and most names ran once."""
+        total = self.speed_sigma**2
+        again = [v for v in self.repeats.values() if len(v) > 1]
+        within = sum(sum((x - sum(v) / len(v)) ** 2 for x in v) for v in again)
+        df = sum(len(v) - 1 for v in again)
+        return min(total, (REPEAT_PRIOR_RUNS * total + within) / (REPEAT_PRIOR_RUNS + df))
 
     def slots(self, zones: list[Offer]) -> np.ndarray | None:
         """Slots per zone while up: its agents now, or for a zone with none now the most any of them has;
