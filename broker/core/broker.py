@@ -221,5 +221,5 @@ def _starts_on_demand(quote: Quote, spec: JobSpec, offers: list[Offer], now: dat
     the job will run."""
     if quote.on_demand_baseline is None or quote.chosen.offer.tier == Tier.on_demand:
         return False
-    prior = fleet.speed_prior(spec.name)
+    prior = fleet.speed_prior(spec)
     return starts_on_demand(spec, offers, now, unmeasured_margin(prior.sigma, spec.deadline_probability), prior.median)

@@ -1,6 +1,6 @@
 """The broker's own fleet as the market a quote meets: its agents are the capacity it can dispatch to, the other active
 jobs and those still to come hold slots in it (models/contention.py), and its measured jobs say how far a speed
-estimate is off, for any job and for a job run again (`Fleet.speed_prior`).
+estimate is off, for its kind of estimate and for a job run again (`Fleet.speed_prior`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from broker.domain.jobspec import JobSpec
 from broker.domain.model import Job, Offer, Tier, tier_of
 from broker.models.contention import arrivals, launchable
 from broker.models.risk import SPEED_PRIOR_SIGMA, window_hours
@@ -25,11 +26,12 @@ ARRIVALS_H = 24.0  # the recent submissions whose rate and kind say what will ar
 
 class SpeedPrior(NamedTuple):
     """A job's speed over the estimate before it is measured: the median, its log sd, and the earlier jobs of its
-    name it was learned from (Fleet.speed_prior)."""
+    name and the measured jobs of its kind of estimate it was learned from (Fleet.speed_prior)."""
 
     median: float
     sigma: float
     runs: int
+    kind_runs: int = 0  # the measured jobs whose work was estimated the same way, which the median starts from
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,10 @@ class Fleet:
     arrivals_per_h: float = 0.0  # jobs submitted per hour lately
     # per job submitted lately that may use spot: the offer ids it may use, hours held, hours to its deadline
     arrived: list[tuple[frozenset[str], float, float]] = field(default_factory=list)
-    # per job name, the log speeds over the estimate measured of its jobs (a job run again: speed_prior)
+    # per job name, the log speeds over the estimate measured of its jobs, less their kind's bias (speed_prior)
     repeats: dict[str, list[float]] = field(default_factory=dict)
+    # per kind of estimate (estimate_kind), how far off it runs: the log median speed over it, and the jobs measured
+    bias: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, agents: list, jobs: list[Job], now: datetime, recent: list[Job] = ()) -> Fleet:
@@ -59,11 +63,15 @@ class Fleet:
             count[agent.offer.id] = count.get(agent.offer.id, 0) + 1
         others = [(_holds(job), work_left(job) * job.quote.chosen.expected_wall_h) for job in jobs if _on_spot(job)]
         seen = {job.id: job for job in [*recent, *jobs]}  # a job both recent and active counts once
-        measured = [(job.spec.name, v) for job in seen.values() if (v := measured_speed(job)) is not None]
-        sigma = speed_spread([v for _, v in measured])
+        measured = [(job.spec, math.log(v)) for job in seen.values() if (v := measured_speed(job)) is not None]
+        kinds: dict[str, list[float]] = {}
+        for spec, x in measured:
+            kinds.setdefault(estimate_kind(spec), []).append(x)
+        # each kind's log median, shrunk toward the estimate as if SPEED_PRIOR_JOBS more jobs had run at it
+        bias = {kind: (sum(x) / (SPEED_PRIOR_JOBS + len(x)), len(x)) for kind, x in kinds.items()}
         repeats: dict[str, list[float]] = {}
-        for name, v in measured:
-            repeats.setdefault(name, []).append(math.log(v))
+        for spec, x in measured:
+            repeats.setdefault(spec.name, []).append(x - bias[estimate_kind(spec)][0])
         lately = [j for j in recent if j.submitted_at >= now - timedelta(hours=ARRIVALS_H)]
         span_h = (now - min((j.submitted_at for j in lately), default=now)).total_seconds() / 3600
         rate = (len(lately) - 1) / span_h if len(lately) >= 2 and span_h > 0 else 0.0
@@ -72,21 +80,27 @@ class Fleet:
             for j in lately
             if j.quote.chosen.offer.tier != Tier.on_demand
         ]
-        return cls(count, others, sigma, rate, arrived, repeats)
+        return cls(count, others, speed_spread(kinds), rate, arrived, repeats, bias)
 
-    def speed_prior(self, name: str) -> SpeedPrior:
-        """A new job's speed over the estimate before it is measured. Jobs of the same name that ran before (a nightly
-        inference, an evaluation run again) tell it as far as the fleet shows that repeats hold: a random-effects model,
-        each job's log speed its name's plus a part of its own. That part's variance is pooled over the names measured
-        more than once, with the whole spread (speed_sigma) as its prior, REPEAT_PRIOR_RUNS strong; the names' share is
-        the rest. With no repeats seen the job's own part is the whole spread, and its name's earlier jobs tell nothing:
-        the estimate at speed_sigma, as for any job."""
+    def speed_prior(self, spec: JobSpec) -> SpeedPrior:
+        """A new job's speed over the estimate before it is measured. Estimates made the same way (estimate_kind) may
+        all be off alike (a datasheet's ratio that this code or these GPUs do not reach): the median starts from what
+        the measured jobs of its kind ran at, shrunk toward the estimate as if SPEED_PRIOR_JOBS more had run at it.
+        Jobs of the same name that ran before (a nightly inference, an evaluation run again) tell more, as far as the
+        fleet shows that repeats hold: a random-effects model, each job's log speed its kind's, plus its name's, plus a
+        part of its own. That part's variance is pooled over the names measured more than once, with the whole spread
+        (speed_sigma) as its prior, REPEAT_PRIOR_RUNS strong; the names' share is the rest. With no repeats seen the
+        job's own part is the whole spread, and its name's earlier jobs tell nothing: its kind's median at speed_sigma,
+        as for any job."""
+        base, kind_runs = self.bias.get(estimate_kind(spec), (0.0, 0))
         total, own = self.speed_sigma**2, self._own_variance
-        logs = self.repeats.get(name, [])
+        logs = self.repeats.get(spec.name, [])
         if not logs or own <= 0 or total - own <= 0:
-            return SpeedPrior(1.0, self.speed_sigma, 0)
+            return SpeedPrior(math.exp(base), self.speed_sigma, 0, kind_runs)
         precision = 1 / (total - own) + len(logs) / own
-        return SpeedPrior(math.exp(sum(logs) / own / precision), math.sqrt(1 / precision + own), len(logs))
+        return SpeedPrior(
+            math.exp(base + sum(logs) / own / precision), math.sqrt(1 / precision + own), len(logs), kind_runs
+        )
 
     @cached_property
     def _own_variance(self) -> float:
@@ -152,13 +166,22 @@ class Fleet:
         return pinned, np.asarray(pooled, dtype=int)
 
 
-def speed_spread(speeds: list[float]) -> float:
-    """The log sd of true speed over the estimate: the prior, pooled with the measured speeds' own spread as jobs
-    finish (its weight SPEED_PRIOR_JOBS against n - 1 for n measured). A quote made before any job finished is
-    as unsure of the speed as an untested performance model is; one made after many says what they showed."""
-    logs = np.log(np.asarray(speeds, dtype=float))
-    squares = float(np.sum((logs - logs.mean()) ** 2)) if len(logs) >= 2 else 0.0
-    weight = max(len(logs) - 1, 0)
+def estimate_kind(spec: JobSpec) -> str:
+    """How the job's work was estimated, whose error the fleet learns apart (Fleet.speed_prior): a transformer's
+    layout model, rates the user measured (`work.steps_per_hour`), or GPU-hours at a datasheet's ratio, per kind of
+    work."""
+    if spec.transformer is not None:
+        return "transformer layout"
+    return "measured rates" if spec.work.steps is not None else f"gpu-hours ({spec.work.kind})"
+
+
+def speed_spread(kinds: dict[str, list[float]]) -> float:
+    """The log sd of true speed over the estimate, about each kind of estimate's own median (`kinds`: the measured
+    log speeds per estimate_kind): the prior, pooled with the measured speeds' own spread as jobs finish (its weight
+    SPEED_PRIOR_JOBS against n - 1 for n measured of one kind). A quote made before any job finished is as unsure
+    of the speed as an untested performance model is; one made after many says what they showed."""
+    squares = sum(float(np.sum((np.asarray(x) - np.mean(x)) ** 2)) for x in kinds.values())
+    weight = sum(len(x) - 1 for x in kinds.values())
     return math.sqrt((SPEED_PRIOR_JOBS * SPEED_PRIOR_SIGMA**2 + squares) / (SPEED_PRIOR_JOBS + weight))
 
 

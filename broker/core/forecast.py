@@ -150,8 +150,9 @@ def forecast(
     window = window_hours(spec, now)
     rng = np.random.default_rng(seed)
     # each future's true speed over the estimate: spread as the fleet's measured jobs showed (or the prior), about
-    # what its name's earlier jobs showed where repeats hold (Fleet.speed_prior), else about the estimate
-    prior = (fleet or Fleet()).speed_prior(spec.name)
+    # what its name's earlier jobs showed where repeats hold (Fleet.speed_prior), else about what its kind of
+    # estimate's measured jobs showed (1 until some are)
+    prior = (fleet or Fleet()).speed_prior(spec)
     sigma = prior.sigma
     speed = prior.median * (np.exp(rng.normal(0.0, sigma, futures)) if sigma > 0 else np.ones(1))
     if underway is not None and underway.speed is not None:  # measured: the futures differ only in the market
@@ -245,6 +246,8 @@ def _with_speed(forecast: Forecast, evidence: str, speed: np.ndarray, sigma: flo
         )
         if prior.runs:
             evidence += f", about {prior.median:.2f}x the estimate as {prior.runs} earlier job(s) of this name ran"
+        elif prior.kind_runs and abs(prior.median - 1) >= 0.005:
+            evidence += f", about {prior.median:.2f}x the estimate as {prior.kind_runs} measured job(s) of its kind ran"
     return forecast.model_copy(update={"evidence": evidence, "speed_sigma": sigma, "speed_median": prior.median})
 
 

@@ -114,7 +114,8 @@ class Forecast(BaseModel):
     # the same margin for it until the speed is measured (None: not recorded, the prior)
     speed_sigma: float | None = None
     # the job's speed over the estimate the futures were centred on, which the guard plans with until it is measured:
-    # 1, or what the earlier jobs of its name showed (core/fleet.Fleet.speed_prior)
+    # 1, or what the measured jobs of its kind of estimate and the earlier jobs of its name showed
+    # (core/fleet.Fleet.speed_prior)
     speed_median: float = 1.0
     # the odds were found to hold with the job's speed measured on spot (Broker.quote): the guard's reserve for a
     # speed not yet measured keeps it off spot only while it waits with no spot to take (Progress.measures_on_spot)

@@ -94,9 +94,11 @@ def ml_mix(
     fill_share: float = 0.4,
     speed_sigma: float = TRUE_SPEED_SIGMA,
     repeats: float = 0.0,
+    speed_median: float = 1.0,
 ) -> list[Arrival]:
     """`jobs` seeded arrivals of the ML mix on one accelerator type, oldest first; each job's true speed is off
-    the planner's estimate by a log-normal factor of `speed_sigma` (0: the estimate is the truth). With `repeats`,
+    the planner's estimate by a log-normal factor of `speed_sigma` about `speed_median` (below 1: the estimates are
+    optimistic, as a datasheet's ratio often is; 0 sigma and median 1: the estimate is the truth). With `repeats`,
     that share of the jobs (after the first) are an earlier one run again: its spec (name, work, window, budget) and
     its speed within REPEAT_SPEED_SIGMA (drawn from streams of their own: the other jobs are those without)."""
     rng = np.random.default_rng(seed)
@@ -124,7 +126,7 @@ def ml_mix(
             work={"gpu_hours": round(hours * speed, 4), "kind": "training"},
             checkpoint={"size_gb": round(size_gb, 2), "restore_minutes": round(restore_min, 2)},
         )
-        true_speed = float(np.clip(truth.lognormal(0.0, speed_sigma), 0.7, 1.4))
+        true_speed = speed_median * float(np.clip(truth.lognormal(0.0, speed_sigma), 0.7, 1.4))
         out.append(Arrival(float(at_h), spec, float(window_h), true_speed))
     return _run_again(out, repeats, np.random.default_rng([seed, 2])) if repeats > 0 else out
 
@@ -141,7 +143,17 @@ def _run_again(arrivals: list[Arrival], share: float, rng: np.random.Generator) 
     return out
 
 
-def backtest_workload(market, seed: int, jobs: int, arrival_hours: float = 48.0, repeats: float = 0.0) -> list:
-    """The seeded ML mix, priced against the market's cheapest on-demand offer (`repeats`: ml_mix's)."""
+def backtest_workload(
+    market, seed: int, jobs: int, arrival_hours: float = 48.0, repeats: float = 0.0, speed_median: float = 1.0
+) -> list:
+    """The seeded ML mix, priced against the market's cheapest on-demand offer (`repeats`, `speed_median`: ml_mix's)."""
     od_price = min(o.price_usd_per_h for o in market.on_demand)
-    return ml_mix(seed, jobs, od_price, market.spot[0].offer.accelerator, arrival_hours, repeats=repeats)
+    return ml_mix(
+        seed,
+        jobs,
+        od_price,
+        market.spot[0].offer.accelerator,
+        arrival_hours,
+        repeats=repeats,
+        speed_median=speed_median,
+    )

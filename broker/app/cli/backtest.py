@@ -42,6 +42,12 @@ def command(
         max=1.0,
         help="Share of the jobs that are an earlier job run again (same name, within 3% of its speed).",
     ),
+    speed_median: float = typer.Option(
+        1.0,
+        min=0.5,
+        max=2.0,
+        help="The jobs' true speed over the estimate, median (below 1: the estimates are optimistic); spread 0.15.",
+    ),
     profiles: Path | None = typer.Option(
         None, help="Measured bubble profiles (a JSON list of BubbleProfile) instead of the FreeRide-like forecasts."
     ),
@@ -87,7 +93,7 @@ def command(
     prices_dir = Settings.from_env().prices_dir
     hazard_from = fit if own_fit else None
     market = backtest_market(traces, prices_dir, tick_minutes * 60, spot_instances, profiles, hazard_from)
-    arrivals = backtest_workload(market, seed, jobs, arrival_hours, repeats)
+    arrivals = backtest_workload(market, seed, jobs, arrival_hours, repeats, speed_median)
     setting = {
         "traces": str(traces),
         "fit_traces": str(fit_traces),
@@ -95,6 +101,7 @@ def command(
         "jobs": jobs,
         "seed": seed,
         "repeats": repeats,
+        "speed_median": speed_median,
         "tick_minutes": tick_minutes,
         "spot_instances": spot_instances,
         "spot_offers": [s.offer.id for s in market.spot],
