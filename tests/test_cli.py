@@ -117,7 +117,7 @@ def test_prices_with_an_unknown_gpu_suggests_names(env):
 
 BAD_INPUTS = {
     "deadline in the past": (dict(deadline="2020-01-01T00:00Z"), "deadline: 2020-01-01 00:00 UTC is in the past"),
-    "zero budget": (dict(budget_usd=0), "budget_usd: Input should be greater than 0"),
+    "zero budget": (dict(budget_usd=0), "budget_usd: 0 is out of range; give a number above 0"),
     "unknown accelerator": (
         dict(resources={"accelerators": ["A1000"]}),
         "unknown accelerator 'A1000'; did you mean A100",

@@ -61,8 +61,21 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
+# pydantic's bounds and number types, said as what to give instead
+_BOUNDS = {"greater_than": ("gt", "above"), "greater_than_equal": ("ge", "at least"), "less_than": ("lt", "below")}
+_BOUNDS["less_than_equal"] = ("le", "at most")
+_NUMBERS = {"finite_number": "a finite number", "float_parsing": "a number", "float_type": "a number"}
+_NUMBERS |= {"int_parsing": "a whole number", "int_type": "a whole number", "int_from_float": "a whole number"}
+
+
 def _message(error: dict) -> str:
     loc = tuple(error["loc"])
+    given = repr(error.get("input"))[:60]
+    if error["type"] in _BOUNDS:
+        bound, words = _BOUNDS[error["type"]]
+        return f"{_path(loc)}: {given} is out of range; give a number {words} {error['ctx'][bound]}"
+    if error["type"] in _NUMBERS:
+        return f"{_path(loc)}: {given} is not {_NUMBERS[error['type']]}; give {_NUMBERS[error['type']]}"
     if error["type"] == "extra_forbidden":
         model = _model_at(loc)
         allowed = list(model.model_fields) if model else []
