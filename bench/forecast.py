@@ -12,6 +12,8 @@ job's outcome once per market, and the reliability bins would hold a quarter as 
 
 Prints one JSON object: `jobs`, the quote figures pooled over every job of the forecasting policies
 (`median_abs_cost_error_pct`, `p90_abs_cost_error_pct` of |realised / quoted p50 - 1| over the jobs quoted a cost;
+`median_abs_cost_error_warm_pct` over those quoted WARM_H or more after their backtest's first job, `warm_jobs` of
+them: a backtest starts with a broker that has seen no job come, and its first quotes expect no contention;
 `quoted_free_jobs`, quoted $0 (a bubble), and `quoted_free_but_paid`, those of them that cost something after all;
 `calibration_max_gap_pts` of the reliability diagram of P(meet) in 10-point bins with >= 20 jobs,
 `calibration_mean_gap_pts` (the bins' gaps weighted by jobs), `calibration_max_gap_if_calibrated_pts` (median and
@@ -65,6 +67,7 @@ from broker.store import embedded
 POLICIES = ["on-demand", "uniform-progress", "cbl-greedy", "costslo", "hedge", "hedge+bubbles"]
 # pooled as before (on-demand is certain); hedge and the default with bubbles per policy
 FORECASTING = ["uniform-progress", "cbl-greedy", "costslo"]
+WARM_H = 24.0  # quotes made this long after a backtest's first job: `median_abs_cost_error_warm_pct`
 
 
 def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int) -> dict:
@@ -101,6 +104,10 @@ def figures(rows: list[dict]) -> dict:
         "jobs": len(rows),
         "median_abs_cost_error_pct": median,
         "p90_abs_cost_error_pct": p90,
+        # the quotes made once the broker had seen WARM_H of arrivals: the first are made with no rate of jobs to
+        # come, so they count on no contention (a cold start a live broker has once, each backtest has once)
+        "median_abs_cost_error_warm_pct": cost_errors_pct([r for r in rows if r["quoted_after_h"] >= WARM_H])[0],
+        "warm_jobs": sum(1 for r in rows if r["quoted_after_h"] >= WARM_H),
         # quoted free (a bubble): no ratio to take, so counted apart, with those that cost something after all
         "quoted_free_jobs": sum(1 for r in rows if r["quoted_cost_usd"] <= 0),
         "quoted_free_but_paid": sum(1 for r in rows if r["quoted_cost_usd"] <= 0 and r["cost_usd"] > 0.005),

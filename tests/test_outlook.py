@@ -84,6 +84,10 @@ def test_a_backtest_takes_each_jobs_outlook_once_its_speed_is_measured(redis_ser
     assert all(0 < row["window_gone"] < 0.5 for row in ahead)
     assert max(abs(r["cost_usd"] / r["quoted_cost_usd"] - 1) for r in quoted) > 0.1
     assert max(abs(r["cost_usd"] / r["quoted_cost_usd"] - 1) for r in ahead) < 0.03
+    # how long after the first job each was quoted: its arrival in the workload; an outlook, once its job has run
+    after = {a.id: a.at_h - min(x.at_h for x in arrivals) for a in arrivals}
+    assert all(r["quoted_after_h"] == pytest.approx(after[r["job"]], abs=0.34) for r in quoted)  # one 20-min tick
+    assert all(a["quoted_after_h"] > q["quoted_after_h"] for a, q in zip(ahead, quoted, strict=True))
 
 
 def test_an_outlook_finds_the_job_where_it_runs_now():

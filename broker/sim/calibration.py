@@ -19,10 +19,12 @@ NOISE_DRAWS = 1000  # outcomes drawn at the quoted odds for the noise floor of t
 def job_rows(jobs: list[Job], end, outlooks: dict | None = None) -> list[dict]:
     """One row per job with a deadline or a cost: quoted and realised cost, quoted P(meet), and whether it met.
     With `outlooks` (job id -> (when, Forecast): Outcome.outlooks), one row per job that has one, against it in place
-    of the quote, with the share of the job's window gone when it was made (`window_gone`)."""
+    of the quote, with the share of the job's window gone when it was made (`window_gone`). `quoted_after_h`: hours
+    after the first job's submission (a backtest starts with a broker that has seen no job come)."""
     rows = []
+    first = min((job.submitted_at for job in jobs), default=None)
     for job in jobs:
-        extra = {}
+        extra, at = {}, job.submitted_at
         if outlooks is None:
             forecast, quoted, p_meet = job.quote.forecast, job.quote.cost_usd, job.quote.p_meet_deadline
         elif job.id in outlooks:
@@ -40,6 +42,8 @@ def job_rows(jobs: list[Job], end, outlooks: dict | None = None) -> list[dict]:
                 "cost_usd": spend_usd(job, end),
                 "p_meet": p_meet,
                 "met": job.state == JobState.done and not missed_deadline(job, end),
+                # hours from the first job's submission to this quote: the first are quoted with no arrivals seen
+                "quoted_after_h": round((at - first).total_seconds() / 3600, 3),
                 **(
                     {f"quoted_{q}_usd": getattr(forecast, f"cost_{q}_usd") for q in ("p10", "p90")}
                     | {"quoted_spread_pct": forecast.cost_spread_pct}
