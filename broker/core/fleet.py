@@ -63,15 +63,19 @@ class Fleet:
             count[agent.offer.id] = count.get(agent.offer.id, 0) + 1
         others = [(_holds(job), work_left(job) * job.quote.chosen.expected_wall_h) for job in jobs if _on_spot(job)]
         seen = {job.id: job for job in [*recent, *jobs]}  # a job both recent and active counts once
-        measured = [(job.spec, math.log(v)) for job in seen.values() if (v := measured_speed(job)) is not None]
+        measured = [
+            (job.spec.name, estimate_kind(job.spec), math.log(v))
+            for job in seen.values()
+            if (v := measured_speed(job)) is not None
+        ]
         kinds: dict[str, list[float]] = {}
-        for spec, x in measured:
-            kinds.setdefault(estimate_kind(spec), []).append(x)
+        for _, kind, x in measured:
+            kinds.setdefault(kind, []).append(x)
         # each kind's log median, shrunk toward the estimate as if SPEED_PRIOR_JOBS more jobs had run at it
         bias = {kind: (sum(x) / (SPEED_PRIOR_JOBS + len(x)), len(x)) for kind, x in kinds.items()}
         repeats: dict[str, list[float]] = {}
-        for spec, x in measured:
-            repeats.setdefault(spec.name, []).append(x - bias[estimate_kind(spec)][0])
+        for name, kind, x in measured:
+            repeats.setdefault(name, []).append(x - bias[kind][0])
         lately = [j for j in recent if j.submitted_at >= now - timedelta(hours=ARRIVALS_H)]
         span_h = (now - min((j.submitted_at for j in lately), default=now)).total_seconds() / 3600
         rate = (len(lately) - 1) / span_h if len(lately) >= 2 and span_h > 0 else 0.0

@@ -62,10 +62,20 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
 
 
 # pydantic's bounds and number types, said as what to give instead
-_BOUNDS = {"greater_than": ("gt", "above"), "greater_than_equal": ("ge", "at least"), "less_than": ("lt", "below")}
-_BOUNDS["less_than_equal"] = ("le", "at most")
-_NUMBERS = {"finite_number": "a finite number", "float_parsing": "a number", "float_type": "a number"}
-_NUMBERS |= {"int_parsing": "a whole number", "int_type": "a whole number", "int_from_float": "a whole number"}
+_BOUNDS = {
+    "greater_than": ("gt", "above"),
+    "greater_than_equal": ("ge", "at least"),
+    "less_than": ("lt", "below"),
+    "less_than_equal": ("le", "at most"),
+}
+_NUMBERS = {
+    "finite_number": "a finite number",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "int_parsing": "a whole number",
+    "int_type": "a whole number",
+    "int_from_float": "a whole number",
+}
 
 
 def _message(error: dict) -> str:
