@@ -100,3 +100,32 @@ def test_a_quote_learns_the_capacity_our_fleet_had_where_the_traces_said_calm(st
     assert "spells our fleet saw in 24 h" in after.evidence
     assert broker.market_now() is broker.market_now()  # learned again once a tick, not per quote
     assert broker.market_now().zones[ZONE].recent_weight == pytest.approx(96 / 100)
+
+
+def test_a_zone_a_provisioner_keeps_a_pool_in_is_recorded_down_until_an_agent_comes(store, tmp_path):
+    """A pool that never got an instance is evidence too: recorded at 0 from the server's next check."""
+    server = BrokerServer(store, planning.get("costslo"), SimulatedClock(NOW), CheckpointStore(str(tmp_path)))
+    history = CapacityHistory(store)
+    server.reclaim_lost()
+    assert history.seen(NOW) == {}  # no agent seen, no pool: nothing known
+    history.watch([_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)])  # on-demand is no market
+    server.reclaim_lost()
+    assert history.seen(NOW) == {ZONE: [(NOW.timestamp(), 0.0)]}
+
+
+def test_a_zones_futures_go_on_from_the_spell_our_fleet_saw_it_in_as_long_as_that_has_lasted():
+    """Heavy tails: of down-spells of 1, 3, 10, 30 and 100 ticks, one that has lasted 50 is the 100-tick kind."""
+    pattern = [v for down in (1, 3, 10, 30, 100) for v in [1] * 20 + [0] * down]
+    model = MarketModel.fit([trace("us-east-1a", pattern, 4)])
+    rng = np.random.default_rng(0)
+    down_50 = model.with_recent({ZONE: np.r_[[1] * 10, [0] * 50]}).zones[ZONE]
+    assert down_50.current == (False, 50)
+    futures = down_50.sample(rng, 1000, 144, up_now=False, aged=True)
+    assert not futures[:, :50].any() and futures[:, 50].all()  # down 50 ticks more, in every future
+    just_down = model.with_recent({ZONE: np.ones(60)}).zones[ZONE].sample(rng, 1000, 144, up_now=False, aged=True)
+    assert just_down[:, 10].mean() > 0.45  # a spell begun now: drawn whole, 3 in 5 of them 10 ticks or less
+    unaged = down_50.sample(rng, 1000, 144, up_now=False)  # the age unknown: where now falls in a spell at random
+    assert 0.1 < unaged[:, :50].any(axis=1).mean() < 0.9
+    oldest = model.with_recent({ZONE: np.zeros(300)}).zones[ZONE]  # longer than any spell known
+    assert oldest.current == (False, 300)
+    assert (~oldest.sample(rng, 1000, 144, up_now=False, aged=True)[:, :24]).all(axis=1).mean() > 0.8

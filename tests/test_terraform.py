@@ -17,6 +17,7 @@ from broker.app.cli.main import app
 from broker.domain.errors import BrokerError
 from broker.domain.model import Job, Tier
 from broker.planning import get
+from broker.store.capacity import CapacityHistory, zone_of
 from conftest import NOW, ROOT, make_spec
 
 TF = ROOT / "infra" / "terraform"
@@ -281,7 +282,11 @@ def test_apply_asks_before_it_creates_instances_and_a_no_creates_none(store, cat
         result = CliRunner().invoke(app, argv, input=answer)
         assert result.exit_code == 1 and f"creates 3 x {quote.chosen.offer.id}; go ahead?" in result.stderr
         assert applied == []
+    history = CapacityHistory(store)
+    assert history.series.members() == []  # nothing applied: no pool to watch
     assert CliRunner().invoke(app, argv, input="y\n").exit_code == 0 and len(applied) == 1
+    assert quote.chosen.offer.tier.value == "spot"  # its zone is watched: no agent there means no capacity
+    assert history.series.members() == ["|".join(zone_of(quote.chosen.offer))]
 
 
 def test_deprovision_of_an_unknown_pool_is_refused(tmp_path):

@@ -175,7 +175,9 @@ def forecast(
     zone_models = [model.for_offer(o) for o in zones]
     slots = fleet.slots(zones) if fleet else None
     up_now = [None] * len(zones) if slots is None else [fleet.agents.get(o.id, 0) > 0 for o in zones]
-    available = np.stack([z.sample(rng, futures, ticks, up, shrinks=True) for z, up in zip(zone_models, up_now)])
+    # each zone's futures go on from the spell our fleet saw it in, as long as that has lasted
+    sampled = [z.sample(rng, futures, ticks, up, shrinks=True, aged=True) for z, up in zip(zone_models, up_now)]
+    available = np.stack(sampled)
     free = None if slots is None else fleet.free(zones, available, tick_h, rng, window)
     work_h = exclusive_hours(spec, played)
     measured = underway is not None and underway.speed is not None

@@ -77,6 +77,8 @@ class ZoneModel:
     recent_up: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))  # seen by our fleet lately
     recent_down: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
     shrink: float = 0.0  # per tick up, the chance a running instance goes as its pool shrinks (as our fleet saw)
+    # the spell our fleet saw the zone in last: (up, ticks it had lasted); None where the fleet did not see the zone
+    current: tuple[bool, int] | None = None
 
     @property
     def weight(self) -> float:
@@ -143,7 +145,10 @@ class ZoneModel:
         counts = np.asarray(counts, dtype=float)
         up, down = spells(counts > 0)
         shrink = shrink_per_tick(counts)
-        seen = replace(self, recent_up=up, recent_down=down, shrink=self.shrink if shrink is None else shrink)
+        last = _last_spell(counts > 0)
+        seen = replace(
+            self, recent_up=up, recent_down=down, shrink=self.shrink if shrink is None else shrink, current=last
+        )
         hours = len(counts) * self.tick_h
         note = f"; {len(up) + len(down)} spells our fleet saw in {hours:.0f} h (weight {seen.recent_weight:.2f})"
         if shrink:
@@ -151,19 +156,35 @@ class ZoneModel:
         return replace(seen, evidence=self.evidence + note)
 
     def sample(
-        self, rng: np.random.Generator, n: int, ticks: int, up_now: bool | None = None, shrinks: bool = False
+        self,
+        rng: np.random.Generator,
+        n: int,
+        ticks: int,
+        up_now: bool | None = None,
+        shrinks: bool = False,
+        aged: bool = False,
     ) -> np.ndarray:
         """`n` futures of `ticks` ticks from now: True where spot can be had (bool array n x ticks). When the
         state now is known (`up_now`: the broker has an agent there or none), every future starts in it. With
-        `shrinks`, for one instance of a busy pool: an up tick is lost, as a preemption, with the pool's `shrink`."""
+        `aged`, where our fleet saw the zone, the first spell goes on from the one it saw last, as long as that had
+        lasted (`current`; heavy tails: a zone down for a day tends to stay down), or, where the state now differs
+        from it, starts now. With `shrinks`, for one instance of a busy pool: an up tick is lost, as a preemption,
+        with the pool's `shrink`."""
         up_mean, down_mean = self.mean_up_h / self.tick_h, self.mean_down_h / self.tick_h
         if up_mean <= 0:
             return np.zeros((n, ticks), dtype=bool)
         per_path = int(2 * ticks / (up_mean + down_mean)) + 8
+        seen = self.current if aged else None
+        if up_now is None and seen is not None:
+            up_now = seen[0]
         start_up = rng.random(n) < up_mean / (up_mean + down_mean) if up_now is None else np.full(n, bool(up_now))
         up = self._draw(rng, True, (n, per_path))
         down = self._draw(rng, False, (n, per_path))
-        first = np.where(start_up, self._residual(rng, True, n), self._residual(rng, False, n))
+        if seen is not None:  # the spell now is known: lasted seen[1] ticks, or (another state now) just began
+            age = seen[1] if seen[0] == up_now else 0
+            first = self._rest_of(rng, bool(up_now), age, n)
+        else:
+            first = np.where(start_up, self._residual(rng, True, n), self._residual(rng, False, n))
         # spells alternate from the first one's state: [first, other, same, other, ...]
         lengths = np.empty((n, 2 * per_path + 1), dtype=float)
         lengths[:, 0] = first
@@ -187,6 +208,25 @@ class ZoneModel:
         biased = probs * values
         picked = rng.choice(values, n, p=biased / biased.sum())
         return np.maximum(rng.random(n) * picked, 1e-6)
+
+    def _rest_of(self, rng, up: bool, age: int, n: int) -> np.ndarray:
+        """What is left of a spell that has lasted `age` ticks: a spell length drawn among those longer than that,
+        less the age (0: a spell just begun, drawn whole). A spell longer than any known lasts about as long again
+        as it has (exponential with its age as the mean)."""
+        values, probs = self._mixture(up)
+        longer = values > age
+        if not longer.any() or probs[longer].sum() <= 0:
+            return np.maximum(rng.exponential(max(age, 1), n), 1e-6)
+        picked = rng.choice(values[longer], n, p=probs[longer] / probs[longer].sum())
+        return picked - age
+
+
+def _last_spell(available: np.ndarray) -> tuple[bool, int] | None:
+    """(up, ticks) of the last spell of a boolean series; None for an empty one."""
+    if len(available) == 0:
+        return None
+    change = np.flatnonzero(np.diff(available.astype(int)))
+    return bool(available[-1]), int(len(available) - (change[-1] + 1 if len(change) else 0))
 
 
 def spell_at_ticks(ends: np.ndarray, ticks: int) -> np.ndarray:

@@ -30,6 +30,7 @@ from broker.agents.contract import Contract, Verdict
 from broker.domain.model import JobSpec, Offer
 from broker.models.risk import checkpoint_hours, exclusive_hours, notice_loss_h, restart_hours, young_interval_h
 from broker.sim.market import Market
+from broker.store.capacity import CapacityHistory
 from broker.store.jobs import Store
 
 PROGRESS_UNITS = 1_000_000  # a job's work in progress units (checkpoint steps)
@@ -74,6 +75,7 @@ class SimFleet:
         self.runs: dict[str, SimRun] = {}  # agent id -> the run it holds
         self._scratch = Path(tempfile.mkdtemp(prefix="broker-backtest-"))
         self._count = 0
+        CapacityHistory(store).watch([s.offer for s in market.spot])  # a pool in every traced zone, from the start
 
     # -- capacity -------------------------------------------------------------------------
 

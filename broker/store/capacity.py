@@ -6,9 +6,11 @@ Keys (beside the store's own, same prefix):
     {p}capacity-zones                            SET    zones with a series
 
 The server records, each time it checks leases, how many live spot agents stand for each zone (one going away on
-a notice counts out). A zone counts from when an agent was first seen there: before that nothing is known; after,
+a notice counts out). A zone counts from when an agent was first seen there, or from when a provisioner said it keeps
+a pool there (`watch`: `broker agents provision --apply`, the backtest's fleet): before that nothing is known; after,
 no agent means no capacity, since a pool's provisioner keeps asking for its instances (an auto-scaling group at its
-desired size), so its agent count follows what the cloud gives.
+desired size), so its agent count follows what the cloud gives. A pool that never got an instance is evidence too:
+a zone down for days tends to stay down (pricing/availability.py).
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ class CapacityHistory:
                 counts[member] = counts.get(member, 0) + 1
         zones = sorted(set(self.series.members()) | counts.keys())
         return self.series.append((zone, at.timestamp(), counts.get(zone, 0)) for zone in zones)
+
+    def watch(self, offers: list[Offer]) -> None:
+        """The spot zones of `offers` where a provisioner keeps a pool from now on: recorded from the server's next
+        check, with no agent there meaning no capacity."""
+        self.series.watch("|".join(zone_of(o)) for o in offers if o.tier == Tier.spot)
 
     def seen(self, since: datetime) -> dict[Zone, list[tuple[float, float]]]:
         """Per zone, (epoch, agents) from `since` on, led by the count in effect then, oldest first."""

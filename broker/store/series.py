@@ -44,6 +44,12 @@ class ChangeSeries:
                 pipe.execute_command("EVAL", _APPEND_IF_CHANGED, 2, *keys, f"{epoch:.3f}", repr(float(value)), member)
             return sum(pipe.execute())
 
+    def watch(self, members: Iterable[str]) -> None:
+        """Members to record from now on, before they have a value (the next writer's append starts their series)."""
+        members = list(members)
+        if members:
+            self.redis.sadd(self._key(self.index), *members)
+
     def members(self) -> list[str]:
         return sorted(self.redis.smembers(self._key(self.index)))
 

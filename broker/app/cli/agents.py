@@ -19,6 +19,7 @@ from broker.app.cli.common import (
 )
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
+from broker.store.capacity import CapacityHistory
 
 agents_app = typer.Typer(
     help="The agents the broker has (list); provision agents for the current plan with Terraform (infra/terraform).",
@@ -102,6 +103,8 @@ def agents_provision(
     for row in written:
         if not plan:
             terraform.apply_pool(Path(row["dir"]), row["pool"])
+    if not plan:  # the pools keep asking for their instances: a zone of one without an agent has no capacity
+        CapacityHistory(broker.store.shards[0]).watch([pool.offer for pool in pools])
     if as_json:
         print_json(written)
         return
