@@ -53,6 +53,7 @@ def test_submit_stores_the_job_and_prints_its_quote(env, tmp_path):
     assert chosen["expected_cost_usd"] == pytest.approx(chosen["offer"]["price_usd_per_h"] * chosen["expected_wall_h"])
     assert chosen["offer"]["accelerator"] in {"L4", "A10G"} and chosen["feasible"]
     assert len(body["quote"]["alternatives"]) == 4 and body["quote"]["savings_pct"] > 0
+    assert all(alt["forecast"]["futures"] == 250 for alt in body["quote"]["alternatives"])  # each played out
     status = json.loads(run("status", body["job"], "--json").stdout)
     assert status["state"] == "queued" and status["quote"]["chosen"] == chosen
     assert [e["state"] for e in status["events"]] == ["queued"]

@@ -82,9 +82,16 @@ def quote_table(quote: Quote, title: str) -> Fitted:
         )
     notes = [short_of_odds(quote)] if quote.short_of_odds else []
     if quote.forecast is not None:
+        simulated = all(o.forecast is not None for o in quote.alternatives)
         notes.append(
-            "chosen and on-demand: cost, P(meet) and finish are their futures' median, odds and median finish; "
-            "alternatives: the money model's (spot always launchable, a constant hazard, the estimated speed)"
+            "cost, P(meet) and finish are the futures' median, odds and median finish"
+            + ("; each alternative run on its own offer" if simulated and quote.alternatives else "")
+            + (
+                ""
+                if simulated
+                else " (chosen and on-demand; alternatives: the money model's, spot always launchable, a constant "
+                "hazard, the estimated speed)"
+            )
         )
     if quote.savings_usd is not None:
         notes.append(

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from functools import cached_property
 
 from broker.core.fleet import Fleet
-from broker.core.forecast import Underway, forecast
+from broker.core.forecast import FUTURES, Underway, forecast
 from broker.core.hedging import MarketHedge
 from broker.domain.errors import BrokerError
 from broker.domain.model import ODDS_NOISE, AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
@@ -20,6 +20,7 @@ from broker.store.capacity import fleet_seen
 from broker.store.jobs import Store
 
 OTHERS_SEEN = 1000  # jobs a quote looks at: those waiting ahead of it, and the finished ones it learns speed from
+ALTERNATIVE_FUTURES = 250  # an alternative's odds to a few points: a quote stays well under a second
 RECENT_H = 7 * 24.0  # hours of our fleet's spot capacity the market model learns from
 LIVE_SPOT_S = 1.0  # how stale the fleet's live spot offers may be when the policy tells a queue from a market gap
 
@@ -34,12 +35,15 @@ class Broker:
         policy,
         clock,
         market: MarketModel | Callable[[], MarketModel] | None = None,
+        forecast_alternatives: bool = False,
     ):
         self.store = store
         self.catalog = catalog
         self.policy = policy
         self.clock = clock
         self._market = market  # when given, quotes carry a forecast: the choice simulated on its futures
+        # the alternatives too, each run on its own offer (what a user weighs them by; backtests never show them)
+        self.forecast_alternatives = forecast_alternatives
         self._recent: tuple[datetime, MarketModel] | None = None  # (when learned, the model with our spells)
         self.hedges = MarketHedge(self.market_now, lambda: self.catalog.offers) if market is not None else None
         if self.hedges and getattr(policy, "hedge", False) is None:  # a policy that decides from the market
@@ -106,7 +110,9 @@ class Broker:
             return _on_demand_start(quote) if started_on_demand else quote
         rule = getattr(self.policy, "rule", "greedy")
 
-        def simulated(option: Option, spot: bool = False, measures_on_spot: bool = False) -> Forecast:
+        def simulated(
+            option: Option, spot: bool = False, measures_on_spot: bool = False, futures: int = FUTURES
+        ) -> Forecast:
             played = quote.model_copy(update={"chosen": option})
             return forecast(
                 spec,
@@ -115,6 +121,7 @@ class Broker:
                 market,
                 rule,
                 now,
+                futures,
                 fleet=fleet,
                 hedges=self.hedges,
                 spot_while_in_time=spot,
@@ -136,6 +143,9 @@ class Broker:
         baseline = quote.on_demand_baseline
         if baseline is not None:  # no market randomness there: only the speed's (cheap)
             update["on_demand_baseline"] = baseline.model_copy(update={"forecast": simulated(baseline)})
+        if self.forecast_alternatives:  # each on its own offer and fallback, not placed by the rule's zones
+            played = [simulated(o, futures=ALTERNATIVE_FUTURES) for o in quote.alternatives]
+            update["alternatives"] = [o.model_copy(update={"forecast": f}) for o, f in zip(quote.alternatives, played)]
         return quote.model_copy(update=update)
 
     def outlook(self, job: Job) -> Forecast | None:
