@@ -151,6 +151,8 @@ class ZoneModel:
         )
         hours = len(counts) * self.tick_h
         note = f"; {len(up) + len(down)} spells our fleet saw in {hours:.0f} h (weight {seen.recent_weight:.2f})"
+        if last is not None:
+            note += f", {'up' if last[0] else 'down'} the last {last[1] * self.tick_h:.1f} h"
         if shrink:
             note += f", its pool shrinking by {shrink / self.tick_h:.0%} an hour while up"
         return replace(seen, evidence=self.evidence + note)
