@@ -90,8 +90,10 @@ def test_a_quote_names_where_the_rule_starts_the_job_and_warns_when_the_odds_fal
     alt = told.quote(_quote_spec(14.0).model_copy(update={"budget_usd": None})).alternatives[0]
     assert tight.alternatives[0].forecast is None and alt.offer == offers[0]  # backtests show none: not played
     assert alt.p_meet_deadline > 0.99 and alt.forecast.p_meet_deadline < 0.945 and alt.forecast.spot_share > 0.5
-    row = next(line for line in shown(tight.model_copy(update={"alternatives": [alt]})).splitlines() if "alt 1" in line)
+    table = shown(tight.model_copy(update={"alternatives": [alt]}))
+    row = next(line for line in table.splitlines() if "alt 1" in line)
     assert f"{alt.forecast.p_meet_deadline:.2f}" in row and f"{alt.p_meet_deadline:.3f}" not in row
+    assert "each alternative run on its own offer" in table and "the money model's" in shown(tight)
 
 
 def test_a_job_whose_odds_hold_without_the_reserve_starts_on_spot_and_the_planner_knows():

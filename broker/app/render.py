@@ -82,17 +82,12 @@ def quote_table(quote: Quote, title: str) -> Fitted:
         )
     notes = [short_of_odds(quote)] if quote.short_of_odds else []
     if quote.forecast is not None:
-        simulated = all(o.forecast is not None for o in quote.alternatives)
-        notes.append(
-            "cost, P(meet) and finish are the futures' median, odds and median finish"
-            + ("; each alternative run on its own offer" if simulated and quote.alternatives else "")
-            + (
-                ""
-                if simulated
-                else " (chosen and on-demand; alternatives: the money model's, spot always launchable, a constant "
-                "hazard, the estimated speed)"
-            )
-        )
+        note = "cost, P(meet) and finish are the futures' median, odds and median finish"
+        if any(o.forecast is None for o in quote.alternatives):  # a quote made without them (a backtest's)
+            note += " (alternatives: the money model's: spot always launchable, a constant hazard, the estimated speed)"
+        elif quote.alternatives:
+            note += "; each alternative run on its own offer"
+        notes.append(note)
     if quote.savings_usd is not None:
         notes.append(
             f"savings vs cheapest on-demand: {_money(quote.savings_usd)} ({quote.savings_pct:.1f}%)"

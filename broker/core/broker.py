@@ -144,8 +144,9 @@ class Broker:
         if baseline is not None:  # no market randomness there: only the speed's (cheap)
             update["on_demand_baseline"] = baseline.model_copy(update={"forecast": simulated(baseline)})
         if self.forecast_alternatives:  # each on its own offer and fallback, not placed by the rule's zones
-            played = [simulated(o, futures=ALTERNATIVE_FUTURES) for o in quote.alternatives]
-            update["alternatives"] = [o.model_copy(update={"forecast": f}) for o, f in zip(quote.alternatives, played)]
+            update["alternatives"] = [
+                o.model_copy(update={"forecast": simulated(o, futures=ALTERNATIVE_FUTURES)}) for o in quote.alternatives
+            ]
         return quote.model_copy(update=update)
 
     def outlook(self, job: Job) -> Forecast | None:
