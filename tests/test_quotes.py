@@ -93,7 +93,8 @@ def test_a_quote_names_where_the_rule_starts_the_job_and_warns_when_the_odds_fal
     table = shown(tight.model_copy(update={"alternatives": [alt]}))
     row = next(line for line in table.splitlines() if "alt 1" in line)
     assert f"{alt.forecast.p_meet_deadline:.2f}" in row and f"{alt.p_meet_deadline:.3f}" not in row
-    assert "each alternative run on its own offer" in table and "the money model's" in shown(tight)
+    words, plain = " ".join(table.split()), " ".join(shown(tight).split())  # the caption wraps
+    assert "each alternative run on its own offer" in words and "alternatives: the money model's" in plain
 
 
 def test_a_job_whose_odds_hold_without_the_reserve_starts_on_spot_and_the_planner_knows():
