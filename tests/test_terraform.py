@@ -323,10 +323,14 @@ def test_provision_without_pending_jobs_says_so_in_a_table(redis_url, monkeypatc
 
 def test_deprovision_runs_terraform_destroy_and_reports_the_pool_gone(store, catalog, redis_url, monkeypatch, tmp_path):
     monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
-    _, site = write_pending_jobs_and_site(store, catalog, tmp_path)
+    quote, site = write_pending_jobs_and_site(store, catalog, tmp_path)
     pools = tmp_path / "pools"
     written = CliRunner().invoke(app, ["agents", "provision", "--site", str(site), "--out", str(pools), "--json"])
     [row] = json.loads(written.stdout)
+    history = CapacityHistory(store)
+    history.watch([quote.chosen.offer])  # as --apply does: its zone recorded, no agent there
+    history.record(NOW, [])
+    assert history.seen(NOW) == {zone_of(quote.chosen.offer): [(NOW.timestamp(), 0.0)]}
     calls = tmp_path / "calls"
     stand_in = tmp_path / "terraform"  # records how it was called; real destroy needs the clouds
     stand_in.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
@@ -335,4 +339,5 @@ def test_deprovision_runs_terraform_destroy_and_reports_the_pool_gone(store, cat
     result = CliRunner().invoke(app, ["agents", "deprovision", row["pool"], "--out", str(pools)])
     assert result.exit_code == 0, result.output
     assert f"pool {row['pool']} destroyed" in result.stdout
+    assert history.seen(NOW) == {}  # no pool asks there now: its zeros say nothing of the zone's capacity
     assert calls.read_text().split() == [f"-chdir={pools / row['pool']}", "destroy", "-input=false", "-auto-approve"]

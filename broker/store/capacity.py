@@ -7,7 +7,8 @@ Keys (beside the store's own, same prefix):
 
 The server records, each time it checks leases, how many live spot agents stand for each zone (one going away on
 a notice counts out). A zone counts from when an agent was first seen there, or from when a provisioner said it keeps
-a pool there (`watch`: `broker agents provision --apply`, the backtest's fleet): before that nothing is known; after,
+a pool there (`watch`: `broker agents provision --apply`, the backtest's fleet; `forget` when it is destroyed): before
+that nothing is known; after,
 no agent means no capacity, since a pool's provisioner keeps asking for its instances (an auto-scaling group at its
 desired size), so its agent count follows what the cloud gives. A pool that never got an instance is evidence too:
 a zone down for days tends to stay down (pricing/availability.py).
@@ -49,6 +50,12 @@ class CapacityHistory:
         """The spot zones of `offers` where a provisioner keeps a pool from now on: recorded from the server's next
         check, with no agent there meaning no capacity."""
         self.series.watch("|".join(zone_of(o)) for o in offers if o.tier == Tier.spot)
+
+    def forget(self, offer_ids: list[str]) -> None:
+        """The spot zones of these offers (ids) where a pool was destroyed: recorded no more, and what was recorded
+        of them drops out of the evidence, since no agent there no longer says no capacity (a zone counts again from an
+        agent's first sight there, or a new pool)."""
+        self.series.forget("|".join(i.split("/")[:3]) for i in offer_ids if i.endswith(f"/{Tier.spot.value}"))
 
     def seen(self, since: datetime) -> dict[Zone, list[tuple[float, float]]]:
         """Per zone, (epoch, agents) from `since` on, led by the count in effect then, oldest first."""

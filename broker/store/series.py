@@ -50,6 +50,15 @@ class ChangeSeries:
         if members:
             self.redis.sadd(self._key(self.index), *members)
 
+    def forget(self, members: Iterable[str]) -> None:
+        """Members to record no more, with what was recorded of them."""
+        members = list(members)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for member in members:
+                pipe.delete(self._key(self.kind, member))
+                pipe.srem(self._key(self.index), member)
+            pipe.execute()
+
     def members(self) -> list[str]:
         return sorted(self.redis.smembers(self._key(self.index)))
 

@@ -144,4 +144,7 @@ def agents_deprovision(
     if not (root / "main.tf.json").exists():
         raise BrokerError(f"pool: no Terraform root at {root}; `ls {pools_dir}` shows the pools")
     terraform.destroy_pool(root, pool)
+    offer_id = terraform.pool_offer_id(root, pool)
+    if offer_id:  # no pool asks there now: no agent there says nothing of the zone's capacity
+        CapacityHistory(make_store().shards[0]).forget([offer_id])
     out.print(f"pool {pool} destroyed")
