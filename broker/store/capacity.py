@@ -8,10 +8,9 @@ Keys (beside the store's own, same prefix):
 The server records, each time it checks leases, how many live spot agents stand for each zone (one going away on
 a notice counts out). A zone counts from when an agent was first seen there, or from when a provisioner said it keeps
 a pool there (`watch`: `broker agents provision --apply`, the backtest's fleet; `forget` when it is destroyed): before
-that nothing is known; after,
-no agent means no capacity, since a pool's provisioner keeps asking for its instances (an auto-scaling group at its
-desired size), so its agent count follows what the cloud gives. A pool that never got an instance is evidence too:
-a zone down for days tends to stay down (pricing/availability.py).
+that nothing is known; after, no agent means no capacity, since a pool's provisioner keeps asking for its instances
+(an auto-scaling group at its desired size), so its agent count follows what the cloud gives. A pool that never got
+an instance is evidence too: a zone down for days tends to stay down (pricing/availability.py).
 """
 
 from __future__ import annotations
