@@ -98,6 +98,7 @@ def with_case(rows: list[dict], directory: str, seed: int) -> list[dict]:
 
 def figures(rows: list[dict]) -> dict:
     median, p90 = cost_errors_pct(rows)
+    warm = [r for r in rows if r["quoted_after_h"] >= WARM_H]
     calibration = reliability(rows)
     apart = reliability([{k: v for k, v in r.items() if k != "case"} for r in rows])
     return {
@@ -106,8 +107,8 @@ def figures(rows: list[dict]) -> dict:
         "p90_abs_cost_error_pct": p90,
         # the quotes made once the broker had seen WARM_H of arrivals: the first are made with no rate of jobs to
         # come, so they count on no contention (a cold start a live broker has once, each backtest has once)
-        "median_abs_cost_error_warm_pct": cost_errors_pct([r for r in rows if r["quoted_after_h"] >= WARM_H])[0],
-        "warm_jobs": sum(1 for r in rows if r["quoted_after_h"] >= WARM_H),
+        "median_abs_cost_error_warm_pct": cost_errors_pct(warm)[0],
+        "warm_jobs": len(warm),
         # quoted free (a bubble): no ratio to take, so counted apart, with those that cost something after all
         "quoted_free_jobs": sum(1 for r in rows if r["quoted_cost_usd"] <= 0),
         "quoted_free_but_paid": sum(1 for r in rows if r["quoted_cost_usd"] <= 0 and r["cost_usd"] > 0.005),

@@ -145,7 +145,8 @@ class ZoneModel:
         counts = np.asarray(counts, dtype=float)
         up, down = spells(counts > 0)
         shrink = shrink_per_tick(counts)
-        last = _last_spell(counts > 0)
+        now_up = bool(counts[-1] > 0) if len(counts) else False
+        last = (now_up, int((up if now_up else down)[-1])) if len(counts) else None  # the spell it is in
         seen = replace(
             self, recent_up=up, recent_down=down, shrink=self.shrink if shrink is None else shrink, current=last
         )
@@ -221,14 +222,6 @@ class ZoneModel:
             return np.maximum(rng.exponential(max(age, 1), n), 1e-6)
         picked = rng.choice(values[longer], n, p=probs[longer] / probs[longer].sum())
         return picked - age
-
-
-def _last_spell(available: np.ndarray) -> tuple[bool, int] | None:
-    """(up, ticks) of the last spell of a boolean series; None for an empty one."""
-    if len(available) == 0:
-        return None
-    change = np.flatnonzero(np.diff(available.astype(int)))
-    return bool(available[-1]), int(len(available) - (change[-1] + 1 if len(change) else 0))
 
 
 def spell_at_ticks(ends: np.ndarray, ticks: int) -> np.ndarray:

@@ -28,6 +28,11 @@ def zone_of(offer: Offer) -> Zone:
     return offer.cloud, offer.zone or offer.region, offer.instance_type
 
 
+def _member(zone: Zone) -> str:
+    """A zone as its series' member."""
+    return "|".join(zone)
+
+
 class CapacityHistory:
     """Live spot agents per zone, recorded where the count changes."""
 
@@ -40,7 +45,7 @@ class CapacityHistory:
         counts: dict[str, int] = {}
         for agent in agents:
             if agent.offer.tier == Tier.spot:
-                member = "|".join(zone_of(agent.offer))
+                member = _member(zone_of(agent.offer))
                 counts[member] = counts.get(member, 0) + 1
         zones = sorted(set(self.series.members()) | counts.keys())
         return self.series.append((zone, at.timestamp(), counts.get(zone, 0)) for zone in zones)
@@ -48,13 +53,14 @@ class CapacityHistory:
     def watch(self, offers: list[Offer]) -> None:
         """The spot zones of `offers` where a provisioner keeps a pool from now on: recorded from the server's next
         check, with no agent there meaning no capacity."""
-        self.series.watch("|".join(zone_of(o)) for o in offers if o.tier == Tier.spot)
+        self.series.watch(_member(zone_of(o)) for o in offers if o.tier == Tier.spot)
 
     def forget(self, offer_ids: list[str]) -> None:
         """The spot zones of these offers (ids) where a pool was destroyed: recorded no more, and what was recorded
         of them drops out of the evidence, since no agent there no longer says no capacity (a zone counts again from an
         agent's first sight there, or a new pool)."""
-        self.series.forget("|".join(i.split("/")[:3]) for i in offer_ids if i.endswith(f"/{Tier.spot.value}"))
+        spot = [i.split("/") for i in offer_ids if i.endswith(f"/{Tier.spot.value}")]  # domain.model.offer_id's parts
+        self.series.forget(_member(tuple(parts[:3])) for parts in spot)
 
     def seen(self, since: datetime) -> dict[Zone, list[tuple[float, float]]]:
         """Per zone, (epoch, agents) from `since` on, led by the count in effect then, oldest first."""
