@@ -98,14 +98,14 @@ def test_a_quote_names_where_the_rule_starts_the_job_and_warns_when_the_odds_fal
 
 
 def test_a_job_whose_odds_hold_without_the_reserve_starts_on_spot_and_the_planner_knows():
-    """10 h of work in 14.5 h does not hold the reserve for a speed not yet measured (46% at the prior's spread),
-    but the futures with the speed measured on spot still meet the deadline with the odds asked: the quote keeps the
-    spot offer and says so, and the planner's view of the stored job carries it to the guard's rule."""
+    """10 h of work in 13 h does not hold the reserve for a speed not yet measured (46% at the prior's spread),
+    but the futures with the speed measured on spot still meet the deadline with the odds asked (0.85): the quote
+    keeps the spot offer and says so, and the planner's view of the stored job carries it to the guard's rule."""
     from broker.planning.option_table import PlanItem
 
     calm = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
-    spec = _quote_spec(14.5).model_copy(update={"budget_usd": None})
+    spec = _quote_spec(13.0).model_copy(update={"budget_usd": None, "deadline_probability": 0.85})
     quote = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm).quote(spec)
     assert quote.chosen.offer == offers[0] and quote.forecast.measures_on_spot and not quote.short_of_odds
     assert "measures its speed on spot" in quote.forecast.evidence

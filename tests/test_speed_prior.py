@@ -124,3 +124,18 @@ def test_a_job_run_again_is_quoted_at_the_speed_its_earlier_runs_showed_where_th
     )
     item = PlanItem.from_job(job)
     assert item.speed == again.speed_median and item.unsure < 0.2  # a prior's reserve: 0.46 at 0.23
+
+
+def test_a_quotes_odds_hardly_move_with_the_futures_seed_where_the_speed_is_what_decides():
+    """On-demand's futures differ only in the job's speed: drawn one per quantile of its spread, the share that
+    meets the deadline is the same to a future whatever the seed (independent draws: about 1 point apart)."""
+    from broker.core.forecast import forecast
+
+    model = MarketModel.fit([trace("us-east-1a", [1] * 3 + [0] * 9, 300)])
+    quote = _quote(model, 18.0)
+    on_demand = quote.model_copy(update={"chosen": quote.on_demand_baseline})
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    spec = _quote_spec(quote.on_demand_baseline.expected_wall_h * 1.05)  # tight: its odds are the speed's
+    odds = [forecast(spec, on_demand, offers, model, "greedy", NOW, seed=s).p_meet_deadline for s in range(8)]
+    assert 0.5 < min(odds) and max(odds) < 0.95
+    assert max(odds) - min(odds) <= 0.002

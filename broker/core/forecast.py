@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import numpy as np
+from scipy.special import ndtri
+from scipy.stats import qmc
 
 from broker.core.fleet import Fleet, SpeedPrior
 from broker.core.hedging import MAX_ZONES, MarketHedge
@@ -154,7 +156,7 @@ def forecast(
     # estimate's measured jobs showed (1 until some are)
     prior = (fleet or Fleet()).speed_prior(spec)
     sigma = prior.sigma
-    speed = prior.median * (np.exp(rng.normal(0.0, sigma, futures)) if sigma > 0 else np.ones(1))
+    speed = prior.median * (np.exp(sigma * _stratified_normal(rng, futures)) if sigma > 0 else np.ones(1))
     if underway is not None and underway.speed is not None:  # measured: the futures differ only in the market
         sigma, speed = 0.0, np.array([underway.speed])
         prior = SpeedPrior(underway.speed, 0.0, 0)
@@ -282,3 +284,9 @@ def _summary(spec, now, cost, finish, spot_h, od_h, rule, zones, zone_models) ->
         spot_share=round(share, 4),
         evidence=zone_models[0].evidence if zone_models else "",
     )
+
+
+def _stratified_normal(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n standard normals, one from each n-quantile in random order (Latin hypercube): where the speed decides the
+    odds, independent draws moved them by a point between seeds and between an option and its alternatives."""
+    return ndtri(qmc.LatinHypercube(d=1, rng=rng).random(n)[:, 0])
