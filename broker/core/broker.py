@@ -20,7 +20,7 @@ from broker.store.capacity import fleet_seen
 from broker.store.jobs import Store
 
 OTHERS_SEEN = 1000  # jobs a quote looks at: those waiting ahead of it, and the finished ones it learns speed from
-ALTERNATIVE_FUTURES = 250  # an alternative's odds to about 3 points
+ALTERNATIVE_FUTURES = 250  # an alternative's odds to within about a point (their sd over seeds: 0.1-0.5 points)
 RECENT_H = 7 * 24.0  # hours of our fleet's spot capacity the market model learns from
 LIVE_SPOT_S = 1.0  # how stale the fleet's live spot offers may be when the policy tells a queue from a market gap
 
