@@ -134,6 +134,9 @@ def test_a_quote_shows_and_saves_against_its_futures_not_the_money_model():
     console.print(render.quote_table(quote, "quote"))
     row = next(line.split() for line in console.export_text().splitlines() if line.startswith("chosen"))
     assert f"${chosen.cost_p50_usd:,.2f}" in row and f"{chosen.p_meet_deadline:.2f}" in row
+    median_h = (chosen.finish_p50 - quote.created_at).total_seconds() / 3600  # the futures' time, as their cost
+    shown = render.duration(median_h)
+    assert shown in " ".join(row) and shown != render.duration(quote.chosen.expected_wall_h)
     assert f"{quote.chosen.p_meet_deadline:.3f}" not in row
     job = Job(id="j", spec=_quote_spec(18.0), submitted_at=NOW, updated_at=NOW, quote=quote)
     assert quote.cost_usd == chosen.cost_p50_usd != quote.chosen.expected_cost_usd

@@ -75,14 +75,14 @@ def quote_table(quote: Quote, title: str) -> Fitted:
             where(option),
             gpus(option),
             f"{option.offer.price_usd_per_h:,.4f}",
-            duration(option.expected_wall_h),
+            duration(_hours_to(f.finish_p50, quote.created_at) if f and f.finish_p50 else option.expected_wall_h),
             _money(f.cost_p50_usd if f else option.expected_cost_usd),
             f"{f.p_meet_deadline:.2f}" if f else f"{option.p_meet_deadline:.3f}",
             when(f.finish_p50 if f and f.finish_p50 else option.expected_finish),
         )
     notes = [short_of_odds(quote)] if quote.short_of_odds else []
     if quote.forecast is not None:
-        note = "cost, P(meet) and finish are the futures' median, odds and median finish"
+        note = "time, cost and finish are the futures' medians, P(meet) their odds"
         if any(o.forecast is None for o in quote.alternatives):  # a quote made without them (a backtest's)
             note += " (alternatives: the money model's: spot always launchable, a constant hazard, the estimated speed)"
         elif quote.alternatives:
@@ -102,6 +102,10 @@ def quote_table(quote: Quote, title: str) -> Fitted:
         notes.append(forecast_line(quote.forecast))
     table.caption = "\n".join(notes) or None
     return narrow_safe(table, "offer", "gpus", "finish UTC", optional=("gpus", "tier", "finish UTC"))
+
+
+def _hours_to(at: datetime, since: datetime) -> float:
+    return (at - since).total_seconds() / 3600
 
 
 def short_of_odds(quote: Quote) -> str:
