@@ -28,12 +28,15 @@ def test_an_outlook_prices_the_work_left_at_the_measured_speed_after_what_was_sp
     half_h = on_demand.expected_wall_h / 2
     spec = _quote_spec(30.0).model_copy(update={"deadline": NOW + timedelta(hours=half_h)})  # half the work: in time
 
-    def ahead(speed):
-        underway = Underway(left=0.5, speed=speed, run_h=2.0, spent_usd=7.0)
+    def ahead(speed, on=None):
+        underway = Underway(left=0.5, speed=speed, run_h=2.0, spent_usd=7.0, on=on)
         return forecast(spec, played, offers, model, "greedy", NOW, underway=underway)
 
     slow, fast = ahead(0.8), ahead(1.25)
-    assert slow.cost_p10_usd == slow.cost_p90_usd == pytest.approx(7.0 + on_demand.expected_cost_usd / 2 / 0.8)
+    work_h = exclusive_hours(spec, on_demand.offer) / 2 / 0.8
+    # not running now: a start (a new instance, the restore) as the futures pay it, then the work left
+    assert slow.cost_p10_usd == slow.cost_p90_usd == pytest.approx(7.0 + 3.06 * (restart_hours(spec) + work_h))
+    assert ahead(0.8, on_demand.offer).cost_p50_usd == pytest.approx(7.0 + 3.06 * work_h)  # running there: no start
     assert slow.speed_sigma == 0.0 and slow.p_meet_deadline == 0.0 and fast.p_meet_deadline == 1.0
     unmeasured = ahead(None)  # not yet measured: the speed's spread, as at submit
     assert unmeasured.cost_p90_usd > unmeasured.cost_p10_usd and 0.0 < unmeasured.p_meet_deadline < 1.0

@@ -168,7 +168,8 @@ def forecast(
     ceiling = od_offer.price_usd_per_h if fallback else float("inf")
     zones = zones_in_time(spec, chosen, offers, ceiling, now, underway, prior.median) if spot_while_in_time else []
     if not zones and chosen.tier == Tier.on_demand:
-        return _on_demand(spec, quote, chosen, now, speed, sigma, left, spent, prior)
+        running = underway is not None and underway.running_on([]) == ON_DEMAND_NOW
+        return _on_demand(spec, chosen, now, speed, sigma, left, spent, prior, 0.0 if running else restart_hours(spec))
     zones = zones or zones_for(spec, chosen, offers, ceiling)
     played = chosen if chosen in zones else zones[0]  # the offer whose speed and hazard the futures are told in
     tick_h = model.tick_h
@@ -223,7 +224,6 @@ def forecast(
 
 def _on_demand(
     spec: JobSpec,
-    quote: Quote,
     offer: Offer,
     now: datetime,
     speed: np.ndarray,
@@ -231,12 +231,13 @@ def _on_demand(
     left: float,
     spent: float,
     prior: SpeedPrior,
+    start_h: float,
 ) -> Forecast:
-    """On-demand: no market randomness; the money model's time and cost for the share of the work `left`, at each
-    future's speed, after what was `spent` (the input's move, paid once at any speed, at submit)."""
-    option = quote.chosen
-    wall = option.expected_wall_h * left / speed
-    cost = (option.expected_cost_usd - transfer_usd(spec, offer)) * left / speed + spent
+    """On-demand: no market randomness; the share of the work `left` at each future's speed after a start of
+    `start_h` (a new instance and the restore, as the futures on spot pay it: the same job costs the same on the same
+    offer, played by the rule or not), after what was `spent` (the input's move, paid once at any speed, at submit)."""
+    wall = start_h + exclusive_hours(spec, offer) * left / speed
+    cost = offer.price_usd_per_h * wall + spent
     forecast = _summary(spec, now, cost, wall, np.zeros_like(wall), wall, "on-demand", [offer], [])
     return _with_speed(forecast, "on-demand: always available", speed, sigma, prior)
 
