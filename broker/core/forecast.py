@@ -168,8 +168,8 @@ def forecast(
     ceiling = od_offer.price_usd_per_h if fallback else float("inf")
     zones = zones_in_time(spec, chosen, offers, ceiling, now, underway, prior.median) if spot_while_in_time else []
     if not zones and chosen.tier == Tier.on_demand:
-        running = underway is not None and underway.running_on([]) == ON_DEMAND_NOW
-        return _on_demand(spec, chosen, now, speed, sigma, left, spent, prior, 0.0 if running else restart_hours(spec))
+        there = underway is not None and underway.on is not None and underway.on.tier == Tier.on_demand
+        return _on_demand(spec, chosen, now, speed, sigma, left, spent, prior, 0.0 if there else restart_hours(spec))
     zones = zones or zones_for(spec, chosen, offers, ceiling)
     played = chosen if chosen in zones else zones[0]  # the offer whose speed and hazard the futures are told in
     tick_h = model.tick_h
