@@ -288,7 +288,11 @@ def _rated(spec):
     """The spec with its work as steps at a measured rate that takes as long as its GPU-hours are estimated to."""
     from broker.models.risk import exclusive_hours_on
 
-    work = {"steps": 10_000, "steps_per_hour": {"V100": 10_000 / exclusive_hours_on(spec, "V100", 1)}}
+    work = {
+        "gpu_hours": None,
+        "steps": 10_000,
+        "steps_per_hour": {"V100": 10_000 / exclusive_hours_on(spec, "V100", 1)},
+    }
     return spec.model_copy(update={"work": spec.work.model_copy(update=work)})
 
 

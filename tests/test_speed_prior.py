@@ -139,3 +139,32 @@ def test_a_quotes_odds_hardly_move_with_the_futures_seed_where_the_speed_is_what
     odds = [forecast(spec, on_demand, offers, model, "greedy", NOW, seed=s).p_meet_deadline for s in range(8)]
     assert 0.5 < min(odds) and max(odds) < 0.95
     assert max(odds) - min(odds) <= 0.002
+
+
+def test_each_kind_of_estimate_is_as_unsure_as_its_measured_jobs_were(store):
+    """Thirty GPU-hours jobs (a datasheet's ratio) missed their estimates by 40% (log sd), thirty given measured rates
+    by 2%: a new rated job keeps the reserve of its own kind's spread, not of both kinds pooled, so one whose window
+    holds that reserve starts on spot where the pooled spread started it on on-demand; a new GPU-hours job is as
+    unsure as its kind showed. The fleet's pooled spread stays what a kind not yet measured is quoted with."""
+    from broker.core.fleet import Fleet
+    from broker.models.risk import unmeasured_margin
+
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    quote = _quote(model, 30.0)
+    rng = np.random.default_rng(5)
+    wide = [_finished(quote, np.exp(rng.normal(0.0, 0.4)), f"g{i}", spec_name=f"g{i}") for i in range(30)]
+    sure = [_finished(quote, np.exp(rng.normal(0.0, 0.02)), f"r{i}", spec_name=f"r{i}", rated=True) for i in range(30)]
+    fleet = Fleet.of([], [], NOW, wide + sure)
+    spec = _rated(_quote_spec(quote.chosen.expected_wall_h * 1.25)).model_copy(update={"budget_usd": None})
+    rated, sized = fleet.speed_prior(spec), fleet.speed_prior(_quote_spec(30.0))
+    assert rated.sigma < 0.1 < 0.2 < fleet.speed_sigma < sized.sigma  # 0.09, 0.25, 0.34 (each shrunk to the prior)
+    assert unmeasured_margin(rated.sigma, 0.95) < 0.2 < 0.4 < unmeasured_margin(fleet.speed_sigma, 0.95)
+
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    broker = Broker(store, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model)
+    pooled = broker.quote(spec)  # nothing measured yet: the prior's 0.23, a 46% reserve the window does not hold
+    assert pooled.chosen.offer.tier == "on_demand"
+    for job in wide + sure:
+        store.add_job(job)
+    learned = broker.quote(spec)  # a quarter more time than the work holds its kind's 16% reserve
+    assert learned.chosen.offer == offers[0] and learned.forecast.speed_sigma == pytest.approx(rated.sigma, abs=0.01)

@@ -50,6 +50,9 @@ class Fleet:
     repeats: dict[str, list[float]] = field(default_factory=dict)
     # per kind of estimate (estimate_kind), how far off it runs: the log median speed over it, and the jobs measured
     bias: dict[str, tuple[float, int]] = field(default_factory=dict)
+    # per kind of estimate, the spread of its measured jobs about that median (speed_spread of that kind alone): rates
+    # a user measured may miss by 2% where a datasheet's ratio misses by 30%; a kind not yet measured: speed_sigma
+    spread: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, agents: list, jobs: list[Job], now: datetime, recent: list[Job] = ()) -> Fleet:
@@ -84,7 +87,8 @@ class Fleet:
             for j in lately
             if j.quote.chosen.offer.tier != Tier.on_demand
         ]
-        return cls(count, others, speed_spread(kinds), rate, arrived, repeats, bias)
+        spread = {kind: speed_spread({kind: x}) for kind, x in kinds.items()}
+        return cls(count, others, speed_spread(kinds), rate, arrived, repeats, bias, spread)
 
     def speed_prior(self, spec: JobSpec) -> SpeedPrior:
         """A new job's speed over the estimate before it is measured. Estimates made the same way (estimate_kind) may
@@ -92,15 +96,18 @@ class Fleet:
         the measured jobs of its kind ran at, shrunk toward the estimate as if SPEED_PRIOR_JOBS more had run at it.
         Jobs of the same name that ran before (a nightly inference, an evaluation run again) tell more, as far as the
         fleet shows that repeats hold: a random-effects model, each job's log speed its kind's, plus its name's, plus a
-        part of its own. That part's variance is pooled over the names measured more than once, with the whole spread
-        (speed_sigma) as its prior, REPEAT_PRIOR_RUNS strong; the names' share is the rest. With no repeats seen the
-        job's own part is the whole spread, and its name's earlier jobs tell nothing: its kind's median at speed_sigma,
-        as for any job."""
-        base, kind_runs = self.bias.get(estimate_kind(spec), (0.0, 0))
-        total, own = self.speed_sigma**2, self._own_variance
+        part of its own. The whole spread is its kind's (`spread`; the fleet's, speed_sigma, for a kind not yet
+        measured). The own part's variance is pooled over the names measured more than once, with speed_sigma as its
+        prior, REPEAT_PRIOR_RUNS strong; the names' share is the rest. With no repeats seen the job's own part is the
+        whole spread, and its name's earlier jobs tell nothing: its kind's median at its kind's spread, as for any
+        job of its kind."""
+        kind = estimate_kind(spec)
+        base, kind_runs = self.bias.get(kind, (0.0, 0))
+        sigma = self.spread.get(kind, self.speed_sigma)
+        total, own = sigma**2, self._own_variance
         logs = self.repeats.get(spec.name, [])
         if not logs or own <= 0 or total - own <= 0:
-            return SpeedPrior(math.exp(base), self.speed_sigma, 0, kind_runs)
+            return SpeedPrior(math.exp(base), sigma, 0, kind_runs)
         precision = 1 / (total - own) + len(logs) / own
         return SpeedPrior(
             math.exp(base + sum(logs) / own / precision), math.sqrt(1 / precision + own), len(logs), kind_runs

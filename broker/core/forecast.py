@@ -247,7 +247,7 @@ def _with_speed(forecast: Forecast, evidence: str, speed: np.ndarray, sigma: flo
     median: the speed it plans with, and its spread: the reserve while the job's speed is unmeasured, PlanItem)."""
     if len(speed) > 1:
         evidence += (
-            f"; speed off the estimate by {np.std(np.log(speed)):.2f} (log sd: the prior with finished jobs' speeds)"
+            f"; speed off the estimate by {np.std(np.log(speed)):.2f} (log sd: the prior with its kind's measured jobs)"
         )
         if prior.runs:
             evidence += f", about {prior.median:.2f}x the estimate as {prior.runs} earlier job(s) of this name ran"
