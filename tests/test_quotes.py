@@ -95,6 +95,11 @@ def test_a_quote_names_where_the_rule_starts_the_job_and_warns_when_the_odds_fal
     assert f"{alt.forecast.p_meet_deadline:.2f}" in row and f"{alt.p_meet_deadline:.3f}" not in row
     words, plain = " ".join(table.split()), " ".join(shown(tight).split())  # the caption wraps
     assert "each alternative run on its own offer" in words and "alternatives: the money model's" in plain
+    assert "nearly every future" not in words  # on spot more than half its hours
+    # an alternative whose futures all ran on its on-demand fallback says so: its tier alone would read spot
+    fallen = alt.model_copy(update={"forecast": alt.forecast.model_copy(update={"spot_share": 0.0})})
+    words = " ".join(shown(tight.model_copy(update={"alternatives": [alt, fallen]})).split())
+    assert "alt 2: on on-demand in nearly every future" in words and "alt 1," not in words
 
 
 def test_a_job_whose_odds_hold_without_the_reserve_starts_on_spot_and_the_planner_knows():

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from broker.app.narrow import Fitted, narrow_safe
-from broker.domain.model import Job, Option, Quote
+from broker.domain.model import Job, Option, Quote, Tier
 
 if TYPE_CHECKING:  # pandas costs a read command a third of a second: imported where a table needs it
     import pandas as pd
@@ -88,6 +88,9 @@ def quote_table(quote: Quote, title: str) -> Fitted:
         elif quote.alternatives:
             note += "; each alternative run on its own offer"
         notes.append(note)
+        on_fallback = [label for label, o in rows[1:] if _on_fallback(o)]
+        if on_fallback:
+            notes.append(f"{', '.join(on_fallback)}: on on-demand in nearly every future (under 1% of hours on spot)")
     if quote.savings_usd is not None:
         notes.append(
             f"savings vs cheapest on-demand: {_money(quote.savings_usd)} ({quote.savings_pct:.1f}%)"
@@ -102,6 +105,11 @@ def quote_table(quote: Quote, title: str) -> Fitted:
         notes.append(forecast_line(quote.forecast))
     table.caption = "\n".join(notes) or None
     return narrow_safe(table, "offer", "gpus", "finish UTC", optional=("gpus", "tier", "finish UTC"))
+
+
+def _on_fallback(option: Option) -> bool:
+    """Whether an option off on-demand ran on its on-demand fallback in nearly every future (its tier misleads)."""
+    return option.forecast is not None and option.offer.tier != Tier.on_demand and option.forecast.spot_share < 0.01
 
 
 def _hours_to(at: datetime, since: datetime) -> float:
