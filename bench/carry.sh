@@ -7,7 +7,7 @@
 # on 2026-11-27 (bench/results/bubbles.md's live runs used them).
 WHEELS="pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 redis==8.1.0
 PuLP==3.3.2 highspy==1.16.0 hjson==3.1.0 typer==0.29.2 click==8.5.1 rich==15.0.0 shellingham==1.5.4
-annotated-doc==0.0.7 typing_extensions==4.16.0 pandas==3.1.1 fsspec==2026.9.0 PyYAML==6.0.4"
+annotated-doc==0.0.7 typing_extensions==4.16.0 pandas==3.1.1 fsspec==2026.9.0 PyYAML==6.0.4 hiredis==3.5.0"
 case "$1" in
 prepare)
     mkdir -p .whl .carry/bin .carry/lib
