@@ -153,3 +153,21 @@ def test_the_warm_up_runs_one_micro_batch_so_the_memory_peak_is_the_configuratio
     task.model.register_forward_hook(lambda module, inputs, output: rows.append(inputs[0].shape[0]))
     task.init()
     assert rows == [4]  # the whole batch at once would set the peak of the 1x16 configuration on a GPU
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: where a fill job's state lands on the device")
+def test_a_fill_jobs_state_stays_off_the_gpu_of_the_stage_that_hosts_it():
+    """The executor lives in the training stage's process: the fill job's state it takes (checkpoints, the state a
+    trial goes back to) is held in host memory there, never on the training job's GPU."""
+    executor = FillExecutor("fill_mlp:MlpFill", {"step_s": 0.0, "device": "cuda", "width": 1024, "depth": 3})
+    executor.start()
+    try:
+        assert executor.window(1.0)["steps"]
+        held = torch.cuda.memory_allocated()
+        state = executor.take_state()
+        assert {tensor.device.type for tensor in state["model"].values()} == {"cpu"}
+        executor.reconfigure({"micro_steps": 2}, trial=True)
+        assert executor.window(1.0)["steps"]
+        assert torch.cuda.memory_allocated() == held
+    finally:
+        executor.stop()

@@ -214,7 +214,7 @@ class FillAgent:
         if manifest is None:
             return None
         with self.checkpoints.open_file(manifest, STATE_FILE) as f:
-            return torch.load(f, weights_only=False)
+            return torch.load(f, weights_only=False, map_location="cpu")  # not onto the training job's GPU
 
     def _window(self, kind: str, began: float) -> None:
         length = self.window_s.get(kind, 0.0) - (time.monotonic() - began)

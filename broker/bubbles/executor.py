@@ -179,11 +179,14 @@ def _pack(state: dict) -> bytes:
 
 
 def _unpack(data: bytes) -> dict:
+    """The state in host memory, wherever the task held it: the executor lives in the training stage's process, so
+    a fill job's tensors restored on their GPU would take the main job's memory; the child moves them to the device
+    itself when it builds the task."""
     import io
 
     import torch
 
-    return torch.load(io.BytesIO(data), weights_only=False)
+    return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
 
 
 class FillExecutor:
