@@ -1,8 +1,10 @@
 """The fill executor with real processes: steps stay inside windows, an overrunning task is SIGKILLed and
 resumes from its state, and a fill job checkpointed in bubbles finishes on an ordinary agent identically."""
 
+import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -169,5 +171,25 @@ def test_a_fill_jobs_state_stays_off_the_gpu_of_the_stage_that_hosts_it():
         executor.reconfigure({"micro_steps": 2}, trial=True)
         assert executor.window(1.0)["steps"]
         assert torch.cuda.memory_allocated() == held
+    finally:
+        executor.stop()
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_fill_processes_fork_from_a_server_that_imported_torch_once():
+    """A fill process is not a new interpreter importing torch (seconds at each start, restart and stage): it forks
+    from the fork server, which loaded torch once; a restart forks from the same server."""
+    executor = FillExecutor("fill_mlp:MlpFill", {"step_s": 0.0})
+    executor.start()
+    try:
+        server = _parent(executor.process.pid)
+        assert server != os.getpid()
+        assert "libtorch" in Path(f"/proc/{server}/maps").read_text()
+        first = executor.process.pid
+        executor.kill_and_restart()
+        assert executor.process.pid != first and _parent(executor.process.pid) == server
     finally:
         executor.stop()

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.contract import Assignment, Contract, Verdict
 from broker.bubbles.capacity import bubble_offer, measured_speed
-from broker.bubbles.executor import START_TIMEOUT_S, FillExecutor
+from broker.bubbles.executor import START_TIMEOUT_S, FillExecutor, warm_fill_processes
 from broker.bubbles.probe import NEXT, TIMING, UNFIT, ConfigurationProbe
 from broker.bubbles.profiler import profile
 from broker.bubbles.recorder import BubbleRecorder
@@ -103,6 +103,7 @@ class FillAgent:
             self.iterations.append(seconds)
 
     def start(self) -> None:
+        warm_fill_processes()  # before any job comes: its fill process then forks in milliseconds
         self.contract.register(self.offer, self.lease_ms)
         self._thread.start()
         self._beating.start()
