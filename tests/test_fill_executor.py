@@ -193,3 +193,18 @@ def test_fill_processes_fork_from_a_server_that_imported_torch_once():
         assert executor.process.pid != first and _parent(executor.process.pid) == server
     finally:
         executor.stop()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs: a stage on the second one")
+def test_a_stages_fill_process_works_on_the_stages_gpu():
+    """A stage that trains on the second GPU: its fill job runs there too, not on the first stage's GPU."""
+    torch.cuda.set_device(1)
+    torch.ones(1, device="cuda")  # this process computes on GPU 1, as a stage of a pipeline does
+    executor = FillExecutor("device_fill:DeviceFill", {"step_s": 0.0, "device": "cuda"})
+    executor.start()
+    try:
+        assert executor.window(1.0)["steps"]
+        assert executor.take_state()["cuda_device"] == 1
+    finally:
+        executor.stop()
+        torch.cuda.set_device(0)

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.contract import Assignment, Contract, Verdict
 from broker.bubbles.capacity import bubble_offer, measured_speed
-from broker.bubbles.executor import START_TIMEOUT_S, FillExecutor, warm_fill_processes
+from broker.bubbles.executor import START_TIMEOUT_S, FillExecutor, stage_device, warm_fill_processes
 from broker.bubbles.probe import NEXT, TIMING, UNFIT, ConfigurationProbe
 from broker.bubbles.profiler import profile
 from broker.bubbles.recorder import BubbleRecorder
@@ -67,6 +67,7 @@ class FillAgent:
         self.median_s = {w.kind: w.median_s for w in profile.windows}
         self.bubbles = [(self.window_s[w.kind], w.free_bytes) for w in profile.windows]  # Algorithm 1's B[i], M[i]
         self.memory_fraction = memory_cap(profile)
+        self.device = stage_device()  # read here, on the stage's training thread, not on the serving thread
         self.stats = FillStats(main_job=profile.main_job, stage=profile.stage, updated_at=datetime.now(UTC))
         self.iterations: list[float] = []  # the main job's iteration times while a fill job ran
         self.step_s: list[float] = []  # the fill job's measured step times (the latest 200)
@@ -190,7 +191,7 @@ class FillAgent:
                 job, "fill job has no fill_task (module:Class of its FillTask); it cannot run in bubbles"
             )
             return
-        executor = FillExecutor(job.spec.fill_task, {**job.spec.env, "step_s": 0.0})
+        executor = FillExecutor(job.spec.fill_task, {**job.spec.env, "step_s": 0.0}, device=self.device)
         executor.state = self._resume(job.job, job.resume_from)
         try:
             executor.start(self.memory_fraction)

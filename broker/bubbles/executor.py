@@ -88,15 +88,31 @@ def warm_fill_processes() -> None:
     multiprocessing.forkserver.ensure_running()
 
 
-def _serve(task_path: str, config: dict, state: dict | None, conn, memory_fraction: float | None) -> None:
+def stage_device() -> int | None:
+    """The GPU this thread computes on, where the process has started CUDA (a training stage): its fill process works
+    on the same one. A child starts on GPU 0, so on a node of several GPUs every stage's fill job would otherwise run
+    beside the first stage, under a memory cap measured on another GPU. CUDA's current device is a thread's: read it
+    on the thread that trains."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.current_device()
+
+
+def _serve(
+    task_path: str, config: dict, state: dict | None, conn, memory_fraction: float | None, device: int | None = None
+) -> None:
     """The child: one task at a time, commands from the executor, one reply per command. `reconfigure` builds the
     task again in this process from a configuration and a state: no new interpreter, no new CUDA context (on an
     H200 a fill process took seconds to start, and the agent times several configurations)."""
-    if memory_fraction is not None:
+    if memory_fraction is not None or device is not None:
         import torch
 
         if torch.cuda.is_available():
-            torch.cuda.set_per_process_memory_fraction(memory_fraction)  # an OOM hits the fill job, not the main job
+            if device is not None:
+                torch.cuda.set_device(device)  # the stage's GPU: what "cuda" in the task's configuration means
+            if memory_fraction is not None:  # an OOM hits the fill job, not the main job
+                torch.cuda.set_per_process_memory_fraction(memory_fraction)
     task = _ready(conn, task_path, config, state)
     if task is None:
         return
@@ -209,8 +225,9 @@ def _unpack(data: bytes) -> dict:
 class FillExecutor:
     """One stage's executor: a fill task in a child process, driven by window signals."""
 
-    def __init__(self, task_path: str, config: dict, grace_s: float = 0.05):
+    def __init__(self, task_path: str, config: dict, grace_s: float = 0.05, device: int | None = None):
         self.task_path, self.config, self.grace_s = task_path, config, grace_s
+        self.device = device if device is not None else stage_device()  # the GPU its fill process uses
         self.submitted = dict(config)  # what configurations override
         self.context = fill_processes()
         self.state: dict | None = None  # the last state taken from the task (restarts resume here)
@@ -229,7 +246,9 @@ class FillExecutor:
         self.memory_fraction = memory_fraction if memory_fraction is not None else self.memory_fraction
         self.conn, child = self.context.Pipe()
         self.process = self.context.Process(
-            target=_serve, args=(self.task_path, self.config, self.state, child, self.memory_fraction), daemon=True
+            target=_serve,
+            args=(self.task_path, self.config, self.state, child, self.memory_fraction, self.device),
+            daemon=True,
         )
         self.process.start()
         self._await_ready()
