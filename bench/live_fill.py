@@ -133,6 +133,7 @@ class BrokerFill:
         return {
             "steps": steps,
             "kills": executor.kills if executor else 0,
+            "missed_windows": self.agent.stats.missed,  # usable windows gone before the agent was free for them
             "job": job_id,
             "state": job.state.value,
             "runs": [{"agent": r.agent, "end": r.end_reason, "checkpoint_step": r.checkpoint_step} for r in job.runs],

@@ -243,6 +243,7 @@ def bubbles_page() -> None:
                     "usable share": p.usable_s(0.05) / p.iteration_s,
                     "free GB": min(w.free_bytes for w in p.windows) / 1e9,
                     "bubble time filled": share,
+                    "windows missed": fill.missed if fill else None,
                     "main-job slowdown %": None if slowdown is None else 100 * slowdown,
                     "fill jobs served": len(served.get(f"{main_job}-stage{p.stage}", ())),
                     "measured": p.measured_at,

@@ -43,8 +43,9 @@ def stage_profile(free_bytes: int, stage: int = 0) -> BubbleProfile:
     )
 
 
-def serve_fill_job(store, catalog, tmp_path, free_bytes: int, env: dict, until):
-    """A stage with 35 ms windows every 60 ms serves the example fill job until `until(agent, job)` holds."""
+def serve_fill_job(store, catalog, tmp_path, free_bytes: int, env: dict, until, late_s: float = 0.0):
+    """A stage with 35 ms windows every 60 ms serves the example fill job until `until(agent, job)` holds; with
+    `late_s` each window reaches the agent that late (its serving thread busy elsewhere)."""
     profile = stage_profile(free_bytes)
     root = str(tmp_path / "ckpt")
     agent = FillAgent(
@@ -56,7 +57,7 @@ def serve_fill_job(store, catalog, tmp_path, free_bytes: int, env: dict, until):
 
     def engine():
         while engine_runs.is_set():
-            agent.signal("fill-drain")
+            agent.signals.put(("fill-drain", time.monotonic() - late_s))  # as agent.signal, `late_s` ago
             time.sleep(0.06)
 
     threading.Thread(target=engine, daemon=True).start()
@@ -109,6 +110,19 @@ def test_a_fill_job_that_needs_more_memory_than_the_windows_have_is_handed_back(
     assert job.runs[-1].end_reason == "unfit" and job.pending and len(job.runs) == 1
     assert job.runs[-1].checkpoint_step > 0  # the steps it ran while timed are kept
     assert seen[1] == MIN_SPEED  # what the stage offers once no configuration of the job fit it
+
+
+def test_windows_gone_before_the_agent_was_free_count_as_bubble_time_left_unfilled(store, catalog, tmp_path):
+    """The share of bubble time filled (the dashboard's) counts the windows the agent missed while busy (a start, a
+    checkpoint); before, it left them out, and a busy agent's share read higher than what it filled."""
+
+    def missed_a_few(agent, job):
+        return agent.stats.missed >= 5
+
+    agent, _ = serve_fill_job(store, catalog, tmp_path, 4 * 10**9, {}, missed_a_few, late_s=0.05)
+    assert agent.stats.fill_s == 0  # every window was over (35 ms) before it reached the agent
+    assert agent.stats.bubble_s == pytest.approx(0.035 * agent.stats.missed)
+    assert agent.stats.fill_share() == 0
 
 
 def test_the_lease_outlives_a_blocked_serving_thread_and_a_lapsed_one_registers_again(store, tmp_path):

@@ -219,11 +219,13 @@ class FillAgent:
             return torch.load(f, weights_only=False, map_location="cpu")  # not onto the training job's GPU
 
     def _window(self, kind: str, began: float) -> None:
-        length = self.window_s.get(kind, 0.0) - (time.monotonic() - began)
-        if length <= 0.001:
-            return  # stale (the executor was busy starting) or a window too short to use
+        usable = self.window_s.get(kind, 0.0)
+        self.stats.bubble_s += self.median_s.get(kind, 0.0)  # bubble time while it held a job, filled or not
+        length = usable - (time.monotonic() - began)
+        if length <= 0.001:  # a window too short to use, or gone before this thread was free (a start, a checkpoint)
+            self.stats.missed += int(usable > 0.001)
+            return
         report = self.executor.window(length)
-        self.stats.bubble_s += self.median_s.get(kind, 0.0)
         self.stats.fill_s += sum(end - start for start, end in report["steps"]) if report else length
         if report:
             self.step_s = (self.step_s + [end - start for start, end in report["steps"]])[-200:]

@@ -52,6 +52,7 @@ class FillStats(BaseModel):
     fill_s: float = 0.0  # time its fill steps ran
     iteration_s: float | None = None  # the main job's median iteration time meanwhile
     jobs: int = 0  # fill jobs served
+    missed: int = 0  # usable windows gone before the agent was free for them (their time counts in bubble_s)
     updated_at: datetime
 
     def fill_share(self) -> float | None:
