@@ -191,8 +191,17 @@ def main() -> None:
         same = a["losses"][:common] == b["losses"][:common]
         figures["losses_identical"] = same and bool(np.isfinite(a["losses"]).all())
         if b["fill"] and "job" in b["fill"]:  # served by the live broker
-            keys = ("job", "state", "runs", "dispatched_s", "started_s", "micro_steps", "probing", "kills")
-            keys += ("missed_windows",)
+            keys = (
+                "job",
+                "state",
+                "runs",
+                "dispatched_s",
+                "started_s",
+                "micro_steps",
+                "probing",
+                "kills",
+                "missed_windows",
+            )
             figures["fill_job"] = {k: b["fill"][k] for k in keys}
     worst = max(range(len(stages)), key=lambda s: stages[s]["slowdown_pct"]) if one_stage else 0
     without, with_fill = median_iteration(plain[worst]), median_iteration(filled[worst])

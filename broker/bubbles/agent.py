@@ -66,8 +66,8 @@ class FillAgent:
         self.window_s = {w.kind: w.p10_s * WINDOW_MARGIN for w in profile.windows}
         self.median_s = {w.kind: w.median_s for w in profile.windows}
         self.bubbles = [(self.window_s[w.kind], w.free_bytes) for w in profile.windows]  # Algorithm 1's B[i], M[i]
-        self.memory_fraction = memory_cap(profile)
         self.device = stage_device()  # read here, on the stage's training thread, not on the serving thread
+        self.memory_fraction = memory_cap(profile, self.device)
         self.stats = FillStats(main_job=profile.main_job, stage=profile.stage, updated_at=datetime.now(UTC))
         self.iterations: list[float] = []  # the main job's iteration times while a fill job ran
         self.step_s: list[float] = []  # the fill job's measured step times (the latest 200)
@@ -322,14 +322,13 @@ def serve_stage(
     return agent
 
 
-def memory_cap(profile: BubbleProfile) -> float | None:
-    """On CUDA, the share of the device's memory the fill process may allocate: the least free memory its windows
-    had, so an out-of-memory error hits the fill job and never the training stage. None elsewhere."""
-    if not profile.device.startswith("cuda"):
+def memory_cap(profile: BubbleProfile, device: int | None) -> float | None:
+    """On the stage's GPU (`stage_device`), the share of its memory the fill process may allocate: the least free
+    memory its windows had, so an out-of-memory error hits the fill job and never the training stage. None
+    elsewhere."""
+    if device is None or not profile.device.startswith("cuda"):
         return None
     import torch
 
-    if not torch.cuda.is_available():
-        return None
-    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    total = torch.cuda.get_device_properties(device).total_memory
     return min(1.0, min(w.free_bytes for w in profile.windows) / total)
