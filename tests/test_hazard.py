@@ -142,3 +142,39 @@ def test_a_backtest_market_learns_its_hazard_only_from_the_traces_it_is_fitted_o
         else:  # no evidence of its own in the fit traces: the prior, not what the shipped traces saw there
             assert "observed" not in offer.hazard_source.split(",")[0], offer.hazard_source
         assert "observed" in shipped[zone].hazard_source and offer.hazard_per_h != shipped[zone].hazard_per_h
+
+
+def test_a_siblings_hour_without_a_preemption_moves_the_prior_a_little_not_to_zero():
+    bands = {("us-east-1", "g6.xlarge"): ">20%", ("us-west-2", "g6.xlarge"): "<5%"}  # the sibling: not the anchor
+    traced = ["t", "preemption", "aws", "us-west-2", "us-west-2b", "p3.2xlarge", 100, 40, 100.0, 0.3, 1.0]
+    m = model([traced], {**bands, ("us-west-2", "p3.2xlarge"): ">20%"})
+    before = m.spot("aws", "us-east-1", "g6.xlarge")  # the advisor band's rate: the anchor's 0.4
+    after = m.observe({("aws", "us-west-2", "g6.xlarge"): Evidence(0, 1.0)}).spot("aws", "us-east-1", "g6.xlarge")
+    assert after.source == "g6.xlarge in other regions"
+    assert after.per_hour == pytest.approx(0.4 * PRIOR_HOURS / (PRIOR_HOURS + 1))  # a day's prior, an hour's runs
+    assert after.high > 0.5 * before.high  # the band keeps the prior's dispersion, weighed against an hour's none
+    many = m.observe({("aws", "us-west-2", "g6.xlarge"): Evidence(10, 1000.0)}).spot("aws", "us-east-1", "g6.xlarge")
+    assert many.per_hour == pytest.approx((0.4 * PRIOR_HOURS + 10) / (PRIOR_HOURS + 1000))  # near their 0.01
+
+
+def test_a_demos_copied_jobs_are_no_evidence_of_preemptions():
+    """A demo runs on a compressed clock with local agents; its jobs are copied to be shown, not learned from."""
+    from datetime import timedelta
+
+    from test_market_model import NOW, trace
+    from test_quotes import _quote, _quote_spec
+
+    from broker.domain.model import Job, Run
+    from broker.pricing.availability import MarketModel
+    from broker.pricing.hazard import observed
+
+    quote = _quote(MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)]), 30.0)
+    offer = quote.chosen.offer
+    assert offer.tier.value == "spot"
+    ended = NOW + timedelta(hours=2)
+    run = Run(
+        fence=1, agent="a", offer=offer, dispatched_at=NOW, started_at=NOW, ended_at=ended, end_reason="preempted"
+    )
+    job = Job(id="j", spec=_quote_spec(30.0), submitted_at=NOW, updated_at=NOW, quote=quote, runs=[run])
+    assert observed([job])[("aws", "us-east-1", "p3.2xlarge")] == Evidence(1, 2.0)
+    assert observed([job.model_copy(update={"tags": ["demo"]})]) == {}

@@ -168,3 +168,25 @@ def test_each_kind_of_estimate_is_as_unsure_as_its_measured_jobs_were(store):
         store.add_job(job)
     learned = broker.quote(spec)  # a quarter more time than the work holds its kind's 16% reserve
     assert learned.chosen.offer == offers[0] and learned.forecast.speed_sigma == pytest.approx(rated.sigma, abs=0.01)
+
+
+def test_a_demos_copied_jobs_teach_the_quotes_nothing(store):
+    """`make demo` copies its jobs into the user's store to be shown; they ran on a compressed clock, so a quote made
+    after it must not learn their speeds or their arrivals. The same jobs as the user's own do teach it."""
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    quote = _quote(model, 30.0)
+    slow = [_finished(quote, 0.5, f"j{i}", spec_name=f"j{i}") for i in range(20)]
+    for job in slow:
+        job.runs[0].ended_at, job.runs[0].end_reason = job.runs[0].last_progress_at, "finished"
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    broker = Broker(store, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model)
+    spec = _quote_spec(30.0)
+    before = broker.quote(spec).forecast
+    for job in slow:
+        store.add_job(job.model_copy(update={"id": f"demo-{job.id}", "tags": ["demo"]}))
+    after_demo = broker.quote(spec).forecast
+    assert after_demo.cost_p50_usd == pytest.approx(before.cost_p50_usd, rel=1e-9)
+    assert after_demo.speed_sigma == before.speed_sigma
+    for job in slow:
+        store.add_job(job)
+    assert broker.quote(spec).forecast.cost_p50_usd > 1.5 * before.cost_p50_usd  # half the estimated speed

@@ -177,7 +177,8 @@ class Broker:
         job itself, `without`), and the newest."""
         others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)
         others = [j for j in others if j.id != without]
-        return Fleet.of(agents, others, now, self.store.recent_jobs(OTHERS_SEEN))
+        recent = [j for j in self.store.recent_jobs(OTHERS_SEEN) if not j.demo_copy]
+        return Fleet.of(agents, others, now, recent)
 
     def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
         """Quote the job and store it as queued; an infeasible job is refused and nothing is stored.

@@ -316,6 +316,12 @@ class Job(BaseModel):
     tags: list[str] = []  # "demo": a copy of a demo's job, shown beside the user's own
 
     @property
+    def demo_copy(self) -> bool:
+        """A demo's job copied here to be shown: its runs are on a compressed clock and local agents, so neither
+        the hazard nor the fleet's speeds and arrivals learn from it."""
+        return "demo" in self.tags
+
+    @property
     def current_run(self) -> Run | None:
         """The newest run while it has not ended."""
         return self.runs[-1] if self.runs and self.runs[-1].ended_at is None else None

@@ -5,7 +5,9 @@ Per (cloud, region, instance type) the hazard is a Gamma posterior over a Poisso
 Evidence is what the shipped spot traces measured (`data/trace_evidence.csv`, derived by
 `python -m broker.pricing.traces`) plus what our own agents observe (preemptions over hours on
 spot, added online with `observe`). The prior, in order of preference:
-1. the same instance type's pooled rate in other regions of the cloud (traces, our agents);
+1. the same instance type's pooled evidence in other regions of the cloud (traces, our agents), itself
+   weighed against the prior below as a key's own evidence is: an hour of a sibling's runs without a
+   preemption does not make a hazard of zero;
 2. AWS Spot Advisor bands, anchored on the traces: every traced AWS instance type sits in the
    ">20%" band, so that band's rate is their pooled rate, and a lower band scales it by the
    ratio of band midpoints (2.5/25 for "<5%" ...). A monthly-probability reading of the bands
@@ -145,23 +147,16 @@ class HazardModel:
             else self.cloud_bands.get((cloud, region, instance_type), "-")
         )
         band = band if band in BAND_MIDPOINT or band == "-" else "-"
-        if same_type.hours > 0:
-            return (
-                same_type.preemptions / same_type.hours,
-                same_type.dispersion,
-                band,
-                f"{instance_type} in other regions",
-            )
         anchor_rate = self.anchor.preemptions / self.anchor.hours if self.anchor.hours else 0.0
         dispersion = self.anchor.dispersion if self.anchor.hours else DEFAULT_DISPERSION
         if band != "-":
-            return (
-                anchor_rate * BAND_MIDPOINT[band] / BAND_MIDPOINT[ANCHOR_BAND],
-                dispersion,
-                band,
-                f"advisor band {band}",
-            )
-        return anchor_rate, dispersion, band, "cautious default (no band)"
+            mean, source = anchor_rate * BAND_MIDPOINT[band] / BAND_MIDPOINT[ANCHOR_BAND], f"advisor band {band}"
+        else:
+            mean, source = anchor_rate, "cautious default (no band)"
+        if same_type.hours > 0:
+            mean, dispersion = weigh(mean, dispersion, same_type)
+            source = f"{instance_type} in other regions"
+        return mean, dispersion, band, source
 
     def spot(self, cloud: str, region: str, instance_type: str) -> Hazard:
         """The spot hazard of an instance type in a region, with its 90% band and the evidence behind it."""
@@ -170,16 +165,33 @@ class HazardModel:
         seen = self.evidence.get(key, Evidence())
         shape, rate = max(mean0 * PRIOR_HOURS, 1e-6) + seen.preemptions, PRIOR_HOURS + seen.hours
         if seen.hours > 0:
-            dispersion = seen.dispersion
-            source = f"{seen.preemptions:.0f} preemptions in {seen.hours:,.0f} h observed, prior: {source}"
+            dispersion = weigh(mean0, dispersion, seen)[1]
+            source = f"{counted(seen)} observed, prior: {source}"
         low, high = gamma_band(shape, rate, dispersion)
         return Hazard(shape / rate, low, high, band, source, self.availability.get(key, 1.0))
+
+
+def weigh(mean: float, dispersion: float, seen: Evidence) -> tuple[float, float]:
+    """A prior's (mean, dispersion) updated by evidence, the prior weighing PRIOR_HOURS: a few hours of runs move it
+    a little, thousands of hours of traces replace it (the Gamma posterior's mean)."""
+    hours = PRIOR_HOURS + seen.hours
+    return (mean * PRIOR_HOURS + seen.preemptions) / hours, (
+        dispersion * PRIOR_HOURS + seen.dispersion * seen.hours
+    ) / hours
+
+
+def counted(seen: Evidence) -> str:
+    """'3 preemptions in 1,250 h', in words that read right for one preemption and for under an hour."""
+    count = f"{seen.preemptions:.0f} preemption{'' if round(seen.preemptions) == 1 else 's'}"
+    return f"{count} in {seen.hours:,.0f} h" if seen.hours >= 10 else f"{count} in {seen.hours:.1f} h"
 
 
 def observed(jobs) -> dict[Key, Evidence]:
     """What our own agents saw: per (cloud, region, instance type), hours run on spot and runs ended by a preemption."""
     seen: dict[Key, Evidence] = {}
     for job in jobs:
+        if job.demo_copy:  # its clock was compressed and its agents local: no evidence of any market
+            continue
         for run in job.runs:
             if run.offer.tier.value != "spot" or run.ended_at is None:
                 continue
