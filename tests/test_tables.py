@@ -18,6 +18,7 @@ def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):
         Job(id=f"finetune-llama3-8b-lora-{i:06x}", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote)
         for i in range(3)
     ]
+    jobs[2] = jobs[2].model_copy(update={"tags": ["demo"]})  # a demo's copy says so in every table
     report = accounting.cost_report(jobs, NOW)
     agent = AgentInfo(
         id=f"local-{jobs[0].id}", offer=quote.chosen.offer, host="h", pid=1, job=jobs[1].id, registered_at=NOW
@@ -48,3 +49,5 @@ def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):
                 assert shown in text
             assert f"{option.p_meet_deadline:.3f}" in text
         assert all(job.id in text for job in jobs)  # whole, to copy into `broker status`
+        shown = sum(row[:2] == [jobs[2].id, "queued"] and "(demo)" in row for row in rows)
+        assert shown == (1 if width == 80 else 2), text  # the list, and the report where its state column fits

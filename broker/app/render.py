@@ -196,7 +196,7 @@ def cost_report_table(frame: pd.DataFrame) -> Fitted:
         return [*(f"{row[c]:,.2f}" for c in money), "-" if saved is None or pd.isna(saved) else f"{saved:.0f}%"]
 
     for row in frame.to_dict(orient="records"):
-        table.add_row(row["job"], row["state"], *cells(row))
+        table.add_row(row["job"], " ".join([row["state"], *(f"({tag})" for tag in row["tags"])]), *cells(row))
     total = frame[money].sum().to_dict()
     total["saved %"] = accounting.savings_pct(total["total $"], total["all on-demand $"])
     table.add_section()

@@ -141,6 +141,7 @@ def cost_report(jobs: list[Job], now: datetime) -> pd.DataFrame:
             {
                 "job": job.id,
                 "state": job.state.value,
+                "tags": job.tags,
                 **{f"{tier} $": sum(run_cost_usd(r, now) for r in runs) for tier, runs in by_tier.items()},
                 "total $": total,
                 "all on-demand $": base,
