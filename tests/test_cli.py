@@ -290,6 +290,28 @@ def test_prices_risk_shows_lambda_its_band_and_the_evidence(env):
     assert "90% band" in run("prices", "risk", "--gpu", "V100").stdout
 
 
+def test_price_tables_fit_80_columns_whole_with_the_evidence_in_notes_below(env):
+    import pandas as pd
+    from rich.console import Console
+
+    from broker.app import render_prices
+
+    rows = json.loads(run("prices", "risk", "--gpu", "V100", "--cloud", "aws", "--limit", "0", "--json").stdout)
+    prices = json.loads(run("prices", "--gpu", "V100", "--json").stdout)
+    console = Console(width=80, record=True)
+    console.print(render_prices.risk_table(rows, total=len(rows)))
+    shown = console.export_text()
+    assert "90% band" in shown and "…" not in shown and max(map(len, shown.splitlines())) <= 80, shown
+    traced = next(r for r in rows if r["instance_type"] == "p3.2xlarge" and r["region"] == "us-east-1")
+    line = next(row for row in shown.splitlines() if row.split()[1:3] == ["us-east-1", "p3.2xlarge"])
+    note = next(row for row in shown.splitlines() if row.startswith(line.split()[-1]))  # "[n] hazard: ..."
+    assert note.split()[2:4] == traced["evidence"].split()[:2], shown  # "296 preemptions"
+    console = Console(width=80, record=True)
+    console.print(render_prices.prices_table(pd.DataFrame(prices), total=len(prices)))
+    shown = console.export_text()
+    assert "…" not in shown and max(map(len, shown.splitlines())) <= 80 and "on-demand" in shown, shown
+
+
 def test_preemptions_our_agents_saw_move_the_hazard(env, tmp_path):
     from datetime import datetime, timedelta
 

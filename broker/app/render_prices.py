@@ -6,9 +6,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pandas as pd
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
-from broker.app.render import duration, relative, when
+from broker.app.narrow import Fitted, narrow_safe
+from broker.app.render import relative, when
 
 PRICE_COLUMNS = {
     "cloud": "cloud",
@@ -20,15 +23,17 @@ PRICE_COLUMNS = {
     "gpu_memory_gb": "GB/gpu",
     "vcpus": "vCPU",
     "memory_gb": "mem GB",
-    "on_demand_usd_per_h": "on-demand $/h",
-    "spot_usd_per_h": "spot $/h",
-    "spot_savings_pct": "spot saves",
-    "spot_band": "interruptions/month",
+    "on_demand_usd_per_h": "on-demand",
+    "spot_usd_per_h": "spot",
+    "spot_savings_pct": "saves",
+    "spot_band": "interrupts/mo",
     "as_of": "as of",
 }
+# left out, first named first, where the terminal is too narrow for every column
+PRICE_OPTIONAL = ("as of", "mem GB", "vCPU", "GB/gpu", "interrupts/mo", "zone")
 
 
-def prices_table(rows: pd.DataFrame, total: int) -> Table:
+def prices_table(rows: pd.DataFrame, total: int) -> Fitted:
     table = Table(title=f"{len(rows)} of {total} instance prices (USD per hour)", title_justify="left")
     for col, label in PRICE_COLUMNS.items():
         table.add_column(label, justify="right" if rows[col].dtype.kind in "fi" else "left")
@@ -53,34 +58,27 @@ def prices_table(rows: pd.DataFrame, total: int) -> Table:
             else:
                 cells.append(str(value))
         table.add_row(*cells)
-    return table
+    return narrow_safe(table, optional=PRICE_OPTIONAL)
 
 
-def risk_table(rows: list[dict], total: int) -> Table:
+RISK_COLUMNS = ("cloud", "region", "instance", "gpus", "λ /h", "90% band", "avail", "advisor")
+MARKET_COLUMNS = ("up h", "down h", "P(launch)", "λ by run age 0-1/1-4/4-12 h", "evidence")
+RISK_OPTIONAL = ("λ by run age 0-1/1-4/4-12 h", "advisor", "gpus", "down h", "up h")
+
+
+def risk_table(rows: list[dict], total: int) -> Group:
+    """The hazard per row, the market model's spells beside it, and what each rests on in notes under the table
+    (rows resting on the same evidence share a note): in a column, those sentences took the table's width."""
     table = Table(
         title=f"spot preemption hazard ({len(rows)} of {total} instance types and regions)", title_justify="left"
     )
-    for col in (
-        "cloud",
-        "region",
-        "instance",
-        "gpus",
-        "λ /h",
-        "90% band",
-        "mean time to preempt",
-        "avail",
-        "band",
-        "evidence",
-        "up h",
-        "down h",
-        "P(launch)",
-        "λ by run age 0-1/1-4/4-12 h",
-        "market evidence",
-    ):
-        right = col in ("λ /h", "avail", "up h", "down h", "P(launch)")
-        table.add_column(col, justify="right" if right else "left", no_wrap="evidence" not in col)
+    for col in RISK_COLUMNS + MARKET_COLUMNS:
+        right = col in ("λ /h", "avail", "up h", "down h", "P(launch)", "evidence")
+        table.add_column(col, justify="right" if right else "left")
+    notes: dict[str, int] = {}
     for r in rows:
-        mttp = 1 / r["hazard_per_h"] if r["hazard_per_h"] > 0 else float("inf")
+        note = f"hazard: {r['evidence']}; market: {r['market_evidence']}"
+        number = notes.setdefault(note, len(notes) + 1)
         table.add_row(
             r["cloud"],
             r["region"],
@@ -88,17 +86,16 @@ def risk_table(rows: list[dict], total: int) -> Table:
             r["gpus"],
             f"{r['hazard_per_h']:.3f}",
             f"{r['low']:.3f}-{r['high']:.3f}",
-            duration(mttp) if mttp < 1e6 else "-",
             f"{r['availability']:.0%}",
             r["band"],
-            r["evidence"],
-            f"{r['mean_up_h']:.1f}",
-            f"{r['mean_down_h']:.1f}",
+            f"{r['mean_up_h']:,.1f}",
+            f"{r['mean_down_h']:,.1f}",
             f"{r['p_launch_now']:.0%}",
             "/".join("-" if h != h else f"{h:.2f}" for h in r["hazard_by_age_per_h"][:3]),
-            r["market_evidence"],
+            f"[{number}]",
         )
-    return table
+    lines = [Text(f"[{n}] {note}", style="dim") for note, n in notes.items()]
+    return Group(narrow_safe(table, optional=RISK_OPTIONAL), *lines)
 
 
 SPARKS = "▁▂▃▄▅▆▇█"
