@@ -82,3 +82,14 @@ def test_price_table_filters_and_sorts_by_the_requested_price(catalog):
     assert len(table) and set(table.accelerator) == {"A100"} and set(table.cloud) == {"gcp"}
     assert table.spot_usd_per_h.is_monotonic_increasing
     assert (table.spot_savings_pct == (1 - table.spot_usd_per_h / table.on_demand_usd_per_h) * 100).all()
+
+
+def test_an_unknown_offer_id_is_one_line_that_shows_the_form_of_a_real_one(catalog):
+    from broker.domain.errors import BrokerError
+
+    with pytest.raises(BrokerError) as refused:
+        catalog.offer("bogus")
+    example = str(refused.value).split("e.g. ")[1].split()[0]
+    assert "cloud/zone/instance/tier" in str(refused.value) and catalog.offer(example).id == example
+    with pytest.raises(BrokerError, match="did you mean aws/aps1-az3/g6.4xlarge/spot"):
+        catalog.offer("aws/aps1-az3/g6.4xlarge/spott")

@@ -30,7 +30,8 @@ PRICE_COLUMNS = {
     "as_of": "as of",
 }
 # left out, first named first, where the terminal is too narrow for every column
-PRICE_OPTIONAL = ("as of", "mem GB", "vCPU", "GB/gpu", "interrupts/mo", "zone")
+# (the zone stays longest: an offer's id, `broker agent --offer`, is cloud/zone/instance/tier)
+PRICE_OPTIONAL = ("as of", "mem GB", "vCPU", "GB/gpu", "interrupts/mo", "region")
 
 
 def prices_table(rows: pd.DataFrame, total: int) -> Fitted:

@@ -98,7 +98,11 @@ class PriceCatalog:
             close = difflib.get_close_matches(offer_id, list(self.by_id), n=3)
             raise BrokerError(
                 f"offer: unknown offer {offer_id!r}; "
-                + (f"did you mean {', '.join(close)}?" if close else "see `broker prices`")
+                + (
+                    f"did you mean {', '.join(close)}?"
+                    if close
+                    else f"an id is cloud/zone/instance/tier, e.g. {next(iter(self.by_id))} (`broker prices`)"
+                )
             )
         return self.by_id[offer_id]
 
