@@ -395,6 +395,7 @@ def test_agents_list_shows_each_agent_its_offer_job_and_lease(env, store, catalo
     assert rows["spot-1"]["tier"] == offers[0].tier.value
     shown = runner.invoke(app, ["agents", "list"], terminal_width=80).stdout
     assert all(name in shown for name in rows) and "…" not in shown
+    assert run("agents").stdout == run("agents", "list").stdout  # alone, it lists them
 
 
 def test_the_command_loads_no_numeric_library_until_a_command_prices():

@@ -22,10 +22,17 @@ from broker.domain.errors import BrokerError
 from broker.store.capacity import CapacityHistory
 
 agents_app = typer.Typer(
-    help="The agents the broker has (list); provision agents for the current plan with Terraform (infra/terraform).",
-    no_args_is_help=True,
+    help="The agents the broker has (list, the default); provision agents for the current plan with Terraform "
+    "(infra/terraform)."
 )
 POOLS_DIR = Path("infra/terraform/pools")
+
+
+@agents_app.callback(invoke_without_command=True)
+def agents(ctx: typer.Context) -> None:
+    """`broker agents` alone lists them, as `broker prices` alone lists prices."""
+    if not ctx.invoked_subcommand:
+        agents_list(as_json=False)
 
 
 @agents_app.command("list")
