@@ -178,3 +178,16 @@ def test_a_demos_copied_jobs_are_no_evidence_of_preemptions():
     job = Job(id="j", spec=_quote_spec(30.0), submitted_at=NOW, updated_at=NOW, quote=quote, runs=[run])
     assert observed([job])[("aws", "us-east-1", "p3.2xlarge")] == Evidence(1, 2.0)
     assert observed([job.model_copy(update={"tags": ["demo"]})]) == {}
+
+
+@pytest.mark.parametrize(
+    "seen,words",
+    [
+        (Evidence(1, 0.05), "1 preemption in 3 min"),
+        (Evidence(0, 2.5), "0 preemptions in 2.5 h"),
+        (Evidence(296, 581.2), "296 preemptions in 581 h"),
+    ],
+)
+def test_the_evidence_reads_right_for_one_preemption_and_for_minutes(seen, words):
+    m = model([]).observe({("aws", "us-east-1", "g6.xlarge"): seen})
+    assert m.spot("aws", "us-east-1", "g6.xlarge").source.startswith(f"{words} observed")
