@@ -209,3 +209,19 @@ def test_a_relative_workdir_is_taken_from_the_spec_files_folder(tmp_path, monkey
         assert load_spec(folder / "job.yaml", NOW).workdir == str(expected)
     (folder / "job.yaml").write_text(yaml.safe_dump(data))
     assert load_spec(folder / "job.yaml", NOW).workdir is None  # none given: the agent's own folder
+
+
+def test_run_words_and_env_values_are_the_text_as_written_not_yamls_numbers(tmp_path):
+    """YAML reads 3 as a number and true as a boolean: an argv list with them was refused ("run[3]: Input should be a
+    valid string") and env values reached the job as Python's True and 0.1."""
+    path = write(
+        tmp_path,
+        "name: j\nrun: [python, train.py, --epochs, 3, --lr, 0.10, --dry-run, true, --at, 2026-12-01]\n"
+        "resources: {accelerators: A100:1}\nwork: {gpu_hours: 2}\nenv: {DEBUG: yes, LR: 0.10, N: 7, NONE: ~}\n",
+    )
+    with pytest.raises(SpecError, match="env: NONE: give a string"):  # a null stays a null
+        load_spec(path, NOW)
+    spec = load_spec(write(tmp_path, path.read_text().replace(", NONE: ~", "")), NOW)
+    assert spec.run == ["python", "train.py", "--epochs", "3", "--lr", "0.10", "--dry-run", "true", "--at", "2026-12-01"]
+    assert spec.env == {"DEBUG": "yes", "LR": "0.10", "N": "7"}
+    assert spec.work.gpu_hours == 2.0  # numbers elsewhere are still numbers

@@ -40,6 +40,29 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+_WRITTEN = {f"tag:yaml.org,2002:{kind}" for kind in ("bool", "int", "float", "timestamp")}
+
+
+def _as_written(node) -> None:
+    """The words of `run` and the values of `env` as written: YAML reads `run: [python, train.py, --epochs, 3]` with
+    3 a number and `[true]` a boolean (refused: argv is strings), and `env: {DEBUG: true, LR: 0.10}` as True and 0.1.
+    A job gets the text of its YAML."""
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for key, value in node.value:
+        if not (isinstance(key, yaml.ScalarNode) and key.value in ("run", "env")):
+            continue
+        if isinstance(value, yaml.SequenceNode):
+            items = value.value
+        elif isinstance(value, yaml.MappingNode):
+            items = [v for _, v in value.value]
+        else:
+            items = []
+        for item in items:
+            if isinstance(item, yaml.ScalarNode) and item.tag in _WRITTEN:
+                item.tag = "tag:yaml.org,2002:str"
+
+
 def _path(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -132,7 +155,13 @@ def load_spec(path: Path, now: datetime, deadline: str | None = None, budget_usd
     if size > MAX_SPEC_BYTES:
         raise SpecError(f"{path}: {size:,} bytes is over the 1 MB limit for a job spec; move data out of it")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+        loader = _StrictLoader(path.read_text(encoding="utf-8"))
+        try:
+            node = loader.get_single_node()
+            _as_written(node)
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except UnicodeDecodeError:
         raise SpecError(f"{path}: not a text file; a job spec is YAML") from None
     except RecursionError:
