@@ -222,6 +222,17 @@ def test_run_words_and_env_values_are_the_text_as_written_not_yamls_numbers(tmp_
     with pytest.raises(SpecError, match="env: NONE: give a string"):  # a null stays a null
         load_spec(path, NOW)
     spec = load_spec(write(tmp_path, path.read_text().replace(", NONE: ~", "")), NOW)
-    assert spec.run == ["python", "train.py", "--epochs", "3", "--lr", "0.10", "--dry-run", "true", "--at", "2026-12-01"]
+    assert spec.run == [
+        "python",
+        "train.py",
+        "--epochs",
+        "3",
+        "--lr",
+        "0.10",
+        "--dry-run",
+        "true",
+        "--at",
+        "2026-12-01",
+    ]
     assert spec.env == {"DEBUG": "yes", "LR": "0.10", "N": "7"}
     assert spec.work.gpu_hours == 2.0  # numbers elsewhere are still numbers

@@ -1,5 +1,7 @@
 """Tables as people read them: at 80 and 100 columns every id and number stays whole on its row (app/narrow.py)."""
 
+import os
+
 from broker.domain.specfile import load_spec
 from conftest import EXAMPLES, NOW
 
@@ -51,3 +53,31 @@ def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):
         assert all(job.id in text for job in jobs)  # whole, to copy into `broker status`
         shown = sum(row[:2] == [jobs[2].id, "queued"] and "(demo)" in row for row in rows)
         assert shown == (1 if width == 80 else 2), text  # the list, and the report where its state column fits
+
+
+def test_a_backtests_figures_fit_80_columns_whole_and_say_what_the_short_headers_mean():
+    from rich.console import Console
+
+    from broker.app import render
+
+    row = dict.fromkeys(render.BACKTEST_COLUMNS, 1.234)
+    rows = [
+        row | {"policy": "hedge+bubbles", "cost_usd": 21924.64, "deadline_misses": 16, "migrations": 361},
+        row | {"policy": "joint omniscient", "cost_usd": 3458.5, "median_abs_cost_error_pct": None, "brier": None},
+    ]
+    single = dict.fromkeys(render.SINGLE_JOB_COLUMNS, 1.5) | {"setting": "1 zone", "policy": "cost-to-go"}
+    single |= {"vs_uniform_zone_range_pct": [4.3, 27.6], "windows": 720}
+    for width in (80, 100, 200):
+        console = Console(width=width, record=True)
+        backtest = (render.BACKTEST_COLUMNS, "Backtest", render.BACKTEST_NOTE, render.BACKTEST_OPTIONAL)
+        console.print(render.figures_table(rows, *backtest))
+        one = (render.SINGLE_JOB_COLUMNS, "single job", render.SINGLE_JOB_NOTE, render.SINGLE_JOB_OPTIONAL)
+        console.print(render.figures_table([single], *one))
+        text = console.export_text()
+        assert "…" not in text and max(len(line) for line in text.splitlines()) <= width, text
+        lines = [line.split() for line in text.splitlines()]
+        assert ["hedge+bubbles", "21,924.64"] == next(r for r in lines if r[:1] == ["hedge+bubbles"])[:2], text
+        assert any(r[:3] == ["joint", "omniscient", "3,458.50"] for r in lines), text  # money to the cent
+        assert "x joint: over the joint bound" in " ".join(text.split())
+        assert "4.3 to 27.6" in text or "per zone" not in text, text  # a range on one line, or left out
+    Console(width=40, file=open(os.devnull, "w")).print(render.figures_table(rows, *backtest))  # too narrow: no crash

@@ -36,7 +36,7 @@ def share_out(table: Table, spare: int) -> None:
     column it shrinks below one is then printed wider than planned and the line's end is cut."""
     folding = [c for c in table.columns if not c.no_wrap]
     wants = [natural_width(c) - (c.min_width or 0) for c in folding]
-    if sum(wants) <= spare:
+    if sum(wants) <= spare or sum(wants) == 0:  # all whole, or nothing folds: rich shrinks what it must
         return
     for column, want in zip(folding, wants):
         column.width = (column.min_width or 0) + max(0, spare) * want // sum(wants)

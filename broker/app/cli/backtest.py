@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from broker.app import render
 from broker.app.cli.common import JsonOpt, err, out, print_json, user_errors
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
@@ -133,26 +133,9 @@ def command(
     if as_json:
         print_json({**setting, "policies": result.rows, "skipped": result.skipped})
         return
-    table = Table(title=f"Backtest: {jobs} jobs, seed {seed}, {len(market.spot)} spot offers from {traces}")
-    columns = [
-        "policy",
-        "cost_usd",
-        "savings_pct",
-        "deadline_misses",
-        "hours_late",
-        "cost_vs_omniscient",
-        "cost_vs_joint_omniscient",
-        "cost_vs_joint_schedule",
-        "migrations",
-        "work_lost_h",
-        "median_abs_cost_error_pct",
-        "brier",
-    ]
-    for column in columns:
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    for row in result.rows:
-        table.add_row(*("-" if row[c] is None else str(row[c]) for c in columns))
-    out.print(table)
+    title = f"Backtest: {jobs} jobs, seed {seed}, {len(market.spot)} spot offers from {traces}"
+    note, optional = render.BACKTEST_NOTE, render.BACKTEST_OPTIONAL
+    out.print(render.figures_table(result.rows, render.BACKTEST_COLUMNS, title, note, optional))
     if out_dir:
         out.print(
             f"wrote {out_dir}/: policies.csv, jobs.csv, spend.csv, summary.json, cost_by_policy.png, "
@@ -172,13 +155,9 @@ def _single_job(traces: Path | None, stride_h: float, as_json: bool) -> None:
     if as_json:
         print_json({"traces": str(traces), "rows": rows})
         return
-    table = Table(title=f"Can't Be Late's single job ({single_job.WORK_H:g} h of work) on {traces}")
-    columns = list(rows[0])
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("setting", "policy") else "right")
-    for row in rows:
-        table.add_row(*("-" if row[c] is None else str(row[c]) for c in columns))
-    out.print(table)
+    title = f"Can't Be Late's single job ({single_job.WORK_H:g} h of work) on {traces}"
+    note, optional = render.SINGLE_JOB_NOTE, render.SINGLE_JOB_OPTIONAL
+    out.print(render.figures_table(rows, render.SINGLE_JOB_COLUMNS, title, note, optional))
 
 
 backtest_command = user_errors(command)
