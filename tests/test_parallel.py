@@ -170,6 +170,12 @@ def test_broker_layout_shows_the_layout_per_shape_and_refuses_a_job_without_a_mo
     assert h100["hours"] == pytest.approx(spec["work"]["steps"] * choice.iteration_s / 3600, abs=0.01)
     assert h100["on_demand_usd"] > h100["spot_usd"] > 0
     assert t4["layout"] is None and t4["spot_usd"] is None  # 1.3 B parameters with Adam do not fit in 16 GB
+    shown = [line.split() for line in CliRunner().invoke(app, ["layout", str(path)]).stdout.splitlines()]
+    assert ["T4:1", "does", "not", "fit"] == next(r for r in shown if r[:1] == ["T4:1"])[:4]
+    assert next(r for r in shown if r[:1] == ["H100:8"])[-2:] == [
+        f"{h100['spot_usd']:,.2f}",
+        f"{h100['on_demand_usd']:,.2f}",
+    ]
     del spec["transformer"]
     spec["work"] = {"gpu_hours": 10}
     path.write_text(yaml.safe_dump(spec))

@@ -386,7 +386,8 @@ def figures_table(rows: list[dict], columns: dict[str, str], title: str, note: s
     every number whole, the `optional` columns left out first where the terminal is narrow."""
     table = Table(title=title, title_justify="left", caption=note, caption_justify="left")
     for key, header in columns.items():
-        table.add_column(header, justify="left" if key in ("policy", "setting") else "right")
+        text = any(isinstance(row.get(key), str) for row in rows)  # names left, numbers right
+        table.add_column(header, justify="left" if text else "right")
     for row in rows:
         table.add_row(*(_figure(row.get(key), money=header.endswith("$")) for key, header in columns.items()))
     return narrow_safe(table, optional=optional)  # policy names whole: they are what --policies takes

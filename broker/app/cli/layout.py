@@ -6,14 +6,27 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
+from broker.app import render
 from broker.app.cli.common import JsonOpt, make_broker, out, print_json, user_errors
 from broker.domain.errors import BrokerError
 from broker.domain.model import Tier
 from broker.domain.specfile import load_spec
 
-COLUMNS = ("shape", "layout", "iteration_s", "memory_gb", "hours", "spot_usd_per_step", "spot_usd", "on_demand_usd")
+COLUMNS = {
+    "shape": "shape",
+    "layout": "layout",
+    "iteration_s": "iteration s",
+    "memory_gb": "GB/gpu",
+    "hours": "hours",
+    "spot_usd_per_step": "spot $/step",
+    "spot_usd": "spot $",
+    "on_demand_usd": "on-demand $",
+}
+NOTE = (
+    "layout: p pipeline stages x t tensor-parallel x d data-parallel, b the micro-batch; the costs are the whole job's "
+    "at the cheapest offer of each tier (--json names it)."
+)
 
 
 def rows(spec, offers) -> list[dict]:
@@ -62,17 +75,8 @@ def command(
     if as_json:
         print_json(found)
         return
-    table = Table(title=f"{spec.name}: {spec.work.steps} steps", title_justify="left")
-    for column in COLUMNS:
-        table.add_column(column)
-    for row in found:
-        table.add_row(
-            *(
-                "does not fit" if row["layout"] is None and c == "layout" else "-" if row[c] is None else str(row[c])
-                for c in COLUMNS
-            )
-        )
-    out.print(table)
+    shown = [row | ({"layout": "does not fit"} if row["layout"] is None else {}) for row in found]
+    out.print(render.figures_table(shown, COLUMNS, f"{spec.name}: {spec.work.steps} steps", NOTE))
 
 
 layout_command = user_errors(command)
