@@ -81,6 +81,20 @@ def test_cli_import_and_history_with_a_sparkline(redis_url, monkeypatch, tmp_pat
     assert [p["usd"] for p in body["aws/use1-az1/p3.2xlarge/spot"]] == [0.41, 0.52, 0.47]
     shown = runner.invoke(app, ["prices", "history", "--instance", "p3.2xlarge"]).stdout
     assert "▁█▄" in shown or "▁█▅" in shown
+    from datetime import UTC, datetime
+
+    import pandas as pd
+    from rich.console import Console
+
+    from broker.app.render_prices import history_table
+
+    series = {
+        offer: pd.DataFrame(points).assign(at=lambda f: pd.to_datetime(f["at"])) for offer, points in body.items()
+    }
+    console = Console(width=80, record=True)
+    console.print(history_table(series, datetime.now(UTC)))
+    narrow = console.export_text()  # 80 columns: the offer, its last change and price whole; the rest as it fits
+    assert "…" not in narrow and "aws/use1-az1/p3.2xlarge/spot" in narrow and "0.4700" in narrow, narrow
     missing = runner.invoke(app, ["prices", "history", "--instance", "p9.huge"])
     assert missing.exit_code == 2 and "broker prices refresh" in missing.output
 

@@ -111,7 +111,7 @@ def sparkline(values) -> str:
     return "".join(SPARKS[round((v - low) / (high - low) * (len(SPARKS) - 1))] for v in values)
 
 
-def history_table(series: dict[str, pd.DataFrame], now: datetime) -> Table:
+def history_table(series: dict[str, pd.DataFrame], now: datetime) -> Fitted:
     table = Table(title="price history (USD per hour): every recorded change", title_justify="left")
     for col in ("offer", "changes", "first", "last", "min", "max", "now", "as of", "trend"):
         table.add_column(col, justify="right" if col in ("changes", "min", "max", "now") else "left", no_wrap=True)
@@ -127,7 +127,7 @@ def history_table(series: dict[str, pd.DataFrame], now: datetime) -> Table:
             relative(s["at"].iloc[-1], now),
             sparkline(s["usd"].tail(40)),
         )
-    return table
+    return narrow_safe(table, "trend", optional=("first", "min", "max", "as of", "trend"))
 
 
 def prices_records(rows: pd.DataFrame) -> list[dict]:
