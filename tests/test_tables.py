@@ -58,21 +58,21 @@ def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):
 def test_a_backtests_figures_fit_80_columns_whole_and_say_what_the_short_headers_mean():
     from rich.console import Console
 
-    from broker.app import render
+    from broker.app import render_figures as figures
 
-    row = dict.fromkeys(render.BACKTEST_COLUMNS, 1.234)
+    row = dict.fromkeys(figures.BACKTEST_COLUMNS, 1.234)
     rows = [
         row | {"policy": "hedge+bubbles", "cost_usd": 21924.64, "deadline_misses": 16, "migrations": 361},
         row | {"policy": "joint omniscient", "cost_usd": 3458.5, "median_abs_cost_error_pct": None, "brier": None},
     ]
-    single = dict.fromkeys(render.SINGLE_JOB_COLUMNS, 1.5) | {"setting": "1 zone", "policy": "cost-to-go"}
+    single = dict.fromkeys(figures.SINGLE_JOB_COLUMNS, 1.5) | {"setting": "1 zone", "policy": "cost-to-go"}
     single |= {"vs_uniform_zone_range_pct": [4.3, 27.6], "windows": 720}
     for width in (80, 100, 200):
         console = Console(width=width, record=True)
-        backtest = (render.BACKTEST_COLUMNS, "Backtest", render.BACKTEST_NOTE, render.BACKTEST_OPTIONAL)
-        console.print(render.figures_table(rows, *backtest))
-        one = (render.SINGLE_JOB_COLUMNS, "single job", render.SINGLE_JOB_NOTE, render.SINGLE_JOB_OPTIONAL)
-        console.print(render.figures_table([single], *one))
+        backtest = (figures.BACKTEST_COLUMNS, "Backtest", figures.BACKTEST_NOTE, figures.BACKTEST_OPTIONAL)
+        console.print(figures.figures_table(rows, *backtest))
+        one = (figures.SINGLE_JOB_COLUMNS, "single job", figures.SINGLE_JOB_NOTE, figures.SINGLE_JOB_OPTIONAL)
+        console.print(figures.figures_table([single], *one))
         text = console.export_text()
         assert "…" not in text and max(len(line) for line in text.splitlines()) <= width, text
         lines = [line.split() for line in text.splitlines()]
@@ -80,4 +80,32 @@ def test_a_backtests_figures_fit_80_columns_whole_and_say_what_the_short_headers
         assert any(r[:3] == ["joint", "omniscient", "3,458.50"] for r in lines), text  # money to the cent
         assert "x joint: over the joint bound" in " ".join(text.split())
         assert "4.3 to 27.6" in text or "per zone" not in text, text  # a range on one line, or left out
-    Console(width=40, file=open(os.devnull, "w")).print(render.figures_table(rows, *backtest))  # too narrow: no crash
+    Console(width=40, file=open(os.devnull, "w")).print(figures.figures_table(rows, *backtest))  # too narrow: no crash
+
+
+def test_the_demos_summaries_keep_job_ids_whole_at_80_columns():
+    """The demo's last line says to look its jobs up (`broker status JOB`): the ids must print whole."""
+    from rich.console import Console
+
+    from broker.app import render
+
+    job = {"state": "done", "cost_usd": 0.0818, "on_demand_cost_usd": 0.3, "migrations": 1, "work_lost_s": 0.0}
+    summary = {"speedup": 60.0, "savings_pct": 73.0, "cost_usd": 0.1344, "on_demand_cost_usd": 0.49}
+    summary["jobs"] = [
+        job | {"id": "demo-train-mlp-95d23f", "tiers": ["spot", "spot"], "agents": ["spot-a", "spot-b"]},
+        job | {"id": "demo-batch-infer-dd6780", "tiers": ["spot"], "agents": ["spot-b"], "migrations": 0},
+    ]
+    run = {"tier": "bubble", "end": "preempted", "checkpoint_step": 281, "seconds": 5.2}
+    bubbles = {"main_job": "demo-llm", "stages": [{"stage": 0, "bubble_fraction": 0.18}]}
+    bubbles["fill_job"] = {"id": "fill-mlp-0efa50", "state": "done", "cost_usd": 0.0008, "on_demand_cost_usd": 0.0016}
+    bubbles["fill_job"]["runs"] = [
+        run | {"agent": "demo-llm-stage-2", "resume_from": None},
+        run | {"agent": "ondemand-t4", "tier": "on_demand", "resume_from": "/tmp/x/points/fill-mlp-0efa50/r2/4000"},
+    ]
+    console = Console(width=80, record=True)
+    console.print(render.run_summary(summary))
+    console.print(render.bubbles_summary(bubbles))
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
+    for shown in ("demo-train-mlp-95d23f", "demo-batch-infer-dd6780", "demo-llm-stage-2", "$0.0818", "$0.3000"):
+        assert shown in text, text

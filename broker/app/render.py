@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from broker.app.narrow import Fitted, narrow_safe
 from broker.domain.model import Job, Option, Quote, Tier
@@ -289,13 +291,12 @@ def job_dict(job: Job, events: list[dict] | None = None) -> dict:
     return out
 
 
-def run_summary(summary: dict) -> Table:
-    """The demo's end-to-end result: per job its tiers, cost, on-demand cost, migrations, work lost."""
+def run_summary(summary: dict) -> Fitted:
+    """The demo's end-to-end result: per job its tiers, cost, on-demand cost, migrations, work lost (the job ids
+    whole: the demo's last line tells the user to look them up)."""
     table = Table(title=f"demo run (clock x{summary['speedup']:g})", title_justify="left", caption_justify="left")
-    for col in ("job", "state", "runs (tier@agent)", "cost", "on-demand cost", "migrations", "work lost"):
-        table.add_column(
-            col, justify="right" if col in ("cost", "on-demand cost", "migrations", "work lost") else "left"
-        )
+    for col in ("job", "state", "runs (tier@agent)", "cost", "on-demand", "migrations", "work lost"):
+        table.add_column(col, justify="right" if col in ("cost", "on-demand", "migrations", "work lost") else "left")
     for row in summary["jobs"]:
         table.add_row(
             row["id"],
@@ -311,21 +312,18 @@ def run_summary(summary: dict) -> Table:
             f"total ${summary['cost_usd']:,.4f} vs ${summary['on_demand_cost_usd']:,.4f} on on-demand: "
             f"{summary['savings_pct']:.0f}% saved (times and costs on the compressed clock)"
         )
-    return table
+    return narrow_safe(table, "runs (tier@agent)", optional=("work lost", "migrations"))
 
 
-def bubbles_summary(summary: dict) -> Table:
-    """`broker demo --bubbles`: the main job's stages, and the fill job's runs from bubbles to elsewhere."""
+def bubbles_summary(summary: dict) -> Group:
+    """`broker demo --bubbles`: the main job's stages, and the fill job's runs from bubbles to elsewhere (title and
+    note as lines of their own: the table is narrow, and a title or caption wraps at its width)."""
     job = summary["fill_job"]
-    table = Table(
-        title=(
-            f"fill job {job['id']} ({job['state']}): ${job['cost_usd']:,.4f} vs "
-            f"${job['on_demand_cost_usd']:,.4f} on on-demand"
-        ),
-        title_justify="left",
-    )
-    for col in ("run on", "tier", "end", "checkpoint step", "resumed from", "seconds"):
-        table.add_column(col)
+    cost = f"${job['cost_usd']:,.4f} vs ${job['on_demand_cost_usd']:,.4f} on on-demand"
+    title = f"fill job {job['id']} ({job['state']}): {cost}"
+    table = Table()
+    for col in ("run on", "tier", "end", "step", "resumed from", "seconds"):
+        table.add_column(col, justify="right" if col in ("step", "seconds") else "left")
     for run in job["runs"]:
         table.add_row(
             run["agent"],
@@ -336,68 +334,5 @@ def bubbles_summary(summary: dict) -> Table:
             str(run["seconds"]),
         )
     stages = ", ".join(f"stage {s['stage']}: {100 * s['bubble_fraction']:.0f}% idle" for s in summary["stages"])
-    table.caption = f"main job {summary['main_job']} ({stages}, measured on this machine)"
-    return table
-
-
-BACKTEST_COLUMNS = {
-    "policy": "policy",
-    "cost_usd": "cost $",
-    "savings_pct": "saved %",
-    "deadline_misses": "misses",
-    "hours_late": "h late",
-    "cost_vs_omniscient": "x bound",
-    "cost_vs_joint_omniscient": "x joint",
-    "cost_vs_joint_schedule": "x sched",
-    "migrations": "moves",
-    "work_lost_h": "lost h",
-    "median_abs_cost_error_pct": "quote err %",
-    "brier": "brier",
-}
-BACKTEST_OPTIONAL = ("brier", "lost h", "x sched", "moves", "x bound", "h late")  # left out first, first named first
-BACKTEST_NOTE = (
-    "x bound: cost over the omniscient bound per job; x joint: over the joint bound (every job at once, on shared "
-    "capacity); x sched: over the joint schedule; quote err: median |realised / quoted - 1|. --json and --out have "
-    "every column."
-)
-SINGLE_JOB_COLUMNS = {
-    "setting": "setting",
-    "deadline_h": "deadline h",
-    "windows": "windows",
-    "policy": "policy",
-    "mean_cost_usd": "mean $",
-    "savings_pct": "saved %",
-    "vs_uniform_1_zone_pct": "vs UP %",
-    "vs_uniform_zone_range_pct": "per zone %",
-    "cost_vs_omniscient": "x bound",
-    "worst_vs_omniscient": "worst x",
-    "deadline_misses": "misses",
-}
-SINGLE_JOB_OPTIONAL = ("windows", "worst x", "per zone %", "misses")
-SINGLE_JOB_NOTE = (
-    "vs UP: cheaper than Uniform Progress in one zone (the paper's baseline); per zone: the least and the most it "
-    "saves against Uniform Progress in each zone; x bound and worst x: the mean and the worst window over the "
-    "omniscient bound."
-)
-
-
-def figures_table(rows: list[dict], columns: dict[str, str], title: str, note: str, optional=()) -> Fitted:
-    """Rows of figures (a backtest's policies, the single-job settings) under short headers, explained in `note`:
-    every number whole, the `optional` columns left out first where the terminal is narrow."""
-    table = Table(title=title, title_justify="left", caption=note, caption_justify="left")
-    for key, header in columns.items():
-        text = any(isinstance(row.get(key), str) for row in rows)  # names left, numbers right
-        table.add_column(header, justify="left" if text else "right")
-    for row in rows:
-        table.add_row(*(_figure(row.get(key), money=header.endswith("$")) for key, header in columns.items()))
-    return narrow_safe(table, optional=optional)  # policy names whole: they are what --policies takes
-
-
-def _figure(value, money: bool = False) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, list):
-        return " to ".join(_figure(v) for v in value)
-    if isinstance(value, float) and money:
-        return f"{value:,.2f}"
-    return f"{value:,}" if isinstance(value, (int, float)) else str(value)
+    note = f"main job {summary['main_job']} ({stages}, measured on this machine); step: the run's last checkpoint"
+    return Group(Text(title), narrow_safe(table, "resumed from", optional=("resumed from",)), Text(note))

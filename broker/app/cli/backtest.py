@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from broker.app import render
+from broker.app import render_figures as figures
 from broker.app.cli.common import JsonOpt, err, out, print_json, user_errors
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
@@ -134,8 +134,8 @@ def command(
         print_json({**setting, "policies": result.rows, "skipped": result.skipped})
         return
     title = f"Backtest: {jobs} jobs, seed {seed}, {len(market.spot)} spot offers from {traces}"
-    note, optional = render.BACKTEST_NOTE, render.BACKTEST_OPTIONAL
-    out.print(render.figures_table(result.rows, render.BACKTEST_COLUMNS, title, note, optional))
+    note, optional = figures.BACKTEST_NOTE, figures.BACKTEST_OPTIONAL
+    out.print(figures.figures_table(result.rows, figures.BACKTEST_COLUMNS, title, note, optional))
     if out_dir:
         out.print(
             f"wrote {out_dir}/: policies.csv, jobs.csv, spend.csv, summary.json, cost_by_policy.png, "
@@ -156,8 +156,8 @@ def _single_job(traces: Path | None, stride_h: float, as_json: bool) -> None:
         print_json({"traces": str(traces), "rows": rows})
         return
     title = f"Can't Be Late's single job ({single_job.WORK_H:g} h of work) on {traces}"
-    note, optional = render.SINGLE_JOB_NOTE, render.SINGLE_JOB_OPTIONAL
-    out.print(render.figures_table(rows, render.SINGLE_JOB_COLUMNS, title, note, optional))
+    note, optional = figures.SINGLE_JOB_NOTE, figures.SINGLE_JOB_OPTIONAL
+    out.print(figures.figures_table(rows, figures.SINGLE_JOB_COLUMNS, title, note, optional))
 
 
 backtest_command = user_errors(command)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from broker.app import render
 from broker.app.cli.common import JsonOpt, make_broker, out, print_json, user_errors
+from broker.app.render_figures import figures_table
 from broker.domain.errors import BrokerError
 from broker.domain.model import Tier
 from broker.domain.specfile import load_spec
@@ -76,7 +76,7 @@ def command(
         print_json(found)
         return
     shown = [row | ({"layout": "does not fit"} if row["layout"] is None else {}) for row in found]
-    out.print(render.figures_table(shown, COLUMNS, f"{spec.name}: {spec.work.steps} steps", NOTE))
+    out.print(figures_table(shown, COLUMNS, f"{spec.name}: {spec.work.steps} steps", NOTE))
 
 
 layout_command = user_errors(command)
