@@ -380,6 +380,7 @@ def test_broker_logs_prints_each_runs_output_and_follows_a_running_job(system, r
         [str(broker), "logs", job.id, "--follow"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     system.drive(lambda: system.job(job.id).state == JobState.done)
+    assert system.job(job.id).runs[0].on_cloud is False  # run by a local agent (no cloud's notices): no evidence
     followed, errors = follower.communicate(timeout=60)  # it ends by itself once the job has ended
     assert follower.returncode == 0, errors
     expected = [f"line {i}" for i in range(40)]

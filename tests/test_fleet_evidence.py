@@ -57,12 +57,12 @@ def test_the_server_records_each_zones_live_spot_agents_and_a_zone_left_empty(st
     clock = SimulatedClock(NOW)
     server = BrokerServer(store, planning.get("costslo"), clock, CheckpointStore(str(tmp_path)))
     spot, od = _offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)
-    agents = {name: Contract(store, name) for name in ("a", "b", "c")}
-    for contract, offer in zip(agents.values(), (spot, spot, od)):
-        contract.register(offer, 3_600_000, host="test", pid=0, at=NOW)
+    agents = {name: Contract(store, name) for name in ("a", "b", "c", "local")}
+    for contract, offer in zip(agents.values(), (spot, spot, od, spot)):
+        contract.register(offer, 3_600_000, host="test", pid=0, at=NOW, on_cloud=contract.id != "local")
     server.reclaim_lost()
     history = CapacityHistory(store)
-    assert history.seen(NOW) == {ZONE: [(NOW.timestamp(), 2.0)]}  # on-demand is no market evidence
+    assert history.seen(NOW) == {ZONE: [(NOW.timestamp(), 2.0)]}  # on-demand is no market evidence, nor a stand-in
     clock.advance(hours=1)
     agents["a"].leave()  # a notice: its instance is going away
     server.reclaim_lost()
@@ -131,3 +131,38 @@ def test_a_zones_futures_go_on_from_the_spell_our_fleet_saw_it_in_as_long_as_tha
     oldest = model.with_recent({ZONE: np.zeros(300)}).zones[ZONE]  # longer than any spell known
     assert oldest.current == (False, 300)
     assert (~oldest.sample(rng, 1000, 144, up_now=False, aged=True)[:, :24]).all(axis=1).mean() > 0.8
+
+
+def test_only_an_agent_watching_its_clouds_notices_is_market_evidence(store, tmp_path):
+    """`broker run` and the demo start local agents that stand for a spot offer: their uptime and their runs without
+    a preemption say nothing of that market, and counted, a user's local tries made the zone look calm."""
+    from broker.agents.agent import Agent
+    from broker.agents.notices import watcher
+    from broker.domain.model import Job, Run
+    from broker.pricing.hazard import Evidence, observed
+    from tests.test_quotes import _quote
+
+    spot = _offer("us-east-1a")
+    for name, notices in (("cloud", watcher("aws=http://127.0.0.1:9")), ("local", watcher("none"))):
+        Agent(store, name, spot, str(tmp_path / "ckpt"), tmp_path / "runs", notices=notices).register()
+    assert {a.id: a.on_cloud for a in store.agents()} == {"cloud": True, "local": False}
+    clock = SimulatedClock(NOW)
+    server = BrokerServer(store, planning.get("costslo"), clock, CheckpointStore(str(tmp_path)))
+    server.reclaim_lost()
+    assert CapacityHistory(store).seen(NOW) == {ZONE: [(NOW.timestamp(), 1.0)]}  # the cloud agent only
+    quote = _quote(MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)]), 30.0)
+    ended = NOW + timedelta(hours=2)
+    runs = [
+        Run(
+            fence=k,
+            agent=a.id,
+            offer=spot,
+            on_cloud=a.on_cloud,
+            dispatched_at=NOW,
+            ended_at=ended,
+            end_reason="finished",
+        )
+        for k, a in enumerate(store.agents(), 1)
+    ]
+    job = Job(id="j", spec=_quote_spec(30.0), submitted_at=NOW, updated_at=NOW, quote=quote, runs=runs)
+    assert observed([job]) == {("aws", "us-east-1", "p3.2xlarge"): Evidence(0, 2.0)}  # the cloud agent's run only

@@ -17,6 +17,7 @@ from pathlib import Path
 import redis
 
 from broker.agents.contract import Contract, Verdict
+from broker.agents.notices import watches_cloud
 from broker.agents.runner import JobProcess
 from broker.domain.model import Offer, notice_grace_s
 from broker.store.jobs import Store
@@ -63,7 +64,7 @@ class Agent:
         self._notice_polled = 0.0
 
     def register(self) -> None:
-        self.contract.register(self.offer, self.lease_ms, token=self.token)
+        self.contract.register(self.offer, self.lease_ms, token=self.token, on_cloud=watches_cloud(self.notices))
         self._last_beat = time.monotonic()
 
     def run(self) -> str:

@@ -74,6 +74,7 @@ class Contract:
         host: str | None = None,
         pid: int | None = None,
         at: datetime | None = None,
+        on_cloud: bool = True,
     ) -> None:
         info = AgentInfo(
             id=self.id,
@@ -82,6 +83,7 @@ class Contract:
             pid=os.getpid() if pid is None else pid,
             registered_at=at or datetime.now(UTC),
             token=token,
+            on_cloud=on_cloud,
         )
         self.store.register_agent(info, lease_ms)
         log.info("agent=%s registered offer=%s", self.id, offer.id)

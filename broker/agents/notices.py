@@ -187,6 +187,12 @@ class TraceNotices:
         return Notice("trace", "terminate", datetime.now(UTC) + timedelta(seconds=remaining_wall_s))
 
 
+def watches_cloud(notices) -> bool:
+    """Whether an agent with these notices is on the cloud instance it stands for: only there do a cloud's own
+    notices come. One with none, or a trace's, is a local stand-in."""
+    return isinstance(notices, (AwsSpotNotices, GcpPreemptionNotices, AzureScheduledEvents))
+
+
 def watcher(spec: str, speedup: float = 1.0):
     """A watcher from a CLI spec: aws[=URL], gcp[=URL], azure[=URL], trace=PATH[@TICK[@job]] (@job: the trace's
     clock starts with the agent's first job), or none."""

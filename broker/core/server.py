@@ -203,7 +203,8 @@ class BrokerServer:
                 self.metrics.preemptions.inc()
         agents = self.store.agents()
         leases = self.store.leases([a.id for a in agents])
-        self.capacity.record(now, [a for a in agents if leases[a.id] not in (None, "leaving")])  # market evidence
+        live = [a for a in agents if leases[a.id] not in (None, "leaving") and a.on_cloud]  # stand-ins: no evidence
+        self.capacity.record(now, live)  # market evidence
         for agent in agents:  # gone: its job (if any) was handled above
             if leases[agent.id] is None:
                 self.store.remove_agent(agent.id)
@@ -339,6 +340,7 @@ class BrokerServer:
             fence=fence,
             agent=agent.id,
             offer=agent.offer,
+            on_cloud=agent.on_cloud,
             resume_from=latest.url if latest else None,
             dispatched_at=now,
         )

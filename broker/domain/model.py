@@ -259,6 +259,7 @@ class Run(BaseModel):
     fence: int
     agent: str
     offer: Offer
+    on_cloud: bool = True  # run by an agent on the offer's cloud instance (AgentInfo.on_cloud): market evidence
     resume_from: str | None = None
     dispatched_at: datetime
     started_at: datetime | None = None
@@ -359,6 +360,9 @@ class AgentInfo(BaseModel):
     pid: int
     registered_at: datetime
     token: str | None = None  # registration token (agents/tokens.py), when the broker asks for one
+    # on the cloud instance it stands for (it watches that cloud's preemption notices); False: a local stand-in
+    # (`broker run`, the demo, an agent without a cloud's notices), whose runs and uptime are no market evidence
+    on_cloud: bool = True
     report_key: str | None = None  # a secret of this agent process: its reports carry it (Store.report)
     job: str | None = None
     fence: int | None = None

@@ -195,7 +195,7 @@ def observed(jobs) -> dict[Key, Evidence]:
         if job.demo_copy:  # its clock was compressed and its agents local: no evidence of any market
             continue
         for run in job.runs:
-            if run.offer.tier.value != "spot" or run.ended_at is None:
+            if run.offer.tier.value != "spot" or run.ended_at is None or not run.on_cloud:
                 continue
             key = (run.offer.cloud, run.offer.region, run.offer.instance_type)
             seen[key] = seen.get(key, Evidence()) + Evidence(
