@@ -184,6 +184,7 @@ def test_a_demos_copied_jobs_are_no_evidence_of_preemptions():
     "seen,words",
     [
         (Evidence(1, 0.05), "1 preemption in 3 min"),
+        (Evidence(0, 0.001), "0 preemptions in under a minute"),
         (Evidence(0, 2.5), "0 preemptions in 2.5 h"),
         (Evidence(296, 581.2), "296 preemptions in 581 h"),
     ],

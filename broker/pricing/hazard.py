@@ -184,7 +184,7 @@ def counted(seen: Evidence) -> str:
     """'3 preemptions in 1,250 h', in words that read right for one preemption and for under an hour."""
     count = f"{seen.preemptions:.0f} preemption{'' if round(seen.preemptions) == 1 else 's'}"
     if seen.hours < 1:
-        return f"{count} in {seen.hours * 60:.0f} min"
+        return f"{count} in {seen.hours * 60:.0f} min" if seen.hours >= 1 / 60 else f"{count} in under a minute"
     return f"{count} in {seen.hours:,.0f} h" if seen.hours >= 10 else f"{count} in {seen.hours:.1f} h"
 
 
