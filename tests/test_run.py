@@ -63,6 +63,10 @@ def test_status_says_what_a_queued_job_waits_for(env, store, catalog, tmp_path):
         return json.loads(runner.invoke(app, ["status", job_id, "--json"]).stdout)["waiting_for"]
 
     assert "no broker server is running" in waiting()
+    from broker.core.waiting import waiting_for
+
+    here = waiting_for(store, store.get_job(job_id), planning_here=True)  # `broker run` plans: it waits for no server
+    assert "no agent is registered" in here
     store.lead("another-replica", 60_000)
     assert "no agent is registered" in waiting()
     h100 = next(o for o in catalog.offers if o.accelerator == "H100")

@@ -79,7 +79,7 @@ def run_job(
         said = f"{state.value}" + (f" ({current.reason})" if current.reason else "")
         if changed and not ended:
             show("state", said)
-        now_waiting = waiting_for(store, current)
+        now_waiting = waiting_for(store, current, planning_here=True)
         if now_waiting and now_waiting != waiting:
             show("state", f"waiting: {now_waiting}")
         waiting = now_waiting

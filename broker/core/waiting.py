@@ -8,13 +8,14 @@ from broker.domain.model import Job, JobState
 from broker.store.jobs import Store
 
 
-def waiting_for(store: Store, job: Job) -> str | None:
-    """Why the job is not running yet, or None when it is not queued. `store`: the broker's, all its shards."""
+def waiting_for(store: Store, job: Job, planning_here: bool = False) -> str | None:
+    """Why the job is not running yet, or None when it is not queued. `store`: the broker's, all its shards.
+    `planning_here`: the caller runs server rounds itself (`broker run`), so no lease held is no reason to wait."""
     if job.state != JobState.queued:
         return None
     shards = store.shards
     store = store.of_job(job.id)  # its shard's server plans it, on its shard's agents
-    if store.planner() is None:
+    if store.planner() is None and not planning_here:
         return "no broker server is running: start `broker server` (or use `broker run JOB.yaml`)"
     agents = store.working_agents()
     if not agents and len(shards) == 1:
