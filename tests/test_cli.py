@@ -385,17 +385,21 @@ def test_agents_list_shows_each_agent_its_offer_job_and_lease(env, store, catalo
         ("spot-1", offers[0], 60_000),
         ("gone-2", offers[1], 1),
         ("leaving-3", offers[2], 60_000),
+        ("local-4", offers[0], 60_000),
     ):
-        Contract(store, name).register(offer, lease_ms, host="h", pid=1, at=NOW)
+        Contract(store, name).register(offer, lease_ms, host="h", pid=1, at=NOW, on_cloud=name != "local-4")
     store.mark_leaving("leaving-3")
     time.sleep(0.01)  # gone-2's lease of 1 ms has lapsed
     rows = {r["id"]: r for r in json.loads(run("agents", "list", "--json").stdout)}
-    assert {k: r["lease"] for k, r in rows.items()} == {"spot-1": "alive", "gone-2": "lapsed", "leaving-3": "leaving"}
+    leases = {"spot-1": "alive", "gone-2": "lapsed", "leaving-3": "leaving", "local-4": "alive"}
+    assert {k: r["lease"] for k, r in rows.items()} == leases
+    assert [k for k, r in rows.items() if not r["on_cloud"]] == ["local-4"]
     assert rows["spot-1"]["offer"] == offers[0].id and rows["spot-1"]["job"] is None
     assert rows["spot-1"]["tier"] == offers[0].tier.value
     shown = runner.invoke(app, ["agents", "list"], terminal_width=80).stdout
     assert all(name in shown for name in rows) and "…" not in shown
     assert run("agents").stdout == run("agents", "list").stdout  # alone, it lists them
+    assert "(local)" in next(line for line in run("agents").stdout.splitlines() if line.startswith("local-4"))
 
 
 def test_the_command_loads_no_numeric_library_until_a_command_prices():

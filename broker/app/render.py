@@ -221,6 +221,7 @@ def agent_rows(agents: list, leases: dict[str, str | None], now: datetime) -> li
                 "age_h": round((now - agent.registered_at).total_seconds() / 3600, 2),
                 "lease": "lapsed" if lease is None else ("leaving" if lease == "leaving" else "alive"),
                 "host": agent.host,
+                "on_cloud": agent.on_cloud,  # False: a local stand-in for the offer (no market evidence)
             }
         )
     return rows
@@ -233,7 +234,8 @@ def agents_table(rows: list[dict]) -> Fitted:
     for r in rows:
         age = duration(r["age_h"])
         offer = r["offer"].replace("/", " ")  # breakable at its parts: the numbers beside it stay whole
-        table.add_row(r["id"], r["tier"], offer, f"{r['usd_per_h']:,.4f}", r["job"] or "-", age, r["lease"])
+        tier = r["tier"] if r["on_cloud"] else f"{r['tier']} (local)"
+        table.add_row(r["id"], tier, offer, f"{r['usd_per_h']:,.4f}", r["job"] or "-", age, r["lease"])
     return narrow_safe(table, "offer", optional=("$/h", "age", "tier", "offer"))
 
 
