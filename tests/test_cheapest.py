@@ -133,10 +133,24 @@ def test_an_infeasible_job_is_told_only_the_fix_that_helps(catalog, deadline, bu
     assert fix in message and message.count(" or ") == 0
 
 
-def test_no_matching_hardware_is_reported_as_such(catalog):
-    spec = make_spec(resources={"accelerators": ["K80:3"]})
-    with pytest.raises(InfeasibleError, match="no offer in tiers .* has K80:3"):
-        POLICY.quote(spec, catalog.offers, NOW)
+@pytest.mark.parametrize(
+    "fields,says",
+    [
+        ({"resources": {"accelerators": ["K80:3"]}}, "resources: no offer has K80:3; `broker prices --gpu NAME`"),
+        ({"tiers": ["bubble"]}, "tiers: bubbles run only fill jobs (fill: true, with a fill_task); add spot"),
+        ({"resources": {"accelerators": ["L4:1"], "gpu_memory_gb": 500}}, "(the most: 24 GB a GPU"),
+        ({"resources": {"accelerators": ["L4:1"], "zone": ["us-east4-z"]}}, "did you mean us-east4-"),
+        (
+            {"resources": {"accelerators": ["L4:1"], "cloud": ["azure"]}},
+            "resources.cloud: no L4:1 offer in cloud azure",
+        ),
+        ({"resources": {"accelerators": ["L4:1"], "exclude": ["aws", "gcp"]}}, "in a place it excludes (aws, gcp)"),
+    ],
+)
+def test_a_job_no_offer_fits_is_told_which_of_its_asks_leaves_none_and_what_there_is(catalog, fields, says):
+    with pytest.raises(InfeasibleError) as refused:
+        POLICY.quote(make_spec(**fields), catalog.offers, NOW)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_unknown_policy_names_the_known_ones():

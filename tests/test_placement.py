@@ -60,7 +60,9 @@ def test_quotes_keep_to_the_clouds_regions_and_zones_named(catalog):
 
 
 def test_a_place_with_no_offer_is_refused_saying_where(catalog):
-    with pytest.raises(InfeasibleError, match="in region us-east-9; widen the place"):
+    with pytest.raises(
+        InfeasibleError, match="resources.region: no L4:1, A10G:1 offer in region us-east-9; did you mean us-east-"
+    ):
         quote(catalog, resources={**L4, "region": "us-east-9"})
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 from datetime import datetime
 
 from broker.domain.errors import InfeasibleError
 from broker.domain.model import JobSpec, Offer, Option, Plan, Quote, Tier, Unplaced
 from broker.models.placement import where
-from broker.models.risk import evaluate, fits
+from broker.models.risk import allowed_tiers, evaluate, fits, memory_fits, shape_fits
 from broker.planning import register
 from broker.planning.option_table import PlanItem
 
@@ -26,6 +27,42 @@ def _shape(option: Option) -> tuple:
 def _where(option: Option) -> str:
     o = option.offer
     return f"{o.cloud} {o.instance_type} {o.tier.value} in {o.zone or o.region}"
+
+
+def no_offer_fits(spec: JobSpec, offers: list[Offer]) -> str:
+    """Why no offer fits the job, as the first of its asks that leaves none (tiers, shape, memory, place), with what
+    there is instead: one line naming the field and the fix."""
+    wanted = ", ".join(str(a) for a in spec.resources.accelerators)
+    tiers = allowed_tiers(spec)
+    if not tiers:
+        return "tiers: bubbles run only fill jobs (fill: true, with a fill_task); add spot or on_demand to tiers"
+    shaped = [o for o in offers if shape_fits(spec, o)]
+    if not shaped:
+        return f"resources: no offer has {wanted}; `broker prices --gpu NAME` lists the counts each comes in"
+    tiered = [o for o in shaped if o.tier in tiers]
+    if not tiered:
+        have = ", ".join(sorted({o.tier.value for o in shaped}))
+        bubbles = (
+            " (a training job lends bubbles while it runs: none is registered now)" if Tier.bubble in tiers else ""
+        )
+        return f"tiers: no {wanted} offer in {', '.join(sorted(t.value for t in tiers))}{bubbles}; it comes as {have}"
+    sized = [o for o in tiered if memory_fits(spec, o)]
+    if not sized:
+        most = max(tiered, key=lambda o: (o.gpu_memory_gb, o.memory_gb or 0, o.vcpus or 0))
+        has = f"{most.gpu_memory_gb:g} GB a GPU, {most.memory_gb or 0:g} GB, {most.vcpus or 0:g} vCPUs"
+        return (
+            f"resources: no {wanted} offer has the GPU memory, host memory and CPUs asked (the most: {has}); "
+            "ask for less or allow larger GPUs"
+        )
+    r = spec.resources
+    level = next((name for name in ("zone", "region", "cloud") if getattr(r, name)), None)
+    if level is None:  # only its exclusions leave none
+        return f"resources: every {wanted} offer is in a place it excludes ({', '.join(r.exclude)}); exclude less"
+    names = sorted({str(getattr(o, level)) for o in sized if getattr(o, level)})
+    close = difflib.get_close_matches(getattr(r, level)[0], names, n=3)
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    there = f"did you mean {', '.join(close)}?" if close else f"it runs in {level} {shown}"
+    return f"resources.{level}: no {wanted} offer in {where(spec)}; {there}"
 
 
 @register("cheapest")
@@ -64,17 +101,7 @@ class CheapestFeasible:
         """The cheapest feasible option, the next distinct alternatives, and the on-demand baseline."""
         options = self.options(spec, offers, now)
         if not options:
-            wanted = ", ".join(str(a) for a in spec.resources.accelerators)
-            place = where(spec)
-            raise InfeasibleError(
-                f"resources: no offer in tiers {', '.join(t.value for t in spec.tiers)} has {wanted}"
-                + (
-                    f" with the requested memory and CPUs in {place}; widen the place, or"
-                    if place
-                    else " with the requested memory and CPUs;"
-                )
-                + " allow more accelerators or tiers (`broker prices --gpu NAME` lists where each runs)"
-            )
+            raise InfeasibleError(no_offer_fits(spec, offers))
         feasible = [o for o in options if o.feasible]
         if not feasible:
             raise InfeasibleError(self._why_infeasible(spec, options))
