@@ -136,7 +136,7 @@ def test_an_infeasible_job_is_told_only_the_fix_that_helps(catalog, deadline, bu
 @pytest.mark.parametrize(
     "fields,says",
     [
-        ({"resources": {"accelerators": ["K80:3"]}}, "resources: no offer has K80:3; `broker prices --gpu NAME`"),
+        ({"resources": {"accelerators": ["K80:3"]}}, "resources.accelerators: no offer has K80:3; there are K80:1"),
         ({"tiers": ["bubble"]}, "tiers: bubbles run only fill jobs (fill: true, with a fill_task); add spot"),
         ({"resources": {"accelerators": ["L4:1"], "gpu_memory_gb": 500}}, "(the most: 24 GB a GPU"),
         ({"resources": {"accelerators": ["L4:1"], "zone": ["us-east4-z"]}}, "did you mean us-east4-"),

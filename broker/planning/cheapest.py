@@ -38,7 +38,10 @@ def no_offer_fits(spec: JobSpec, offers: list[Offer]) -> str:
         return "tiers: bubbles run only fill jobs (fill: true, with a fill_task); add spot or on_demand to tiers"
     shaped = [o for o in offers if shape_fits(spec, o)]
     if not shaped:
-        return f"resources: no offer has {wanted}; `broker prices --gpu NAME` lists the counts each comes in"
+        names = {a.name for a in spec.resources.accelerators}
+        counts = sorted({(o.accelerator, o.accelerator_count) for o in offers if o.accelerator in names})
+        there = ", ".join(f"{name}:{count}" for name, count in counts) or "none of them"
+        return f"resources.accelerators: no offer has {wanted}; there are {there}"
     tiered = [o for o in shaped if o.tier in tiers]
     if not tiered:
         have = ", ".join(sorted({o.tier.value for o in shaped}))
