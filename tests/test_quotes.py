@@ -353,3 +353,19 @@ def _agent(offer):
     from broker.domain.model import AgentInfo
 
     return AgentInfo(id=offer.zone, offer=offer, host="test", pid=0, registered_at=NOW)
+
+
+def test_each_alternative_is_played_on_its_own_offer_not_started_where_the_chosen_one_is():
+    """Among all the zones the rule starts a job in the cheapest with room: played so, every alternative read the
+    chosen one's cost. A user weighing an alternative asks what that offer would cost."""
+    cheap = _offer("us-east-1a", price=0.9)
+    dear = _offer("us-east-1b", price=1.8).model_copy(update={"instance_type": "p3.2xlarge-b"})  # another shape
+    offers = [cheap, dear, _offer("us-east-1z", "on_demand", 3.06)]
+    calm = MarketModel.fit([trace(z, [1] * 300 + [0] * 1, 20) for z in ("us-east-1a", "us-east-1b")])
+    broker = Broker(
+        None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm, forecast_alternatives=True
+    )
+    quote = broker.quote(_quote_spec(30.0).model_copy(update={"budget_usd": None}))
+    alt = next(o for o in quote.alternatives if o.offer == dear)
+    assert quote.chosen.offer == cheap and alt.forecast.zones == [dear.id]
+    assert alt.forecast.cost_p50_usd == pytest.approx(2 * quote.forecast.cost_p50_usd, rel=0.1)

@@ -111,13 +111,13 @@ class Broker:
         rule = getattr(self.policy, "rule", "greedy")
 
         def simulated(
-            option: Option, spot: bool = False, measures_on_spot: bool = False, futures: int = FUTURES
+            option: Option, spot: bool = False, measures_on_spot: bool = False, futures: int = FUTURES, alone=False
         ) -> Forecast:
             played = quote.model_copy(update={"chosen": option})
             return forecast(
                 spec,
                 played,
-                offers,
+                [option.offer] if alone else offers,  # alone: launched and relaunched there only
                 market,
                 rule,
                 now,
@@ -143,9 +143,11 @@ class Broker:
         baseline = quote.on_demand_baseline
         if baseline is not None:  # no market randomness there: only the speed's (cheap)
             update["on_demand_baseline"] = baseline.model_copy(update={"forecast": simulated(baseline)})
-        if self.forecast_alternatives:  # each on its own offer and fallback, not placed by the rule's zones
+        if self.forecast_alternatives:  # each on its own offer and fallback, not placed by the rule's zones: among
+            # them all the rule would start each where it starts the chosen one, and every row would read the same
             update["alternatives"] = [
-                o.model_copy(update={"forecast": simulated(o, futures=ALTERNATIVE_FUTURES)}) for o in quote.alternatives
+                o.model_copy(update={"forecast": simulated(o, futures=ALTERNATIVE_FUTURES, alone=True)})
+                for o in quote.alternatives
             ]
         return quote.model_copy(update=update)
 
