@@ -1,6 +1,6 @@
 """Tables as people read them: at 80 and 100 columns every id and number stays whole on its row (app/narrow.py)."""
 
-import os
+import io
 
 from broker.domain.specfile import load_spec
 from conftest import EXAMPLES, NOW
@@ -80,7 +80,7 @@ def test_a_backtests_figures_fit_80_columns_whole_and_say_what_the_short_headers
         assert any(r[:3] == ["joint", "omniscient", "3,458.50"] for r in lines), text  # money to the cent
         assert "x joint: over the joint bound" in " ".join(text.split())
         assert "4.3 to 27.6" in text or "per zone" not in text, text  # a range on one line, or left out
-    Console(width=40, file=open(os.devnull, "w")).print(figures.figures_table(rows, *backtest))  # too narrow: no crash
+    Console(width=40, file=io.StringIO()).print(figures.figures_table(rows, *backtest))  # too narrow: no crash
 
 
 def test_the_demos_summaries_keep_job_ids_whole_at_80_columns():
