@@ -1,6 +1,7 @@
 """Quotes simulated on the market model's futures (core/forecast.py): against the fleet, the jobs ahead and to come,
 the policy's placement, and the speed error the measured jobs show."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -120,6 +121,13 @@ def test_a_job_whose_odds_hold_without_the_reserve_starts_on_spot_and_the_planne
     sure = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm)
     surer = sure.quote(spec.model_copy(update={"deadline_probability": 0.99}))
     assert surer.chosen.offer.tier == "on_demand" and not surer.forecast.measures_on_spot
+    # the quote says what the start on spot would cost and keep, and the asked odds that start the job there
+    said = re.search(
+        r"from a start on spot ([\d.]+) at \$([\d.,]+) p50: a deadline_probability of ([\d.]+)", surer.forecast.evidence
+    )
+    assert said and float(said[2]) < surer.forecast.cost_p50_usd
+    there = sure.quote(spec.model_copy(update={"deadline_probability": float(said[3])}))
+    assert there.chosen.offer == offers[0] and there.forecast.p_meet_deadline == pytest.approx(float(said[1]))
 
 
 def test_a_quote_shows_and_saves_against_its_futures_not_the_money_model():

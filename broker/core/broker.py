@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -139,6 +140,7 @@ class Broker:
             else:
                 quote, played = _on_demand_start(quote), reserved
                 note = "; starts on on-demand: the window holds no reserve for a slower speed until it is measured"
+                note += _spot_start_note(on_spot, reserved)
         update: dict = {"forecast": played.model_copy(update={"evidence": played.evidence + note})}
         baseline = quote.on_demand_baseline
         if baseline is not None:  # no market randomness there: only the speed's (cheap)
@@ -226,6 +228,17 @@ def _measures_on_spot(on_spot: Forecast, reserved: Forecast, asked: float) -> bo
     futures meet the deadline as often as the spec asks, or as often as with the reserve's start (within the noise of
     the futures' sampling: both are drawn from the same seed, so they differ mostly by the start)."""
     return on_spot.p_meet_deadline >= min(asked, reserved.p_meet_deadline) - ODDS_NOISE
+
+
+def _spot_start_note(on_spot: Forecast, reserved: Forecast) -> str:
+    """The odds and cost of the start on spot the reserve turned down, and the asked odds at which the job starts
+    there: the user weighs the reserve's price (it can be several times the spot start's) against the odds it adds."""
+    at_most = math.floor(round((on_spot.p_meet_deadline + ODDS_NOISE) * 100, 6)) / 100
+    said = (
+        f" (P(meet deadline) {reserved.p_meet_deadline:.3f}; from a start on spot {on_spot.p_meet_deadline:.3f} at"
+        f" ${on_spot.cost_p50_usd:,.2f} p50"
+    )
+    return said + (f": a deadline_probability of {at_most:.2f} or less starts it there)" if at_most > 0 else ")")
 
 
 def _starts_on_demand(quote: Quote, spec: JobSpec, offers: list[Offer], now: datetime, fleet: Fleet) -> bool:
