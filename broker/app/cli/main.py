@@ -23,6 +23,7 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # docstrings wrap to the terminal (rich mode keeps their line breaks)
 )
 app.command()(jobs.submit)
 app.command()(jobs.run)
