@@ -152,6 +152,8 @@ def test_demo_runs_the_product_end_to_end_with_a_migration(env, monkeypatch, tmp
     shown = run("status", listed[0]["id"])
     assert shown.exit_code == 0 and "running" in shown.stdout and "done" in shown.stdout  # its events came too
     assert "compressed clock" in shown.stdout
+    # its times from its submission: from now, what ended on the compressed clock would read "in 39 min"
+    assert "(+" in shown.stdout and "(in " not in shown.stdout and " ago)" not in shown.stdout
     jobs = {j["name"]: j for j in body["jobs"]}
     assert {j["state"] for j in jobs.values()} == {"done"}
     train = jobs["demo-train-mlp"]

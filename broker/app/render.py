@@ -43,6 +43,12 @@ def moment(value: datetime, now: datetime) -> str:
     return f"{value:%Y-%m-%d %H:%M} UTC ({relative(value, now)})"
 
 
+def after(value: datetime, start: datetime) -> str:
+    """A moment's distance from a start: "+8 min", for times on a demo's compressed clock (from now they would read
+    "in 39 min" for what has ended)."""
+    return f"+{duration(max(0.0, (value - start).total_seconds()) / 3600)}"
+
+
 def where(option: Option) -> str:
     """The offer in a few words: cloud, instance type and location."""
     o = option.offer
@@ -277,10 +283,17 @@ def runs_table(job: Job) -> Fitted:
 
 
 def job_times(job: Job, now: datetime) -> str:
-    """When the job came, when it must end and what it may spend, and what it has spent."""
-    parts = [f"submitted {moment(job.submitted_at, now)}"]
+    """When the job came, when it must end and what it may spend, and what it has spent; a demo's copy's deadline
+    from its submission (its clock was compressed)."""
     deadline = job.spec.deadline
-    parts.append(f"deadline {moment(deadline, now)}" if deadline else "no deadline")
+    if job.demo_copy:
+        parts = [f"submitted {job.submitted_at:%Y-%m-%d %H:%M} UTC"]
+        parts.append(
+            f"deadline {deadline:%H:%M} UTC ({after(deadline, job.submitted_at)})" if deadline else "no deadline"
+        )
+    else:
+        parts = [f"submitted {moment(job.submitted_at, now)}"]
+        parts.append(f"deadline {moment(deadline, now)}" if deadline else "no deadline")
     budget = job.spec.budget_usd
     parts.append(f"spent ${job.cost_usd:,.4f}" + (f" of {_money(budget)}" if budget else " (no budget)"))
     return " · ".join(parts)

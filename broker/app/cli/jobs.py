@@ -87,7 +87,7 @@ def status(
     now = datetime.now(UTC)
     out.print(f"[bold]{job.id}[/]  state: [bold]{job.state.value}[/]" + (f"  ({job.reason})" if job.reason else ""))
     out.print(render.job_times(job, now), highlight=False)
-    if "demo" in job.tags:
+    if job.demo_copy:
         out.print("[dim]a copy of a `broker demo` job: its times are on the demo's compressed clock[/]")
     if waiting:
         out.print(f"[yellow]waiting:[/] {waiting}", highlight=False)
@@ -100,9 +100,8 @@ def status(
         out.print(f"  | {line}", highlight=False, markup=False)
     for event in events:
         at = datetime.fromisoformat(event["at"])
-        out.print(
-            f"  {at:%H:%M:%S} ({render.relative(at, now)})  {event['state']:<10} {event['reason']}", highlight=False
-        )
+        since = render.after(at, job.submitted_at) if job.demo_copy else render.relative(at, now)
+        out.print(f"  {at:%H:%M:%S} ({since})  {event['state']:<10} {event['reason']}", highlight=False)
 
 
 @user_errors
