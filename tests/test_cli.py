@@ -159,6 +159,8 @@ def test_demo_runs_the_product_end_to_end_with_a_migration(env, monkeypatch, tmp
     train = jobs["demo-train-mlp"]
     output = run("logs", train["id"]).stdout  # the output its agents sent, copied with the job
     assert "(checkpoint saved)" in output and "done: " in output, output
+    losses = [float(loss) for loss in re.findall(r"loss ([\d.]+)", output)]  # it learns, across its migrations
+    assert len(losses) >= 3 and losses[-1] < 0.5 * losses[0], losses
     scored = run("logs", jobs["demo-batch-infer"]["id"]).stdout  # the batch job says how far it scored too
     assert "documents (checkpoint saved)" in scored and "documents scored" in scored, scored
     assert train["agents"][0] == "spot-a" and train["tiers"][0] == "spot"
