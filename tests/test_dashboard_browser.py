@@ -121,7 +121,7 @@ def test_every_dashboard_page_draws_its_content_in_chromium(populated, redis_url
             assert "no main training jobs" not in bubbles
 
             backtest = visit("Backtest", "Cost by policy", "Cumulative spend", "Tier mix")
-            assert "Cost (costslo+bubbles)" in backtest and "Cost / omniscient" in backtest
+            assert "Cost (hedge+bubbles)" in backtest and "Cost / joint bound" in backtest
             browser.close()
     finally:
         os.killpg(server.pid, signal.SIGTERM)
