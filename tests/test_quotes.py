@@ -9,7 +9,7 @@ from test_market_model import NOW, _offer, trace
 
 from broker import planning
 from broker.agents.contract import Contract
-from broker.core.broker import Broker
+from broker.core.broker import ODDS_TRADE, Broker
 from broker.core.clock import SimulatedClock
 from broker.domain.model import Job, JobState, Run
 from broker.models.risk import exclusive_hours, restart_hours
@@ -18,7 +18,7 @@ from broker.sim.calibration import cost_coverage, cost_errors_pct, reliability
 from broker.sim.market import OfferBook
 
 
-def _quote_spec(window_h: float):
+def _quote_spec(window_h: float, restore_minutes: float = 1.0):
     from broker.domain.jobspec import JobSpec
 
     return JobSpec(
@@ -26,7 +26,7 @@ def _quote_spec(window_h: float):
         run=["simulated"],
         resources={"accelerators": ["V100:1"]},
         work={"gpu_hours": 4.0, "kind": "training"},
-        checkpoint={"size_gb": 1.0, "restore_minutes": 1.0},
+        checkpoint={"size_gb": 1.0, "restore_minutes": restore_minutes},
         deadline=NOW + timedelta(hours=window_h),
         budget_usd=12.0,
     )
@@ -61,12 +61,13 @@ def test_a_quote_names_where_the_rule_starts_the_job_and_warns_when_the_odds_fal
 
     from broker.app import render
 
-    calm = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    # spot lost every 5 hours, and a restart takes half an hour: a start on spot loses more than 2 points of the odds
+    choppy = MarketModel.fit([trace("us-east-1a", [1] * 30 + [0] * 3, 100)])
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
 
     def quote(policy: str, window_h: float):
-        broker = Broker(None, OfferBook(offers), planning.get(policy), SimulatedClock(NOW), calm)
-        return broker.quote(_quote_spec(window_h).model_copy(update={"budget_usd": None}))
+        broker = Broker(None, OfferBook(offers), planning.get(policy), SimulatedClock(NOW), choppy)
+        return broker.quote(_quote_spec(window_h, restore_minutes=30.0).model_copy(update={"budget_usd": None}))
 
     def shown(q) -> str:
         console = Console(width=200, record=True)
@@ -87,8 +88,10 @@ def test_a_quote_names_where_the_rule_starts_the_job_and_warns_when_the_odds_fal
     assert not roomy.short_of_odds and roomy.forecast.finish_at_odds <= NOW + timedelta(hours=30.0)
     assert not tight.forecast.measures_on_spot and not roomy.forecast.measures_on_spot
     # a user's quote plays each alternative on its own offer too: the money model called spot certain
-    told = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm, forecast_alternatives=True)
-    alt = told.quote(_quote_spec(14.0).model_copy(update={"budget_usd": None})).alternatives[0]
+    told = Broker(
+        None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), choppy, forecast_alternatives=True
+    )
+    alt = told.quote(_quote_spec(14.0, restore_minutes=30.0).model_copy(update={"budget_usd": None})).alternatives[0]
     assert tight.alternatives[0].forecast is None and alt.offer == offers[0]  # backtests show none: not played
     assert alt.p_meet_deadline > 0.99 and alt.forecast.p_meet_deadline < 0.945 and alt.forecast.spot_share > 0.5
     table = shown(tight.model_copy(update={"alternatives": [alt]}))
@@ -117,16 +120,33 @@ def test_a_job_whose_odds_hold_without_the_reserve_starts_on_spot_and_the_planne
     assert "measures its speed on spot" in quote.forecast.evidence
     job = Job(id="j", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote)
     assert PlanItem.from_job(job).measures_on_spot
-    # asked for better odds than that, the reserve's start on on-demand stays
+    # asked for odds neither start reaches, the reserve's start would add less than ODDS_TRADE to them: on spot
     sure = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm)
     surer = sure.quote(spec.model_copy(update={"deadline_probability": 0.99}))
-    assert surer.chosen.offer.tier == "on_demand" and not surer.forecast.measures_on_spot
-    # the quote says what the start on spot would cost and keep, and the asked odds that start the job there
-    said = re.search(
-        r"from a start on spot ([\d.]+) at \$([\d.,]+) p50: a deadline_probability of ([\d.]+)", surer.forecast.evidence
+    assert surer.chosen.offer == offers[0] and surer.forecast.measures_on_spot and surer.short_of_odds
+    told = re.search(
+        r"falls short of the 0.99 asked too, at P\(meet deadline\) ([\d.]+) for \$([\d.,]+)", surer.forecast.evidence
     )
-    assert said and float(said[2]) < surer.forecast.cost_p50_usd
-    there = sure.quote(spec.model_copy(update={"deadline_probability": float(said[3])}))
+    assert told and surer.forecast.p_meet_deadline >= float(told[1]) - ODDS_TRADE
+    assert surer.forecast.cost_p50_usd < float(told[2])
+
+
+def test_a_reserve_that_adds_odds_starts_the_job_on_on_demand_and_says_what_spot_would_keep():
+    """Where spot is lost every 5 hours and a restart takes half an hour, the reserve's start on on-demand adds more
+    than ODDS_TRADE to odds neither start reaches: the job starts there, and its quote says what the start on spot
+    would cost and keep, and the asked odds at which the job starts there."""
+    choppy = MarketModel.fit([trace("us-east-1a", [1] * 30 + [0] * 3, 100)])
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    spec = _quote_spec(14.0, restore_minutes=30.0).model_copy(update={"budget_usd": None})
+    broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), choppy)
+    quote = broker.quote(spec)
+    assert quote.chosen.offer.tier == "on_demand" and not quote.forecast.measures_on_spot and quote.short_of_odds
+    said = re.search(
+        r"from a start on spot ([\d.]+) at \$([\d.,]+) p50: a deadline_probability of ([\d.]+)", quote.forecast.evidence
+    )
+    assert said and float(said[2]) < quote.forecast.cost_p50_usd
+    assert float(said[1]) < quote.forecast.p_meet_deadline - ODDS_TRADE
+    there = broker.quote(spec.model_copy(update={"deadline_probability": float(said[3])}))
     assert there.chosen.offer == offers[0] and there.forecast.p_meet_deadline == pytest.approx(float(said[1]))
 
 
