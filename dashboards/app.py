@@ -139,7 +139,9 @@ def jobs_page() -> None:
             }
             for r in job.runs
         ]
-        st.dataframe(pd.DataFrame(runs), hide_index=True, width="stretch")
+        stamp = st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss")  # UTC, as the server stamps runs
+        shown = {"started": stamp, "ended": stamp}
+        st.dataframe(pd.DataFrame(runs), hide_index=True, width="stretch", column_config=shown)
         progress = accounting.progress_frame(job)
         if not progress.empty:
             st.subheader("Progress over time")
