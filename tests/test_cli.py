@@ -104,6 +104,10 @@ def test_empty_list_says_what_to_do(env):
 BAD_INPUTS = {
     "deadline in the past": (dict(deadline="2020-01-01T00:00Z"), "deadline: 2020-01-01 00:00 UTC is in the past"),
     "zero budget": (dict(budget_usd=0), "budget_usd: 0 is out of range; give a number above 0"),
+    "odds as a percentage": (
+        dict(deadline_probability=95),
+        "deadline_probability: 95 is out of range; give a number below 1.0 (did you mean 0.95?)",
+    ),
     "unknown accelerator": (
         dict(resources={"accelerators": ["A1000"]}),
         "unknown accelerator 'A1000'; did you mean A100",

@@ -101,12 +101,20 @@ _NUMBERS = {
 }
 
 
+def _as_fraction(loc: tuple, value: Any) -> str:
+    """A probability written as a percentage (95 for 0.95): the fraction it likely meant."""
+    if loc[-1:] == ("deadline_probability",) and isinstance(value, int | float) and 1 < value < 100:
+        return f" (did you mean {value / 100:g}?)"
+    return ""
+
+
 def _message(error: dict) -> str:
     loc = tuple(error["loc"])
     given = repr(error.get("input"))[:60]
     if error["type"] in _BOUNDS:
         bound, words = _BOUNDS[error["type"]]
-        return f"{_path(loc)}: {given} is out of range; give a number {words} {error['ctx'][bound]}"
+        said = f"{_path(loc)}: {given} is out of range; give a number {words} {error['ctx'][bound]}"
+        return said + _as_fraction(loc, error.get("input"))
     if error["type"] in _NUMBERS:
         return f"{_path(loc)}: {given} is not {_NUMBERS[error['type']]}; give {_NUMBERS[error['type']]}"
     if error["type"] == "extra_forbidden":
