@@ -47,6 +47,15 @@ def test_run_sees_the_example_fine_tune_through_on_a_local_agent(env, store):
     assert store.working_agents() == []  # the agent it started has left (its lease lapses after its exit report)
 
 
+def test_run_sees_the_example_batch_inference_through_from_its_checkpointed_cursor(env, store):
+    """The example's `run` is a real scorer (it named a script that was not there: four failed runs)."""
+    result = runner.invoke(app, ["run", str(EXAMPLES / "batch-inference.yaml")])
+    assert result.exit_code == 0, result.output
+    (job,) = store.list_jobs()
+    assert job.state.value == "done" and job.runs[0].progress_done == 400000
+    assert "scored 400000/400000 documents (checkpoint saved)" in result.stdout and "documents scored" in result.stdout
+
+
 def test_a_job_that_fails_under_run_says_so_and_exits_2(env, store, tmp_path):
     path = spec_file(tmp_path, run=[sys.executable, "-c", "print('bad input'); raise SystemExit(3)"])
     result = runner.invoke(app, ["run", str(path)])
@@ -54,6 +63,9 @@ def test_a_job_that_fails_under_run_says_so_and_exits_2(env, store, tmp_path):
     (job,) = store.list_jobs()
     assert job.state.value == "failed" and "bad input" in result.stdout
     assert f"{job.id} failed" in result.stderr and f"broker logs {job.id}" in result.stderr
+    assert "below" not in result.stderr  # the error line is the last thing it prints
+    shown = runner.invoke(app, ["status", job.id, "--no-outlook"]).stdout
+    assert "last output:\n  | bad input" in shown  # where the job's last lines are
 
 
 def test_status_says_what_a_queued_job_waits_for(env, store, catalog, tmp_path):

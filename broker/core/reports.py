@@ -117,7 +117,7 @@ def after_run(job: Job, run: Run, log_tail: list[str]) -> dict:
     if reason == "failed":
         restarts = job.restarts + 1
         if restarts > job.spec.max_restarts:
-            why = f"failed {restarts} times (exit code {run.exit_code}); last output below"
+            why = f"failed {restarts} times (exit code {run.exit_code})"
             return {"state": JobState.failed, "reason": why, "restarts": restarts, "log_tail": log_tail}
         return {
             "state": JobState.queued,

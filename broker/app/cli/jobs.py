@@ -96,6 +96,8 @@ def status(
         out.print(render.outlook_line(ahead, job.spec.deadline_probability), highlight=False)
     if job.runs:
         out.print(render.runs_table(job))
+    if job.log_tail:
+        out.print("last output:" if job.state.terminal else "output so far:")
     for line in job.log_tail:
         out.print(f"  | {line}", highlight=False, markup=False)
     for event in events:
