@@ -68,6 +68,15 @@ def test_a_job_that_fails_under_run_says_so_and_exits_2(env, store, tmp_path):
     assert "last output:\n  | bad input" in shown  # where the job's last lines are
 
 
+def test_a_job_whose_program_is_missing_is_told_it_could_not_start_and_why(env, store, tmp_path):
+    result = runner.invoke(app, ["run", str(spec_file(tmp_path, run=["no-such-program", "--x"]))])
+    assert result.exit_code == 2, result.output
+    (job,) = store.list_jobs()
+    assert job.state.value == "failed" and job.runs[0].exit_code is None
+    assert "could not start: [Errno 2] No such file or directory: 'no-such-program'" in " ".join(result.stderr.split())
+    assert "exit code None" not in result.output
+
+
 def test_status_says_what_a_queued_job_waits_for(env, store, catalog, tmp_path):
     job_id = json.loads(runner.invoke(app, ["submit", str(spec_file(tmp_path)), "--json"]).stdout)["job"]
 

@@ -116,14 +116,14 @@ def after_run(job: Job, run: Run, log_tail: list[str]) -> dict:
         return {"state": JobState.done, "reason": "finished"}
     if reason == "failed":
         restarts = job.restarts + 1
+        # no exit code: the agent could not start it (a missing program or workdir), and its one line says why
+        cause = f"exit code {run.exit_code}" if run.exit_code is not None else "could not start"
+        if run.exit_code is None and log_tail:
+            cause += f": {log_tail[-1][:200]}"
         if restarts > job.spec.max_restarts:
-            why = f"failed {restarts} times (exit code {run.exit_code})"
+            why = f"failed {restarts} times ({cause})"
             return {"state": JobState.failed, "reason": why, "restarts": restarts, "log_tail": log_tail}
-        return {
-            "state": JobState.queued,
-            "reason": f"restart {restarts} after exit code {run.exit_code}",
-            "restarts": restarts,
-        }
+        return {"state": JobState.queued, "reason": f"restart {restarts} after {cause}", "restarts": restarts}
     if reason in ("preempted", "lost"):
         return {"state": JobState.migrating, "reason": f"{reason} on {run.agent}"}
     if reason == "unfit":
