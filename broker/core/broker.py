@@ -217,9 +217,9 @@ class Broker:
         return self.store.list_jobs(states)
 
 
-# where neither start reaches the asked odds, the reserve's start on on-demand is bought only for more odds than this:
-# over the 12 leave-one-out backtests of bench/cost.py, 0.02 took 37 more jobs' spot starts at the same 16 misses
-# (none avoidable) and 0.8% less cost; every spot start (0.05 and up) 1.4% less with one avoidable miss
+# where neither start reaches the asked odds, the reserve's start on on-demand is bought only for this much more odds
+# (or when it costs no more): bench/cost.py's default 0.8% less at the same 16 misses (none avoidable), 36 more spot
+# starts; bench/forecast.py's 2.0% less with one avoidable miss in 480 jobs (bench/results/cost.md)
 ODDS_TRADE = 0.02
 
 
