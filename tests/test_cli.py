@@ -329,6 +329,8 @@ def test_agents_list_shows_each_agent_its_offer_job_and_lease(env, store, catalo
     shown = runner.invoke(app, ["agents", "list"], terminal_width=80).stdout
     assert all(name in shown for name in rows) and "…" not in shown
     assert run("agents").stdout == run("agents", "list").stdout  # alone, it lists them
+    alone = [{k: v for k, v in r.items() if k != "age_h"} for r in json.loads(run("agents", "--json").stdout)]
+    assert alone == [{k: v for k, v in r.items() if k != "age_h"} for r in rows.values()]  # --json alone too
     assert "(local)" in next(line for line in run("agents").stdout.splitlines() if line.startswith("local-4"))
 
 

@@ -29,10 +29,10 @@ POOLS_DIR = Path("infra/terraform/pools")
 
 
 @agents_app.callback(invoke_without_command=True)
-def agents(ctx: typer.Context) -> None:
-    """`broker agents` alone lists them, as `broker prices` alone lists prices."""
+def agents(ctx: typer.Context, as_json: bool = JsonOpt) -> None:
+    """`broker agents` alone lists them, as `broker prices` alone lists prices (`--json` too)."""
     if not ctx.invoked_subcommand:
-        agents_list(as_json=False)
+        agents_list(as_json=as_json)
 
 
 @agents_app.command("list")
