@@ -320,12 +320,12 @@ def test_cost_report_splits_each_jobs_spend_by_tier_and_totals_it(seeded, redis_
     assert set(rows) == {j.id for j in seeded["jobs"]}
     migrated = {j.id: j for j in seeded["jobs"]}["migrated"]
     spot_run, od_run = migrated.runs
-    assert rows["migrated"]["spot $"] == pytest.approx(spot_run.cost_usd)
-    assert rows["migrated"]["on_demand $"] == pytest.approx(od_run.cost_usd)
-    assert rows["migrated"]["spot h"] == pytest.approx(2.0) and rows["migrated"]["on_demand h"] == pytest.approx(1.0)
-    assert sum(r["total $"] for r in rows.values()) == pytest.approx(seeded["spend"])
-    assert sum(r["all on-demand $"] for r in rows.values()) == pytest.approx(seeded["baseline"])
-    assert rows["waiting"]["total $"] == 0 and rows["waiting"]["saved %"] is None
+    assert rows["migrated"]["spot_usd"] == pytest.approx(spot_run.cost_usd)
+    assert rows["migrated"]["on_demand_usd"] == pytest.approx(od_run.cost_usd)
+    assert rows["migrated"]["spot_h"] == pytest.approx(2.0) and rows["migrated"]["on_demand_h"] == pytest.approx(1.0)
+    assert sum(r["total_usd"] for r in rows.values()) == pytest.approx(seeded["spend"])
+    assert sum(r["all_on_demand_usd"] for r in rows.values()) == pytest.approx(seeded["baseline"])
+    assert rows["waiting"]["total_usd"] == 0 and rows["waiting"]["saved_pct"] is None
     shown = CliRunner().invoke(cli, ["cost-report"], terminal_width=80)
     total = next(line for line in shown.stdout.splitlines() if line.lstrip().startswith("total"))
     assert f" {seeded['spend']:,.2f} " in total and "…" not in shown.stdout

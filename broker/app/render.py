@@ -194,19 +194,19 @@ def cost_report_table(frame: pd.DataFrame) -> Fitted:
     from broker.models import accounting
 
     table = Table(title=f"cost report (US$): {plural(len(frame), 'job')}", title_justify="left")
-    money = [c for c in frame.columns if c.endswith("$")]
-    for col in ["job", "state", *money, "saved %"]:
-        header = col.removesuffix(" $").removesuffix(" %").replace("_", "-")
-        table.add_column(header, justify="left" if col in ("job", "state") else "right")
+    money = [c for c in frame.columns if c.endswith("_usd")]
+    for col in ["job", "state", *money, "saved_pct"]:
+        header = col.removesuffix("_usd").removesuffix("_pct").replace("all_on_demand", "all on-demand")
+        table.add_column(header.replace("_", "-"), justify="left" if col in ("job", "state") else "right")
 
     def cells(row) -> list[str]:
-        saved = row["saved %"]
+        saved = row["saved_pct"]
         return [*(f"{row[c]:,.2f}" for c in money), "-" if saved is None or pd.isna(saved) else f"{saved:.0f}%"]
 
     for row in frame.to_dict(orient="records"):
         table.add_row(row["job"], " ".join([row["state"], *(f"({tag})" for tag in row["tags"])]), *cells(row))
     total = frame[money].sum().to_dict()
-    total["saved %"] = accounting.savings_pct(total["total $"], total["all on-demand $"])
+    total["saved_pct"] = accounting.savings_pct(total["total_usd"], total["all_on_demand_usd"])
     table.add_section()
     table.add_row("total", "", *cells(total))
     return narrow_safe(table, "all on-demand", optional=("state",))  # its cells are one word each: never folded

@@ -130,7 +130,8 @@ def jobs_frame(jobs: list[Job], now: datetime) -> pd.DataFrame:
 
 def cost_report(jobs: list[Job], now: datetime) -> pd.DataFrame:
     """Per job (`broker cost-report`, like `sky cost-report`): spend on each tier, the total, what the same
-    productive hours cost on on-demand, the share saved, and the hours on each tier."""
+    productive hours cost on on-demand, the share saved, and the hours on each tier (names with their units, as
+    `--json` gives them to machines)."""
     rows = []
     for job in jobs:
         by_tier = {
@@ -142,11 +143,11 @@ def cost_report(jobs: list[Job], now: datetime) -> pd.DataFrame:
                 "job": job.id,
                 "state": job.state.value,
                 "tags": job.tags,
-                **{f"{tier} $": sum(run_cost_usd(r, now) for r in runs) for tier, runs in by_tier.items()},
-                "total $": total,
-                "all on-demand $": base,
-                "saved %": savings_pct(total, base),
-                **{f"{tier} h": sum(r.hours(now) for r in runs) for tier, runs in by_tier.items()},
+                **{f"{tier}_usd": sum(run_cost_usd(r, now) for r in runs) for tier, runs in by_tier.items()},
+                "total_usd": total,
+                "all_on_demand_usd": base,
+                "saved_pct": savings_pct(total, base),
+                **{f"{tier}_h": sum(r.hours(now) for r in runs) for tier, runs in by_tier.items()},
             }
         )
     return pd.DataFrame(rows)
