@@ -110,3 +110,15 @@ def test_cli_refresh_without_credentials_keeps_the_snapshot_and_says_so(redis_ur
     assert result.exit_code == 0 and "no credentials" in result.stdout and "keeping the snapshot" in result.stdout
     wrong = CliRunner().invoke(app, ["prices", "refresh", "--cloud", "oracle"])
     assert wrong.exit_code == 2 and "--cloud: no live source for oracle" in wrong.output
+
+
+def test_cli_import_of_a_file_of_another_shape_says_what_shape_it_must_have(redis_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    runner = CliRunner()
+    csv, tsv = tmp_path / "prices.csv", tmp_path / "spot.tsv"
+    csv.write_text("zone,price\nuse1-az1,0.41\n")
+    tsv.write_text("use1-az1\tp3.2xlarge\tLinux/UNIX\tfree\t2025-07-01T00:00:00Z\n")
+    for path, shape in ((csv, "is not a catalog CSV with the columns InstanceType"), (tsv, "is not an AWS spot")):
+        result = runner.invoke(app, ["prices", "import", str(path), "--at", "2025-07-01"])
+        assert result.exit_code == 2 and shape in result.output and "internal error" not in result.output
+        assert len(result.output.strip().splitlines()) == 1

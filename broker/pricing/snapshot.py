@@ -55,6 +55,8 @@ _RENAME = {
     "AvailabilityZone": "zone",
 }
 
+AWS_COLUMNS = tuple(_RENAME)  # a catalog CSV in AWS's vms.csv format has these
+
 # Known errors in the source rows, corrected here (the CSVs stay verbatim).
 # ND96isr_H100_v5 has 8 H100 GPUs (Azure ND H100 v5 documentation); the source says 12.
 _AZURE_COUNT_FIXES = {"Standard_ND96isr_H100_v5": 8}
