@@ -249,6 +249,8 @@ def test_submit_quotes_with_the_active_policy_and_refuses_an_unknown_one(env, tm
     monkeypatch.setenv("BROKER_POLICY", "fastest")
     result = run("submit", job_file(tmp_path), "--quote")
     assert result.exit_code == 2 and "unknown policy 'fastest'" in result.output and stored_keys(env) == []
+    monkeypatch.setenv("BROKER_POLICY", "hedg")
+    assert "unknown policy 'hedg'; did you mean hedge?" in run("submit", job_file(tmp_path), "--quote").output
 
 
 def test_a_round_budget_reaches_the_planner_and_a_bad_one_is_one_line(env, tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ Policies are pure: (job specs, offers, now) in, decisions out; no Redis, no cloc
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import pkgutil
 
@@ -44,7 +45,9 @@ def get(name: str = DEFAULT_POLICY, **options):
     """A new instance of the policy registered as `name`, with its options (e.g. budget_usd for costslo)."""
     _load_builtin()
     if name not in _REGISTRY:
-        raise BrokerError(f"policy: unknown policy {name!r}; choose one of {', '.join(sorted(_REGISTRY))}")
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise BrokerError(f"policy: unknown policy {name!r}; {hint}choose one of {', '.join(sorted(_REGISTRY))}")
     try:
         return _REGISTRY[name](**options)
     except TypeError:
