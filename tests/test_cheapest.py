@@ -1,5 +1,8 @@
 """The first planner: the cheapest offer that meets the deadline and the budget, checked by brute force."""
 
+import re
+from datetime import timedelta
+
 import pytest
 
 from broker import planning
@@ -111,14 +114,28 @@ def test_infeasible_job_names_the_cheapest_on_time_option_and_earliest_finish_wi
     assert f"cheapest option meeting the deadline is {on_time.offer.cloud} {on_time.offer.instance_type}" in message
     assert f"${on_time.expected_cost_usd:,.2f}" in message
     assert f"earliest finish within the budget is {in_budget.expected_finish:%Y-%m-%d %H:%M} UTC" in message
-    assert message.endswith(f"raise --budget to ${on_time.expected_cost_usd:,.2f} or move --deadline later")
+    at = (in_budget.expected_finish + timedelta(seconds=59)).replace(second=0, microsecond=0)  # the next minute
+    later = f"move --deadline to {at:%Y-%m-%dT%H:%MZ} or later"  # a value the flag takes
+    assert message.endswith(f"raise --budget to ${on_time.expected_cost_usd:,.2f} or {later}")
     assert "\n" not in message
+
+
+def test_the_deadline_an_infeasible_job_is_told_to_move_to_is_one_it_is_quoted_at(catalog):
+    spec = make_spec(resources={"accelerators": ["A100:1"]}, work={"gpu_hours": 20}, deadline="+3h", budget_usd=1000)
+    with pytest.raises(InfeasibleError) as err:
+        POLICY.quote(spec, catalog.offers, NOW)
+    told = re.search(r"move --deadline to (\S+) or later", str(err.value))
+    assert told, str(err.value)
+    quote = POLICY.quote(
+        make_spec(**{**spec.model_dump(exclude={"deadline"}), "deadline": told[1]}), catalog.offers, NOW
+    )
+    assert quote.chosen.meets_deadline and quote.chosen.within_budget
 
 
 @pytest.mark.parametrize(
     "deadline, budget_usd, fix",
     [
-        ("+3h", 1000, "; move --deadline later"),  # no offer is that fast: a budget raise would not help
+        ("+3h", 1000, "; move --deadline to 20"),  # no offer is that fast: a budget raise would not help
         ("+22h", 1, "; raise --budget to $"),  # the deadline is met, nothing fits $1: a later deadline would not help
         ("+3h", 1, "; move --deadline later and raise --budget"),  # neither alone
     ],
@@ -130,7 +147,7 @@ def test_an_infeasible_job_is_told_only_the_fix_that_helps(catalog, deadline, bu
     with pytest.raises(InfeasibleError) as err:
         POLICY.quote(spec, catalog.offers, NOW)
     message = str(err.value)
-    assert fix in message and message.count(" or ") == 0
+    assert fix in message and message.replace(" or later", "").count(" or ") == 0  # one fix, not a choice of two
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from broker.domain.errors import InfeasibleError
 from broker.domain.model import JobSpec, Offer, Option, Plan, Quote, Tier, Unplaced
@@ -141,7 +141,9 @@ class CheapestFeasible:
                 f"no offer meets the deadline; the earliest finish is {fastest.expected_finish:%Y-%m-%d %H:%M} UTC"
                 f" on {_where(fastest)}"
             )
-        if affordable:
+        if affordable and not on_time and affordable[0].expected_finish == fastest.expected_finish:
+            parts[-1] += f", within the budget at ${affordable[0].expected_cost_usd:,.2f}"  # said once, not twice
+        elif affordable:
             best = affordable[0]
             parts.append(
                 f"earliest finish within the budget is {best.expected_finish:%Y-%m-%d %H:%M} UTC on {_where(best)}"
@@ -156,5 +158,9 @@ def _fix(on_time: list[Option], affordable: list[Option]) -> str:
     """The flags that would make the job feasible: a budget raise only where some option meets the deadline (to
     the cheapest of those), a later deadline only where some option fits the budget; both where neither does."""
     fixes = [f"raise --budget to ${on_time[0].expected_cost_usd:,.2f}"] if on_time else []
-    fixes += ["move --deadline later"] if affordable else []
+    # the earliest expected finish within the budget, to the next minute (the flag takes minutes): on-demand meets a
+    # deadline there; spot at the asked odds may need later, so "or later"
+    if affordable:
+        at = (affordable[0].expected_finish + timedelta(seconds=59)).replace(second=0, microsecond=0)
+        fixes.append(f"move --deadline to {at:%Y-%m-%dT%H:%MZ} or later")
     return " or ".join(fixes) if fixes else "move --deadline later and raise --budget"
