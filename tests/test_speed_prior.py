@@ -144,7 +144,7 @@ def test_a_quotes_odds_hardly_move_with_the_futures_seed_where_the_speed_is_what
 def test_each_kind_of_estimate_is_as_unsure_as_its_measured_jobs_were(store):
     """Thirty GPU-hours jobs (a datasheet's ratio) missed their estimates by 40% (log sd), thirty given measured rates
     by 2%: a new rated job keeps the reserve of its own kind's spread, not of both kinds pooled, so one whose window
-    holds that reserve starts on spot where the pooled spread started it on on-demand; a new GPU-hours job is as
+    holds that reserve starts on spot where the pooled spread weighed a start on on-demand; a new GPU-hours job is as
     unsure as its kind showed. The fleet's pooled spread stays what a kind not yet measured is quoted with."""
     from broker.core.fleet import Fleet
     from broker.models.risk import unmeasured_margin
@@ -163,11 +163,13 @@ def test_each_kind_of_estimate_is_as_unsure_as_its_measured_jobs_were(store):
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
     broker = Broker(store, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model)
     pooled = broker.quote(spec)  # nothing measured yet: the prior's 0.23, a 46% reserve the window does not hold
-    assert pooled.chosen.offer.tier == "on_demand"
+    reserve_weighed = ("starts on on-demand", "measures its speed on spot")  # its start on spot is weighed against
+    assert any(said in pooled.forecast.evidence for said in reserve_weighed)  # one on on-demand (broker.quote)
     for job in wide + sure:
         store.add_job(job)
     learned = broker.quote(spec)  # a quarter more time than the work holds its kind's 16% reserve
     assert learned.chosen.offer == offers[0] and learned.forecast.speed_sigma == pytest.approx(rated.sigma, abs=0.01)
+    assert not any(said in learned.forecast.evidence for said in reserve_weighed)  # on spot with no weighing
 
 
 def test_a_demos_copied_jobs_teach_the_quotes_nothing(store):
