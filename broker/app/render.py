@@ -38,15 +38,21 @@ def relative(value: datetime, now: datetime) -> str:
     return f"in {span}" if seconds > 0 else f"{span} ago"
 
 
-def moment(value: datetime, now: datetime) -> str:
-    """A time with its distance from now: "2026-11-23 17:14 UTC (3 min ago)"."""
-    return f"{value:%Y-%m-%d %H:%M} UTC ({relative(value, now)})"
+def moment(value: datetime, now: datetime, job: Job | None = None) -> str:
+    """A time with its distance from now: "2026-11-23 17:14 UTC (3 min ago)"; one of a `job`'s as its clock reads
+    it (since)."""
+    return f"{value:%Y-%m-%d %H:%M} UTC ({since(value, job, now) if job else relative(value, now)})"
 
 
 def after(value: datetime, start: datetime) -> str:
     """A moment's distance from a start: "+8 min", for times on a demo's compressed clock (from now they would read
     "in 39 min" for what has ended)."""
     return f"+{duration(max(0.0, (value - start).total_seconds()) / 3600)}"
+
+
+def since(value: datetime, job: Job, now: datetime) -> str:
+    """A moment of the job as its clock reads it: from now, or from its submission for a demo's copy."""
+    return after(value, job.submitted_at) if job.demo_copy else relative(value, now)
 
 
 def where(option: Option) -> str:
@@ -283,17 +289,10 @@ def runs_table(job: Job) -> Fitted:
 
 
 def job_times(job: Job, now: datetime) -> str:
-    """When the job came, when it must end and what it may spend, and what it has spent; a demo's copy's deadline
-    from its submission (its clock was compressed)."""
+    """When the job came, when it must end and what it may spend, and what it has spent."""
     deadline = job.spec.deadline
-    if job.demo_copy:
-        parts = [f"submitted {job.submitted_at:%Y-%m-%d %H:%M} UTC"]
-        parts.append(
-            f"deadline {deadline:%H:%M} UTC ({after(deadline, job.submitted_at)})" if deadline else "no deadline"
-        )
-    else:
-        parts = [f"submitted {moment(job.submitted_at, now)}"]
-        parts.append(f"deadline {moment(deadline, now)}" if deadline else "no deadline")
+    parts = [f"submitted {moment(job.submitted_at, now, job)}"]
+    parts.append(f"deadline {moment(deadline, now, job)}" if deadline else "no deadline")
     budget = job.spec.budget_usd
     parts.append(f"spent ${job.cost_usd:,.4f}" + (f" of {_money(budget)}" if budget else " (no budget)"))
     return " · ".join(parts)

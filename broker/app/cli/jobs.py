@@ -102,8 +102,9 @@ def status(
         out.print(f"  | {line}", highlight=False, markup=False)
     for event in events:
         at = datetime.fromisoformat(event["at"])
-        since = render.after(at, job.submitted_at) if job.demo_copy else render.relative(at, now)
-        out.print(f"  {at:%H:%M:%S} ({since})  {event['state']:<10} {event['reason']}", highlight=False)
+        out.print(
+            f"  {at:%H:%M:%S} ({render.since(at, job, now)})  {event['state']:<10} {event['reason']}", highlight=False
+        )
 
 
 @user_errors

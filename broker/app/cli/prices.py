@@ -116,11 +116,8 @@ def import_prices(
         raise BrokerError(f"path: no file {path}; give an AWS spot price history .tsv or a catalog .csv")
     if path.suffix != ".tsv" and at is None:
         raise BrokerError(f"--at: {path.name} has no times in it; say when its prices were seen, e.g. --at 2025-06-01")
-    kind = (
-        "an AWS spot price history .tsv (az_id, type, product, usd, time)"
-        if path.suffix == ".tsv"
-        else (f"a catalog CSV with the columns {', '.join(AWS_COLUMNS)}")
-    )
+    tsv = "an AWS spot price history .tsv (az_id, type, product, usd, time)"
+    kind = tsv if path.suffix == ".tsv" else f"a catalog CSV with the columns {', '.join(AWS_COLUMNS)}"
     try:  # a file of another shape fails its parse somewhere: the user is told what shape it must have
         if path.suffix == ".tsv":
             points = points_from_spot_tsv(path)
