@@ -206,6 +206,19 @@ def test_embedded_redis_is_started_by_the_cli_and_stopped_by_broker_stop(monkeyp
     assert "no private redis-server running" in run("stop").stdout
 
 
+def test_a_command_that_opens_the_store_twice_names_its_redis_once(monkeypatch, tmp_path):
+    """`broker run` opens it for the job and again for its local agent: "started", then "using", was said twice."""
+    monkeypatch.delenv("BROKER_REDIS_URL", raising=False)
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path))
+    path = job_file(tmp_path, run=[sys.executable, "-c", "print('ran')"], work={"gpu_hours": 0.01})
+    try:
+        result = run("run", path)
+        assert result.exit_code == 0, result.output
+        assert result.stderr.count("private redis-server") == 1, result.stderr
+    finally:
+        run("stop")
+
+
 def test_the_installed_command_runs_as_a_real_process(env, tmp_path):
     broker = Path(sys.executable).parent / "broker"
     result = subprocess.run(

@@ -25,6 +25,7 @@ out = Console(width=_WIDTH)
 err = Console(stderr=True, width=_WIDTH)
 debug_flag = {"on": False}
 _printed = {"json": False}  # whether this command wrote its JSON document already
+_said: set[str] = set()  # the notes this command put on stderr already
 
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON instead of tables.")
 
@@ -39,6 +40,7 @@ def user_errors(command):
     def wrapper(*args, **kwargs):
         as_json = bool(kwargs.get("as_json"))
         _printed["json"] = False
+        _said.clear()
         try:
             return command(*args, **kwargs)
         except BrokerError as error:
@@ -71,7 +73,12 @@ def print_json(obj) -> None:
 
 
 def _say(line: str) -> None:
-    err.print(f"[dim]{line}[/]")
+    """A note on stderr, once a command: one that opens the store twice (`broker run`'s agents, the demo's copy)
+    says once which Redis it uses ("started", then "using" the same private redis-server is the same news)."""
+    news = line.split(" ", 1)[-1]
+    if news not in _said:
+        _said.add(news)
+        err.print(f"[dim]{line}[/]")
 
 
 def redis_url(settings: Settings) -> str:
