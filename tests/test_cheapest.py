@@ -1,5 +1,6 @@
 """The first planner: the cheapest offer that meets the deadline and the budget, checked by brute force."""
 
+import math
 import re
 from datetime import timedelta
 
@@ -112,11 +113,12 @@ def test_infeasible_job_names_the_cheapest_on_time_option_and_earliest_finish_wi
     on_time = min((o for o in options if o.meets_deadline), key=lambda o: o.expected_cost_usd)
     in_budget = min((o for o in options if o.within_budget), key=lambda o: o.expected_finish)
     assert f"cheapest option meeting the deadline is {on_time.offer.cloud} {on_time.offer.instance_type}" in message
-    assert f"${on_time.expected_cost_usd:,.2f}" in message
+    budget = f"${math.ceil(on_time.expected_cost_usd * 100) / 100:,.2f}"  # up to the cent: a budget that admits it
+    assert f"at {budget}" in message
     assert f"earliest finish within the budget is {in_budget.expected_finish:%Y-%m-%d %H:%M} UTC" in message
     at = (in_budget.expected_finish + timedelta(seconds=59)).replace(second=0, microsecond=0)  # the next minute
     later = f"move --deadline to {at:%Y-%m-%dT%H:%MZ} or later"  # a value the flag takes
-    assert message.endswith(f"raise --budget to ${on_time.expected_cost_usd:,.2f} or {later}")
+    assert message.endswith(f"raise --budget to {budget} or {later}")
     assert "\n" not in message
 
 

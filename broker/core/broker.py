@@ -10,10 +10,10 @@ from functools import cached_property
 from broker.core.fleet import Fleet
 from broker.core.forecast import FUTURES, Underway, forecast
 from broker.core.hedging import MarketHedge
-from broker.domain.errors import BrokerError
+from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import ODDS_NOISE, AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
 from broker.models.risk import fits, unmeasured_margin
-from broker.planning.cheapest import ALTERNATIVES
+from broker.planning.cheapest import ALTERNATIVES, move_deadline_to
 from broker.planning.uniform_progress import starts_on_demand
 from broker.pricing.availability import MarketModel, seen_counts
 from broker.pricing.catalog import PriceCatalog
@@ -102,8 +102,11 @@ class Broker:
         if agents is None:
             agents = self.store.working_agents() if self.store is not None else []
         offers = self.offers(agents)
-        quote = self.policy.quote(spec, offers, now)
         market = self.market_now()
+        try:
+            quote = self.policy.quote(spec, offers, now)
+        except InfeasibleError as error:
+            raise _at_odds(error, spec, offers, market, now) from None
         fleet = self._fleet(agents, now) if market is not None and self.store is not None else None
         places_by_rule = getattr(self.policy, "spot_while_in_time", False)
         started_on_demand = places_by_rule and _starts_on_demand(quote, spec, offers, now, fleet or Fleet())
@@ -223,10 +226,28 @@ class Broker:
 ODDS_TRADE = 0.02
 
 
+def _at_odds(
+    error: InfeasibleError, spec: JobSpec, offers: list[Offer], market: MarketModel | None, now: datetime
+) -> InfeasibleError:
+    """The refusal with its deadline fix moved to where the futures finish at the asked odds: the money model's
+    finish is the estimate's, and a job as slow as the speed's spread allows finishes later (a job quoted at the
+    money model's deadline read P(meet) 0.34 with 0.95 asked)."""
+    later = error.later
+    if later is None or market is None or spec.deadline is None:
+        return error
+    alone = Quote(policy="", created_at=now, chosen=later, alternatives=[], on_demand_baseline=None)
+    at_odds = forecast(spec, alone, [later.offer], market, "greedy", now).finish_at_odds
+    if at_odds is None or at_odds <= later.expected_finish:
+        return error
+    told = str(error).replace(move_deadline_to(later.expected_finish), move_deadline_to(at_odds))
+    return InfeasibleError(f"{told} (its futures finish by then {spec.deadline_probability:.2f} of the time)", later)
+
+
 def _on_demand_start(quote: Quote) -> Quote:
     """The quote of a job that starts on on-demand: quoted where it starts, the money model's spot choice heading the
     alternatives (so the quote, `broker run`'s local agent and the Terraform plan name where the job will run)."""
-    alternatives = [quote.chosen, *quote.alternatives][:ALTERNATIVES]
+    started = quote.on_demand_baseline.offer.id
+    alternatives = [o for o in [quote.chosen, *quote.alternatives] if o.offer.id != started][:ALTERNATIVES]
     return quote.model_copy(update={"chosen": quote.on_demand_baseline, "alternatives": alternatives})
 
 

@@ -10,7 +10,12 @@ class SpecError(BrokerError):
 
 
 class InfeasibleError(BrokerError):
-    """No offer meets the job's deadline and budget."""
+    """No offer meets the job's deadline and budget. `later`: where a later deadline is a fix, the option within the
+    budget that finishes first (the broker says by when its futures finish at the asked odds)."""
+
+    def __init__(self, message: str, later=None):
+        super().__init__(message)
+        self.later = later
 
 
 class NotFoundError(BrokerError):

@@ -107,7 +107,8 @@ class CheapestFeasible:
             raise InfeasibleError(no_offer_fits(spec, offers))
         feasible = [o for o in options if o.feasible]
         if not feasible:
-            raise InfeasibleError(self._why_infeasible(spec, options))
+            later = min((o for o in options if o.within_budget), key=lambda o: o.expected_finish, default=None)
+            raise InfeasibleError(self._why_infeasible(spec, options), later)
         chosen = feasible[0]
         alternatives, seen = [], {_shape(chosen)}
         for option in feasible[1:]:
@@ -134,7 +135,7 @@ class CheapestFeasible:
         parts = []
         if on_time:
             best = on_time[0]
-            parts.append(f"cheapest option meeting the deadline is {_where(best)} at ${best.expected_cost_usd:,.2f}")
+            parts.append(f"cheapest option meeting the deadline is {_where(best)} at {_up_to_cent(best)}")
         else:
             fastest = min(options, key=lambda o: o.expected_finish)
             parts.append(
@@ -157,10 +158,19 @@ class CheapestFeasible:
 def _fix(on_time: list[Option], affordable: list[Option]) -> str:
     """The flags that would make the job feasible: a budget raise only where some option meets the deadline (to
     the cheapest of those), a later deadline only where some option fits the budget; both where neither does."""
-    fixes = [f"raise --budget to ${on_time[0].expected_cost_usd:,.2f}"] if on_time else []
-    # the earliest expected finish within the budget, to the next minute (the flag takes minutes): on-demand meets a
-    # deadline there; spot at the asked odds may need later, so "or later"
-    if affordable:
-        at = (affordable[0].expected_finish + timedelta(seconds=59)).replace(second=0, microsecond=0)
-        fixes.append(f"move --deadline to {at:%Y-%m-%dT%H:%MZ} or later")
+    fixes = [f"raise --budget to {_up_to_cent(on_time[0])}"] if on_time else []
+    if affordable:  # the money model's earliest finish within the budget; the broker moves it to its futures' odds
+        fixes.append(move_deadline_to(affordable[0].expected_finish))
     return " or ".join(fixes) if fixes else "move --deadline later and raise --budget"
+
+
+def _up_to_cent(option: Option) -> str:
+    """An option's cost as a budget that admits it: rounded up (a budget of the cost rounded down refused it again)."""
+    return f"${math.ceil(option.expected_cost_usd * 100) / 100:,.2f}"
+
+
+def move_deadline_to(at: datetime) -> str:
+    """The deadline fix, to the next minute (the flag takes minutes); "or later": spot at the asked odds may need
+    more time than the option that finishes first."""
+    at = (at + timedelta(seconds=59)).replace(second=0, microsecond=0)
+    return f"move --deadline to {at:%Y-%m-%dT%H:%MZ} or later"

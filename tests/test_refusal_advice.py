@@ -1,0 +1,62 @@
+"""What a refused job is told to change, checked against the quote it then gets."""
+
+import re
+from datetime import datetime
+
+import pytest
+from test_market_model import NOW, _offer, trace
+from test_quotes import _quote_spec
+
+from broker import planning
+from broker.core.broker import Broker
+from broker.core.clock import SimulatedClock
+from broker.domain.errors import InfeasibleError
+from broker.domain.jobspec import JobSpec
+from broker.pricing.availability import MarketModel
+from broker.sim.market import OfferBook
+
+
+@pytest.fixture(scope="module")
+def broker():
+    calm = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    return Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm)
+
+
+def _refusal(broker: Broker, spec: JobSpec) -> str:
+    with pytest.raises(InfeasibleError) as refused:
+        broker.quote(spec)
+    return str(refused.value)
+
+
+def test_the_deadline_a_refused_job_is_told_meets_the_odds_it_asked(broker):
+    """The money model's earliest finish is the speed estimate's: told that deadline, a job was quoted at P(meet)
+    0.34 with 0.95 asked. The deadline told is where the futures finish at the asked odds."""
+    spec = _quote_spec(3.0).model_copy(update={"budget_usd": 100.0})
+    message = _refusal(broker, spec)
+    told = re.search(r"move --deadline to (\S+) or later", message)
+    assert told and "its futures finish by then 0.95 of the time" in message, message
+    earliest = re.search(r"the earliest finish is (\S+ \S+) UTC", message)[1]
+    assert datetime.fromisoformat(told[1]) > datetime.fromisoformat(earliest + "+00:00")
+    quote = broker.quote(JobSpec(**{**spec.model_dump(exclude={"deadline"}), "deadline": told[1]}))
+    assert not quote.short_of_odds, quote.forecast.p_meet_deadline
+
+
+def test_the_budget_a_refused_job_is_told_is_enough(broker):
+    """Told the cost rounded to the cent, a job given that budget was refused again for a fraction of a cent."""
+    spec = _quote_spec(30.0).model_copy(update={"budget_usd": 1.0})
+    told = re.search(r"raise --budget to \$(\S+)$", _refusal(broker, spec))
+    assert told, _refusal(broker, spec)
+    assert broker.quote(spec.model_copy(update={"budget_usd": float(told[1])})).chosen.within_budget
+
+
+def test_a_job_that_starts_on_on_demand_lists_no_alternative_on_the_same_offer():
+    """The start on on-demand takes the baseline's offer for the chosen one: the alternatives listed it again."""
+    flaky = MarketModel.fit([trace("us-east-1a", [1] * 3 + [0] * 9, 300)])
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), flaky)
+    # 10 h of work in 13.5 h, half an hour to restore after each preemption: the reserve's start costs no more
+    quote = broker.quote(_quote_spec(13.5, restore_minutes=30.0).model_copy(update={"budget_usd": 100.0}))
+    assert quote.chosen.offer.tier.value == "on_demand", quote.forecast.evidence
+    assert quote.chosen.offer.id not in [o.offer.id for o in quote.alternatives]
+    assert [o.offer.tier.value for o in quote.alternatives] == ["spot"]  # the money model's choice heads them
