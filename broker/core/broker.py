@@ -13,7 +13,7 @@ from broker.core.hedging import MarketHedge
 from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import ODDS_NOISE, AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
 from broker.models.risk import fits, unmeasured_margin
-from broker.planning.cheapest import ALTERNATIVES, move_deadline_to
+from broker.planning.cheapest import ALTERNATIVES, move_deadline_to, raise_budget_to
 from broker.planning.uniform_progress import starts_on_demand
 from broker.pricing.availability import MarketModel, seen_counts
 from broker.pricing.catalog import PriceCatalog
@@ -106,7 +106,7 @@ class Broker:
         try:
             quote = self.policy.quote(spec, offers, now)
         except InfeasibleError as error:
-            raise _at_odds(error, spec, offers, market, now) from None
+            raise _told_by_futures(error, spec, market, getattr(self.policy, "rule", "greedy"), now) from None
         fleet = self._fleet(agents, now) if market is not None and self.store is not None else None
         places_by_rule = getattr(self.policy, "spot_while_in_time", False)
         started_on_demand = places_by_rule and _starts_on_demand(quote, spec, offers, now, fleet or Fleet())
@@ -226,21 +226,39 @@ class Broker:
 ODDS_TRADE = 0.02
 
 
-def _at_odds(
-    error: InfeasibleError, spec: JobSpec, offers: list[Offer], market: MarketModel | None, now: datetime
+def _told_by_futures(
+    error: InfeasibleError, spec: JobSpec, market: MarketModel | None, rule: str, now: datetime
 ) -> InfeasibleError:
-    """The refusal with its deadline fix moved to where the futures finish at the asked odds: the money model's
-    finish is the estimate's, and a job as slow as the speed's spread allows finishes later (a job quoted at the
-    money model's deadline read P(meet) 0.34 with 0.95 asked)."""
-    later = error.later
-    if later is None or market is None or spec.deadline is None:
+    """The refusal with its fixes read from the futures, not the money model's estimates: the deadline where the
+    option within the budget that finishes first finishes at the asked odds (told the estimate's finish, a job was
+    quoted at P(meet) 0.34 with 0.95 asked), and the budget its futures keep 9 times in 10 on the cheapest option in
+    time (told its expected cost, P(within budget) read 0.48)."""
+    if market is None:
         return error
-    alone = Quote(policy="", created_at=now, chosen=later, alternatives=[], on_demand_baseline=None)
-    at_odds = forecast(spec, alone, [later.offer], market, "greedy", now).finish_at_odds
-    if at_odds is None or at_odds <= later.expected_finish:
-        return error
-    told = str(error).replace(move_deadline_to(later.expected_finish), move_deadline_to(at_odds))
-    return InfeasibleError(f"{told} (its futures finish by then {spec.deadline_probability:.2f} of the time)", later)
+
+    def played(option: Option, deadline: datetime | None = spec.deadline) -> Forecast:
+        alone = Quote(policy="", created_at=now, chosen=option, alternatives=[], on_demand_baseline=None)
+        return forecast(spec.model_copy(update={"deadline": deadline}), alone, [option.offer], market, rule, now)
+
+    told = str(error)
+    if error.dearer is not None:
+        p90 = played(error.dearer).cost_p90_usd
+        if p90 > error.dearer.expected_cost_usd:
+            expected = raise_budget_to(error.dearer.expected_cost_usd)
+            covers = expected.removeprefix("raise --budget to ")
+            told = told.replace(
+                expected,
+                f"{raise_budget_to(p90)} (its futures cost that or less 9 times in 10; {covers} covers the expected "
+                "cost)",
+            )
+    if error.later is not None and spec.deadline is not None:
+        # played to a deadline twice as far as the estimate's finish, so the futures see past it (they stop at their
+        # window); the rule waits for spot longer there than at the deadline told, so the finish read is no earlier
+        at_odds = played(error.later, now + 2 * (error.later.expected_finish - now)).finish_at_odds
+        if at_odds is not None and at_odds > error.later.expected_finish:
+            told = told.replace(move_deadline_to(error.later.expected_finish), move_deadline_to(at_odds))
+            told += f" (its futures finish by then {spec.deadline_probability:.2f} of the time)"
+    return InfeasibleError(told, error.later, error.dearer)
 
 
 def _on_demand_start(quote: Quote) -> Quote:

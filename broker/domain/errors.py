@@ -10,12 +10,13 @@ class SpecError(BrokerError):
 
 
 class InfeasibleError(BrokerError):
-    """No offer meets the job's deadline and budget. `later`: where a later deadline is a fix, the option within the
-    budget that finishes first (the broker says by when its futures finish at the asked odds)."""
+    """No offer meets the job's deadline and budget. Where a later deadline is a fix, `later` is the option within the
+    budget that finishes first; where a larger budget is, `dearer` is the cheapest option in time (the broker reads
+    both fixes from their futures)."""
 
-    def __init__(self, message: str, later=None):
+    def __init__(self, message: str, later=None, dearer=None):
         super().__init__(message)
-        self.later = later
+        self.later, self.dearer = later, dearer
 
 
 class NotFoundError(BrokerError):

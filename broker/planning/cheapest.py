@@ -108,7 +108,8 @@ class CheapestFeasible:
         feasible = [o for o in options if o.feasible]
         if not feasible:
             later = min((o for o in options if o.within_budget), key=lambda o: o.expected_finish, default=None)
-            raise InfeasibleError(self._why_infeasible(spec, options), later)
+            dearer = next((o for o in options if o.meets_deadline), None)  # options come cheapest first
+            raise InfeasibleError(self._why_infeasible(spec, options), later, dearer)
         chosen = feasible[0]
         alternatives, seen = [], {_shape(chosen)}
         for option in feasible[1:]:
@@ -135,7 +136,9 @@ class CheapestFeasible:
         parts = []
         if on_time:
             best = on_time[0]
-            parts.append(f"cheapest option meeting the deadline is {_where(best)} at {_up_to_cent(best)}")
+            parts.append(
+                f"cheapest option meeting the deadline is {_where(best)} at {_up_to_cent(best.expected_cost_usd)}"
+            )
         else:
             fastest = min(options, key=lambda o: o.expected_finish)
             parts.append(
@@ -158,15 +161,20 @@ class CheapestFeasible:
 def _fix(on_time: list[Option], affordable: list[Option]) -> str:
     """The flags that would make the job feasible: a budget raise only where some option meets the deadline (to
     the cheapest of those), a later deadline only where some option fits the budget; both where neither does."""
-    fixes = [f"raise --budget to {_up_to_cent(on_time[0])}"] if on_time else []
+    fixes = [raise_budget_to(on_time[0].expected_cost_usd)] if on_time else []
     if affordable:  # the money model's earliest finish within the budget; the broker moves it to its futures' odds
         fixes.append(move_deadline_to(affordable[0].expected_finish))
     return " or ".join(fixes) if fixes else "move --deadline later and raise --budget"
 
 
-def _up_to_cent(option: Option) -> str:
-    """An option's cost as a budget that admits it: rounded up (a budget of the cost rounded down refused it again)."""
-    return f"${math.ceil(option.expected_cost_usd * 100) / 100:,.2f}"
+def _up_to_cent(usd: float) -> str:
+    """A cost as a budget that admits it: rounded up (a budget of the cost rounded down refused it again)."""
+    return f"${math.ceil(usd * 100) / 100:,.2f}"
+
+
+def raise_budget_to(usd: float) -> str:
+    """The budget fix."""
+    return f"raise --budget to {_up_to_cent(usd)}"
 
 
 def move_deadline_to(at: datetime) -> str:
