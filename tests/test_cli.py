@@ -381,3 +381,17 @@ def test_help_wraps_each_command_to_the_terminal_not_at_the_docstrings_line_brea
     for start in commands:
         end = next(i for i in range(start + 1, len(lines) + 1) if i == len(lines) or lines[i][:1].strip())
         assert end - start >= 2 and all(len(line) > 75 for line in lines[start : end - 1]), lines[start:end]
+
+
+def test_every_help_at_80_columns_shows_its_text_whole():
+    """A help column too narrow for a word cut it with an ellipsis (`agents provision`'s "infra/terraform/poo…")."""
+    from typer.main import get_command
+
+    def commands(group, path):
+        yield path
+        for name, command in getattr(group, "commands", {}).items():
+            yield from commands(command, [*path, name])
+
+    for path in commands(get_command(app), []):
+        shown = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80"}).stdout
+        assert "…" not in shown, (path, shown)

@@ -64,7 +64,12 @@ def agents_provision(
     plan: bool = typer.Option(
         True, "--plan/--apply", help="--plan writes the Terraform roots; --apply also runs terraform."
     ),
-    pools_dir: Path = typer.Option(POOLS_DIR, "--out", help="Where the pools' Terraform roots go."),
+    pools_dir: Path = typer.Option(  # the default in words: at 80 columns its path was cut to "infra/terraform/poo…"
+        POOLS_DIR,
+        "--out",
+        show_default=False,
+        help=f"Where the pools' Terraform roots go: {POOLS_DIR.name}/ under {POOLS_DIR.parent} by default.",
+    ),
     yes: bool = typer.Option(False, "--yes", help="With --apply: create the instances without asking first."),
     token_ttl_hours: float = typer.Option(
         168.0, min=0.1, help="Life of each pool's registration token (issued when BROKER_AGENT_SECRET is set)."
