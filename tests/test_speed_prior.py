@@ -192,3 +192,16 @@ def test_a_demos_copied_jobs_teach_the_quotes_nothing(store):
     for job in slow:
         store.add_job(job)
     assert broker.quote(spec).forecast.cost_p50_usd > 1.5 * before.cost_p50_usd  # half the estimated speed
+
+
+def test_the_reserve_is_weighed_on_the_on_demand_offer_the_guard_measures_progress_by():
+    """The live guard measures a job's progress on its quote's on-demand baseline (PlanItem.from_job). The quote
+    asked whether the window held the reserve on the fastest on-demand offer instead: with one twice as fast (and
+    three times dearer) it never weighed a start on on-demand, and the job never measured its speed on spot."""
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    fast = _offer("us-east-1y", "on_demand", 9.0).model_copy(update={"speed_factor": 2.0, "instance_type": "p3.fast"})
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06), fast]
+    broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model)
+    quote = broker.quote(_quote_spec(13.0).model_copy(update={"budget_usd": 100.0}))  # 10 h of work on the baseline
+    assert quote.on_demand_baseline.offer == offers[1]
+    assert quote.measures_on_spot or quote.chosen.offer == offers[1], quote.forecast.evidence  # the reserve weighed

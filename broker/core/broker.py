@@ -305,4 +305,6 @@ def _starts_on_demand(quote: Quote, spec: JobSpec, offers: list[Offer], now: dat
     if quote.on_demand_baseline is None or quote.chosen.offer.tier == Tier.on_demand:
         return False
     prior = fleet.speed_prior(spec)
-    return starts_on_demand(spec, offers, now, unmeasured_margin(prior.sigma, spec.deadline_probability), prior.median)
+    unsure = unmeasured_margin(prior.sigma, spec.deadline_probability)
+    # the guard measures progress on the baseline's hours (PlanItem.from_job), not on the fastest on-demand offer's
+    return starts_on_demand(spec, offers, now, unsure, prior.median, quote.on_demand_baseline.exclusive_h)

@@ -161,11 +161,20 @@ def progress_on(item: PlanItem, offers: list[Offer], now: datetime) -> Progress 
     return progress_of(item, on_demand_h, item.submitted_at or now, now)
 
 
-def starts_on_demand(spec: JobSpec, offers: list[Offer], now: datetime, unsure: float, speed: float = 1.0) -> bool:
+def starts_on_demand(
+    spec: JobSpec,
+    offers: list[Offer],
+    now: datetime,
+    unsure: float,
+    speed: float = 1.0,
+    on_demand_h: float | None = None,
+) -> bool:
     """Whether the rule puts a new job on on-demand at once, whatever spot there is: its window does not hold the
     safety net with the reserve (`unsure`, PlanItem.unsure) for a speed not yet measured (expected at `speed` over
-    the estimate). A quote then says so: the spot offer the money model chose is not where the job will start."""
-    item = PlanItem(id=spec.name, spec=spec, submitted_at=now, unsure=unsure, speed=speed)
+    the estimate), the work taking `on_demand_h` at the estimate on the on-demand offer it is quoted against (else
+    on the fastest of `offers`). A quote then says so: the spot offer the money model chose is not where it starts."""
+    od_h = on_demand_h / speed if on_demand_h is not None else None
+    item = PlanItem(id=spec.name, spec=spec, submitted_at=now, unsure=unsure, speed=speed, on_demand_h=od_h)
     progress = progress_on(item, [o for o in offers if fits(spec, o)], now)
     return progress is not None and decide(progress, None, spot_available=True) == Move.on_demand
 
