@@ -95,6 +95,8 @@ def quote_table(quote: Quote, title: str) -> Fitted:
             when(f.finish_p50 if f and f.finish_p50 else option.expected_finish),
         )
     notes = [short_of_odds(quote)] if quote.short_of_odds else []
+    if quote.forecast is not None and quote.forecast.p_within_budget < 0.5:
+        notes.append(over_budget(quote.forecast))
     if quote.forecast is not None:
         note = "time, cost and finish are the futures' medians, P(meet) their odds"
         if any(o.forecast is None for o in quote.alternatives):  # a quote made without them (a backtest's)
@@ -137,6 +139,15 @@ def short_of_odds(quote: Quote) -> str:
     return (
         f"[yellow]P(meet deadline) {f.p_meet_deadline:.2f} is below the {asked:.2f} asked[/]: the futures finish "
         f"{by} that often; move --deadline there, or lower deadline_probability"
+    )
+
+
+def over_budget(f) -> str:
+    """The warning for a quote whose futures cost more than the budget more often than not (the money model
+    admits an option whose expected cost is within it), and the budget 9 in 10 of them keep."""
+    return (
+        f"[yellow]P(within budget) {f.p_within_budget:.2f}[/]: the futures cost more than the budget"
+        f" {1 - f.p_within_budget:.0%} of the time; raise --budget to {_money(f.cost_p90_usd)} for 9 in 10"
     )
 
 

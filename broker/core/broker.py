@@ -106,7 +106,7 @@ class Broker:
         try:
             quote = self.policy.quote(spec, offers, now)
         except InfeasibleError as error:
-            raise _told_by_futures(error, spec, market, getattr(self.policy, "rule", "greedy"), now) from None
+            raise self._told_by_futures(error, spec, agents, market, now) from None
         fleet = self._fleet(agents, now) if market is not None and self.store is not None else None
         places_by_rule = getattr(self.policy, "spot_while_in_time", False)
         started_on_demand = places_by_rule and _starts_on_demand(quote, spec, offers, now, fleet or Fleet())
@@ -156,6 +156,36 @@ class Broker:
                 for o in quote.alternatives
             ]
         return quote.model_copy(update=update)
+
+    def _told_by_futures(
+        self, error: InfeasibleError, spec: JobSpec, agents: list[AgentInfo], market: MarketModel | None, now: datetime
+    ) -> InfeasibleError:
+        """The refusal with its fixes read from the futures, not the money model's estimates: the budget 9 in 10 of
+        the futures keep where the job is quoted without one (told its expected cost, P(within budget) read 0.48),
+        and the deadline by which the option within the budget that finishes first finishes at the asked odds (told
+        the estimate's finish, a job was quoted at P(meet) 0.34 with 0.95 asked)."""
+        if market is None:
+            return error
+        told = str(error)
+        if error.dearer is not None:  # the quote the job gets with budget enough: the cheapest option in time
+            p90 = self.quote(spec.model_copy(update={"budget_usd": None}), agents).forecast.cost_p90_usd
+            expected = raise_budget_to(error.dearer.expected_cost_usd)
+            if p90 > error.dearer.expected_cost_usd:
+                covers = expected.removeprefix("raise --budget to ")
+                said = f"{raise_budget_to(p90)} (its futures cost that or less 9 times in 10; {covers} covers the"
+                told = told.replace(expected, f"{said} expected cost)")
+        if error.later is not None and spec.deadline is not None:
+            # played alone to a deadline twice as far as the estimate's finish, so the futures see past it (they
+            # stop at their window); the rule waits for spot longer there than at the deadline told: no earlier
+            later = error.later
+            alone = Quote(policy="", created_at=now, chosen=later, alternatives=[], on_demand_baseline=None)
+            far = spec.model_copy(update={"deadline": now + 2 * (later.expected_finish - now)})
+            rule = getattr(self.policy, "rule", "greedy")
+            at_odds = forecast(far, alone, [later.offer], market, rule, now).finish_at_odds
+            if at_odds is not None and at_odds > later.expected_finish:
+                told = told.replace(move_deadline_to(later.expected_finish), move_deadline_to(at_odds))
+                told += f" (its futures finish by then {spec.deadline_probability:.2f} of the time)"
+        return InfeasibleError(told, error.later, error.dearer)
 
     def outlook(self, job: Job) -> Forecast | None:
         """What a job under way may still cost in all and when it may finish: its quote played again by the policy's
@@ -224,41 +254,6 @@ class Broker:
 # (or when it costs no more): bench/cost.py's default 0.8% less at the same 16 misses (none avoidable), 36 more spot
 # starts; bench/forecast.py's 2.0% less with one avoidable miss in 480 jobs (bench/results/cost.md)
 ODDS_TRADE = 0.02
-
-
-def _told_by_futures(
-    error: InfeasibleError, spec: JobSpec, market: MarketModel | None, rule: str, now: datetime
-) -> InfeasibleError:
-    """The refusal with its fixes read from the futures, not the money model's estimates: the deadline where the
-    option within the budget that finishes first finishes at the asked odds (told the estimate's finish, a job was
-    quoted at P(meet) 0.34 with 0.95 asked), and the budget its futures keep 9 times in 10 on the cheapest option in
-    time (told its expected cost, P(within budget) read 0.48)."""
-    if market is None:
-        return error
-
-    def played(option: Option, deadline: datetime | None = spec.deadline) -> Forecast:
-        alone = Quote(policy="", created_at=now, chosen=option, alternatives=[], on_demand_baseline=None)
-        return forecast(spec.model_copy(update={"deadline": deadline}), alone, [option.offer], market, rule, now)
-
-    told = str(error)
-    if error.dearer is not None:
-        p90 = played(error.dearer).cost_p90_usd
-        if p90 > error.dearer.expected_cost_usd:
-            expected = raise_budget_to(error.dearer.expected_cost_usd)
-            covers = expected.removeprefix("raise --budget to ")
-            told = told.replace(
-                expected,
-                f"{raise_budget_to(p90)} (its futures cost that or less 9 times in 10; {covers} covers the expected "
-                "cost)",
-            )
-    if error.later is not None and spec.deadline is not None:
-        # played to a deadline twice as far as the estimate's finish, so the futures see past it (they stop at their
-        # window); the rule waits for spot longer there than at the deadline told, so the finish read is no earlier
-        at_odds = played(error.later, now + 2 * (error.later.expected_finish - now)).finish_at_odds
-        if at_odds is not None and at_odds > error.later.expected_finish:
-            told = told.replace(move_deadline_to(error.later.expected_finish), move_deadline_to(at_odds))
-            told += f" (its futures finish by then {spec.deadline_probability:.2f} of the time)"
-    return InfeasibleError(told, error.later, error.dearer)
 
 
 def _on_demand_start(quote: Quote) -> Quote:
