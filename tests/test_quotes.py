@@ -88,9 +88,7 @@ def test_a_quote_names_where_the_rule_starts_the_job_and_warns_when_the_odds_fal
     assert not roomy.short_of_odds and roomy.forecast.finish_at_odds <= NOW + timedelta(hours=30.0)
     assert not tight.forecast.measures_on_spot and not roomy.forecast.measures_on_spot
     # a user's quote plays each alternative on its own offer too: the money model called spot certain
-    told = Broker(
-        None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), choppy, forecast_alternatives=True
-    )
+    told = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), choppy, explained=True)
     alt = told.quote(_quote_spec(14.0, restore_minutes=30.0).model_copy(update={"budget_usd": None})).alternatives[0]
     assert tight.alternatives[0].forecast is None and alt.offer == offers[0]  # backtests show none: not played
     assert alt.p_meet_deadline > 0.99 and alt.forecast.p_meet_deadline < 0.945 and alt.forecast.spot_share > 0.5
@@ -390,9 +388,7 @@ def test_each_alternative_is_played_on_its_own_offer_not_started_where_the_chose
     dear = _offer("us-east-1b", price=1.8).model_copy(update={"instance_type": "p3.2xlarge-b"})  # another shape
     offers = [cheap, dear, _offer("us-east-1z", "on_demand", 3.06)]
     calm = MarketModel.fit([trace(z, [1] * 300 + [0] * 1, 20) for z in ("us-east-1a", "us-east-1b")])
-    broker = Broker(
-        None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm, forecast_alternatives=True
-    )
+    broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm, explained=True)
     quote = broker.quote(_quote_spec(30.0).model_copy(update={"budget_usd": None}))
     alt = next(o for o in quote.alternatives if o.offer == dear)
     assert quote.chosen.offer == cheap and alt.forecast.zones == [dear.id]

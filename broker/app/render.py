@@ -95,7 +95,7 @@ def quote_table(quote: Quote, title: str) -> Fitted:
             when(f.finish_p50 if f and f.finish_p50 else option.expected_finish),
         )
     notes = [short_of_odds(quote)] if quote.short_of_odds else []
-    if quote.forecast is not None and quote.forecast.p_within_budget < 0.5:
+    if quote.over_budget:
         notes.append(over_budget(quote.forecast))
     if quote.forecast is not None:
         note = "time, cost and finish are the futures' medians, P(meet) their odds"

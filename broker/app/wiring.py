@@ -54,7 +54,7 @@ def make_broker(with_store: bool = True, live: bool = False, daemon: bool = Fals
     store = store_for(settings, daemon, say) if with_store else None
     catalog = live_catalog(store, settings) if store and live else PriceCatalog.from_snapshot(settings.prices_dir)
     policy = planning.get(settings.policy, **settings.policy_options())
-    return Broker(store, catalog, policy, SystemClock(), market_model, forecast_alternatives=True)
+    return Broker(store, catalog, policy, SystemClock(), market_model, explained=True)
 
 
 def make_server(

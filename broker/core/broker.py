@@ -10,10 +10,11 @@ from functools import cached_property
 from broker.core.fleet import Fleet
 from broker.core.forecast import FUTURES, Underway, forecast
 from broker.core.hedging import MarketHedge
+from broker.core.refusals import told_by_futures
 from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import ODDS_NOISE, AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
 from broker.models.risk import fits, unmeasured_margin
-from broker.planning.cheapest import ALTERNATIVES, move_deadline_to, raise_budget_to
+from broker.planning.cheapest import ALTERNATIVES
 from broker.planning.uniform_progress import starts_on_demand
 from broker.pricing.availability import MarketModel, seen_counts
 from broker.pricing.catalog import PriceCatalog
@@ -36,15 +37,16 @@ class Broker:
         policy,
         clock,
         market: MarketModel | Callable[[], MarketModel] | None = None,
-        forecast_alternatives: bool = False,
+        explained: bool = False,
     ):
         self.store = store
         self.catalog = catalog
         self.policy = policy
         self.clock = clock
         self._market = market  # when given, quotes carry a forecast: the choice simulated on its futures
-        # the alternatives too, each run on its own offer (what a user weighs them by; backtests never show them)
-        self.forecast_alternatives = forecast_alternatives
+        # quotes a person reads: the alternatives simulated too, each on its own offer (what a user weighs them by),
+        # and a refusal's fixes read from the quotes they lead to (core/refusals.py); backtests never show them
+        self.explained = explained
         self._recent: tuple[datetime, MarketModel] | None = None  # (when learned, the model with our spells)
         self.hedges = MarketHedge(self.market_now, lambda: self.catalog.offers) if market is not None else None
         if self.hedges and getattr(policy, "hedge", False) is None:  # a policy that decides from the market
@@ -98,15 +100,20 @@ class Broker:
         model's futures, against the other jobs for the fleet's capacity, and the on-demand baseline at the same
         spread of speeds (what the savings are against); raises InfeasibleError when none fits. `agents`: the
         working agents, when the caller read them already."""
-        now = self.clock.now()
         if agents is None:
             agents = self.store.working_agents() if self.store is not None else []
+        return self._quote(spec, agents, self.explained)
+
+    def _quote(self, spec: JobSpec, agents: list[AgentInfo], explained: bool) -> Quote:
+        now = self.clock.now()
         offers = self.offers(agents)
         market = self.market_now()
         try:
             quote = self.policy.quote(spec, offers, now)
         except InfeasibleError as error:
-            raise self._told_by_futures(error, spec, agents, market, now) from None
+            if not explained or market is None:
+                raise
+            raise told_by_futures(error, spec, now, lambda asked: self._quote(asked, agents, False)) from None
         fleet = self._fleet(agents, now) if market is not None and self.store is not None else None
         places_by_rule = getattr(self.policy, "spot_while_in_time", False)
         started_on_demand = places_by_rule and _starts_on_demand(quote, spec, offers, now, fleet or Fleet())
@@ -149,43 +156,13 @@ class Broker:
         baseline = quote.on_demand_baseline
         if baseline is not None:  # no market randomness there: only the speed's (cheap)
             update["on_demand_baseline"] = baseline.model_copy(update={"forecast": simulated(baseline)})
-        if self.forecast_alternatives:  # each on its own offer and fallback, not placed by the rule's zones: among
+        if explained:  # each on its own offer and fallback, not placed by the rule's zones: among
             # them all the rule would start each where it starts the chosen one, and every row would read the same
             update["alternatives"] = [
                 o.model_copy(update={"forecast": simulated(o, futures=ALTERNATIVE_FUTURES, alone=True)})
                 for o in quote.alternatives
             ]
         return quote.model_copy(update=update)
-
-    def _told_by_futures(
-        self, error: InfeasibleError, spec: JobSpec, agents: list[AgentInfo], market: MarketModel | None, now: datetime
-    ) -> InfeasibleError:
-        """The refusal with its fixes read from the futures, not the money model's estimates: the budget 9 in 10 of
-        the futures keep where the job is quoted without one (told its expected cost, P(within budget) read 0.48),
-        and the deadline by which the option within the budget that finishes first finishes at the asked odds (told
-        the estimate's finish, a job was quoted at P(meet) 0.34 with 0.95 asked)."""
-        if market is None:
-            return error
-        told = str(error)
-        if error.dearer is not None:  # the quote the job gets with budget enough: the cheapest option in time
-            p90 = self.quote(spec.model_copy(update={"budget_usd": None}), agents).forecast.cost_p90_usd
-            expected = raise_budget_to(error.dearer.expected_cost_usd)
-            if p90 > error.dearer.expected_cost_usd:
-                covers = expected.removeprefix("raise --budget to ")
-                said = f"{raise_budget_to(p90)} (its futures cost that or less 9 times in 10; {covers} covers the"
-                told = told.replace(expected, f"{said} expected cost)")
-        if error.later is not None and spec.deadline is not None:
-            # played alone to a deadline twice as far as the estimate's finish, so the futures see past it (they
-            # stop at their window); the rule waits for spot longer there than at the deadline told: no earlier
-            later = error.later
-            alone = Quote(policy="", created_at=now, chosen=later, alternatives=[], on_demand_baseline=None)
-            far = spec.model_copy(update={"deadline": now + 2 * (later.expected_finish - now)})
-            rule = getattr(self.policy, "rule", "greedy")
-            at_odds = forecast(far, alone, [later.offer], market, rule, now).finish_at_odds
-            if at_odds is not None and at_odds > later.expected_finish:
-                told = told.replace(move_deadline_to(later.expected_finish), move_deadline_to(at_odds))
-                told += f" (its futures finish by then {spec.deadline_probability:.2f} of the time)"
-        return InfeasibleError(told, error.later, error.dearer)
 
     def outlook(self, job: Job) -> Forecast | None:
         """What a job under way may still cost in all and when it may finish: its quote played again by the policy's

@@ -163,6 +163,12 @@ class Quote(BaseModel):
         return self.forecast is not None and asked is not None and self.forecast.p_meet_deadline < asked - ODDS_NOISE
 
     @property
+    def over_budget(self) -> bool:
+        """Whether more of the forecast's futures cost more than the budget than keep it (the money model admits an
+        option whose expected cost is within it)."""
+        return self.forecast is not None and self.forecast.p_within_budget < 0.5
+
+    @property
     def measures_on_spot(self) -> bool:
         """Whether the deadline's odds hold with the speed measured on spot (Forecast.measures_on_spot)."""
         return self.forecast is not None and self.forecast.measures_on_spot
