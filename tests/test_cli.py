@@ -395,3 +395,10 @@ def test_every_help_at_80_columns_shows_its_text_whole():
     for path in commands(get_command(app), []):
         shown = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80"}).stdout
         assert "…" not in shown, (path, shown)
+
+
+def test_logs_of_a_job_that_never_ran_says_so_not_that_it_has_not_yet(env, tmp_path):
+    job = json.loads(run("submit", job_file(tmp_path), "--json").stdout)["job"]
+    assert "it has not run yet" in run("logs", job).stdout  # queued: it may still
+    run("cancel", job)
+    assert "no output from" in run("logs", job).stdout and "it never ran" in run("logs", job).stdout

@@ -128,7 +128,7 @@ def logs(
             break
         time.sleep(0.5)
     if not follower.lines:
-        why = "it has not run yet" if not job.runs else "its agents sent no output"
+        why = "its agents sent no output" if job.runs else "it never ran" if ended else "it has not run yet"
         out.print(f"no output from {job.id} ({job.state.value}): {why}")
 
 
