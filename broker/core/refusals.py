@@ -20,7 +20,7 @@ def told_by_futures(
 ) -> InfeasibleError:
     """The refusal with its fixes moved to where `quote` (the broker's, without alternatives or advice) holds: the
     budget 9 in 10 of the futures keep where the job is quoted with budget enough, and the earliest deadline at
-    which the quote meets the asked odds. A fix no quote bears out stays the money model's."""
+    which the quote meets the asked odds within the budget (where none does, the job is not told to move it)."""
     told = str(error)
     if error.dearer is not None:  # with budget enough the job is quoted on the cheapest option in time
         p90 = quote(spec.model_copy(update={"budget_usd": None})).forecast.cost_p90_usd
@@ -51,10 +51,9 @@ def earliest_deadline(
     spec: JobSpec, finish: datetime, now: datetime, quote: Callable[[JobSpec], Quote]
 ) -> datetime | None:
     """The earliest deadline, to DEADLINE_STEP, at which the job is quoted at the asked odds and within its budget
-    more often than not (a quote with neither warning), looked for from the
-    money model's earliest `finish` within the budget (None: none within 2**DOUBLINGS times its time from `now`).
-    The odds grow with the deadline: its time is doubled until one holds, then halved between the last that did
-    not and it."""
+    more often than not (a quote with neither warning), looked for from the money model's earliest `finish` within
+    the budget (None: none within 2**DOUBLINGS times its time from `now`). The odds grow with the deadline: its time
+    is doubled until one holds, then halved between the last that did not and it."""
 
     def holds(at: datetime) -> bool:
         try:
