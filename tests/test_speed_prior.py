@@ -194,14 +194,19 @@ def test_a_demos_copied_jobs_teach_the_quotes_nothing(store):
     assert broker.quote(spec).forecast.cost_p50_usd > 1.5 * before.cost_p50_usd  # half the estimated speed
 
 
-def test_the_reserve_is_weighed_on_the_on_demand_offer_the_guard_measures_progress_by():
-    """The live guard measures a job's progress on its quote's on-demand baseline (PlanItem.from_job). The quote
-    asked whether the window held the reserve on the fastest on-demand offer instead: with one twice as fast (and
-    three times dearer) it never weighed a start on on-demand, and the job never measured its speed on spot."""
+def test_a_job_falls_back_to_an_on_demand_offer_whose_window_holds_the_reserve_for_its_speed():
+    """The guard measures a job's progress on its quote's on-demand baseline, and the futures fall back to it. The
+    money model's baseline, the cheapest on-demand offer meeting the deadline at the estimated speed, took 10 h of a
+    13 h window: no room for the reserve of a speed not yet measured, so the job was sent to on-demand at once
+    (where a slower speed misses). An offer twice as fast holds it: it is the baseline, and the job runs on spot."""
     model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
     fast = _offer("us-east-1y", "on_demand", 9.0).model_copy(update={"speed_factor": 2.0, "instance_type": "p3.fast"})
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06), fast]
     broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model)
-    quote = broker.quote(_quote_spec(13.0).model_copy(update={"budget_usd": 100.0}))  # 10 h of work on the baseline
-    assert quote.on_demand_baseline.offer == offers[1]
-    assert quote.measures_on_spot or quote.chosen.offer == offers[1], quote.forecast.evidence  # the reserve weighed
+    quote = broker.quote(_quote_spec(13.0).model_copy(update={"budget_usd": 100.0}))  # 10 h of work on the slow one
+    assert quote.on_demand_baseline.offer == fast and quote.chosen.offer == offers[0]
+    assert quote.forecast.spot_share > 0.9 and not quote.short_of_odds, quote.forecast
+    slow_only = Broker(None, OfferBook(offers[:2]), planning.get("hedge"), SimulatedClock(NOW), model)
+    held = slow_only.quote(_quote_spec(13.0).model_copy(update={"budget_usd": 100.0}))
+    assert held.on_demand_baseline.offer == offers[1]  # none faster: the reserve's start is weighed there
+    assert held.measures_on_spot or held.chosen.offer == offers[1], held.forecast.evidence

@@ -210,6 +210,20 @@ def test_the_policy_places_on_spot_when_available_and_waits_when_ahead():
     assert UniformProgress().plan([tight], [spot, od], {spot.id: 0}, NOW).assignments == {"t": od.id}
 
 
+@pytest.mark.parametrize("name", ["uniform-progress", "hedge"])
+@pytest.mark.parametrize("deadline, takes", [("+11h", "fast"), ("+40h", "slow")])
+def test_a_job_sent_to_on_demand_runs_on_the_cheapest_that_finishes_it_in_time(name, deadline, takes):
+    """It ran on the cheapest on-demand offer whatever its speed: with 10 h of work on the slow one, a third more
+    for a speed not yet measured, and 11 h to go, it could miss there: the fast one. With 40 h to go, the cheapest."""
+    slow, fast = offer("s", Tier.on_demand, 3.0), offer("f", Tier.on_demand, 8.0)
+    fast = fast.model_copy(update={"speed_factor": 2.0, "instance_type": "fast"})
+    spec = make_spec(work={"gpu_hours": 10}, deadline=deadline)
+    fast_h = UniformProgress().options(spec, [fast], NOW)[0].exclusive_h
+    item = PlanItem("j", spec, submitted_at=NOW - timedelta(hours=1), on_demand_h=fast_h, unsure=0.3)
+    plan = planning.get(name).plan([item], [slow, fast], {}, NOW)
+    assert plan.assignments == {"j": {"fast": fast.id, "slow": slow.id}[takes]}
+
+
 def test_a_round_without_an_idle_on_demand_agent_measures_the_work_on_the_quoted_on_demand_offer():
     """A round's offers are its idle agents'. With none on on-demand, the work left is still the job's on-demand
     hours as quoted (as the guard measures it), not endless: a job inside the safety net waits for on-demand

@@ -13,7 +13,7 @@ from broker.core.hedging import MarketHedge
 from broker.core.refusals import told_by_futures
 from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import ODDS_NOISE, AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
-from broker.models.risk import fits, unmeasured_margin
+from broker.models.risk import evaluate, fits, unmeasured_margin
 from broker.planning.cheapest import ALTERNATIVES
 from broker.planning.uniform_progress import starts_on_demand
 from broker.pricing.availability import MarketModel, seen_counts
@@ -116,6 +116,8 @@ class Broker:
             raise told_by_futures(error, spec, now, lambda asked: self._quote(asked, agents, False)) from None
         fleet = self._fleet(agents, now) if market is not None and self.store is not None else None
         places_by_rule = getattr(self.policy, "spot_while_in_time", False)
+        if places_by_rule:
+            quote = _baseline_with_reserve(quote, spec, offers, now, fleet or Fleet())
         started_on_demand = places_by_rule and _starts_on_demand(quote, spec, offers, now, fleet or Fleet())
         if market is None:
             return _on_demand_start(quote) if started_on_demand else quote
@@ -269,6 +271,30 @@ def _spot_start_note(on_spot: Forecast, reserved: Forecast) -> str:
     return said + (f": a deadline_probability of {at_most:.2f} or less starts it there)" if at_most > 0 else ")")
 
 
+def _baseline_with_reserve(quote: Quote, spec: JobSpec, offers: list[Offer], now: datetime, fleet: Fleet) -> Quote:
+    """The quote with the cheapest on-demand offer whose window holds the reserve for a speed not yet measured as its
+    baseline, where the money model's (the cheapest that meets the deadline at the estimated speed) does not and
+    another does. The guard measures the job's progress on the baseline and the futures fall back to it: an L4 with
+    its work taking nearly the whole window sent the job to on-demand at once and met the deadline 0.55 of the time,
+    where an A100 held the reserve and let it run on spot at 1.00."""
+    baseline = quote.on_demand_baseline
+    if baseline is None or spec.deadline is None or _holds_reserve(baseline, spec, offers, now, fleet):
+        return quote
+    on_demand = (evaluate(spec, o, now) for o in offers if o.tier == Tier.on_demand and fits(spec, o))
+    for option in sorted(on_demand, key=lambda o: o.expected_cost_usd):
+        if _holds_reserve(option, spec, offers, now, fleet):
+            return quote.model_copy(update={"on_demand_baseline": option})
+    return quote
+
+
+def _holds_reserve(baseline: Option, spec: JobSpec, offers: list[Offer], now: datetime, fleet: Fleet) -> bool:
+    """Whether the job's window holds the safety net with the reserve for a speed not yet measured, its progress
+    measured on `baseline`'s hours as the guard measures it (PlanItem.from_job)."""
+    prior = fleet.speed_prior(spec)
+    unsure = unmeasured_margin(prior.sigma, spec.deadline_probability)
+    return not starts_on_demand(spec, offers, now, unsure, prior.median, baseline.exclusive_h)
+
+
 def _starts_on_demand(quote: Quote, spec: JobSpec, offers: list[Offer], now: datetime, fleet: Fleet) -> bool:
     """Whether a policy that places by its rule starts the job on on-demand, whatever the money model chose: its
     window does not hold the reserve for a speed not yet measured (uniform_progress.starts_on_demand). Its quote
@@ -276,7 +302,4 @@ def _starts_on_demand(quote: Quote, spec: JobSpec, offers: list[Offer], now: dat
     the job will run."""
     if quote.on_demand_baseline is None or quote.chosen.offer.tier == Tier.on_demand:
         return False
-    prior = fleet.speed_prior(spec)
-    unsure = unmeasured_margin(prior.sigma, spec.deadline_probability)
-    # the guard measures progress on the baseline's hours (PlanItem.from_job), not on the fastest on-demand offer's
-    return starts_on_demand(spec, offers, now, unsure, prior.median, quote.on_demand_baseline.exclusive_h)
+    return not _holds_reserve(quote.on_demand_baseline, spec, offers, now, fleet)

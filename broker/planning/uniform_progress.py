@@ -148,6 +148,20 @@ def spot_in_time(item: PlanItem, offers: list[Offer], progress: Progress | None)
     return sorted(offers, key=lambda o: (o.price_usd_per_h * hours[o.id], o.price_usd_per_h, hours[o.id]))
 
 
+def on_demand_in_time(item: PlanItem, offers: list[Offer], progress: Progress | None, now: datetime) -> Offer:
+    """The on-demand offer a job the rule sends there runs on: the cheapest (expected cost, its input's move too) of
+    those that do its work left, with the reserve for a speed not yet measured, in the time left; none doing so (or
+    a lost deadline run soonest): the fastest. The cheapest whatever its speed sent a job whose progress is measured
+    on an A100 to an L4 2.5 times slower, where it missed. A lost deadline run cheapest takes the cheapest."""
+    hours = {o.id: item.remaining * exclusive_hours(item.spec, o) / item.speed * (1 + item.unsure) for o in offers}
+    fastest = min(offers, key=lambda o: (hours[o.id], o.price_usd_per_h))
+    if progress is not None and not progress.runs_cheapest(None):
+        offers = [o for o in offers if hours[o.id] <= progress.window_h - progress.elapsed_h - progress.changeover_h]
+    if not offers:
+        return fastest
+    return min((evaluate(item.spec, o, now, item.remaining) for o in offers), key=lambda o: o.expected_cost_usd).offer
+
+
 def progress_on(item: PlanItem, offers: list[Offer], now: datetime) -> Progress | None:
     """The job's Progress with its work on the on-demand offer it was quoted against (`on_demand_h`, as the guard
     measures it), else on the fastest of the on-demand `offers`; None without a deadline. A round's offers are its
@@ -215,7 +229,7 @@ class UniformProgress(CheapestFeasible):
             if move == Move.spot and spot:
                 chosen = spot[0]
             elif move == Move.on_demand and od:  # priced only when chosen: most jobs take spot or wait
-                chosen = min((evaluate(item.spec, o, now) for o in od), key=lambda o: o.expected_cost_usd).offer
+                chosen = on_demand_in_time(item, od, progress, now)
             else:
                 plan.unplaced[item.id] = Unplaced.capacity if move != Move.wait else Unplaced.waiting
                 continue
