@@ -206,6 +206,8 @@ def test_a_job_falls_back_to_an_on_demand_offer_whose_window_holds_the_reserve_f
     quote = broker.quote(_quote_spec(13.0).model_copy(update={"budget_usd": 100.0}))  # 10 h of work on the slow one
     assert quote.on_demand_baseline.offer == fast and quote.chosen.offer == offers[0]
     assert quote.forecast.spot_share > 0.9 and not quote.short_of_odds, quote.forecast
+    tight = broker.quote(_quote_spec(6.0).model_copy(update={"budget_usd": 100.0}))  # 5 h on the fast one
+    assert tight.on_demand_baseline.offer == fast  # no offer holds the reserve; the slow one cannot even be in time
     slow_only = Broker(None, OfferBook(offers[:2]), planning.get("hedge"), SimulatedClock(NOW), model)
     held = slow_only.quote(_quote_spec(13.0).model_copy(update={"budget_usd": 100.0}))
     assert held.on_demand_baseline.offer == offers[1]  # none faster: the reserve's start is weighed there

@@ -15,7 +15,7 @@ from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import ODDS_NOISE, AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
 from broker.models.risk import evaluate, fits, unmeasured_margin
 from broker.planning.cheapest import ALTERNATIVES
-from broker.planning.uniform_progress import starts_on_demand
+from broker.planning.uniform_progress import holds_reserve, starts_on_demand
 from broker.pricing.availability import MarketModel, seen_counts
 from broker.pricing.catalog import PriceCatalog
 from broker.store.capacity import fleet_seen
@@ -292,7 +292,7 @@ def _holds_reserve(baseline: Option, spec: JobSpec, offers: list[Offer], now: da
     measured on `baseline`'s hours as the guard measures it (PlanItem.from_job)."""
     prior = fleet.speed_prior(spec)
     unsure = unmeasured_margin(prior.sigma, spec.deadline_probability)
-    return not starts_on_demand(spec, offers, now, unsure, prior.median, baseline.exclusive_h)
+    return holds_reserve(spec, offers, now, unsure, prior.median, baseline.exclusive_h)
 
 
 def _starts_on_demand(quote: Quote, spec: JobSpec, offers: list[Offer], now: datetime, fleet: Fleet) -> bool:
@@ -302,4 +302,7 @@ def _starts_on_demand(quote: Quote, spec: JobSpec, offers: list[Offer], now: dat
     the job will run."""
     if quote.on_demand_baseline is None or quote.chosen.offer.tier == Tier.on_demand:
         return False
-    return not _holds_reserve(quote.on_demand_baseline, spec, offers, now, fleet)
+    prior = fleet.speed_prior(spec)
+    unsure = unmeasured_margin(prior.sigma, spec.deadline_probability)
+    # the guard measures progress on the baseline's hours (PlanItem.from_job), not on the fastest on-demand offer's
+    return starts_on_demand(spec, offers, now, unsure, prior.median, quote.on_demand_baseline.exclusive_h)

@@ -187,10 +187,31 @@ def starts_on_demand(
     safety net with the reserve (`unsure`, PlanItem.unsure) for a speed not yet measured (expected at `speed` over
     the estimate), the work taking `on_demand_h` at the estimate on the on-demand offer it is quoted against (else
     on the fastest of `offers`). A quote then says so: the spot offer the money model chose is not where it starts."""
+    progress = _new_job_progress(spec, offers, now, unsure, speed, on_demand_h)
+    return progress is not None and decide(progress, None, spot_available=True) == Move.on_demand
+
+
+def holds_reserve(
+    spec: JobSpec,
+    offers: list[Offer],
+    now: datetime,
+    unsure: float,
+    speed: float = 1.0,
+    on_demand_h: float | None = None,
+) -> bool:
+    """Whether a new job's window holds its work on on-demand with the reserve for a speed not yet measured (the
+    arguments as starts_on_demand's) and the safety net's two changeovers: the rule would not start it on on-demand
+    at once, nor lose the deadline at the estimate (then it runs the job cheapest: no reserve is held there)."""
+    progress = _new_job_progress(spec, offers, now, unsure, speed, on_demand_h)
+    if progress is None:
+        return True
+    return progress.slack_h() >= 0 and decide(progress, None, spot_available=True) != Move.on_demand
+
+
+def _new_job_progress(spec, offers, now, unsure, speed, on_demand_h) -> Progress | None:
     od_h = on_demand_h / speed if on_demand_h is not None else None
     item = PlanItem(id=spec.name, spec=spec, submitted_at=now, unsure=unsure, speed=speed, on_demand_h=od_h)
-    progress = progress_on(item, [o for o in offers if fits(spec, o)], now)
-    return progress is not None and decide(progress, None, spot_available=True) == Move.on_demand
+    return progress_on(item, [o for o in offers if fits(spec, o)], now)
 
 
 @register("uniform-progress")
