@@ -120,3 +120,7 @@ def test_status_warns_when_the_outlook_falls_below_the_odds_asked():
     on_time = forecast(spec, quote, offers, model, "greedy", NOW, underway=Underway(0.5, 1.0, 2.0, 1.0))
     assert "at risk: P(meet deadline) 0.00, below the 0.95 asked" in outlook_line(slow, 0.95)
     assert "at risk" not in outlook_line(on_time, 0.95) and "outlook now" in outlook_line(on_time, 0.95)
+    # a third of its speed: the work left costs more than the $12 budget in every future, and it says so
+    assert slow.p_within_budget < 0.5 <= on_time.p_within_budget
+    assert "over budget likely: P(within budget)" in outlook_line(slow, 0.95)
+    assert "over budget" not in outlook_line(on_time, 0.95)
