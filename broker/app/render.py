@@ -155,7 +155,7 @@ def outlook_line(f, asked: float) -> str:
     """A job's outlook in a line, warned in yellow when its odds of meeting the deadline fell below those asked, or
     when more of its futures overrun the budget than keep it."""
     line = f"[bold]outlook now[/], from where it stands: {forecast_line(f)}"
-    if f.p_within_budget < 0.5:  # as a quote is warned (Quote.over_budget)
+    if f.over_budget:
         line = f"[yellow]over budget likely: P(within budget) {f.p_within_budget:.2f}[/]\n" + line
     if f.p_meet_deadline < asked:
         line = f"[yellow]at risk: P(meet deadline) {f.p_meet_deadline:.2f}, below the {asked:.2f} asked[/]\n" + line

@@ -121,6 +121,12 @@ class Forecast(BaseModel):
     # speed not yet measured keeps it off spot only while it waits with no spot to take (Progress.measures_on_spot)
     measures_on_spot: bool = False
 
+    @property
+    def over_budget(self) -> bool:
+        """Whether more of the futures cost more than the budget than keep it (the money model admits an option
+        whose expected cost is within it)."""
+        return self.p_within_budget < 0.5
+
 
 class Option(BaseModel):
     """One job priced on one offer: what it would take and cost, and its deadline odds."""
@@ -164,9 +170,8 @@ class Quote(BaseModel):
 
     @property
     def over_budget(self) -> bool:
-        """Whether more of the forecast's futures cost more than the budget than keep it (the money model admits an
-        option whose expected cost is within it)."""
-        return self.forecast is not None and self.forecast.p_within_budget < 0.5
+        """Whether the forecast's futures overrun the budget more often than not (Forecast.over_budget)."""
+        return self.forecast is not None and self.forecast.over_budget
 
     @property
     def measures_on_spot(self) -> bool:
