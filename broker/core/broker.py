@@ -277,22 +277,17 @@ def _baseline_with_reserve(quote: Quote, spec: JobSpec, offers: list[Offer], now
     another does. The guard measures the job's progress on the baseline and the futures fall back to it: an L4 with
     its work taking nearly the whole window sent the job to on-demand at once and met the deadline 0.55 of the time,
     where an A100 held the reserve and let it run on spot at 1.00."""
+    unsure, speed = _reserve(spec, fleet)
+
+    def holds(option: Option) -> bool:
+        return holds_reserve(spec, offers, now, unsure, speed, option.exclusive_h)
+
     baseline = quote.on_demand_baseline
-    if baseline is None or spec.deadline is None or _holds_reserve(baseline, spec, offers, now, fleet):
+    if baseline is None or spec.deadline is None or holds(baseline):
         return quote
     on_demand = (evaluate(spec, o, now) for o in offers if o.tier == Tier.on_demand and fits(spec, o))
-    for option in sorted(on_demand, key=lambda o: o.expected_cost_usd):
-        if _holds_reserve(option, spec, offers, now, fleet):
-            return quote.model_copy(update={"on_demand_baseline": option})
-    return quote
-
-
-def _holds_reserve(baseline: Option, spec: JobSpec, offers: list[Offer], now: datetime, fleet: Fleet) -> bool:
-    """Whether the job's window holds the safety net with the reserve for a speed not yet measured, its progress
-    measured on `baseline`'s hours as the guard measures it (PlanItem.from_job)."""
-    prior = fleet.speed_prior(spec)
-    unsure = unmeasured_margin(prior.sigma, spec.deadline_probability)
-    return holds_reserve(spec, offers, now, unsure, prior.median, baseline.exclusive_h)
+    held = next((o for o in sorted(on_demand, key=lambda o: o.expected_cost_usd) if holds(o)), None)
+    return quote if held is None else quote.model_copy(update={"on_demand_baseline": held})
 
 
 def _starts_on_demand(quote: Quote, spec: JobSpec, offers: list[Offer], now: datetime, fleet: Fleet) -> bool:
@@ -302,7 +297,13 @@ def _starts_on_demand(quote: Quote, spec: JobSpec, offers: list[Offer], now: dat
     the job will run."""
     if quote.on_demand_baseline is None or quote.chosen.offer.tier == Tier.on_demand:
         return False
-    prior = fleet.speed_prior(spec)
-    unsure = unmeasured_margin(prior.sigma, spec.deadline_probability)
+    unsure, speed = _reserve(spec, fleet)
     # the guard measures progress on the baseline's hours (PlanItem.from_job), not on the fastest on-demand offer's
-    return starts_on_demand(spec, offers, now, unsure, prior.median, quote.on_demand_baseline.exclusive_h)
+    return starts_on_demand(spec, offers, now, unsure, speed, quote.on_demand_baseline.exclusive_h)
+
+
+def _reserve(spec: JobSpec, fleet: Fleet) -> tuple[float, float]:
+    """The share of its work a job whose speed is not yet measured keeps in reserve, and the speed it is expected
+    at, from the fleet's speed prior for it."""
+    prior = fleet.speed_prior(spec)
+    return unmeasured_margin(prior.sigma, spec.deadline_probability), prior.median
