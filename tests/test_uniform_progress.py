@@ -224,6 +224,21 @@ def test_a_job_sent_to_on_demand_runs_on_the_cheapest_that_finishes_it_in_time(n
     assert plan.assignments == {"j": {"fast": fast.id, "slow": slow.id}[takes]}
 
 
+@pytest.mark.parametrize("deadline, first", [("+10.5h", "fast"), ("+40h", "slow")])
+def test_spot_whose_window_may_run_out_is_ranked_with_its_fall_back_to_on_demand(deadline, first):
+    """8 GPU-hours: 10 h on a slow spot offer at $0.50 ($5 of work), 5 h on a fast one at $1.50 ($7.50). With
+    10.5 h to go the slow one only just fits: a preemption or two and the guard moves the job to the $12-an-hour
+    on-demand offer, so its work costs more than the fast one's. With 40 h to go the slow one is the cheaper work
+    (price x hours ranked it first either way: an 8x A100 spot fell back to an 8x H100 at $46 an hour)."""
+    slow = offer("s", Tier.spot, 0.5, hazard=0.3).model_copy(update={"speed_factor": 0.8})
+    fast = offer("f", Tier.spot, 1.5, hazard=0.3).model_copy(update={"speed_factor": 1.6, "instance_type": "fast"})
+    od = offer("o", Tier.on_demand, 12.0).model_copy(update={"speed_factor": 1.6, "instance_type": "fast"})
+    spec = make_spec(work={"gpu_hours": 8}, deadline=deadline)
+    assert [round(exclusive_hours(spec, o)) for o in (slow, fast)] == [10, 5]
+    plan = planning.get("uniform-progress").plan([PlanItem("j", spec, submitted_at=NOW)], [slow, fast, od], {}, NOW)
+    assert plan.assignments == {"j": {"fast": fast.id, "slow": slow.id}[first]}
+
+
 def test_a_round_without_an_idle_on_demand_agent_measures_the_work_on_the_quoted_on_demand_offer():
     """A round's offers are its idle agents'. With none on on-demand, the work left is still the job's on-demand
     hours as quoted (as the guard measures it), not endless: a job inside the safety net waits for on-demand

@@ -23,7 +23,7 @@ from scipy.stats import qmc
 
 from broker.core.fleet import Fleet, SpeedPrior
 from broker.core.hedging import MAX_ZONES, MarketHedge
-from broker.domain.model import Forecast, IfLate, Job, JobSpec, Offer, Quote, Tier
+from broker.domain.model import Forecast, IfLate, Job, JobSpec, Offer, Option, Quote, Tier
 from broker.models.accounting import productive_hours, spend_usd
 from broker.models.futures import HEDGING, ON_DEMAND_NOW, Setting, simulate
 from broker.models.placement import transfer_usd
@@ -31,6 +31,7 @@ from broker.models.risk import (
     as_fast,
     changeover_hours,
     checkpoint_hours,
+    evaluate,
     exclusive_hours,
     fits,
     lost_per_preemption_h,
@@ -104,12 +105,14 @@ def zones_in_time(
     now: datetime,
     underway: Underway | None = None,
     expected_speed: float = 1.0,
+    fallback: Offer | None = None,
 ):
     """The offers a policy that places a job every round by Uniform Progress's rule may give it, whatever tier its
     quote chose: those `spot_in_time` keeps at quote time (every bubble it fits, and every spot offer on which it
     could still finish in time uninterrupted: the work `underway` has left, at its speed once measured, else at the
     `expected_speed` over the estimate), cheaper by the hour than its fallback and no further from its data than the
-    chosen one, cheapest work first, at most MAX_ZONES. The futures play each at its own pace."""
+    chosen one, cheapest work first (with what falling back to the `fallback` on-demand offer may add), at most
+    MAX_ZONES. The futures play each at its own pace."""
     fitting = [o for o in offers if fits(spec, o)]
     left = underway.left if underway else 1.0
     speed = underway.speed if underway and underway.speed is not None else expected_speed
@@ -120,7 +123,11 @@ def zones_in_time(
         for o in fitting
         if o.tier != Tier.on_demand and o.price_usd_per_h < ceiling_usd_per_h and transfer_usd(spec, o) <= moving
     ]
-    return spot_in_time(item, spot, progress_on(item, fitting, now))[:MAX_ZONES]
+
+    def reserve() -> Option | None:  # what a zone whose window runs out falls back to, for their cost (spot_in_time)
+        return evaluate(spec, fallback, now, left) if fallback is not None else None
+
+    return spot_in_time(item, spot, progress_on(item, fitting, now), reserve)[:MAX_ZONES]
 
 
 def forecast(
@@ -166,7 +173,11 @@ def forecast(
         fallback = chosen
     od_offer = fallback or chosen
     ceiling = od_offer.price_usd_per_h if fallback else float("inf")
-    zones = zones_in_time(spec, chosen, offers, ceiling, now, underway, prior.median) if spot_while_in_time else []
+    zones = (
+        zones_in_time(spec, chosen, offers, ceiling, now, underway, prior.median, fallback)
+        if spot_while_in_time
+        else []
+    )
     if not zones and chosen.tier == Tier.on_demand:
         there = underway is not None and underway.on is not None and underway.on.tier == Tier.on_demand
         return _on_demand(spec, chosen, now, speed, sigma, left, spent, prior, 0.0 if there else restart_hours(spec))

@@ -239,6 +239,32 @@ def fallback_expectation(spot: Expectation, spot_price, spot_t, od_cost, od_t, r
     return Expectation(spot.interval_h, spot.running_h, wall, cost, on_time)
 
 
+def spot_work_usd(spec: JobSpec, offers: list[Offer], hours: list[float], window_h: float, fallback=None):
+    """The expected cost of `hours` of the job's work on each spot (or bubble) offer, with its preemptions paid and,
+    where the window may run out first, the share the deadline guard moves to the `fallback` on-demand Option (the
+    money model's fallback_expectation): price x hours ranked first an 8x A100 spot whose work barely fit the window
+    and fell back to an 8x H100 at $46 an hour."""
+    prices = np.array([o.price_usd_per_h for o in offers], dtype=float)
+    notices: dict[tuple, float] = {}  # the notice's loss depends on the cloud and tier only
+    for o in offers:
+        if (o.cloud, o.tier) not in notices:
+            notices[o.cloud, o.tier] = _notice_h(spec, o)
+    spot = expectation(
+        np.asarray(hours, dtype=float),
+        checkpoint_hours(spec),
+        restart_hours(spec),
+        np.array([o.hazard_per_h for o in offers], dtype=float),
+        prices,
+        window_h,
+        np.array([o.availability for o in offers], dtype=float),
+        np.array([notices[o.cloud, o.tier] for o in offers], dtype=float),
+    )
+    if fallback is None or not math.isfinite(window_h):
+        return spot.cost_usd
+    od_cost, od_h = fallback.expected_cost_usd, fallback.exclusive_h
+    return fallback_expectation(spot, prices, hours, od_cost, od_h, restart_hours(spec), window_h).cost_usd
+
+
 def evaluate(spec: JobSpec, offer: Offer, now: datetime, remaining: float = 1.0) -> Option:
     """Price the job on the offer: expected wall time and cost, and P(meet deadline).
 
