@@ -28,12 +28,12 @@ def test_a_job_slower_than_estimated_is_seen_by_its_progress():
     # the net keeps a margin for a speed at the deadline probability's quantile of the quote's spread
     sigma = quote.forecast.speed_sigma
     assert unmeasured.unsure == pytest.approx(math.exp(NormalDist().inv_cdf(spec.deadline_probability) * sigma) - 1)
-    assert unmeasured.unsure > 0.1
+    assert unmeasured.unsure > 0.1 and unmeasured.speed_sigma == sigma  # spot's work is priced over that spread
     hours = 3.0  # productive hours after the restart; half the progress the estimate says
     run.last_progress_at = started + timedelta(hours=hours + spec.checkpoint.restore_minutes / 60 + 0.05)
     run.progress_done = 1000 * 0.5 * hours / estimate_h
     item = PlanItem.from_job(job)
-    assert item.speed == pytest.approx(0.5, rel=0.1) and item.unsure == 0.0  # measured: no margin, the speed
+    assert item.speed == pytest.approx(0.5, rel=0.1) and item.unsure == item.speed_sigma == 0.0  # measured
     assert item.on_demand_h == pytest.approx(quote.on_demand_baseline.exclusive_h / item.speed)
     # 60 checkpoints the guard asked for, one every 3 minutes: their writes are not the job's pace, and each restarts
     # the interval (Young's, about 6 minutes here), so no periodic one came between them

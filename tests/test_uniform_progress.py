@@ -239,6 +239,23 @@ def test_spot_whose_window_may_run_out_is_ranked_with_its_fall_back_to_on_demand
     assert plan.assignments == {"j": {"fast": fast.id, "slow": slow.id}[first]}
 
 
+@pytest.mark.parametrize(
+    "deadline, sigma, first", [("+12h", 0.0, "slow"), ("+12h", 0.23, "fast"), ("+13h", 0.23, "slow")]
+)
+def test_spot_work_is_priced_over_the_speeds_a_job_not_yet_measured_may_have(deadline, sigma, first):
+    """8 GPU-hours, 10 h on a slow spot offer at $0.50, 5 h on a fast one at $1.50, rarely preempted. With 12 h to go
+    the slow one fits at the estimate, but a job 20% slower than estimated would not finish there and moves to the
+    $12-an-hour on-demand: while its speed is not measured (log sd 0.23), the fast one is the cheaper work. With
+    13 h the slow one keeps room for most of those speeds (pretrain-gpt-1b3 at 3.75x its on-demand time ran on 8x
+    A100 spot that fit only at its estimate: $19.42, now $11.42 on 8x H100 spot)."""
+    slow = offer("s", Tier.spot, 0.5, hazard=0.02).model_copy(update={"speed_factor": 0.8})
+    fast = offer("f", Tier.spot, 1.5, hazard=0.02).model_copy(update={"speed_factor": 1.6, "instance_type": "fast"})
+    od = offer("o", Tier.on_demand, 12.0).model_copy(update={"speed_factor": 1.6, "instance_type": "fast"})
+    item = PlanItem("j", make_spec(work={"gpu_hours": 8}, deadline=deadline), submitted_at=NOW, speed_sigma=sigma)
+    plan = planning.get("uniform-progress").plan([item], [slow, fast, od], {}, NOW)
+    assert plan.assignments == {"j": {"fast": fast.id, "slow": slow.id}[first]}
+
+
 def test_a_round_without_an_idle_on_demand_agent_measures_the_work_on_the_quoted_on_demand_offer():
     """A round's offers are its idle agents'. With none on on-demand, the work left is still the job's on-demand
     hours as quoted (as the guard measures it), not endless: a job inside the safety net waits for on-demand

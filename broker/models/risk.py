@@ -34,6 +34,9 @@ STARTUP_H = 5 / 60
 RESTART_OVERHEAD_H = 5 / 60
 # log sd of a speed estimate nothing has checked yet: AMP's latency model error, 23% (Pipette; papers.md)
 SPEED_PRIOR_SIGMA = 0.23
+# the speeds a job's work on spot is priced at while its speed is not measured: the quantile midpoints of the
+# estimate's log-normal error, in sds (spot_work_usd)
+SPEED_POINTS = np.array([NormalDist().inv_cdf((i + 0.5) / 7) for i in range(7)])
 
 
 class Expectation(NamedTuple):
@@ -239,18 +242,26 @@ def fallback_expectation(spot: Expectation, spot_price, spot_t, od_cost, od_t, r
     return Expectation(spot.interval_h, spot.running_h, wall, cost, on_time)
 
 
-def spot_work_usd(spec: JobSpec, offers: list[Offer], hours: list[float], window_h: float, fallback=None):
+def spot_work_usd(
+    spec: JobSpec, offers: list[Offer], hours: list[float], window_h: float, fallback=None, speed_sigma: float = 0.0
+):
     """The expected cost of `hours` of the job's work on each spot (or bubble) offer, with its preemptions paid and,
     where the window may run out first, the share the deadline guard moves to the `fallback` on-demand Option (the
     money model's fallback_expectation): price x hours ranked first an 8x A100 spot whose work barely fit the window
-    and fell back to an 8x H100 at $46 an hour."""
+    and fell back to an 8x H100 at $46 an hour. With a fallback, the cost is the mean over the speeds the job may
+    turn out to have (log sd `speed_sigma`; 0 once measured): at the estimate an 8x A100 spot fit a 3.1-hour window
+    with 0.8 hours to spare, but at a speed 20% slower its futures moved to the 8x H100 on-demand."""
     prices = np.array([o.price_usd_per_h for o in offers], dtype=float)
     notices: dict[tuple, float] = {}  # the notice's loss depends on the cloud and tier only
     for o in offers:
         if (o.cloud, o.tier) not in notices:
             notices[o.cloud, o.tier] = _notice_h(spec, o)
+    falls_back = fallback is not None and math.isfinite(window_h)
+    # one row a speed (the estimate alone without a fallback to move to), one column an offer
+    slower = np.exp(speed_sigma * SPEED_POINTS)[:, None] if falls_back and speed_sigma > 0 else np.ones((1, 1))
+    work_h = np.asarray(hours, dtype=float)[None, :] * slower
     spot = expectation(
-        np.asarray(hours, dtype=float),
+        work_h,
         checkpoint_hours(spec),
         restart_hours(spec),
         np.array([o.hazard_per_h for o in offers], dtype=float),
@@ -259,10 +270,10 @@ def spot_work_usd(spec: JobSpec, offers: list[Offer], hours: list[float], window
         np.array([o.availability for o in offers], dtype=float),
         np.array([notices[o.cloud, o.tier] for o in offers], dtype=float),
     )
-    if fallback is None or not math.isfinite(window_h):
-        return spot.cost_usd
-    od_cost, od_h = fallback.expected_cost_usd, fallback.exclusive_h
-    return fallback_expectation(spot, prices, hours, od_cost, od_h, restart_hours(spec), window_h).cost_usd
+    if not falls_back:
+        return spot.cost_usd[0]
+    od_cost, od_h = fallback.expected_cost_usd * slower, fallback.exclusive_h * slower
+    return fallback_expectation(spot, prices, work_h, od_cost, od_h, restart_hours(spec), window_h).cost_usd.mean(0)
 
 
 def evaluate(spec: JobSpec, offer: Offer, now: datetime, remaining: float = 1.0) -> Option:

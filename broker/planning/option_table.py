@@ -43,6 +43,9 @@ class PlanItem:
     unsure: float = 0.0
     # its quote found the deadline's odds hold with the speed measured on spot (Progress.measures_on_spot)
     measures_on_spot: bool = False
+    # the log sd of its speed over `speed` while not measured (0 once it is): the spread spot_in_time prices its
+    # work on spot over, where a slower speed would fall back to on-demand
+    speed_sigma: float = 0.0
     # the time until the deadline guard looks at a job placed now (the server's time between its passes): what a
     # start on spot may lose to a preemption before the guard can move it, so the safety net keeps it (Progress.pass_h)
     pass_h: float = 0.0
@@ -76,6 +79,7 @@ class PlanItem:
             None if run else last.ended_at if last and last.ended_at else job.submitted_at,
             unsure,
             measures_on_spot=job.quote.measures_on_spot,
+            speed_sigma=0.0 if measured is not None else sigma,
         )
 
 

@@ -157,8 +157,8 @@ def spot_in_time(
     A bubble stays: its work is free, and the guard moves the job off when it falls behind. A lost deadline run
     cheapest takes any spot, no bubble (the guard would move it off at once). The cost of the work is the money
     model's, preemptions and, where the window may run out first, the move to the `fallback` on-demand Option paid
-    (risk.spot_work_usd; asked for only where there are offers to rank): a cheaper hour on slower GPUs may be dearer
-    work; among free bubbles the fastest."""
+    (risk.spot_work_usd, over the speeds a job not yet measured may have; asked for only where there are offers to
+    rank): a cheaper hour on slower GPUs may be dearer work; among free bubbles the fastest."""
     hours = [item.remaining * exclusive_hours(item.spec, o) / item.speed for o in offers]
     if progress is not None and progress.runs_cheapest(None):
         kept = [i for i, o in enumerate(offers) if o.tier == Tier.spot]
@@ -175,7 +175,7 @@ def spot_in_time(
     # it is the hazard's alone, which the market model's zone moves weigh better (12 backtests: +0.3% with it)
     speeds_differ = max(hours) > SPEEDS_DIFFER * min(hours)
     reserve = fallback() if math.isfinite(window_h) and speeds_differ else None
-    cost = spot_work_usd(item.spec, offers, hours, window_h, reserve)
+    cost = spot_work_usd(item.spec, offers, hours, window_h, reserve, item.speed_sigma)
     order = sorted(range(len(offers)), key=lambda i: (cost[i], offers[i].price_usd_per_h, hours[i]))
     return [offers[i] for i in order]
 
