@@ -9,8 +9,9 @@ from test_market_model import NOW, _offer, trace
 
 from broker import planning
 from broker.agents.contract import Contract
-from broker.core.broker import ODDS_TRADE, Broker
+from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
+from broker.core.reserve import ODDS_TRADE
 from broker.domain.model import Job, JobState, Run
 from broker.models.risk import exclusive_hours, restart_hours
 from broker.pricing.availability import MarketModel

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -11,11 +10,17 @@ from broker.core.fleet import Fleet
 from broker.core.forecast import FUTURES, Underway, forecast
 from broker.core.hedging import MarketHedge
 from broker.core.refusals import told_by_futures
+from broker.core.reserve import (
+    baselines_with_reserve,
+    cheapest_at_odds,
+    on_demand_start,
+    spot_start_note,
+    spot_start_reason,
+    starts_for_reserve,
+)
 from broker.domain.errors import BrokerError, InfeasibleError
-from broker.domain.model import ODDS_NOISE, AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
-from broker.models.risk import evaluate, fits, unmeasured_margin
-from broker.planning.cheapest import ALTERNATIVES
-from broker.planning.uniform_progress import holds_reserve, starts_on_demand
+from broker.domain.model import AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
+from broker.models.risk import fits
 from broker.pricing.availability import MarketModel, seen_counts
 from broker.pricing.catalog import PriceCatalog
 from broker.store.capacity import fleet_seen
@@ -116,17 +121,20 @@ class Broker:
             raise told_by_futures(error, spec, now, lambda asked: self._quote(asked, agents, False)) from None
         fleet = self._fleet(agents, now) if market is not None and self.store is not None else None
         places_by_rule = getattr(self.policy, "spot_while_in_time", False)
-        if places_by_rule:
-            quote = _baseline_with_reserve(quote, spec, offers, now, fleet or Fleet())
-        started_on_demand = places_by_rule and _starts_on_demand(quote, spec, offers, now, fleet or Fleet())
-        if market is None:
-            return _on_demand_start(quote) if started_on_demand else quote
+        baselines = baselines_with_reserve(quote, spec, offers, now, fleet or Fleet()) if places_by_rule else []
         rule = getattr(self.policy, "rule", "greedy")
 
         def simulated(
-            option: Option, spot: bool = False, measures_on_spot: bool = False, futures: int = FUTURES, alone=False
+            option: Option,
+            spot: bool = False,
+            measures_on_spot: bool = False,
+            futures: int = FUTURES,
+            alone=False,
+            baseline: Option | None = None,
         ) -> Forecast:
-            played = quote.model_copy(update={"chosen": option})
+            played = quote.model_copy(
+                update={"chosen": option, **({"on_demand_baseline": baseline} if baseline else {})}
+            )
             return forecast(
                 spec,
                 played,
@@ -141,19 +149,28 @@ class Broker:
                 measures_on_spot=measures_on_spot,
             )
 
+        if baselines:  # the futures say which one keeps the odds cheapest, where a market model can play them
+            if market is not None:
+                chosen = quote.chosen
+                played = lambda b: simulated(chosen, True, futures=ALTERNATIVE_FUTURES, baseline=b)  # noqa: E731
+                baselines = [cheapest_at_odds(baselines, played, spec.deadline_probability)]
+            quote = quote.model_copy(update={"on_demand_baseline": baselines[0]})
+        started_on_demand = places_by_rule and starts_for_reserve(quote, spec, offers, now, fleet or Fleet())
+        if market is None:
+            return on_demand_start(quote) if started_on_demand else quote
         # a policy that places by its rule every round runs the job on spot while in time, whatever tier it chose
         if not started_on_demand:
             played, note = simulated(quote.chosen, places_by_rule), ""
         else:  # a run on spot measures the speed as well as one on on-demand: it starts there if the odds hold so
             on_spot = simulated(quote.chosen, places_by_rule, measures_on_spot=True)
             reserved = simulated(quote.on_demand_baseline, places_by_rule)
-            reason = _spot_start_reason(on_spot, reserved, spec.deadline_probability)
+            reason = spot_start_reason(on_spot, reserved, spec.deadline_probability)
             if reason:
                 played, note = on_spot, f"; measures its speed on spot: {reason}"
             else:
-                quote, played = _on_demand_start(quote), reserved
+                quote, played = on_demand_start(quote), reserved
                 note = "; starts on on-demand: the window holds no reserve for a slower speed until it is measured"
-                note += _spot_start_note(on_spot, reserved)
+                note += spot_start_note(on_spot, reserved)
         update: dict = {"forecast": played.model_copy(update={"evidence": played.evidence + note})}
         baseline = quote.on_demand_baseline
         if baseline is not None:  # no market randomness there: only the speed's (cheap)
@@ -227,83 +244,3 @@ class Broker:
 
     def jobs(self, states: set[JobState] | None = None) -> list[Job]:
         return self.store.list_jobs(states)
-
-
-# where neither start reaches the asked odds, the reserve's start on on-demand is bought only for this much more odds
-# (or when it costs no more): bench/cost.py's default 0.8% less at the same 16 misses (none avoidable), 36 more spot
-# starts; bench/forecast.py's 2.0% less with one avoidable miss in 480 jobs (bench/results/cost.md)
-ODDS_TRADE = 0.02
-
-
-def _on_demand_start(quote: Quote) -> Quote:
-    """The quote of a job that starts on on-demand: quoted where it starts, the money model's spot choice heading the
-    alternatives (so the quote, `broker run`'s local agent and the Terraform plan name where the job will run)."""
-    started = quote.on_demand_baseline.offer.id
-    alternatives = [o for o in [quote.chosen, *quote.alternatives] if o.offer.id != started][:ALTERNATIVES]
-    return quote.model_copy(update={"chosen": quote.on_demand_baseline, "alternatives": alternatives})
-
-
-def _spot_start_reason(on_spot: Forecast, reserved: Forecast, asked: float) -> str | None:
-    """Why a job the reserve for a speed not yet measured would start on on-demand starts on spot instead (None: it
-    does not): its futures meet the deadline as often as the spec asks, or as often as with the reserve's start
-    (within the noise of the futures' sampling: both are drawn from the same seed, so they differ mostly by the
-    start); or the reserve's start falls short of the asked odds too, costs more and adds less than ODDS_TRADE."""
-    if on_spot.p_meet_deadline >= min(asked, reserved.p_meet_deadline) - ODDS_NOISE:
-        return "the odds hold without the reserve's start"
-    short = reserved.p_meet_deadline < asked - ODDS_NOISE
-    dearer = reserved.cost_p50_usd > on_spot.cost_p50_usd
-    if short and dearer and on_spot.p_meet_deadline >= reserved.p_meet_deadline - ODDS_TRADE:
-        return (
-            f"the reserve's start on on-demand falls short of the {asked:.2f} asked too, at P(meet deadline)"
-            f" {reserved.p_meet_deadline:.3f} for ${reserved.cost_p50_usd:,.2f} p50"
-        )
-    return None
-
-
-def _spot_start_note(on_spot: Forecast, reserved: Forecast) -> str:
-    """The odds and cost of the start on spot the reserve turned down, and the asked odds at which the job starts
-    there: the user weighs the reserve's price (it can be several times the spot start's) against the odds it adds."""
-    at_most = math.floor(round((on_spot.p_meet_deadline + ODDS_NOISE) * 100, 6)) / 100
-    said = (
-        f" (P(meet deadline) {reserved.p_meet_deadline:.3f}; from a start on spot {on_spot.p_meet_deadline:.3f} at"
-        f" ${on_spot.cost_p50_usd:,.2f} p50"
-    )
-    return said + (f": a deadline_probability of {at_most:.2f} or less starts it there)" if at_most > 0 else ")")
-
-
-def _baseline_with_reserve(quote: Quote, spec: JobSpec, offers: list[Offer], now: datetime, fleet: Fleet) -> Quote:
-    """The quote with the cheapest on-demand offer whose window holds the reserve for a speed not yet measured as its
-    baseline, where the money model's (the cheapest that meets the deadline at the estimated speed) does not and
-    another does. The guard measures the job's progress on the baseline and the futures fall back to it: an L4 with
-    its work taking nearly the whole window sent the job to on-demand at once and met the deadline 0.55 of the time,
-    where an A100 held the reserve and let it run on spot at 1.00."""
-    unsure, speed = _reserve(spec, fleet)
-
-    def holds(option: Option) -> bool:
-        return holds_reserve(spec, offers, now, unsure, speed, option.exclusive_h)
-
-    baseline = quote.on_demand_baseline
-    if baseline is None or spec.deadline is None or holds(baseline):
-        return quote
-    on_demand = (evaluate(spec, o, now) for o in offers if o.tier == Tier.on_demand and fits(spec, o))
-    held = next((o for o in sorted(on_demand, key=lambda o: o.expected_cost_usd) if holds(o)), None)
-    return quote if held is None else quote.model_copy(update={"on_demand_baseline": held})
-
-
-def _starts_on_demand(quote: Quote, spec: JobSpec, offers: list[Offer], now: datetime, fleet: Fleet) -> bool:
-    """Whether a policy that places by its rule starts the job on on-demand, whatever the money model chose: its
-    window does not hold the reserve for a speed not yet measured (uniform_progress.starts_on_demand). Its quote
-    then chooses its on-demand baseline, so the quote, `broker run`'s local agent and the Terraform plan name where
-    the job will run."""
-    if quote.on_demand_baseline is None or quote.chosen.offer.tier == Tier.on_demand:
-        return False
-    unsure, speed = _reserve(spec, fleet)
-    # the guard measures progress on the baseline's hours (PlanItem.from_job), not on the fastest on-demand offer's
-    return starts_on_demand(spec, offers, now, unsure, speed, quote.on_demand_baseline.exclusive_h)
-
-
-def _reserve(spec: JobSpec, fleet: Fleet) -> tuple[float, float]:
-    """The share of its work a job whose speed is not yet measured keeps in reserve, and the speed it is expected
-    at, from the fleet's speed prior for it."""
-    prior = fleet.speed_prior(spec)
-    return unmeasured_margin(prior.sigma, spec.deadline_probability), prior.median

@@ -254,7 +254,7 @@ def holds_reserve(
 def _new_job_progress(spec, offers, now, unsure, speed, on_demand_h) -> Progress | None:
     od_h = on_demand_h / speed if on_demand_h is not None else None
     item = PlanItem(id=spec.name, spec=spec, submitted_at=now, unsure=unsure, speed=speed, on_demand_h=od_h)
-    return progress_on(item, [o for o in offers if fits(spec, o)], now)
+    return progress_on(item, [o for o in offers if fits(spec, o)] if od_h is None else [], now)  # od_h: unread
 
 
 @register("uniform-progress")
