@@ -80,9 +80,7 @@ def test_flags_override_the_files_deadline_and_budget(env, tmp_path):
 def test_human_output_is_a_table_with_the_savings(env, tmp_path):
     result = run("submit", job_file(tmp_path))
     assert result.exit_code == 0
-    assert (
-        "chosen" in result.stdout and "on-demand" in result.stdout and "savings vs cheapest on-demand" in result.stdout
-    )
+    assert "chosen" in result.stdout and "on-demand" in result.stdout and "savings vs on-demand on " in result.stdout
 
 
 def test_list_and_cancel(env, tmp_path):

@@ -109,8 +109,9 @@ def quote_table(quote: Quote, title: str) -> Fitted:
             notes.append(f"{', '.join(on_fallback)}: on on-demand in nearly every future (under 1% of hours on spot)")
     if quote.savings_usd is not None:
         notes.append(
-            f"savings vs cheapest on-demand: {_money(quote.savings_usd)} ({quote.savings_pct:.1f}%)"
-            + (" of the futures' medians" if quote.simulated_savings else "")
+            # against the on-demand row: the baseline the job falls back to, not always the cheapest on-demand hour
+            f"savings vs on-demand on {quote.on_demand_baseline.offer.instance_type}: {_money(quote.savings_usd)}"
+            f" ({quote.savings_pct:.1f}%)" + (" of the futures' medians" if quote.simulated_savings else "")
         )
     if quote.chosen.fallback is not None:
         notes.append(
