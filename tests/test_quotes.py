@@ -103,6 +103,11 @@ def test_a_quote_names_where_the_rule_starts_the_job_and_warns_when_the_odds_fal
     fallen = alt.model_copy(update={"forecast": alt.forecast.model_copy(update={"spot_share": 0.0})})
     words = " ".join(shown(tight.model_copy(update={"alternatives": [alt, fallen]})).split())
     assert "alt 2: on on-demand in nearly every future" in words and "alt 1," not in words
+    # so does a chosen option off on-demand whose futures (the quote's) ran all on on-demand
+    spot_start = tight.model_copy(update={"chosen": roomy.chosen})
+    ran_on_demand = spot_start.model_copy(update={"forecast": tight.forecast.model_copy(update={"spot_share": 0.0})})
+    assert "chosen: on on-demand" in " ".join(shown(ran_on_demand).split())
+    assert "chosen: on on-demand" not in " ".join(shown(spot_start).split())  # on spot more than half its hours
 
 
 def test_a_job_whose_odds_hold_without_the_reserve_starts_on_spot_and_the_planner_knows():

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.app.narrow import Fitted, narrow_safe
-from broker.domain.model import Job, Option, Quote, Tier
+from broker.domain.model import Forecast, Job, Option, Quote, Tier
 
 if TYPE_CHECKING:  # pandas costs a read command a third of a second: imported where a table needs it
     import pandas as pd
@@ -104,7 +104,7 @@ def quote_table(quote: Quote, title: str) -> Fitted:
         elif quote.alternatives:
             note += "; each alternative run on its own offer"
         notes.append(note)
-        on_fallback = [label for label, o in rows[1:] if _on_fallback(o)]
+        on_fallback = [label for label, o in rows if _on_fallback(o, quote.forecast if label == "chosen" else None)]
         if on_fallback:
             notes.append(f"{', '.join(on_fallback)}: on on-demand in nearly every future (under 1% of hours on spot)")
     if quote.savings_usd is not None:
@@ -124,9 +124,12 @@ def quote_table(quote: Quote, title: str) -> Fitted:
     return narrow_safe(table, "offer", "gpus", "finish UTC", optional=("gpus", "tier", "finish UTC"))
 
 
-def _on_fallback(option: Option) -> bool:
-    """Whether an option off on-demand ran on its on-demand fallback in nearly every future (its tier misleads)."""
-    return option.forecast is not None and option.offer.tier != Tier.on_demand and option.forecast.spot_share < 0.01
+def _on_fallback(option: Option, played: Forecast | None = None) -> bool:
+    """Whether an option off on-demand ran on its on-demand fallback in nearly every future (its tier misleads):
+    its own forecast, or `played` (the chosen option's is the quote's). pretrain-gpt-1b3 at twice its on-demand time
+    is chosen on spot with too little slack for a start there: its futures run it all on on-demand."""
+    f = played or option.forecast
+    return f is not None and option.offer.tier != Tier.on_demand and f.spot_share < 0.01
 
 
 def _hours_to(at: datetime, since: datetime) -> float:
