@@ -1,7 +1,6 @@
 """Quotes simulated on the market model's futures (core/forecast.py): against the fleet, the jobs ahead and to come,
 the policy's placement, and the speed error the measured jobs show."""
 
-import re
 from datetime import timedelta
 
 import pytest
@@ -11,7 +10,6 @@ from broker import planning
 from broker.agents.contract import Contract
 from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
-from broker.core.reserve import ODDS_TRADE
 from broker.domain.model import Job, JobState, Run
 from broker.models.risk import exclusive_hours, restart_hours
 from broker.pricing.availability import MarketModel
@@ -108,50 +106,6 @@ def test_a_quote_names_where_the_rule_starts_the_job_and_warns_when_the_odds_fal
     ran_on_demand = spot_start.model_copy(update={"forecast": tight.forecast.model_copy(update={"spot_share": 0.0})})
     assert "chosen: on on-demand" in " ".join(shown(ran_on_demand).split())
     assert "chosen: on on-demand" not in " ".join(shown(spot_start).split())  # on spot more than half its hours
-
-
-def test_a_job_whose_odds_hold_without_the_reserve_starts_on_spot_and_the_planner_knows():
-    """10 h of work in 13 h does not hold the reserve for a speed not yet measured (46% at the prior's spread),
-    but the futures with the speed measured on spot still meet the deadline with the odds asked (0.85): the quote
-    keeps the spot offer and says so, and the planner's view of the stored job carries it to the guard's rule."""
-    from broker.planning.option_table import PlanItem
-
-    calm = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
-    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
-    spec = _quote_spec(13.0).model_copy(update={"budget_usd": None, "deadline_probability": 0.85})
-    quote = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm).quote(spec)
-    assert quote.chosen.offer == offers[0] and quote.forecast.measures_on_spot and not quote.short_of_odds
-    assert "measures its speed on spot" in quote.forecast.evidence
-    job = Job(id="j", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote)
-    assert PlanItem.from_job(job).measures_on_spot
-    # asked for odds neither start reaches, the reserve's start would add less than ODDS_TRADE to them: on spot
-    sure = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm)
-    surer = sure.quote(spec.model_copy(update={"deadline_probability": 0.99}))
-    assert surer.chosen.offer == offers[0] and surer.forecast.measures_on_spot and surer.short_of_odds
-    told = re.search(
-        r"falls short of the 0.99 asked too, at P\(meet deadline\) ([\d.]+) for \$([\d.,]+)", surer.forecast.evidence
-    )
-    assert told and surer.forecast.p_meet_deadline >= float(told[1]) - ODDS_TRADE
-    assert surer.forecast.cost_p50_usd < float(told[2])
-
-
-def test_a_reserve_that_adds_odds_starts_the_job_on_on_demand_and_says_what_spot_would_keep():
-    """Where spot is lost every 5 hours and a restart takes half an hour, the reserve's start on on-demand adds more
-    than ODDS_TRADE to odds neither start reaches: the job starts there, and its quote says what the start on spot
-    would cost and keep, and the asked odds at which the job starts there."""
-    choppy = MarketModel.fit([trace("us-east-1a", [1] * 30 + [0] * 3, 100)])
-    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
-    spec = _quote_spec(14.0, restore_minutes=30.0).model_copy(update={"budget_usd": None})
-    broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), choppy)
-    quote = broker.quote(spec)
-    assert quote.chosen.offer.tier == "on_demand" and not quote.forecast.measures_on_spot and quote.short_of_odds
-    said = re.search(
-        r"from a start on spot ([\d.]+) at \$([\d.,]+) p50: a deadline_probability of ([\d.]+)", quote.forecast.evidence
-    )
-    assert said and float(said[2]) < quote.forecast.cost_p50_usd
-    assert float(said[1]) < quote.forecast.p_meet_deadline - ODDS_TRADE
-    there = broker.quote(spec.model_copy(update={"deadline_probability": float(said[3])}))
-    assert there.chosen.offer == offers[0] and there.forecast.p_meet_deadline == pytest.approx(float(said[1]))
 
 
 def test_a_quote_shows_and_saves_against_its_futures_not_the_money_model():

@@ -132,9 +132,8 @@ class Broker:
             alone=False,
             baseline: Option | None = None,
         ) -> Forecast:
-            played = quote.model_copy(
-                update={"chosen": option, **({"on_demand_baseline": baseline} if baseline else {})}
-            )
+            baseline = baseline or quote.on_demand_baseline
+            played = quote.model_copy(update={"chosen": option, "on_demand_baseline": baseline})
             return forecast(
                 spec,
                 played,

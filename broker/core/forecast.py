@@ -111,14 +111,13 @@ def zones_in_time(
     """The offers a policy that places a job every round by Uniform Progress's rule may give it, whatever tier its
     quote chose: those `spot_in_time` keeps at quote time (every bubble it fits, and every spot offer on which it
     could still finish in time uninterrupted: the work `underway` has left, at its speed once measured, else at the
-    `expected_speed` over the estimate, spread by `speed_sigma`), cheaper by the hour than its fallback and no
-    further from its data than the chosen one, cheapest work first (with what falling back to the `fallback`
-    on-demand offer may add), at most MAX_ZONES. The futures play each at its own pace."""
+    `expected_speed` over the estimate, spread by `speed_sigma`: 0 once measured), cheaper by the hour than its
+    fallback and no further from its data than the chosen one, cheapest work first (with what falling back to the
+    `fallback` on-demand offer may add), at most MAX_ZONES. The futures play each at its own pace."""
     fitting = [o for o in offers if fits(spec, o)]
     left = underway.left if underway else 1.0
     speed = underway.speed if underway and underway.speed is not None else expected_speed
-    sigma = 0.0 if underway and underway.speed is not None else speed_sigma
-    item = PlanItem(id=spec.name, spec=spec, submitted_at=now, remaining=left, speed=speed, speed_sigma=sigma)
+    item = PlanItem(id=spec.name, spec=spec, submitted_at=now, remaining=left, speed=speed, speed_sigma=speed_sigma)
     moving = transfer_usd(spec, chosen)
     spot = [
         o
