@@ -40,9 +40,10 @@ def test_the_safety_net_keeps_the_changeover_the_live_guard_counts_not_only_the_
     available = np.zeros((1, 1, 200), dtype=bool)  # no spot: the job waits (greedy) for the net
     paid = simulate(_setting(), available, 1 / 6)
     counted = simulate(_setting(changeover_h=0.5), available, 1 / 6)
-    # the net fires when time left < 10 h + 2 changeovers: at 9.8 h with 0.1 h, at 9.0 h with 0.5 h
-    assert paid.finish_h[0] == pytest.approx(9.8 + 0.1 + 10, abs=1 / 6)
-    assert counted.finish_h[0] == pytest.approx(9.0 + 0.1 + 10, abs=1 / 6)
+    # the net fires when time left < 10 h + 2 changeovers + a tick (the guard's pass) + the restart a start on spot
+    # would pay (the job waits): the first tick past 9.53 h with 0.1 h, past 8.73 h with 0.5 h
+    assert paid.finish_h[0] == pytest.approx(9 + 4 / 6 + 0.1 + 10)
+    assert counted.finish_h[0] == pytest.approx(8 + 5 / 6 + 0.1 + 10)
     assert counted.od_h[0] == pytest.approx(paid.od_h[0])  # the restart paid is the same
 
 

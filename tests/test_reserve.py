@@ -82,14 +82,14 @@ def test_a_job_falls_back_to_an_on_demand_offer_whose_window_holds_the_reserve_f
 
 
 def test_a_job_falls_back_where_its_futures_cost_least_at_the_asked_odds_not_where_the_reserve_barely_fits():
-    """With 15 h to go the slow on-demand offer (10 h of work) holds the reserve for a speed not yet measured, but
+    """With 15.2 h to go the slow on-demand offer (10 h of work) holds the reserve for a speed not yet measured, but
     only just: the guard has no slack to spend on spot, and its futures pay on-demand early. With the fast one to fall
     back to, the job keeps to spot: the futures of both baselines are played and the cheaper at the asked odds is the
     baseline (finetune-lora with 23 h to go ran all on an L4 on-demand, $13.24; with an A100 behind it, $3.17)."""
     model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
     fast = _offer("us-east-1y", "on_demand", 9.0).model_copy(update={"speed_factor": 2.0, "instance_type": "p3.fast"})
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06), fast]
-    spec = _quote_spec(15.0).model_copy(update={"budget_usd": 100.0})
+    spec = _quote_spec(15.2).model_copy(update={"budget_usd": 100.0})
     both = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model).quote(spec)
     slow_only = Broker(None, OfferBook(offers[:2]), planning.get("hedge"), SimulatedClock(NOW), model).quote(spec)
     assert slow_only.on_demand_baseline.offer == offers[1]  # it holds the reserve: the cheapest that does

@@ -8,11 +8,18 @@ import pytest
 from test_baselines import offer
 
 from broker import planning
+from broker.agents.checkpoints import CheckpointStore
+from broker.agents.contract import Contract
+from broker.core.broker import Broker
+from broker.core.clock import SimulatedClock
+from broker.core.guard import DeadlineGuard
+from broker.core.server import BrokerServer
 from broker.domain.model import Tier
 from broker.models import futures
 from broker.models.risk import changeover_hours, exclusive_hours
 from broker.planning.option_table import PlanItem
 from broker.planning.uniform_progress import Move, Progress, UniformProgress, checkpoint_due, decide
+from broker.store.jobs import Store
 from conftest import NOW, make_spec
 
 D = 0.2  # changeover delay (hours), as in the paper's evaluation
@@ -74,6 +81,10 @@ def test_a_run_on_spot_or_a_start_there_within_one_guard_pass_of_the_net_goes_to
     for on in (Tier.spot, Tier.bubble, None):
         assert decide(near, on=on, spot_available=True) == Move.on_demand
         assert decide(replace(near, pass_h=0.05), on=on, spot_available=True) == Move.spot  # the pass fits the slack
+    # a start pays its restart before the first step: with the pass it no longer fits, and the job would move off
+    # spot at the next pass having paid a start for nothing; a run already on spot has paid it
+    started = replace(near, pass_h=0.05, start_h=0.08)
+    assert [decide(started, on=on, spot_available=True) for on in (None, Tier.spot)] == [Move.on_demand, Move.spot]
     assert not checkpoint_due(near, unsaved_h=0.5, checkpoint_h=0.01)  # at the net: on-demand, not a checkpoint
 
 
@@ -107,24 +118,24 @@ def test_a_job_whose_quote_holds_its_odds_measures_its_speed_on_spot():
 def test_the_server_plans_a_start_on_spot_keeping_the_guards_pass(redis_url, catalog, tmp_path):
     """The planner's Progress carries the time between the guard's passes: a job within one pass of the net starts on
     on-demand though a spot agent is idle (on spot, the guard would move it at that pass, or a preemption before it
-    would cross the net); with the passes a moment apart it starts on spot."""
-    from broker.agents.checkpoints import CheckpointStore
-    from broker.agents.contract import Contract
-    from broker.core.broker import Broker
-    from broker.core.clock import SimulatedClock
-    from broker.core.server import BrokerServer
-    from broker.store.jobs import Store
+    would cross the net); with the passes a moment apart it starts on spot, unless the start's restore takes longer
+    than the slack beyond the pass (it would pay a start on spot for nothing and move a few minutes later)."""
 
     l4 = [o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1]
     spot, od = (
         min((o for o in l4 if o.tier == t), key=lambda o: o.price_usd_per_h) for t in (Tier.spot, Tier.on_demand)
     )
     # odds of 0.5: no reserve for a speed not yet measured
-    spec = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 2}, deadline_probability=0.5)
-    net_h = exclusive_hours(spec, od) + 2 * changeover_hours(spec)
     placed = {}
-    for pass_min in (10, 1):
-        store, clock = Store(redis_url, prefix=f"start-pass-{pass_min}:"), SimulatedClock(NOW)
+    for pass_min, restore_min in ((10, 2), (1, 2), (1, 12)):
+        spec = make_spec(
+            resources={"accelerators": ["L4:1"]},
+            work={"gpu_hours": 2},
+            deadline_probability=0.5,
+            checkpoint={"restore_minutes": restore_min},
+        )
+        net_h = exclusive_hours(spec, od) + 2 * changeover_hours(spec)
+        store, clock = Store(redis_url, prefix=f"start-pass-{pass_min}-{restore_min}:"), SimulatedClock(NOW)
         server = BrokerServer(store, UniformProgress(), clock, CheckpointStore(str(tmp_path)), consumer="test")
         deadline = NOW + timedelta(hours=net_h + 0.25)  # 0.25 h beyond the net at submission, less a pass later
         Broker(store, catalog, UniformProgress(), clock).submit(spec.model_copy(update={"deadline": deadline}), "j")
@@ -133,8 +144,8 @@ def test_the_server_plans_a_start_on_spot_keeping_the_guards_pass(redis_url, cat
         server.step()  # its next: a pass at the same time, below, is not a shorter one
         for agent in (spot, od):
             Contract(store, agent.tier.value).register(agent, 10**10, host="test", pid=0, at=clock.now())
-        placed[pass_min] = server.step()
-    assert placed == {10: [("j", "on_demand")], 1: [("j", "spot")]}
+        placed[pass_min, restore_min] = server.step()
+    assert placed == {(10, 2): [("j", "on_demand")], (1, 2): [("j", "spot")], (1, 12): [("j", "on_demand")]}
 
 
 def test_a_lost_deadline_run_cheapest_takes_spot_whenever_there_is_some_and_is_never_idle():
@@ -172,10 +183,6 @@ def test_spot_is_the_cheapest_work_that_still_makes_the_deadline_not_the_cheapes
 def an_hour_on_demand(store, catalog, policy, clock, tmp_path, done: float, if_late="cheapest"):
     """Job "j" (2 GPU-hours on an L4, 12 h to go) placed an hour in, with no spot, on the on-demand agent "od", which
     reports `done` of 1,000 steps an hour later; (server, that agent, its assignment, the cheapest spot L4 offer)."""
-    from broker.agents.checkpoints import CheckpointStore
-    from broker.agents.contract import Contract
-    from broker.core.broker import Broker
-    from broker.core.server import BrokerServer
 
     server = BrokerServer(store, policy, clock, CheckpointStore(str(tmp_path)), consumer="test")
     l4 = [o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1]
@@ -287,10 +294,6 @@ def test_a_job_on_on_demand_yields_idle_spot_to_a_job_that_waits(redis_url, cata
     """The guard takes a job back to spot only where no pending job fits: the pending job gets it first, and the
     job handed back would go to on-demand again. A lost deadline run cheapest (done=50) so yields to a job in time;
     under hedge a job in time (done=150, which it takes back to spot alone) yields too."""
-    from broker.agents.contract import Contract
-    from broker.core.broker import Broker
-    from broker.core.clock import SimulatedClock
-    from broker.store.jobs import Store
 
     store, clock = Store(redis_url, prefix=f"yield-{name}:"), SimulatedClock(NOW)
     market = futures.Hedge(np.arange(50) * 100.0, 100.0, (), 100.0)  # as below: spot is worth going back to
@@ -326,10 +329,6 @@ def test_the_guard_takes_a_job_back_from_on_demand_to_spot_by_the_policys_rule(
     leaves as soon as a spell on spot pays for the changeovers, however far behind (it has the slack). A job whose
     deadline is lost stays on on-demand to finish soonest, or with `if_late: cheapest` goes back to idle spot.
     The guard reads the pending jobs (which idle agents a waiting job fits) only for a job that would go back."""
-    from broker.agents.contract import Contract
-    from broker.core.clock import SimulatedClock
-    from broker.core.guard import DeadlineGuard
-    from broker.store.jobs import Store
 
     reads = []
     wanted = DeadlineGuard._wanted
@@ -368,10 +367,6 @@ def test_a_job_on_on_demand_ahead_of_its_pace_goes_back_to_wait_for_spot_none_is
 ):
     """Can't Be Late's Uniform Progress leaves on-demand to wait once past ep(t + 2d), even with no spot free: the
     work it puts off runs on spot that frees before it falls behind (the quote's futures play the same)."""
-    from broker.agents.contract import Contract
-    from broker.core.broker import Broker
-    from broker.core.clock import SimulatedClock
-    from broker.store.jobs import Store
 
     store, clock = Store(redis_url, prefix=f"wait-{name}-{done}-{queue}:"), SimulatedClock(NOW)
     # gaps that never end: none is waited out, so it went to on-demand an hour in

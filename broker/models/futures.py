@@ -152,8 +152,10 @@ def simulate(
         slack = s.window_h - now - left_h - 2 * s.counted_h  # what it can lose beyond that and the net's 2d
         if guard:
             margin = s.net_changeovers * s.counted_h
-            # off on-demand the net keeps a tick more: a preemption before the guard's next pass (Progress.pass_h)
-            exposed = np.where(state != OD, tick_h, 0.0) if not s.keeps_progress else 0.0
+            # off on-demand the net keeps a tick more: a preemption before the guard's next pass (Progress.pass_h);
+            # a waiting job also the restart a start on spot pays before its first step (Progress.start_h)
+            exposed = np.where(state == OD, 0.0, tick_h + np.where(state == WAIT, s.restart_h, 0.0))
+            exposed = exposed if not s.keeps_progress else 0.0
             held = (state != DONE) & (s.window_h - now < left_h + margin + exposed - TIE_H)
             net = held & (s.window_h - now < (1 - done) * believed_h + margin + exposed - TIE_H)
             # within the net only by the reserve for a speed not yet measured: on-demand until it is measured, then

@@ -39,6 +39,7 @@ from broker.models.risk import (
     exclusive_hours,
     fit_key,
     fits,
+    restart_hours,
     spot_work_usd,
     window_hours,
 )
@@ -75,6 +76,9 @@ class Progress:
     # the quote found the deadline's odds hold with the speed measured on spot (Forecast.measures_on_spot): the
     # reserve then keeps the job off spot only while it waits with no spot to take
     measures_on_spot: bool = False
+    # what a start on spot spends before its first step (the restart), kept by the net for an idle job: with less
+    # slack it would start on spot only to be moved to on-demand before it gains anything (0: the paper's setting)
+    start_h: float = 0.0
 
     def slack_h(self) -> float:
         """Hours the job can still lose beyond its on-demand work left (and the margin for a speed not yet measured)
@@ -102,7 +106,8 @@ def decide(p: Progress, on: Tier | None, spot_available: bool, uniform: bool = T
     if on != Tier.bubble and p.runs_cheapest(on):
         return Move.spot if on == Tier.spot or spot_available else Move.on_demand
     left_h, time_left_h = p.total_h - p.done_h, p.window_h - p.elapsed_h
-    exposed_h = p.pass_h if on != Tier.on_demand else 0.0  # idle: it would start on spot
+    exposed_h = p.pass_h if on != Tier.on_demand else 0.0
+    exposed_h += p.start_h if on is None else 0.0  # idle: it would start on spot
     on_spot = on in (Tier.spot, Tier.bubble) or (on is None and spot_available)
     unsure_h = 0.0 if p.measures_on_spot and on_spot else p.unsure_h
     if time_left_h < left_h + unsure_h + 2 * p.changeover_h + exposed_h - TIE_H:
@@ -142,6 +147,7 @@ def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now:
         cheapest_if_late=item.spec.if_late == IfLate.cheapest,
         pass_h=item.pass_h,
         measures_on_spot=item.measures_on_spot,
+        start_h=restart_hours(item.spec),
     )
 
 
