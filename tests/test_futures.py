@@ -124,6 +124,24 @@ def test_on_spot_within_a_tick_of_the_net_the_run_goes_to_on_demand():
     assert loose.od_h[0] == 0 and loose.finish_h[0] == pytest.approx(10.1)
 
 
+def test_where_the_notice_bounds_a_preemptions_loss_the_net_keeps_the_live_guards_pass_not_a_tick():
+    """The live guard looks every second (Setting.pass_h). Where the job checkpoints on the cloud's notice, a
+    preemption before it looks again loses at most the notice's lead, which the net's changeovers cover: 0.2 h from
+    the net the job starts on spot and stays, where a guard that looks once a tick sends it to on-demand. Without a
+    notice the tick stays. Preempted for good near the end, it still makes it on on-demand."""
+    available = np.ones((1, 1, 120), dtype=bool)
+    live = dict(window_h=10.8, changeover_h=0.3, pass_h=1 / 3600)
+    on_spot = simulate(_setting(**live, notice_h=2 / 60), available, 1 / 6)
+    assert on_spot.od_h[0] == 0 and on_spot.finish_h[0] == pytest.approx(10.1)
+    no_notice = simulate(_setting(**live), available, 1 / 6)
+    ticked = simulate(_setting(window_h=10.8, changeover_h=0.3, notice_h=2 / 60), available, 1 / 6)
+    assert no_notice.od_h[0] > 9.5 and ticked.od_h[0] > 9.5
+    gone = available.copy()
+    gone[..., 30:] = False  # spot gone from 5 h on
+    preempted = simulate(_setting(**live, notice_h=2 / 60), gone, 1 / 6)
+    assert preempted.od_h[0] > 5.0 and preempted.finish_h[0] <= 10.8
+
+
 def test_hedge_goes_back_to_spot_only_with_the_slack_for_a_changeover_and_a_tick():
     """Back on spot with the slack of one changeover only, a job is within a tick of the net: the next tick moves it
     to on-demand again, two changeovers for nothing (planning/hedge.leaves_on_demand keeps the guard's pass)."""

@@ -8,8 +8,10 @@ from test_market_model import NOW, _offer, trace
 
 from broker import planning
 from broker.agents.contract import Contract
+from broker.app.wiring import make_broker
 from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
+from broker.core.server import GUARD_EVERY_S
 from broker.domain.model import Job, JobState, Run
 from broker.models.risk import exclusive_hours, restart_hours
 from broker.pricing.availability import MarketModel
@@ -353,3 +355,19 @@ def test_each_alternative_is_played_on_its_own_offer_not_started_where_the_chose
     alt = next(o for o in quote.alternatives if o.offer == dear)
     assert quote.chosen.offer == cheap and alt.forecast.zones == [dear.id]
     assert alt.forecast.cost_p50_usd == pytest.approx(2 * quote.forecast.cost_p50_usd, rel=0.1)
+
+
+def test_a_live_brokers_quote_plays_the_guard_it_runs_under_not_one_a_market_tick_coarse():
+    """10 h of work in 10.6 h: 0.2 h beyond the net. Under a guard that looks once a 10-minute tick (the simulated
+    server's, the default) the job goes to on-demand at once; the live server looks every second and the agents
+    checkpoint on the notice, so a live broker's quote (wiring.make_broker) plays the job on spot, where it runs."""
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    spec = _quote_spec(10.6).model_copy(update={"budget_usd": None, "deadline_probability": 0.5})
+    ticked = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model)
+    live = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model)
+    live.guard_pass_h = make_broker(with_store=False).guard_pass_h
+    assert live.guard_pass_h == GUARD_EVERY_S / 3600
+    on_demand, on_spot = ticked.quote(spec).forecast, live.quote(spec).forecast
+    assert on_spot.cost_p50_usd < on_demand.cost_p50_usd / 2 and on_spot.p_meet_deadline > 0.5
+    assert on_demand.cost_p50_usd > 3.06 * 10  # all on on-demand: its 10 h and the restart

@@ -48,13 +48,16 @@ def make_broker(with_store: bool = True, live: bool = False, daemon: bool = Fals
     from broker import planning
     from broker.core.broker import Broker
     from broker.core.clock import SystemClock
+    from broker.core.server import GUARD_EVERY_S
     from broker.pricing.catalog import PriceCatalog
 
     settings = Settings.from_env()
     store = store_for(settings, daemon, say) if with_store else None
     catalog = live_catalog(store, settings) if store and live else PriceCatalog.from_snapshot(settings.prices_dir)
     policy = planning.get(settings.policy, **settings.policy_options())
-    return Broker(store, catalog, policy, SystemClock(), market_model, explained=True)
+    broker = Broker(store, catalog, policy, SystemClock(), market_model, explained=True)
+    broker.guard_pass_h = GUARD_EVERY_S / 3600  # the live guard looks every second, not once a market tick
+    return broker
 
 
 def make_server(

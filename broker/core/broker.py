@@ -52,6 +52,9 @@ class Broker:
         # quotes a person reads: the alternatives simulated too, each on its own offer (what a user weighs them by),
         # and a refusal's fixes read from the quotes they lead to (core/refusals.py); backtests never show them
         self.explained = explained
+        # the time between the deadline guard's passes where quoted jobs run, for their futures (Setting.pass_h): a
+        # live server's (wiring.make_broker); None: the market model's tick, as the simulated server steps
+        self.guard_pass_h: float | None = None
         self._recent: tuple[datetime, MarketModel] | None = None  # (when learned, the model with our spells)
         self.hedges = MarketHedge(self.market_now, lambda: self.catalog.offers) if market is not None else None
         if self.hedges and getattr(policy, "hedge", False) is None:  # a policy that decides from the market
@@ -146,6 +149,7 @@ class Broker:
                 hedges=self.hedges,
                 spot_while_in_time=spot,
                 measures_on_spot=measures_on_spot,
+                pass_h=self.guard_pass_h,
             )
 
         if baselines:  # the futures say which one keeps the odds cheapest, where a market model can play them
@@ -203,6 +207,7 @@ class Broker:
             spot_while_in_time=getattr(self.policy, "spot_while_in_time", False),
             underway=Underway.of(job, now),
             measures_on_spot=job.quote.measures_on_spot,
+            pass_h=self.guard_pass_h,
         )
 
     def _fleet(self, agents: list[AgentInfo], now: datetime, without: str | None = None) -> Fleet:

@@ -145,6 +145,7 @@ def forecast(
     spot_while_in_time: bool = False,
     underway: Underway | None = None,
     measures_on_spot: bool = False,
+    pass_h: float | None = None,
 ) -> Forecast:
     """The quote's chosen option on `futures` sampled futures of its zones (an offer without traces is modelled
     from its own hazard and availability, which the catalog's hazard model set), against the other jobs of
@@ -154,7 +155,8 @@ def forecast(
     runs on the spot and bubble offers still in time (`zones_in_time`) even where the quote chose on-demand, with
     that on-demand offer as its fallback. `underway`: the job's outlook from where it stands now (the work left, at its
     speed once measured, with what it has spent; every future finds it where its run under way runs, without the
-    changeover a start pays). `measures_on_spot`: the job may measure its speed on spot (Forecast.measures_on_spot)."""
+    changeover a start pays). `measures_on_spot`: the job may measure its speed on spot (Forecast.measures_on_spot).
+    `pass_h`: the time between the guard's passes where the job runs (Setting.pass_h; None: a tick, as simulated)."""
     chosen = quote.chosen.offer
     fallback = quote.chosen.fallback or (quote.on_demand_baseline.offer if quote.on_demand_baseline else None)
     window = window_hours(spec, now)
@@ -217,6 +219,7 @@ def forecast(
         cheapest_if_late=spec.if_late == IfLate.cheapest,
         zone_pace=tuple(exclusive_hours(spec, o) / work_h for o in zones),
         running_on=underway.running_on(zones) if underway else None,
+        pass_h=pass_h,
     )
     hedge = None
     if setting.rule in HEDGING:

@@ -15,7 +15,8 @@ from the market model for a quote or cut from the traces for a backtest, the way
   cheapest instead: spot whenever a zone has a slot, on-demand while none has, left for spot as the rule leaves it;
 - near the net, a run on spot that a preemption would put past it (the work since its last checkpoint is more
   than the slack left) checkpoints now, pays the write and runs on (planning/uniform_progress.checkpoint_due, the
-  live guard's request); within a tick of the net (the guard's pass) it goes to on-demand instead;
+  live guard's request); within the guard's pass of the net (a tick; the live pass where the cloud's notice
+  bounds the loss, `Setting.pass_h`) it goes to on-demand instead;
   at the horizon (the deadline) the rest is priced on on-demand;
 - the rule decides on the estimate's work, keeping the live guard's reserve for a speed not yet measured
   (Progress.unsure_h), until the job has run long enough for its speed to be measured (Setting.believed_od_h), and
@@ -87,6 +88,10 @@ class Setting:
     # where the job runs now (an outlook of a job under way): the zone's index, ON_DEMAND_NOW for on-demand; None:
     # nowhere yet, so it starts by the rule and pays the changeover
     running_on: int | None = None
+    # the live guard's pass (seconds apart: core/server.GUARD_EVERY_S) where the cloud's notice bounds what a
+    # preemption loses (`notice_h`): the net keeps that, not a tick, off on-demand; None: a tick, as in the
+    # simulated world, whose server looks once a tick
+    pass_h: float | None = None
 
     @property
     def counted_h(self) -> float:
@@ -134,6 +139,7 @@ def simulate(
     finish = np.full(n, math.inf)
     writes = 1 + (s.checkpoint_h / s.interval_h if s.interval_h else 0.0)  # wall hours per hour of spot progress
     guard = s.rule != "spot-only" and math.isfinite(s.window_h)
+    pass_h = s.pass_h if s.pass_h is not None and s.notice_h is not None else tick_h  # the guard's pass
     idx = np.arange(n)
     for t in range(ticks):
         now = t * tick_h
@@ -152,9 +158,9 @@ def simulate(
         slack = s.window_h - now - left_h - 2 * s.counted_h  # what it can lose beyond that and the net's 2d
         if guard:
             margin = s.net_changeovers * s.counted_h
-            # off on-demand the net keeps a tick more: a preemption before the guard's next pass (Progress.pass_h);
+            # off on-demand the net keeps the guard's pass more: a preemption before it looks again (Progress.pass_h);
             # a waiting job also the restart a start on spot pays before its first step (Progress.start_h)
-            exposed = np.where(state == OD, 0.0, tick_h + np.where(state == WAIT, s.restart_h, 0.0))
+            exposed = np.where(state == OD, 0.0, pass_h + np.where(state == WAIT, s.restart_h, 0.0))
             exposed = exposed if not s.keeps_progress else 0.0
             held = (state != DONE) & (s.window_h - now < left_h + margin + exposed - TIE_H)
             net = held & (s.window_h - now < (1 - done) * believed_h + margin + exposed - TIE_H)
@@ -176,7 +182,7 @@ def simulate(
             if not s.keeps_progress:  # near the net, a checkpoint now keeps a preemption from crossing it
                 unsaved_h = (done - saved) * believed_h
                 margin_h = s.window_h - now - left_h - margin
-                due = (state == SPOT) & (margin_h >= tick_h - TIE_H) & (margin_h < unsaved_h + tick_h - TIE_H)
+                due = (state == SPOT) & (margin_h >= pass_h - TIE_H) & (margin_h < unsaved_h + pass_h - TIE_H)
                 due &= unsaved_h > s.checkpoint_h
                 saved = np.where(due, done, saved)
                 dead = np.where(due, dead + s.checkpoint_h, dead)
@@ -197,7 +203,7 @@ def simulate(
                     waited,
                     zone,
                     prices,
-                    0.0 if s.keeps_progress else tick_h,
+                    0.0 if s.keeps_progress else pass_h,
                 )
             if late.any():
                 to_od, leave_od = _cheapest_moves(s, hedge, late, state, any_up, zone, prices, to_od, leave_od)
