@@ -365,9 +365,9 @@ def test_a_live_brokers_quote_plays_the_guard_it_runs_under_not_one_a_market_tic
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
     spec = _quote_spec(10.6).model_copy(update={"budget_usd": None, "deadline_probability": 0.5})
     ticked = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model)
-    live = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model)
-    live.guard_pass_h = make_broker(with_store=False).guard_pass_h
-    assert live.guard_pass_h == GUARD_EVERY_S / 3600
+    pass_h = make_broker(with_store=False).guard_pass_h
+    assert pass_h == GUARD_EVERY_S / 3600
+    live = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model, guard_pass_h=pass_h)
     on_demand, on_spot = ticked.quote(spec).forecast, live.quote(spec).forecast
     assert on_spot.cost_p50_usd < on_demand.cost_p50_usd / 2 and on_spot.p_meet_deadline > 0.5
     assert on_demand.cost_p50_usd > 3.06 * 10  # all on on-demand: its 10 h and the restart

@@ -55,9 +55,10 @@ def make_broker(with_store: bool = True, live: bool = False, daemon: bool = Fals
     store = store_for(settings, daemon, say) if with_store else None
     catalog = live_catalog(store, settings) if store and live else PriceCatalog.from_snapshot(settings.prices_dir)
     policy = planning.get(settings.policy, **settings.policy_options())
-    broker = Broker(store, catalog, policy, SystemClock(), market_model, explained=True)
-    broker.guard_pass_h = GUARD_EVERY_S / 3600  # the live guard looks every second, not once a market tick
-    return broker
+    # the live guard looks every second, not once a market tick: the quotes' futures play it so
+    return Broker(
+        store, catalog, policy, SystemClock(), market_model, explained=True, guard_pass_h=GUARD_EVERY_S / 3600
+    )
 
 
 def make_server(

@@ -43,6 +43,7 @@ class Broker:
         clock,
         market: MarketModel | Callable[[], MarketModel] | None = None,
         explained: bool = False,
+        guard_pass_h: float | None = None,
     ):
         self.store = store
         self.catalog = catalog
@@ -54,7 +55,7 @@ class Broker:
         self.explained = explained
         # the time between the deadline guard's passes where quoted jobs run, for their futures (Setting.pass_h): a
         # live server's (wiring.make_broker); None: the market model's tick, as the simulated server steps
-        self.guard_pass_h: float | None = None
+        self.guard_pass_h = guard_pass_h
         self._recent: tuple[datetime, MarketModel] | None = None  # (when learned, the model with our spells)
         self.hedges = MarketHedge(self.market_now, lambda: self.catalog.offers) if market is not None else None
         if self.hedges and getattr(policy, "hedge", False) is None:  # a policy that decides from the market
