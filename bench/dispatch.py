@@ -11,6 +11,7 @@ dispatch path: store -> server round -> assignment stream -> agent start -> star
 
     python bench/dispatch.py --agents 100 --jobs 5000 --rate 1000 --json
     python bench/dispatch.py --cluster-nodes 3 --shards 6 --replicas 3 --submitters 3 --json
+    python bench/dispatch.py --backlog --jobs 4000 --json   # how fast one replica drains a full queue
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=1, help="server processes sharing out the shards")
     parser.add_argument("--cluster-nodes", type=int, default=0, help="primaries of a Redis Cluster (0: one server)")
     parser.add_argument("--policy", default=planning.DEFAULT_POLICY, help="the servers' planning policy")
+    parser.add_argument(
+        "--backlog",
+        action="store_true",
+        help="submit every job before the servers start: starts_per_s is then how fast the replicas drain a queue",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -90,8 +96,8 @@ def run(url: str, home: Path, args) -> dict:
         ctx.Process(target=agent_host, args=(url, str(home), offer.model_dump_json(), ids[h :: args.hosts], stop, args))
         for h in range(args.hosts)
     ]
-    hosts += [ctx.Process(target=server_host, args=(url, str(home), stop, r, args)) for r in range(args.replicas)]
-    for proc in hosts:
+    servers = [ctx.Process(target=server_host, args=(url, str(home), stop, r, args)) for r in range(args.replicas)]
+    for proc in hosts + ([] if args.backlog else servers):
         proc.start()
     deadline = time.time() + 120
     while not all(store.lease_alive(i) for i in ids):
@@ -112,6 +118,9 @@ def run(url: str, home: Path, args) -> dict:
             bar.update(task, completed=sum(store.redis.zcard(s.key("jobs")) for s in store.shards))
             time.sleep(0.2)
         submit_s = float(store.redis.get("bench:submit-end")) - t0
+        if args.backlog:
+            for proc in servers:
+                proc.start()
         task = bar.add_task("waiting for every job to start", total=args.jobs)
         started: dict[str, float] = {}
         last_ids, deadline = ["-"] * args.shards, time.time() + args.timeout
@@ -123,9 +132,10 @@ def run(url: str, home: Path, args) -> dict:
                         started.setdefault(fields["job"], json.loads(fields["data"])["at"])
             bar.update(task, completed=len(started))
             time.sleep(0.2)
-    all_started_s = max(started.values()) - t0 if started else None
+    first = min(started.values()) if args.backlog and started else t0
+    all_started_s = max(started.values()) - first if started else None
     stop.set()
-    for proc in hosts:
+    for proc in hosts + servers:
         proc.join(timeout=10)
         if proc.exitcode is None:
             proc.kill()
@@ -146,6 +156,7 @@ def run(url: str, home: Path, args) -> dict:
         "shards": args.shards,
         "cluster_nodes": args.cluster_nodes,  # 0: a single redis-server
         "policy": args.policy,
+        "backlog": args.backlog,  # True: the jobs waited for the servers, so p50/p99 are the queue's, not dispatch's
     }
 
 
@@ -165,7 +176,7 @@ def submit_host(url: str, spec_json: str, quote_json: str, n: int, args, t0: flo
 
     store = ShardedStore(url, count=args.shards)
     spec, quote = JobSpec.model_validate_json(spec_json), Quote.model_validate_json(quote_json)
-    rate = args.rate / args.submitters
+    rate = float("inf") if args.backlog else args.rate / args.submitters
     for k, i in enumerate(range(n, args.jobs, args.submitters)):
         if (wait := t0 + k / rate - time.time()) > 0:
             time.sleep(wait)

@@ -38,6 +38,7 @@ PLAN_PAGE = 1000  # pending jobs planned per round at most, most urgent first
 PLAN_PAGE_PER_AGENT, PLAN_PAGE_MIN = 2, 16
 GUARD_EVERY_S = 1.0
 PRICES_EVERY_S = 60.0  # the catalog changes when prices are refreshed or our agents see preemptions
+RECOVER_EVERY_S = 5.0  # how often a replica claims dead replicas' reports (they are claimable after 30 s idle)
 
 
 class BrokerServer:
@@ -63,6 +64,8 @@ class BrokerServer:
         self.lease_s = lease_s
         self._last_reclaim = 0.0
         self._last_guard = 0.0
+        self._last_recover = 0.0
+        self._all_acked = False  # whether every report this replica read is acked (not known at start: a crash)
         self._guarded_at: datetime | None = None  # the clock's time of the guard's last pass
         self._pass_h = 0.0  # the time between its passes: a job placed now is looked at that much later
         self.agent_secret = agent_secret  # when set, only agents with a valid registration token get work
@@ -119,14 +122,19 @@ class BrokerServer:
         return self.dispatch()
 
     def fold_reports(self, block_ms: int | None) -> int:
-        """Apply one batch of agent reports (all their jobs in one transaction), then ack them; returns how many."""
+        """Apply one batch of agent reports (all their jobs in one transaction), then ack them; returns how many.
+        Reports read but not acked (a round that failed) are read again first, before newer ones of their jobs."""
+        recover = not self._all_acked or time.monotonic() - self._last_recover >= RECOVER_EVERY_S
+        if recover:
+            self._last_recover = time.monotonic()
+        self._all_acked = False
         by_job: dict[str, list[tuple[str, dict]]] = {}
-        for entry_id, report in self.store.read_reports(self.consumer, block_ms=block_ms):
+        for entry_id, report in self.store.read_reports(self.consumer, block_ms=block_ms, recover=recover):
             by_job.setdefault(report["job"], []).append((entry_id, report))
-        if not by_job:
-            return 0
-        self.apply_batch([[report for _, report in entries] for entries in by_job.values()])
-        self.store.ack_reports([e for entries in by_job.values() for e, _ in entries])  # after: a crash re-applies
+        if by_job:
+            self.apply_batch([[report for _, report in entries] for entries in by_job.values()])
+            self.store.ack_reports([e for entries in by_job.values() for e, _ in entries])  # after: a crash re-applies
+        self._all_acked = True
         return sum(len(entries) for entries in by_job.values())
 
     def serve(self, until=lambda: False, interval_s: float = 0.05) -> None:
@@ -201,12 +209,11 @@ class BrokerServer:
 
             if self.store.update_job(job.id, lose) is not None and self.metrics:
                 self.metrics.preemptions.inc()
-        agents = self.store.agents()
-        leases = self.store.leases([a.id for a in agents])
-        live = [a for a in agents if leases[a.id] not in (None, "leaving") and a.on_cloud]  # stand-ins: no evidence
+        agents = self.store.agents_with_leases()
+        live = [a for a, lease in agents if lease not in (None, "leaving") and a.on_cloud]  # stand-ins: no evidence
         self.capacity.record(now, live)  # market evidence
-        for agent in agents:  # gone: its job (if any) was handled above
-            if leases[agent.id] is None:
+        for agent, lease in agents:  # gone: its job (if any) was handled above
+            if lease is None:
                 self.store.remove_agent(agent.id)
 
     # -- dispatch -------------------------------------------------------------------------

@@ -89,11 +89,19 @@ class AgentChannels:
         raws = self.redis.mget([self._key("agent", i) for i in ids]) if ids else []
         return [agent for agent in map(_agent_info, raws) if agent is not None]
 
+    def agents_with_leases(self) -> list[tuple[AgentInfo, str | None]]:
+        """Every registered agent with its lease's value (as `leases`), records and leases in one MGET: a server
+        round reads them every time it dispatches."""
+        ids = sorted(self.redis.smembers(self._key("agents")))
+        if not ids:
+            return []
+        raws = self.redis.mget([self._key("agent", i) for i in ids] + [self._key("lease", i) for i in ids])
+        records = map(_agent_info, raws[: len(ids)])
+        return [(agent, lease) for agent, lease in zip(records, raws[len(ids) :]) if agent is not None]
+
     def working_agents(self) -> list[AgentInfo]:
         """The registered agents that take work: lease alive and not leaving."""
-        agents = self.agents()
-        leases = self.leases([a.id for a in agents])
-        return [a for a in agents if leases[a.id] not in (None, "leaving")]
+        return [agent for agent, lease in self.agents_with_leases() if lease not in (None, "leaving")]
 
     def get_agent(self, agent_id: str) -> AgentInfo | None:
         """The agent's record; None when there is none or it does not parse (an agent writes its own)."""
@@ -177,17 +185,32 @@ class AgentChannels:
                 raise
 
     def read_reports(
-        self, consumer: str, count: int = 200, block_ms: int | None = None, reclaim_idle_ms: int = 30_000
+        self,
+        consumer: str,
+        count: int = 200,
+        block_ms: int | None = None,
+        reclaim_idle_ms: int = 30_000,
+        recover: bool = True,
     ) -> list[tuple[str, dict]]:
-        """Agent events for this broker replica: its own unacked ones, stale ones of dead replicas, then new ones."""
-        self._ensure_broker_group()
+        """Agent events for this broker replica. With `recover`, first its own unacked ones (a round that failed
+        after reading) and stale ones of dead replicas; then, if none, new ones. A server recovers only when it
+        may have left some and now and then (core/server.py): each is a round trip of every round otherwise."""
         stream = self._key("agent-events")
-        mine = self.redis.xreadgroup(BROKER_GROUP, consumer, {stream: "0"}, count=count)
-        entries = [e for e in (mine[0][1] if mine else []) if e[1]]
-        _, claimed, _ = self.redis.xautoclaim(stream, BROKER_GROUP, consumer, reclaim_idle_ms, "0-0", count=count)
-        entries += [e for e in claimed if e[1] and e[0] not in {x[0] for x in entries}]
+        entries = []
+        if recover:
+            self._ensure_broker_group()
+            mine = self.redis.xreadgroup(BROKER_GROUP, consumer, {stream: "0"}, count=count)
+            entries = [e for e in (mine[0][1] if mine else []) if e[1]]
+            _, claimed, _ = self.redis.xautoclaim(stream, BROKER_GROUP, consumer, reclaim_idle_ms, "0-0", count=count)
+            entries += [e for e in claimed if e[1] and e[0] not in {x[0] for x in entries}]
         if not entries:
-            new = self.redis.xreadgroup(BROKER_GROUP, consumer, {stream: ">"}, count=count, block=block_ms)
+            try:
+                new = self.redis.xreadgroup(BROKER_GROUP, consumer, {stream: ">"}, count=count, block=block_ms)
+            except redis.ResponseError as err:  # NOGROUP: the stream is new (or was cleared); nothing to read yet
+                if "NOGROUP" not in str(err):
+                    raise
+                self._ensure_broker_group()
+                new = []
             entries = new[0][1] if new else []
         parsed = [(entry_id, _parse_report(fields)) for entry_id, fields in entries]
         named = sorted({report["agent"] for _, report in parsed if report is not None})

@@ -248,10 +248,11 @@ class Store(AgentChannels):
             with self.redis.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(*watched)
-                    if leader is not None and pipe.get(self._key("leader")) != leader:
+                    raws = pipe.execute_command("MGET", *watched)  # the jobs, and the lease's holder last
+                    if leader is not None and raws.pop() != leader:
                         return dict.fromkeys((job_id for job_id, _, _ in changes), None)
                     results, writes = {}, []
-                    for (job_id, change, also), raw in zip(changes, pipe.execute_command("MGET", *keys)):
+                    for (job_id, change, also), raw in zip(changes, raws):
                         if raw is None:
                             if missing_ok:
                                 continue

@@ -182,6 +182,9 @@ class ShardedStore:
     def agents(self) -> list[AgentInfo]:
         return [agent for shard in self.shards for agent in shard.agents()]
 
+    def agents_with_leases(self) -> list[tuple[AgentInfo, str | None]]:
+        return [pair for shard in self.shards for pair in shard.agents_with_leases()]
+
     def working_agents(self) -> list[AgentInfo]:
         return [agent for shard in self.shards for agent in shard.working_agents()]
 
