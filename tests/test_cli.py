@@ -151,6 +151,8 @@ def test_demo_runs_the_product_end_to_end_with_a_migration(env, monkeypatch, tmp
     listed = json.loads(run("list", "--json").stdout)  # the demo's jobs, not its quotes, are shown, tagged demo
     assert sorted(j["id"] for j in listed) == sorted(j["id"] for j in body["jobs"])
     assert all(j["tags"] == ["demo"] and j["state"] == "done" for j in listed)
+    assert json.loads(run("status", "--json").stdout) == listed  # no job named: every job, as `broker list`
+    assert listed[0]["id"] in run("status").stdout
     shown = run("status", listed[0]["id"])
     assert shown.exit_code == 0 and "running" in shown.stdout and "done" in shown.stdout  # its events came too
     assert "compressed clock" in shown.stdout

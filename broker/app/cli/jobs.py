@@ -53,7 +53,11 @@ def list_jobs(
     as_json: bool = JsonOpt,
 ) -> None:
     """List jobs, oldest first."""
-    jobs = make_store().list_jobs(set(state) if state else None)
+    show_jobs(make_store().list_jobs(set(state) if state else None), as_json)
+
+
+def show_jobs(jobs, as_json: bool) -> None:
+    """The jobs table (`broker list`, and `broker status` without a job), or their JSON."""
     if as_json:
         print_json([render.job_dict(j) for j in jobs])
     elif not jobs:
@@ -64,7 +68,7 @@ def list_jobs(
 
 @user_errors
 def status(
-    job_id: str = typer.Argument(..., help="The job id (see `broker list`)."),
+    job_id: str | None = typer.Argument(None, help="The job id (see `broker list`); none: every job, as a table."),
     as_json: bool = JsonOpt,
     outlook: bool = typer.Option(
         True,
@@ -72,10 +76,16 @@ def status(
         help="For a job under way: its quote made again from where it stands (about a second: the model is learned).",
     ),
 ) -> None:
-    """Show one job: its state, quote, outlook and events."""
+    """Show one job: its state, quote, outlook and events; without a job, every job (as `broker list`)."""
     from broker.core.waiting import waiting_for
 
     store = make_store()
+    if job_id is None:
+        jobs = store.list_jobs()
+        show_jobs(jobs, as_json)
+        if jobs and not as_json:
+            out.print("one job's quote, runs and events: `broker status JOB`", highlight=False)
+        return
     job = store.get_job(job_id)
     events = store.events(job_id)
     waiting = waiting_for(store, job)
@@ -109,7 +119,7 @@ def status(
 
 @user_errors
 def logs(
-    job_id: str = typer.Argument(..., help="The job id (see `broker list`)."),
+    job_id: str | None = typer.Argument(None, help="The job id (see `broker list`); none: every job, as a table."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new output until the job ends."),
 ) -> None:
     """The job's output, run by run, as its agents sent it; --follow streams it until the job ends."""
