@@ -153,6 +153,7 @@ def test_demo_runs_the_product_end_to_end_with_a_migration(env, monkeypatch, tmp
     assert all(j["tags"] == ["demo"] and j["state"] == "done" for j in listed)
     assert json.loads(run("status", "--json").stdout) == listed  # no job named: every job, as `broker list`
     assert listed[0]["id"] in run("status").stdout
+    assert "Missing argument 'job_id'" in run("logs").output  # `logs` still needs its job: the output is one job's
     shown = run("status", listed[0]["id"])
     assert shown.exit_code == 0 and "running" in shown.stdout and "done" in shown.stdout  # its events came too
     assert "compressed clock" in shown.stdout

@@ -119,7 +119,7 @@ def status(
 
 @user_errors
 def logs(
-    job_id: str | None = typer.Argument(None, help="The job id (see `broker list`); none: every job, as a table."),
+    job_id: str = typer.Argument(..., help="The job id (see `broker list`)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new output until the job ends."),
 ) -> None:
     """The job's output, run by run, as its agents sent it; --follow streams it until the job ends."""
