@@ -20,7 +20,7 @@ from broker.app.cli.common import (
 )
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
-from broker.domain.model import JobState
+from broker.domain.model import Job, JobState
 from broker.domain.specfile import load_spec
 
 
@@ -56,7 +56,7 @@ def list_jobs(
     show_jobs(make_store().list_jobs(set(state) if state else None), as_json)
 
 
-def show_jobs(jobs, as_json: bool) -> None:
+def show_jobs(jobs: list[Job], as_json: bool) -> None:
     """The jobs table (`broker list`, and `broker status` without a job), or their JSON."""
     if as_json:
         print_json([render.job_dict(j) for j in jobs])
