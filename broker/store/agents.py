@@ -85,13 +85,11 @@ class AgentChannels:
 
     def agents(self) -> list[AgentInfo]:
         """Every registered agent (alive or not: check lease_alive)."""
-        ids = sorted(self.redis.smembers(self._key("agents")))
-        raws = self.redis.mget([self._key("agent", i) for i in ids]) if ids else []
-        return [agent for agent in map(_agent_info, raws) if agent is not None]
+        return [agent for agent, _ in self.agents_with_leases()]
 
     def agents_with_leases(self) -> list[tuple[AgentInfo, str | None]]:
-        """Every registered agent with its lease's value (as `leases`), records and leases in one MGET: a server
-        round reads them every time it dispatches."""
+        """Every registered agent with its lease's value (as `leases`), records and leases in one MGET (a server
+        round reads them every time it dispatches)."""
         ids = sorted(self.redis.smembers(self._key("agents")))
         if not ids:
             return []

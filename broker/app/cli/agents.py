@@ -44,9 +44,8 @@ def agents_list(as_json: bool = JsonOpt) -> None:
     from broker.app import render
 
     store = make_store()
-    agents = store.agents()
-    leases = store.leases([a.id for a in agents])
-    rows = render.agent_rows(agents, leases, datetime.now(UTC))
+    pairs = store.agents_with_leases()
+    rows = render.agent_rows([a for a, _ in pairs], {a.id: lease for a, lease in pairs}, datetime.now(UTC))
     if as_json:
         print_json(rows)
     elif not rows:
