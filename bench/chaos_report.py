@@ -14,7 +14,9 @@ def why_not_done(store, job) -> dict:
     ends = Counter(r.end_reason or "open" for r in job.runs)
     last = job.current_run or (job.runs[-1] if job.runs else None)
     reports = [
-        fields for _, fields in store.redis.xrevrange(store.key("agent-events"), count=5000) if fields["job"] == job.id
+        fields
+        for _, fields in store.redis.xrevrange(store.key("agent-events"), count=5000)
+        if fields["job"] == job.id and "agent" in fields  # an agent's report, not its submit's wake
     ]
     return {
         "job": job.id,

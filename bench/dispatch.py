@@ -6,6 +6,7 @@ redis-server (AOF, appendfsync always, as the embedded default runs), or with `-
 a private Redis Cluster of N primaries (the same AOF settings). With `--shards S` jobs and agents
 are split over S shards (store/shards.py) and `--replicas R` servers share out their planning
 (core/replica.py); agent ids are picked so each shard has the same number of agents. Jobs run `true`.
+The servers run `broker server`'s own loop (Replica.serve: rounds back to back, an idle one waiting for reports).
 Every job is quoted once up front and stored pre-quoted, so the figures are those of the
 dispatch path: store -> server round -> assignment stream -> agent start -> started report.
 
@@ -213,9 +214,7 @@ def server_host(url: str, home: str, stop, index: int, args) -> None:
         policy = planning.get(args.policy)
         return BrokerServer(shard, policy, SystemClock(), CheckpointStore(f"{home}/ckpt"), name, lease_s=30.0)
 
-    replica = Replica(ShardedStore(url, count=args.shards), make, name)
-    while not stop.is_set():
-        replica.round(block_ms=5)
+    Replica(ShardedStore(url, count=args.shards), make, name).serve(until=stop.is_set)  # `broker server`'s loop
 
 
 if __name__ == "__main__":

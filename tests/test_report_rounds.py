@@ -1,7 +1,9 @@
 """A server round's reads of the agents' report stream: a round that failed after reading applies those reports
 again first, before newer ones; a healthy replica asks for its own unacked and dead replicas' reports only now and
-then (each ask is a round trip of every round otherwise); a report stream that was cleared is made again."""
+then (each ask is a round trip of every round otherwise); a report stream that was cleared is made again; a new
+job wakes a server waiting for reports, and those wakes never hide the reports behind them."""
 
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -79,3 +81,31 @@ def test_a_cleared_report_stream_is_made_again_and_read(store, dispatched):
     applied = [server.fold_reports(block_ms=None) for _ in range(2)]  # the group made again, from the start
     assert sum(applied) == 1
     assert store.get_job(job.id).state == JobState.running
+
+
+def test_a_new_job_wakes_a_server_waiting_for_reports(store, catalog, dispatched):
+    server, _ = dispatched
+    assert server.fold_reports(block_ms=None) == 0  # nothing left: a round would wait its whole block for a report
+    offer = store.get_agent("a").offer
+    store.register_agent(AgentInfo(id="b", offer=offer, host="h", pid=2, registered_at=datetime.now(UTC)), 60_000)
+    job = Broker(store, catalog, planning.get(), SystemClock()).submit(
+        make_spec(name="k", resources={"accelerators": ["L4:1"]})
+    )
+    started = time.monotonic()
+    server.round(block_ms=4_000)
+    assert time.monotonic() - started < 2  # woken by the submit, not by the end of its wait
+    assert store.get_job(job.id).current_run.agent == "b"
+    assert store.redis.xpending("broker:agent-events", "broker")["pending"] == 0  # the wake acked: it is no report
+
+
+def test_reports_behind_a_burst_of_wakes_are_read_in_the_same_call(store, dispatched):
+    server, job = dispatched
+    assert server.fold_reports(block_ms=None) == 0
+    with store.redis.pipeline() as pipe:
+        for i in range(5):  # more than a page of wakes: jobs submitted at once
+            store.wake(pipe, f"burst-{i}")
+        pipe.execute()
+    store.report("a", job.id, 1, "started")
+    reports = store.read_reports("s", count=2, recover=False)
+    assert [report["type"] for _, report in reports] == ["started"]
+    assert store.redis.xpending("broker:agent-events", "broker")["pending"] == 1  # the report, to be acked once applied

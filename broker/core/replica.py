@@ -75,8 +75,8 @@ class Replica:
             if led:
                 rehome(self.store, led, self.servers[owned[0]].clock.now())
 
-    def serve(self, until=lambda: False, interval_s: float = 0.05) -> None:
-        serve_rounds(self.round, self.name, until, interval_s)
+    def serve(self, until=lambda: False) -> None:
+        serve_rounds(self.round, self.name, until)
 
     def stop(self) -> None:
         """Leave: give up every shard and the heartbeat, so the others take over at once, not after a lease."""

@@ -137,8 +137,8 @@ class BrokerServer:
         self._all_acked = True
         return sum(len(entries) for entries in by_job.values())
 
-    def serve(self, until=lambda: False, interval_s: float = 0.05) -> None:
-        serve_rounds(self.round, self.consumer, until, interval_s)
+    def serve(self, until=lambda: False) -> None:
+        serve_rounds(self.round, self.consumer, until)
 
     def resign(self) -> None:
         """Give up the planning lease (core/replica.py: another replica is to plan this shard)."""
@@ -364,13 +364,12 @@ class BrokerServer:
         return job.id, change, send
 
 
-def serve_rounds(round_, name: str, until, interval_s: float) -> None:
-    """Run rounds until `until()`, riding out a Redis outage longer than the store's own patience."""
+def serve_rounds(round_, name: str, until) -> None:
+    """Run rounds back to back until `until()`, riding out a Redis outage longer than the store's own patience.
+    No pause between rounds: an idle round waits in its read of reports, and a busy one has work waiting."""
     while not until():
         try:
             round_()
         except redis.ConnectionError as err:  # Redis gone for longer than the store rides out: retry
             log.warning("server=%s redis unreachable (%s); retrying in 1 s", name, err)
             time.sleep(1.0)
-            continue
-        time.sleep(interval_s)

@@ -1,6 +1,6 @@
 """The store's side of the agent channel: agent records and their leases, each agent's assignment stream,
-the report stream the broker reads (reports authenticated by the key the agent registered), and agents'
-views of their jobs. Store inherits it; the key schema is at the top of jobs.py."""
+the report stream the broker reads (reports authenticated by the key the agent registered; new jobs' wakes ride on
+it too), and agents' views of their jobs. Store inherits it; the key schema is at the top of jobs.py."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ AGENT_GROUP = "agent"
 BROKER_GROUP = "broker"
 STREAM_MAXLEN = 1_000_000  # the event streams are capped (approximately) so Redis memory stays bounded
 LOG_MAXLEN = 20_000  # batches of output lines kept per agent (approximately)
+WAKE = "submitted"  # a report-stream entry with no agent: a job joined the queue (Store.wake)
 
 
 class AgentChannels:
@@ -158,6 +159,12 @@ class AgentChannels:
             fields["key"] = self._report_keys[agent_id]
         return self.redis.xadd(self._key("agent-events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
 
+    def wake(self, pipe, job_id: str) -> None:
+        """Queue a nudge on the report stream, in the transaction that queues the job: a server waiting there for
+        reports reads it and dispatches the job now, not at the end of its wait. It is no report (no agent):
+        read_reports acks it and leaves it out."""
+        pipe.xadd(self._key("agent-events"), {"type": WAKE, "job": job_id}, maxlen=STREAM_MAXLEN, approximate=True)
+
     def append_log(self, agent_id: str, job_id: str, fence: int, lines: list[str]) -> None:
         """A batch of the job's output lines, to the agent's own log stream (its ACL user may write nothing else)."""
         if lines:
@@ -201,20 +208,20 @@ class AgentChannels:
             entries = [e for e in (mine[0][1] if mine else []) if e[1]]
             _, claimed, _ = self.redis.xautoclaim(stream, BROKER_GROUP, consumer, reclaim_idle_ms, "0-0", count=count)
             entries += [e for e in claimed if e[1] and e[0] not in {x[0] for x in entries}]
-        if not entries:
-            try:
-                new = self.redis.xreadgroup(BROKER_GROUP, consumer, {stream: ">"}, count=count, block=block_ms)
-            except redis.ResponseError as err:  # NOGROUP: the stream is new (or was cleared); nothing to read yet
-                if "NOGROUP" not in str(err):
-                    raise
-                self._ensure_broker_group()
-                new = []
-            entries = new[0][1] if new else []
-        parsed = [(entry_id, _parse_report(fields)) for entry_id, fields in entries]
+        page = None  # new entries: until a report comes or none are left (a burst of wakes may hide reports)
+        while all(_is_wake(fields) for _, fields in entries) and (page is None or len(page) == count):
+            page = self._read_new(consumer, count, block_ms if page is None else None)
+            entries += page
+        wakes = [entry_id for entry_id, fields in entries if _is_wake(fields)]
+        parsed = [(entry_id, _parse_report(fields)) for entry_id, fields in entries if not _is_wake(fields)]
         named = sorted({report["agent"] for _, report in parsed if report is not None})
-        records = (
-            dict(zip(named, map(_agent_info, self.redis.mget([self._key("agent", i) for i in named])))) if named else {}
-        )
+        with self.redis.pipeline(transaction=False) as pipe:  # one round trip: the wakes acked, the agents read
+            if wakes:
+                pipe.xack(stream, BROKER_GROUP, *wakes)
+            if named:  # MGET by name: a cluster's pipeline refuses mget()
+                pipe.execute_command("MGET", *(self._key("agent", i) for i in named))
+            replies = pipe.execute() if wakes or named else []
+        records = dict(zip(named, map(_agent_info, replies[-1]))) if named else {}
         reports, dropped = [], []
         for entry_id, report in parsed:
             if report is not None and _authentic(report, records[report["agent"]]):
@@ -226,8 +233,25 @@ class AgentChannels:
             self.ack_reports(dropped)
         return reports
 
+    def _read_new(self, consumer: str, count: int, block_ms: int | None) -> list:
+        """Entries no replica has read yet (waiting up to `block_ms` for one)."""
+        try:
+            new = self.redis.xreadgroup(
+                BROKER_GROUP, consumer, {self._key("agent-events"): ">"}, count=count, block=block_ms
+            )
+        except redis.ResponseError as err:  # NOGROUP: the stream is new (or was cleared); nothing to read yet
+            if "NOGROUP" not in str(err):
+                raise
+            self._ensure_broker_group()
+            return []
+        return new[0][1] if new else []
+
     def ack_reports(self, entry_ids: list[str]) -> None:
         self.redis.xack(self._key("agent-events"), BROKER_GROUP, *entry_ids)
+
+
+def _is_wake(fields: dict) -> bool:
+    return fields.get("type") == WAKE and "agent" not in fields
 
 
 def _agent_info(raw: str | None) -> AgentInfo | None:

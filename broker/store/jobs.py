@@ -21,7 +21,8 @@ ShardedStore, and a shard's prefix carries its hash tag, `broker:{3}:`, when the
     {p}leader            STRING  the broker replica that plans now (PX expiry: the planning lease)
     {p}leader-token      STRING  fencing token, incremented each time the lease changes hands
     {p}agent-events      STREAM  what agents report: agent, job, fence, type, data (JSON), key (the agent's);
-                                 consumer group "broker", stale pending entries reclaimed
+                                 consumer group "broker", stale pending entries reclaimed; and a wake per new job
+                                 (type "submitted", job; no agent), so a server waiting for reports dispatches it
     {p}log:{agent}       STREAM  the output of the jobs the agent ran, in batches: job, fence, lines (`broker logs`);
                                  capped at about LOG_MAXLEN batches
     price:{offer}, priced, refreshed, evictions   price history: see prices.py
@@ -141,6 +142,7 @@ class Store(AgentChannels):
                 pipe.zadd(self._key("jobs"), {job.id: job.submitted_at.timestamp()})
                 self._index(pipe, job)
                 self._event(pipe, job, "submitted")
+                self.wake(pipe, job.id)
                 pipe.execute()
                 return True
             except redis.WatchError:  # another writer created it between WATCH and EXEC
