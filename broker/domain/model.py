@@ -363,7 +363,10 @@ class Job(BaseModel):
 
 
 class AgentInfo(BaseModel):
-    """An agent as it registers: the instance (Offer) it stands for, and the job it runs."""
+    """An agent as it registers: the instance (Offer) it stands for, and the job it runs. Frozen: the store hands
+    out one parsed record for each stored one (store/agents.py)."""
+
+    model_config = ConfigDict(frozen=True)
 
     id: str
     offer: Offer

@@ -4,6 +4,7 @@ it too), and agents' views of their jobs. Store inherits it; the key schema is a
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import logging
@@ -254,7 +255,9 @@ def _is_wake(fields: dict) -> bool:
     return fields.get("type") == WAKE and "agent" not in fields
 
 
+@functools.lru_cache(maxsize=4096)
 def _agent_info(raw: str | None) -> AgentInfo | None:
+    """The record parsed, once for each stored text: a server reads every idle agent's record every round."""
     try:
         return AgentInfo.model_validate_json(raw) if raw else None
     except ValueError:
