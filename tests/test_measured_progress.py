@@ -68,8 +68,8 @@ def test_a_run_preempted_before_its_first_checkpoint_leaves_the_work_of_the_chec
     )
     job = Job(id="twice", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, runs=[kept, again])
     assert work_left(job) == pytest.approx(0.6)
-    job.runs = [again.model_copy(update={"resume_from": None})]  # it had started from the start
-    assert work_left(job) == 1.0
+    from_start = job.model_copy(update={"runs": [again.model_copy(update={"resume_from": None})]})
+    assert work_left(from_start) == 1.0  # it had started from the start
 
 
 def test_a_speed_is_measured_over_the_newest_runs_pooled_not_one_short_run():
@@ -95,8 +95,7 @@ def test_a_speed_is_measured_over_the_newest_runs_pooled_not_one_short_run():
     short = [run(f, f, 0.3, 0.5) for f in (1, 2, 3)]
     job = Job(id="short", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, runs=short[:1])
     assert measured_speed(job) is None  # 0.3 productive hours: noise
-    job.runs = short
-    assert measured_speed(job) == pytest.approx(0.5, rel=0.05)
-    job.runs = [run(0, -30, 10.0, 3.0), run(0, -15, 10.0, 1.0), *short]
+    assert measured_speed(job.model_copy(update={"runs": short})) == pytest.approx(0.5, rel=0.05)
+    job = job.model_copy(update={"runs": [run(0, -30, 10.0, 3.0), run(0, -15, 10.0, 1.0), *short]})
     assert 0.9 + 10 >= POOLED_H > 0.9
     assert measured_speed(job) == pytest.approx((3 * 0.3 * 0.5 + 10 * 1.0) / (0.9 + 10), rel=0.05)

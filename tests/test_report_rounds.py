@@ -1,7 +1,8 @@
 """A server round's reads of the agents' report stream: a round that failed after reading applies those reports
 again first, before newer ones; a healthy replica asks for its own unacked and dead replicas' reports only now and
 then (each ask is a round trip of every round otherwise); a report stream that was cleared is made again; a new
-job wakes a server waiting for reports, and those wakes never hide the reports behind them."""
+job wakes a server waiting for reports, and those wakes never hide the reports behind them; a job the server wrote
+is not parsed again when it reads it back."""
 
 import time
 from datetime import UTC, datetime
@@ -15,7 +16,7 @@ from broker.core import server as server_module
 from broker.core.broker import Broker
 from broker.core.clock import SystemClock
 from broker.core.server import BrokerServer
-from broker.domain.model import AgentInfo, JobState
+from broker.domain.model import AgentInfo, Job, JobState
 from conftest import make_spec
 
 
@@ -109,3 +110,17 @@ def test_reports_behind_a_burst_of_wakes_are_read_in_the_same_call(store, dispat
     reports = store.read_reports("s", count=2, recover=False)
     assert [report["type"] for _, report in reports] == ["started"]
     assert store.redis.xpending("broker:agent-events", "broker")["pending"] == 1  # the report, to be acked once applied
+
+
+def test_a_server_does_not_parse_again_the_jobs_it_wrote(store, dispatched, monkeypatch):
+    server, job = dispatched
+    parsed, real = [], Job.model_validate_json
+    monkeypatch.setattr(Job, "model_validate_json", lambda raw: parsed.append(raw) or real(raw))
+    store.report("a", job.id, 1, "started")
+    server.fold_reports(block_ms=None)
+    store.report("a", job.id, 1, "exited", reason="finished", code=0)
+    server.fold_reports(block_ms=None)
+    assert store.get_job(job.id).state == JobState.done
+    assert parsed == []  # each text it read back was one it wrote (the dispatch's, then each fold's)
+    store.redis.set(f"broker:job:{job.id}", job.model_copy(update={"reason": "by another"}).model_dump_json())
+    assert store.get_job(job.id).reason == "by another" and len(parsed) == 1  # a text it did not write: parsed

@@ -310,7 +310,10 @@ class Run(BaseModel):
 
 
 class Job(BaseModel):
-    """A submitted job as the store keeps it, with its history of runs."""
+    """A submitted job as the store keeps it, with its history of runs. Frozen: a change is a model_copy, and the
+    store hands out one parsed Job for each stored text (store/jobs.py)."""
+
+    model_config = ConfigDict(frozen=True)
 
     id: str
     spec: JobSpec

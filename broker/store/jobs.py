@@ -57,6 +57,26 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "broker:"
 OWN_TTL_S = 7 * 24 * 3600  # an agent's view of a job outlives any run of it
+PARSED_JOBS = 4096  # jobs kept parsed, by their stored text (ParsedJobs)
+
+
+class ParsedJobs:
+    """The newest jobs by their stored text. A server reads a job several times in its life (its pending page, the
+    dispatch's and each fold's transaction), and wrote most of those texts itself, so it parses a job about once.
+    Sharing one parsed Job is safe because no Job changes in place (frozen; a change is a model_copy)."""
+
+    def __init__(self, size: int = PARSED_JOBS):
+        self.size, self.jobs = size, {}
+
+    def get(self, raw: str) -> Job:
+        job = self.jobs.pop(raw, None) or Job.model_validate_json(raw)
+        self.put(raw, job)
+        return job
+
+    def put(self, raw: str, job: Job) -> None:
+        self.jobs[raw] = job  # newest last: the oldest goes first
+        if len(self.jobs) > self.size:
+            del self.jobs[next(iter(self.jobs))]
 
 
 # Keep the planning lease if we hold it, take it if nobody does; the fencing token, or nil for a standby.
@@ -94,6 +114,7 @@ class Store(AgentChannels):
         self.redis = client or redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=3, **patience)
         self.shards = [self]  # a store of one shard, as ShardedStore's clients see it
         self._report_keys: dict[str, str] = {}  # agent id -> the key its reports carry (agents registered here)
+        self._parsed = ParsedJobs()
         if client is None:  # a shared client's owner (ShardedStore) checks once
             self._ensure_durable()
 
@@ -161,7 +182,7 @@ class Store(AgentChannels):
 
     def _jobs(self, ids: list[str]) -> list[Job]:
         raws = self.redis.mget([self._key("job", i) for i in ids]) if ids else []
-        return [Job.model_validate_json(r) for r in raws if r is not None]
+        return [self._parsed.get(r) for r in raws if r is not None]
 
     def pending_jobs(self, start: int = 0, count: int = 200) -> list[Job]:
         """Jobs waiting for capacity, most urgent first (a page of them)."""
@@ -204,7 +225,7 @@ class Store(AgentChannels):
         raw = self.redis.get(self._key("job", job_id))
         if raw is None:
             raise NotFoundError(f"job: no job {job_id!r}; `broker list` shows the ids")
-        return Job.model_validate_json(raw)
+        return self._parsed.get(raw)
 
     def list_jobs(self, states: set[JobState] | None = None, limit: int | None = None) -> list[Job]:
         """Jobs in submission order (newest last), optionally only those in `states`."""
@@ -259,7 +280,7 @@ class Store(AgentChannels):
                             if missing_ok:
                                 continue
                             raise NotFoundError(f"job: no job {job_id!r}; `broker list` shows the ids")
-                        before = Job.model_validate_json(raw)
+                        before = self._parsed.get(raw)
                         results[job_id] = job = change(before)
                         if job is not None:
                             writes.append((before, job, also))
@@ -282,7 +303,9 @@ class Store(AgentChannels):
 
     def _write(self, pipe, before: Job, job: Job, reason: str | None, emit: bool, also) -> None:
         """Queue a job's new state and all that goes with it (indexes, agents' views, its event, `also`)."""
-        pipe.set(self._key("job", job.id), job.model_dump_json())
+        text = job.model_dump_json()
+        pipe.set(self._key("job", job.id), text)
+        self._parsed.put(text, job)  # what this process wrote, it need not parse when it reads it back
         self._index(pipe, job)
         self._tell_agents(pipe, before, job)
         if emit and job.state != before.state:
