@@ -11,7 +11,7 @@ from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableErr
 from broker.domain.model import Job, JobState, Run
 from broker.planning import get
 from broker.store import embedded
-from broker.store.jobs import Store
+from broker.store.jobs import ParsedJobs, Store
 from conftest import NOW, free_port, make_spec
 
 
@@ -172,3 +172,15 @@ def test_a_batch_that_other_writers_keep_touching_falls_back_to_one_transaction_
     assert calls == ["j0", "j1"] * 3 + ["j0", "j1"]  # three refused batches, then each job alone
     assert {i: j.reason for i, j in done.items()} == {"j0": "seen j0", "j1": "seen j1"}
     assert store.get_job("j0").reason == "seen j0" and store.get_job("j1").reason == "seen j1"
+
+
+def test_parsed_jobs_are_kept_by_text_the_newest_only(catalog):
+    parsed = ParsedJobs(size=2)
+    jobs = [new_job(catalog, f"job-{i}") for i in range(3)]
+    texts = [job.model_dump_json() for job in jobs]
+    for text, job in zip(texts, jobs):
+        parsed.put(text, job)
+    assert list(parsed.jobs) == texts[1:]  # the oldest went
+    assert parsed.get(texts[1]) is jobs[1]  # kept: not parsed again
+    assert parsed.get(texts[0]) == jobs[0] and parsed.get(texts[0]) is not jobs[0]  # gone: parsed afresh
+    assert list(parsed.jobs) == [texts[1], texts[0]]  # a read makes it the newest

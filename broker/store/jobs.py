@@ -43,6 +43,8 @@ import itertools
 import json
 import logging
 import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 
@@ -63,20 +65,24 @@ PARSED_JOBS = 4096  # jobs kept parsed, by their stored text (ParsedJobs)
 class ParsedJobs:
     """The newest jobs by their stored text. A server reads a job several times in its life (its pending page, the
     dispatch's and each fold's transaction), and wrote most of those texts itself, so it parses a job about once.
-    Sharing one parsed Job is safe because no Job changes in place (frozen; a change is a model_copy)."""
+    Sharing one parsed Job is safe because no Job changes in place (frozen; a change is a model_copy, and a run
+    changes only as a copy: core/reports.py). A lock: threads may share a store (a bubble agent's do)."""
 
     def __init__(self, size: int = PARSED_JOBS):
-        self.size, self.jobs = size, {}
+        self.size, self.jobs, self.lock = size, OrderedDict(), threading.Lock()
 
     def get(self, raw: str) -> Job:
-        job = self.jobs.pop(raw, None) or Job.model_validate_json(raw)
-        self.put(raw, job)
-        return job
+        with self.lock:
+            job = self.jobs.get(raw)
+        return self.put(raw, job or Job.model_validate_json(raw))
 
-    def put(self, raw: str, job: Job) -> None:
-        self.jobs[raw] = job  # newest last: the oldest goes first
-        if len(self.jobs) > self.size:
-            del self.jobs[next(iter(self.jobs))]
+    def put(self, raw: str, job: Job) -> Job:
+        with self.lock:
+            self.jobs[raw] = job
+            self.jobs.move_to_end(raw)  # newest last: the oldest goes first
+            if len(self.jobs) > self.size:
+                self.jobs.popitem(last=False)
+        return job
 
 
 # Keep the planning lease if we hold it, take it if nobody does; the fencing token, or nil for a standby.
