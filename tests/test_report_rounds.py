@@ -2,7 +2,7 @@
 again first, before newer ones; a healthy replica asks for its own unacked and dead replicas' reports only now and
 then (each ask is a round trip of every round otherwise); a report stream that was cleared is made again; a new
 job wakes a server waiting for reports, and those wakes never hide the reports behind them; a job the server wrote
-is not parsed again when it reads it back."""
+is not parsed again when it reads it back; a round reads the agents only when a job waits."""
 
 import time
 from datetime import UTC, datetime
@@ -124,3 +124,21 @@ def test_a_server_does_not_parse_again_the_jobs_it_wrote(store, dispatched, monk
     assert parsed == []  # each text it read back was one it wrote (the dispatch's, then each fold's)
     store.redis.set(f"broker:job:{job.id}", job.model_copy(update={"reason": "by another"}).model_dump_json())
     assert store.get_job(job.id).reason == "by another" and len(parsed) == 1  # a text it did not write: parsed
+
+
+def test_a_round_reads_the_agents_only_when_a_job_waits(store, catalog, dispatched, monkeypatch):
+    server, _ = dispatched
+    monkeypatch.setattr(server_module, "GUARD_EVERY_S", 3600.0)  # the guard and the reclaim read agents on their
+    server.lease_s = 3600.0  # own clocks: kept out of these rounds
+    server.round(block_ms=1)  # the first round guards and reclaims
+
+    def agent_reads_in_a_round() -> int:
+        before = commands(store).get("cmdstat_smembers", 0)
+        server.round(block_ms=1)
+        return commands(store).get("cmdstat_smembers", 0) - before
+
+    assert agent_reads_in_a_round() == 0  # the one job runs; nothing waits
+    Broker(store, catalog, planning.get(), SystemClock()).submit(
+        make_spec(name="k", resources={"accelerators": ["L4:1"]})
+    )
+    assert agent_reads_in_a_round() == 1  # a job waits (for agent `a`, busy)

@@ -224,7 +224,7 @@ class BrokerServer:
         A job the policy cannot place within its own deadline or budget still runs where it finishes first
         (it is late or over either way); one that lacks capacity, or the round's budget, waits for the next round.
         """
-        if not self.lead():
+        if not self.lead() or not self.store.pending_count():  # nothing waits: no need to read the agents
             return []
         idle = self._idle_agents()
         if not idle:
