@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from broker.store.agents import is_wake
+
 CLOUDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}  # each cloud's notice lead, seconds
 
 
@@ -16,7 +18,7 @@ def why_not_done(store, job) -> dict:
     reports = [
         fields
         for _, fields in store.redis.xrevrange(store.key("agent-events"), count=5000)
-        if fields["job"] == job.id and "agent" in fields  # an agent's report, not its submit's wake
+        if fields["job"] == job.id and not is_wake(fields)  # an agent's report, not its submit's wake
     ]
     return {
         "job": job.id,

@@ -210,11 +210,11 @@ class AgentChannels:
             _, claimed, _ = self.redis.xautoclaim(stream, BROKER_GROUP, consumer, reclaim_idle_ms, "0-0", count=count)
             entries += [e for e in claimed if e[1] and e[0] not in {x[0] for x in entries}]
         page = None  # new entries: until a report comes or none are left (a burst of wakes may hide reports)
-        while all(_is_wake(fields) for _, fields in entries) and (page is None or len(page) == count):
+        while all(is_wake(fields) for _, fields in entries) and (page is None or len(page) == count):
             page = self._read_new(consumer, count, block_ms if page is None else None)
             entries += page
-        wakes = [entry_id for entry_id, fields in entries if _is_wake(fields)]
-        parsed = [(entry_id, _parse_report(fields)) for entry_id, fields in entries if not _is_wake(fields)]
+        wakes = [entry_id for entry_id, fields in entries if is_wake(fields)]
+        parsed = [(entry_id, _parse_report(fields)) for entry_id, fields in entries if not is_wake(fields)]
         named = sorted({report["agent"] for _, report in parsed if report is not None})
         with self.redis.pipeline(transaction=False) as pipe:  # one round trip: the wakes acked, the agents read
             if wakes:
@@ -251,7 +251,8 @@ class AgentChannels:
         self.redis.xack(self._key("agent-events"), BROKER_GROUP, *entry_ids)
 
 
-def _is_wake(fields: dict) -> bool:
+def is_wake(fields: dict) -> bool:
+    """Whether a report-stream entry is a new job's wake, not an agent's report."""
     return fields.get("type") == WAKE and "agent" not in fields
 
 
