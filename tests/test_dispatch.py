@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import redis
 import torch
 from typer.testing import CliRunner
 
@@ -210,6 +211,31 @@ def test_a_duplicate_delivery_starts_one_run(system):
     system.drive(lambda: system.job(job.id).state == JobState.done)
     assert len(system.reports("started")) == 1 and len(system.job(job.id).runs) == 1
     assert system.store.redis.xpending("broker:assign:spot-a", "agent")["pending"] == 0
+
+
+def test_an_idle_agent_reads_once_a_turn_and_an_assignment_it_did_not_settle_is_read_again(system, monkeypatch):
+    agent = system.agent("spot-a")
+
+    def reads():
+        return system.store.redis.info("commandstats").get("cmdstat_xreadgroup", {}).get("calls", 0)
+
+    before = reads()
+    for _ in range(5):
+        agent.step(block_ms=10)
+    assert reads() - before == 6  # the first turn also looks for assignments read before and never acked
+    job = system.broker.submit(quick_spec())
+    system.server.dispatch()
+    ownership = system.store.ownership
+
+    def dropped(*args):  # the connection drops after the read handed the assignment over
+        monkeypatch.setattr(system.store, "ownership", ownership)
+        raise redis.ConnectionError("reset by peer")
+
+    monkeypatch.setattr(system.store, "ownership", dropped)
+    with pytest.raises(redis.ConnectionError):
+        agent.step(block_ms=10)
+    system.drive(lambda: system.job(job.id).state == JobState.done, timeout_s=20)
+    assert len(system.reports("started")) == 1
 
 
 def test_stale_assignments_and_reports_change_nothing(system):

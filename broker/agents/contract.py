@@ -65,6 +65,7 @@ class Contract:
         self.store, self.id = store, agent_id
         self._started: set[tuple[str, int]] = set()  # (job, fence) this agent started: never twice
         self._asked: dict[str, tuple[int, str]] = {}  # job -> (fence, request) of the checkpoint last acted on
+        self._may_hold = True  # assignments read but maybe not acked (a restart, a failed start): read them first
 
     def register(
         self,
@@ -86,6 +87,7 @@ class Contract:
             on_cloud=on_cloud,
         )
         self.store.register_agent(info, lease_ms)
+        self._may_hold = True
         log.info("agent=%s registered offer=%s", self.id, offer.id)
 
     def offer(self, offer: Offer) -> None:
@@ -107,7 +109,9 @@ class Contract:
     def take(self, block_ms: int | None) -> Assignment | None:
         """The next assignment to start, or None. Entries not to start are settled here: a malformed one is
         dropped, a stale or repeated one skipped, and a job cancelled since its dispatch closed with `exited`."""
-        entry = self.store.read_assignment(self.id, block_ms)
+        pending, self._may_hold = self._may_hold, True  # until a read says otherwise (its reply may be lost)
+        entry = self.store.read_assignment(self.id, block_ms, pending=pending)
+        self._may_hold = entry is not None  # none held, none taken: an idle agent's next turn is one read, not two
         if entry is None:
             return None
         entry_id, fields = entry

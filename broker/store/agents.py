@@ -137,10 +137,11 @@ class AgentChannels:
         }
         pipe.xadd(self._key("assign", agent_id), fields)
 
-    def read_assignment(self, agent_id: str, block_ms: int) -> tuple[str, dict] | None:
-        """The next assignment for the agent: redelivered pending ones first, then new ones."""
+    def read_assignment(self, agent_id: str, block_ms: int, pending: bool = True) -> tuple[str, dict] | None:
+        """The next assignment for the agent: with `pending`, redelivered ones (read, never acked) first; then new
+        ones. `pending=False` skips that read, for an agent that holds none (it found none and took none since)."""
         stream = self._key("assign", agent_id)
-        for start in ("0", ">"):
+        for start in ("0", ">") if pending else (">",):
             reply = self.redis.xreadgroup(
                 AGENT_GROUP, agent_id, {stream: start}, count=1, block=None if start == "0" else block_ms
             )
