@@ -193,7 +193,7 @@ def agent_host(url: str, home: str, offer_json: str, ids: list[str], stop, args)
     def loop(agent: Agent) -> None:
         agent.register()
         while not stop.is_set():
-            agent.step(block_ms=50)
+            agent.step()  # as Agent.run turns (its default wait for an assignment)
 
     runs = Path(home) / "runs"
     agents = [
