@@ -371,3 +371,28 @@ def test_a_live_brokers_quote_plays_the_guard_it_runs_under_not_one_a_market_tic
     on_demand, on_spot = ticked.quote(spec).forecast, live.quote(spec).forecast
     assert on_spot.cost_p50_usd < on_demand.cost_p50_usd / 2 and on_spot.p_meet_deadline > 0.5
     assert on_demand.cost_p50_usd > 3.06 * 10  # all on on-demand: its 10 h and the restart
+
+
+def test_a_quotes_alternatives_are_listed_by_what_their_futures_say():
+    """The money model ranks the alternatives (spot always launchable); a user reads their rows, the futures': those
+    that keep the asked odds first, then by median cost. Here the money model's second cheapest is a zone spot
+    is seldom up in, whose futures pay for on-demand."""
+    calm = [1] * 300 + [0]
+    model = MarketModel.fit(
+        [
+            trace("us-east-1a", calm, 20),
+            trace("us-east-1b", [1] * 2 + [0] * 10, 300, "g4dn.xlarge"),
+            trace("us-east-1c", calm, 20, "g5.xlarge"),
+        ]
+    )
+    seldom = _offer("us-east-1b", price=0.6).model_copy(update={"instance_type": "g4dn.xlarge"})
+    steady = _offer("us-east-1c", price=0.7).model_copy(update={"instance_type": "g5.xlarge"})
+    offers = [_offer("us-east-1a", price=0.5), seldom, steady, _offer("us-east-1z", "on_demand", 3.06)]
+    broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model, explained=True)
+    quote = broker.quote(_quote_spec(30.0).model_copy(update={"budget_usd": None}))
+    listed = quote.alternatives
+    assert [o.offer.id for o in listed] == [steady.id, offers[3].id, seldom.id]
+    assert seldom.price_usd_per_h < steady.price_usd_per_h  # the money model's order: seldom before steady
+    assert min(listed, key=lambda o: o.expected_cost_usd).offer == seldom  # its estimate: cheaper than on-demand
+    costs = [o.forecast.cost_p50_usd for o in listed]
+    assert costs == sorted(costs) and all(o.forecast.p_meet_deadline > 0.99 for o in listed)

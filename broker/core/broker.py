@@ -19,7 +19,7 @@ from broker.core.reserve import (
     starts_for_reserve,
 )
 from broker.domain.errors import BrokerError, InfeasibleError
-from broker.domain.model import AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
+from broker.domain.model import ODDS_NOISE, AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
 from broker.models.risk import fits
 from broker.pricing.availability import MarketModel, seen_counts
 from broker.pricing.catalog import PriceCatalog
@@ -181,10 +181,15 @@ class Broker:
             update["on_demand_baseline"] = baseline.model_copy(update={"forecast": simulated(baseline)})
         if explained:  # each on its own offer and fallback, not placed by the rule's zones: among
             # them all the rule would start each where it starts the chosen one, and every row would read the same
-            update["alternatives"] = [
+            alternatives = [
                 o.model_copy(update={"forecast": simulated(o, futures=ALTERNATIVE_FUTURES, alone=True)})
                 for o in quote.alternatives
             ]
+            # listed as their rows read: those whose futures keep the asked odds first, then by their median cost
+            asked = spec.deadline_probability - ODDS_NOISE
+            update["alternatives"] = sorted(
+                alternatives, key=lambda o: (o.forecast.p_meet_deadline < asked, o.forecast.cost_p50_usd)
+            )
         return quote.model_copy(update=update)
 
     def outlook(self, job: Job) -> Forecast | None:
