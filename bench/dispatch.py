@@ -9,6 +9,8 @@ are split over S shards (store/shards.py) and `--replicas R` servers share out t
 The servers run `broker server`'s own loop (Replica.serve: rounds back to back, an idle one waiting for reports).
 Every job is quoted once up front and stored pre-quoted, so the figures are those of the
 dispatch path: store -> server round -> assignment stream -> agent start -> started report.
+The `cycle_*` keys split an agent's cycle (means, from the streams' ids): with jobs that end at once a queue drains
+at about agents / their sum, so they say whether the agents or the servers' rounds bound a drain.
 
     python bench/dispatch.py --agents 100 --jobs 5000 --rate 1000 --json
     python bench/dispatch.py --cluster-nodes 3 --shards 6 --replicas 3 --submitters 3 --json
@@ -124,15 +126,19 @@ def run(url: str, home: Path, args) -> dict:
                 proc.start()
         task = bar.add_task("waiting for every job to start", total=args.jobs)
         started: dict[str, float] = {}
+        stamps: dict[tuple[str, str, str], int] = {}  # (type, job, agent) -> the report's stream id (ms)
         last_ids, deadline = ["-"] * args.shards, time.time() + args.timeout
         while len(started) < args.jobs and time.time() < deadline:
             for index, shard in enumerate(store.shards):
                 for entry_id, fields in store.redis.xrange(shard.key("agent-events"), min=last_ids[index], count=5000):
                     last_ids[index] = f"({entry_id}"
+                    if fields["type"] in ("started", "exited"):
+                        stamps[fields["type"], fields["job"], fields["agent"]] = int(entry_id.split("-")[0])
                     if fields["type"] == "started":
                         started.setdefault(fields["job"], json.loads(fields["data"])["at"])
             bar.update(task, completed=len(started))
             time.sleep(0.2)
+    cycle = agent_cycle(store, ids, stamps)
     first = min(started.values()) if args.backlog and started else t0
     all_started_s = max(started.values()) - first if started else None
     stop.set()
@@ -158,7 +164,30 @@ def run(url: str, home: Path, args) -> dict:
         "cluster_nodes": args.cluster_nodes,  # 0: a single redis-server
         "policy": args.policy,
         "backlog": args.backlog,  # True: the jobs waited for the servers, so p50/p99 are the queue's, not dispatch's
+        # an agent's cycle, mean ms: with jobs that end at once, agents / its sum bounds starts_per_s
+        "cycle_to_start_ms": cycle[0],  # dispatch -> the agent's started report
+        "cycle_running_ms": cycle[1],  # started -> exited report
+        "cycle_to_next_dispatch_ms": cycle[2],  # exited -> next dispatch: rounds (draining), or no job
     }
+
+
+def agent_cycle(store: ShardedStore, ids: list[str], stamps: dict) -> tuple[float | None, ...]:
+    """The mean of each part of an agent's cycle, from the stream ids (Redis's clock, ms) of the assignments and of
+    the started and exited reports."""
+    parts: tuple[list[int], ...] = ([], [], [])
+    for agent in ids:
+        sent = [
+            (int(e.split("-")[0]), f["job"]) for e, f in store.redis.xrange(store.of_agent(agent).key("assign", agent))
+        ]
+        for (at, job), following in zip(sent, sent[1:] + [None]):
+            began, ended = stamps.get(("started", job, agent)), stamps.get(("exited", job, agent))
+            if began is not None:
+                parts[0].append(began - at)
+            if began is not None and ended is not None:
+                parts[1].append(ended - began)
+            if ended is not None and following is not None:
+                parts[2].append(following[0] - ended)
+    return tuple(round(statistics.mean(p), 1) if p else None for p in parts)
 
 
 def balanced_ids(count: int, shards: int) -> list[str]:
