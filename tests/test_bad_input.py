@@ -44,10 +44,10 @@ def test_a_missing_job_with_json_is_a_json_error(env):
 def test_an_internal_error_with_json_is_a_json_error_with_exit_1(env, monkeypatch):
     from broker.store.jobs import Store
 
-    def broken(self, states=None):
+    def broken(self):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(Store, "list_jobs", broken)
+    monkeypatch.setattr(Store, "job_count", broken)  # `broker list` asks how many jobs there are
     result = run("list", "--json")
     assert result.exit_code == 1
     error = json.loads(result.stdout)["error"]

@@ -91,6 +91,10 @@ def test_list_and_cancel(env, tmp_path):
     assert [(j["id"], j["state"]) for j in jobs] == [(first, "cancelled"), (second, "queued")]
     queued = json.loads(run("list", "--state", "queued", "--json").stdout)
     assert [j["id"] for j in queued] == [second]
+    assert [j["id"] for j in json.loads(run("list", "--limit", "1", "--json").stdout)] == [second]  # the newest
+    shown = run("list", "--limit", "1").stdout
+    assert "the newest 1 of 2 jobs" in shown and second in shown and first not in shown
+    assert "2 jobs" in run("status").stdout and "newest" not in run("list").stdout  # fewer than the default 50
     again = run("cancel", first)
     assert again.exit_code == 2 and "already cancelled" in again.stderr
 

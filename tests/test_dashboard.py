@@ -329,3 +329,8 @@ def test_cost_report_splits_each_jobs_spend_by_tier_and_totals_it(seeded, redis_
     shown = CliRunner().invoke(cli, ["cost-report"], terminal_width=80)
     total = next(line for line in shown.stdout.splitlines() if line.lstrip().startswith("total"))
     assert f" {seeded['spend']:,.2f} " in total and "…" not in shown.stdout
+    newest = CliRunner().invoke(cli, ["cost-report", "--limit", "2"], terminal_width=80).stdout  # every job's total
+    total = next(line for line in newest.splitlines() if line.lstrip().startswith("total"))
+    assert f"total of {len(rows)}" in total and f" {seeded['spend']:,.2f} " in total
+    listed = [job.id for job in seeded["jobs"] if job.id in newest.split()]
+    assert len(listed) == 2 and f"the newest 2 of {len(rows)} jobs" in " ".join(newest.split())

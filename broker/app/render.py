@@ -65,6 +65,13 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
+def shown_of(shown: int, total: int | None) -> str:
+    """A jobs table's title: how many, or which of how many when it shows the newest only."""
+    if total is None or total == shown:
+        return plural(shown, "job")
+    return f"the newest {shown:,} of {total:,} jobs (--limit 0 for all)"
+
+
 def gpus(option: Option) -> str:
     return f"{option.offer.accelerator_count}x {option.offer.accelerator}"
 
@@ -187,9 +194,10 @@ def policies_table(rows: list[dict]) -> Table:
     return table
 
 
-def jobs_table(jobs: list[Job]) -> Fitted:
-    """Jobs with where they run (or were quoted to run), the quote and what they spent so far."""
-    table = Table(title=plural(len(jobs), "job"), title_justify="left")
+def jobs_table(jobs: list[Job], total: int | None = None) -> Fitted:
+    """Jobs with where they run (or were quoted to run), the quote and what they spent so far; `total`: how many
+    there are, when these are the newest of them."""
+    table = Table(title=shown_of(len(jobs), total), title_justify="left")
     for col in ("id", "state", "tier", "offer", "gpus", "quote", "spent", "budget", "runs", "deadline UTC"):
         table.add_column(col, justify="right" if col in ("quote", "spent", "budget", "runs") else "left")
     for job in jobs:
@@ -210,14 +218,16 @@ def jobs_table(jobs: list[Job]) -> Fitted:
     return narrow_safe(table, "offer", "gpus", "deadline UTC", optional=("gpus", "budget", "deadline UTC", "offer"))
 
 
-def cost_report_table(frame: pd.DataFrame) -> Fitted:
-    """`broker cost-report`: a row per job and the totals (spend per tier in US$, headers without the unit so a
-    30-character job id and every column fit 80 columns; the hours are in --json)."""
+def cost_report_table(frame: pd.DataFrame, every: pd.DataFrame | None = None) -> Fitted:
+    """`broker cost-report`: a row per job and the totals, of `every` job when the rows are the newest of them
+    (spend per tier in US$, headers without the unit so a 30-character job id and every column fit 80 columns; the
+    hours are in --json)."""
     import pandas as pd
 
     from broker.models import accounting
 
-    table = Table(title=f"cost report (US$): {plural(len(frame), 'job')}", title_justify="left")
+    every = frame if every is None else every
+    table = Table(title=f"cost report (US$): {shown_of(len(frame), len(every))}", title_justify="left")
     money = [c for c in frame.columns if c.endswith("_usd")]
     for col in ["job", "state", *money, "saved_pct"]:
         header = col.removesuffix("_usd").removesuffix("_pct").replace("all_on_demand", "all on-demand")
@@ -229,10 +239,10 @@ def cost_report_table(frame: pd.DataFrame) -> Fitted:
 
     for row in frame.to_dict(orient="records"):
         table.add_row(row["job"], " ".join([row["state"], *(f"({tag})" for tag in row["tags"])]), *cells(row))
-    total = frame[money].sum().to_dict()
+    total = every[money].sum().to_dict()
     total["saved_pct"] = accounting.savings_pct(total["total_usd"], total["all_on_demand_usd"])
     table.add_section()
-    table.add_row("total", "", *cells(total))
+    table.add_row("total" if len(every) == len(frame) else f"total of {len(every):,}", "", *cells(total))
     return narrow_safe(table, "all on-demand", optional=("state",))  # its cells are one word each: never folded
 
 

@@ -210,6 +210,9 @@ class Store(AgentChannels):
     def pending_count(self) -> int:
         return self.redis.zcard(self._key("pending"))
 
+    def job_count(self) -> int:
+        return self.redis.zcard(self._key("jobs"))
+
     def recent_jobs(self, count: int = 200) -> list[Job]:
         """The `count` newest jobs, in submission order."""
         return self._jobs(self.redis.zrange(self._key("jobs"), -count, -1))

@@ -144,6 +144,9 @@ class ShardedStore:
         jobs = list(heapq.merge(*(s.list_jobs(states) for s in self.shards), key=lambda j: j.submitted_at))
         return jobs[-limit:] if limit else jobs
 
+    def job_count(self) -> int:
+        return sum(s.job_count() for s in self.shards)
+
     def recent_jobs(self, count: int = 200) -> list[Job]:
         """The `count` newest jobs of all shards, in submission order."""
         return self._read(self._ranked("jobs", count, lowest=False))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -22,6 +23,11 @@ from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
 from broker.domain.model import Job, JobState
 from broker.domain.specfile import load_spec
+
+if TYPE_CHECKING:
+    from broker.store.jobs import Store
+
+JobLimit = typer.Option(50, help="The newest jobs to show (0 for all).")
 
 
 @user_errors
@@ -50,20 +56,30 @@ def submit(
 @user_errors
 def list_jobs(
     state: list[JobState] | None = typer.Option(None, help="Only jobs in this state (repeatable)."),
+    limit: int = JobLimit,
     as_json: bool = JsonOpt,
 ) -> None:
-    """List jobs, oldest first."""
-    show_jobs(make_store().list_jobs(set(state) if state else None), as_json)
+    """List the newest jobs, oldest first."""
+    show_jobs(*newest_jobs(make_store(), set(state) if state else None, limit), as_json)
 
 
-def show_jobs(jobs: list[Job], as_json: bool) -> None:
+def newest_jobs(store: Store, states: set[JobState] | None, limit: int) -> tuple[list[Job], int]:
+    """The newest `limit` jobs (0: all) in submission order, and how many there are: without a state to match, only
+    those are read (a store keeps every job it ever ran)."""
+    if not states:
+        return (store.recent_jobs(limit) if limit else store.list_jobs()), store.job_count()
+    jobs = store.list_jobs(states)
+    return jobs[-limit:] if limit else jobs, len(jobs)
+
+
+def show_jobs(jobs: list[Job], total: int, as_json: bool) -> None:
     """The jobs table (`broker list`, and `broker status` without a job), or their JSON."""
     if as_json:
         print_json([render.job_dict(j) for j in jobs])
     elif not jobs:
         out.print("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
     else:
-        out.print(render.jobs_table(jobs))
+        out.print(render.jobs_table(jobs, total))
 
 
 @user_errors
@@ -75,14 +91,15 @@ def status(
         "--outlook/--no-outlook",
         help="For a job under way: its quote made again from where it stands (about a second: the model is learned).",
     ),
+    limit: int = JobLimit,
 ) -> None:
-    """Show one job: its state, quote, outlook and events; without a job, every job (as `broker list`)."""
+    """Show one job: its state, quote, outlook and events; without a job, the newest jobs (as `broker list`)."""
     from broker.core.waiting import waiting_for
 
     store = make_store()
     if job_id is None:
-        jobs = store.list_jobs()
-        show_jobs(jobs, as_json)
+        jobs, total = newest_jobs(store, None, limit)
+        show_jobs(jobs, total, as_json)
         if jobs and not as_json:
             out.print("one job's quote, runs and events: `broker status JOB`", highlight=False)
         return
@@ -196,17 +213,19 @@ def run(
 
 
 @user_errors
-def cost_report(as_json: bool = JsonOpt) -> None:
-    """Spend per job and tier (bubble, spot, on-demand) against what on-demand would have cost, oldest first."""
+def cost_report(limit: int = JobLimit, as_json: bool = JsonOpt) -> None:
+    """Spend per job and tier (bubble, spot, on-demand) against what on-demand would have cost: the newest jobs,
+    oldest first, and the total of every job."""
     from broker.models.accounting import cost_report as report
 
     frame = report(make_store().list_jobs(), datetime.now(UTC))
+    shown = frame.tail(limit) if limit else frame
     if as_json:
-        print_json(frame.astype(object).where(frame.notna(), None).to_dict(orient="records"))  # NaN is not JSON
+        print_json(shown.astype(object).where(shown.notna(), None).to_dict(orient="records"))  # NaN is not JSON
     elif frame.empty:
         out.print("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
     else:
-        out.print(render.cost_report_table(frame))
+        out.print(render.cost_report_table(shown, frame))
 
 
 @user_errors
