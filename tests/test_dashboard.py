@@ -334,3 +334,27 @@ def test_cost_report_splits_each_jobs_spend_by_tier_and_totals_it(seeded, redis_
     assert f"total of {len(rows)}" in total and f" {seeded['spend']:,.2f} " in total
     listed = [job.id for job in seeded["jobs"] if job.id in newest.split()]
     assert len(listed) == 2 and f"the newest 2 of {len(rows)} jobs" in " ".join(newest.split())
+
+
+def test_a_metrics_scrape_keeps_what_ended_jobs_showed_and_reads_only_the_others(seeded, store, monkeypatch):
+    """The server's Prometheus collector shows the overview's figures; a store keeps every job it ever ran, so a
+    scrape reads only the jobs not yet ended (and the new ones)."""
+    from broker.app.metrics import StoreCollector
+    from broker.store.jobs import Store
+
+    collector = StoreCollector(store)
+
+    def scraped():
+        return {(s.name, s.labels.get("state")): s.value for f in collector.collect() for s in f.samples}
+
+    first = scraped()
+    assert first["broker_spend_usd", None] == pytest.approx(seeded["spend"])
+    assert first["broker_savings_usd", None] == pytest.approx(seeded["baseline"] - seeded["spend"])
+    assert (first["broker_jobs", "done"], first["broker_jobs", "failed"], first["broker_jobs", "queued"]) == (2, 1, 1)
+    read, real = [], Store._jobs
+    monkeypatch.setattr(Store, "_jobs", lambda self, ids: read.extend(ids) or real(self, ids))
+    assert scraped() == first and read == ["waiting"]  # the jobs that ended are not read again
+    store.set_state("waiting", JobState.cancelled, datetime.now(UTC))
+    store.redis.zrem("broker:jobs", "late")  # a job gone from the store (a demo's copy, replaced) is left out
+    then = scraped()
+    assert (then["broker_jobs", "queued"], then["broker_jobs", "cancelled"], then["broker_jobs", "done"]) == (0, 2, 1)

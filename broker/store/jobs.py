@@ -45,7 +45,7 @@ import logging
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from datetime import datetime
 
 import redis
@@ -213,6 +213,9 @@ class Store(AgentChannels):
     def job_count(self) -> int:
         return self.redis.zcard(self._key("jobs"))
 
+    def job_ids(self) -> set[str]:
+        return set(self.redis.zrange(self._key("jobs"), 0, -1))
+
     def recent_jobs(self, count: int = 200) -> list[Job]:
         """The `count` newest jobs, in submission order."""
         return self._jobs(self.redis.zrange(self._key("jobs"), -count, -1))
@@ -236,9 +239,12 @@ class Store(AgentChannels):
             raise NotFoundError(f"job: no job {job_id!r}; `broker list` shows the ids")
         return self._parsed.get(raw)
 
-    def list_jobs(self, states: set[JobState] | None = None, limit: int | None = None) -> list[Job]:
-        """Jobs in submission order (newest last), optionally only those in `states`."""
-        jobs = self._jobs(self.redis.zrange(self._key("jobs"), 0, -1))
+    def list_jobs(
+        self, states: set[JobState] | None = None, limit: int | None = None, skip: Container[str] = ()
+    ) -> list[Job]:
+        """Jobs in submission order (newest last), optionally only those in `states`; the ids in `skip` are left
+        unread (a reader that keeps what it needs of the jobs that ended: they no longer change)."""
+        jobs = self._jobs([i for i in self.redis.zrange(self._key("jobs"), 0, -1) if i not in skip])
         if states:
             jobs = [j for j in jobs if j.state in states]
         return jobs[-limit:] if limit else jobs

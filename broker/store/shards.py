@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import zlib
+from collections.abc import Container
 from datetime import datetime
 
 import redis
@@ -140,12 +141,17 @@ class ShardedStore:
 
     # -- all shards -------------------------------------------------------------------------
 
-    def list_jobs(self, states: set[JobState] | None = None, limit: int | None = None) -> list[Job]:
-        jobs = list(heapq.merge(*(s.list_jobs(states) for s in self.shards), key=lambda j: j.submitted_at))
+    def list_jobs(
+        self, states: set[JobState] | None = None, limit: int | None = None, skip: Container[str] = ()
+    ) -> list[Job]:
+        jobs = list(heapq.merge(*(s.list_jobs(states, skip=skip) for s in self.shards), key=lambda j: j.submitted_at))
         return jobs[-limit:] if limit else jobs
 
     def job_count(self) -> int:
         return sum(s.job_count() for s in self.shards)
+
+    def job_ids(self) -> set[str]:
+        return set().union(*(s.job_ids() for s in self.shards))
 
     def recent_jobs(self, count: int = 200) -> list[Job]:
         """The `count` newest jobs of all shards, in submission order."""
