@@ -95,6 +95,8 @@ def test_list_and_cancel(env, tmp_path):
     shown = run("list", "--limit", "1").stdout
     assert "the newest 1 of 2 jobs" in shown and second in shown and first not in shown
     assert "2 jobs" in run("status").stdout and "newest" not in run("list").stdout  # fewer than the default 50
+    refused = run("list", "--limit", "-1")
+    assert refused.exit_code == 2 and "greater than or equal to 0" in refused.output
     again = run("cancel", first)
     assert again.exit_code == 2 and "already cancelled" in again.stderr
 

@@ -27,7 +27,7 @@ from broker.domain.specfile import load_spec
 if TYPE_CHECKING:
     from broker.store.jobs import Store
 
-JobLimit = typer.Option(50, help="The newest jobs to show (0 for all).")
+JobLimit = typer.Option(50, min=0, help="The newest jobs to show (0 for all).")
 
 
 @user_errors

@@ -17,7 +17,7 @@ prices_app = typer.Typer(help="GPU instance prices and their preemption risk.")
 Gpu = typer.Option(None, help="Only this accelerator (A100, L4, H100, ...).")
 Cloud = typer.Option(None, help="Only this cloud (aws, gcp, azure).")
 Region = typer.Option(None, help="Only this region.")
-Limit = typer.Option(20, help="Rows to show (0 for all).")
+Limit = typer.Option(20, min=0, help="Rows to show (0 for all).")
 
 
 @prices_app.callback(invoke_without_command=True)
