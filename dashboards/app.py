@@ -111,11 +111,11 @@ def jobs_page() -> None:
         cols = st.columns(3)
         cols[0].metric("Outlook cost p50", money(ahead["cost_p50_usd"]))
         cols[1].metric("Outlook cost p10 - p90", f"{money(ahead['cost_p10_usd'])} - {money(ahead['cost_p90_usd'])}")
-        risk = ahead["p_meet_deadline"] - asked
+        risk = None if asked is None else ahead["p_meet_deadline"] - asked  # None: no deadline, no odds asked
         cols[2].metric(
             "Outlook P(meet deadline)",
             f"{ahead['p_meet_deadline']:.2f}",
-            delta=f"{risk:+.2f} vs the {asked:.2f} asked: at risk" if risk < 0 else None,
+            delta=f"{risk:+.2f} vs the {asked:.2f} asked: at risk" if risk is not None and risk < 0 else None,
         )
         st.caption(
             "outlook: the quote made again from where the job stands (the work left, at its speed once measured, "

@@ -163,6 +163,21 @@ def test_jobs_page_shows_a_quote_whose_odds_fall_short_of_what_was_asked(app, se
     assert odds.value == "0.81" and odds.delta == "-0.14 vs the 0.95 asked"
 
 
+def test_jobs_page_shows_a_waiting_job_without_a_deadline(app, seeded, store, catalog):
+    """No deadline: its quote asks no odds (None), and its outlook has none to be at risk against."""
+    now = datetime.now(UTC)
+    spec = make_spec(name="open", now=now, resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 1})
+    assert spec.deadline is None
+    quote = planning.get().quote(spec, [offer(catalog, Tier.spot), offer(catalog, Tier.on_demand)], now)
+    assert quote.deadline_probability is None
+    assert store.add_job(Job(id="open", spec=spec, submitted_at=now, updated_at=now, quote=quote))
+    app.run()
+    app.sidebar.radio[0].set_value("Jobs").run()  # the newest job is the one shown first
+    assert not app.exception
+    outlook = next(m for m in app.metric if m.label == "Outlook P(meet deadline)")
+    assert outlook.value == "1.00" and not outlook.delta  # no odds asked: never at risk
+
+
 def test_prices_page_shows_the_cheapest_spot_and_on_demand_and_the_hazard(app, redis_url, catalog):
     app.run()
     app.sidebar.radio[0].set_value("Prices and risk").run()
