@@ -28,6 +28,7 @@ from broker.store.prices import PriceHistory
 from broker.store.profiles import load_fill_stats, load_profiles
 
 REFRESH_S = 5
+JOBS_SHOWN = 200  # the Jobs page's table and picker: the newest jobs (a store keeps every job it ever ran)
 PAGES = ["Overview", "Jobs", "Prices and risk", "Bubbles", "Backtest"]
 
 
@@ -92,10 +93,12 @@ def overview() -> None:
 
 @st.fragment(run_every=REFRESH_S)
 def jobs_page() -> None:
-    jobs = store().list_jobs()
+    jobs, total = store().recent_jobs(JOBS_SHOWN), store().job_count()
     if not jobs:
         st.info("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
         return
+    if total > len(jobs):
+        st.caption(f"the newest {len(jobs):,} of {total:,} jobs (`broker list --limit 0` lists them all)")
     st.dataframe(accounting.jobs_frame(jobs, now()), hide_index=True, width="stretch")
     chosen = st.selectbox("Job", [j.id for j in jobs], index=len(jobs) - 1)
     job = next(j for j in jobs if j.id == chosen)

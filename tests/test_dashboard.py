@@ -178,6 +178,18 @@ def test_jobs_page_shows_a_waiting_job_without_a_deadline(app, seeded, store, ca
     assert outlook.value == "1.00" and not outlook.delta  # no odds asked: never at risk
 
 
+def test_jobs_page_shows_the_newest_jobs_of_a_long_history(app, seeded, store):
+    shown, waiting, now = 200, seeded["jobs"][3], datetime.now(UTC)  # dashboards/app.py's JOBS_SHOWN
+    for i in range(shown):
+        later = {"id": f"later-{i:03d}", "submitted_at": now + timedelta(seconds=i)}
+        assert store.add_job(waiting.model_copy(update=later))
+    app.run()
+    app.sidebar.radio[0].set_value("Jobs").run()
+    assert not app.exception
+    assert list(app.dataframe[0].value["job"]) == [f"later-{i:03d}" for i in range(shown)]
+    assert f"the newest {shown} of {shown + 5} jobs" in app.caption[0].value
+
+
 def test_prices_page_shows_the_cheapest_spot_and_on_demand_and_the_hazard(app, redis_url, catalog):
     app.run()
     app.sidebar.radio[0].set_value("Prices and risk").run()
