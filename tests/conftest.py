@@ -187,3 +187,11 @@ def cluster_url(redis_cluster):
 
     RedisCluster.from_url(redis_cluster).flushall()
     return redis_cluster
+
+
+@pytest.fixture
+def system(redis_url, tmp_path, catalog):
+    """Agents and a server over a real Redis, turned by hand (dispatch_system.System)."""
+    from dispatch_system import System
+
+    return System(redis_url, tmp_path, catalog)

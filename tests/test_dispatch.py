@@ -9,79 +9,19 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import redis
 import torch
+from dispatch_system import System, l4_spec, quick_spec
 from typer.testing import CliRunner
 
 from broker import planning
-from broker.agents.agent import Agent
-from broker.agents.checkpoints import CheckpointStore
 from broker.app.cli.main import app
-from broker.app.demo import pick_agents
-from broker.core.broker import Broker
-from broker.core.clock import ManualClock, SystemClock
+from broker.core.clock import ManualClock
 from broker.core.guard import DeadlineGuard
-from broker.core.server import BrokerServer
 from broker.domain.model import IfLate, JobState, Tier
 from broker.models.risk import notice_loss_h
 from broker.planning.option_table import PlanItem, work_unsaved
 from broker.planning.uniform_progress import progress_of
-from broker.store.jobs import Store
-from conftest import Switch, assert_same_weights, make_spec, train_spec
-
-
-class System:
-    def __init__(self, redis_url, tmp_path, catalog):
-        self.store = Store(redis_url)
-        self.root = str(tmp_path / "ckpt")
-        self.runs = tmp_path / "runs"
-        policy = planning.get()
-        self.broker = Broker(self.store, catalog, policy, SystemClock())
-        self.server = BrokerServer(self.store, policy, SystemClock(), CheckpointStore(self.root), lease_s=1.0)
-        self.offers = {name: offer for name, offer, _ in pick_agents(catalog)}  # spot-a is the cheapest
-        self.agents: dict[str, Agent] = {}
-
-    def agent(self, name, notices=None):
-        agent = Agent(
-            self.store,
-            name,
-            self.offers[name],
-            self.root,
-            self.runs,
-            notices=notices,
-            heartbeat_s=0.2,
-            lease_s=3.0,
-            grace_s=10,
-        )
-        agent.register()
-        self.agents[name] = agent
-        return agent
-
-    def drive(self, until, timeout_s=90, silent=()):
-        """Turn every live agent and the server until `until()` holds."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for name, agent in list(self.agents.items()):
-                if name not in silent and agent.step(block_ms=10):
-                    del self.agents[name]  # the agent ended (preempted, stopped)
-            self.server.round(block_ms=10)
-            if until():
-                return
-        jobs = [
-            (j.id, j.state.value, j.reason, [(r.agent, r.end_reason) for r in j.runs]) for j in self.store.list_jobs()
-        ]
-        raise AssertionError(f"timed out; jobs: {jobs}; agents: {[(a.id, a.job) for a in self.store.agents()]}")
-
-    def job(self, job_id):
-        return self.store.get_job(job_id)
-
-    def reports(self, kind):
-        return [f for _, f in self.store.redis.xrange("broker:agent-events") if f["type"] == kind]
-
-
-@pytest.fixture
-def system(redis_url, tmp_path, catalog):
-    return System(redis_url, tmp_path, catalog)
+from conftest import Switch, assert_same_weights, train_spec
 
 
 def progressed(system, job_id, done):
@@ -194,63 +134,6 @@ def test_an_agent_killed_mid_job_loses_its_lease_and_the_job_resumes_elsewhere(s
     assert_same_weights(torch.load(tmp_path / "final.pt"), uninterrupted)
 
 
-def l4_spec(name, code, **fields):
-    """A small python job for the L4 agents."""
-    return make_spec(name=name, run=[sys.executable, "-c", code], resources={"accelerators": ["L4:1"]}, **fields)
-
-
-def quick_spec():
-    return l4_spec("quick", "import time; time.sleep(0.3)")
-
-
-def test_a_duplicate_delivery_starts_one_run(system):
-    system.agent("spot-a")
-    job = system.broker.submit(quick_spec())
-    assert system.server.dispatch() == [(job.id, "spot-a")]
-    system.store.redis.xadd("broker:assign:spot-a", {"job": job.id, "fence": 1})  # delivered twice
-    system.drive(lambda: system.job(job.id).state == JobState.done)
-    assert len(system.reports("started")) == 1 and len(system.job(job.id).runs) == 1
-    assert system.store.redis.xpending("broker:assign:spot-a", "agent")["pending"] == 0
-
-
-def test_an_idle_agent_reads_once_a_turn_and_an_assignment_it_did_not_settle_is_read_again(system, monkeypatch):
-    agent = system.agent("spot-a")
-
-    def reads():
-        return system.store.redis.info("commandstats").get("cmdstat_xreadgroup", {}).get("calls", 0)
-
-    before = reads()
-    for _ in range(5):
-        agent.step(block_ms=10)
-    assert reads() - before == 6  # the first turn also looks for assignments read before and never acked
-    job = system.broker.submit(quick_spec())
-    system.server.dispatch()
-    ownership = system.store.ownership
-
-    def dropped(*args):  # the connection drops after the read handed the assignment over
-        monkeypatch.setattr(system.store, "ownership", ownership)
-        raise redis.ConnectionError("reset by peer")
-
-    monkeypatch.setattr(system.store, "ownership", dropped)
-    with pytest.raises(redis.ConnectionError):
-        agent.step(block_ms=10)
-    system.drive(lambda: system.job(job.id).state == JobState.done, timeout_s=20)
-    assert len(system.reports("started")) == 1
-
-
-def test_stale_assignments_and_reports_change_nothing(system):
-    system.agent("spot-a")
-    job = system.broker.submit(quick_spec())
-    system.server.dispatch()
-    system.drive(lambda: system.job(job.id).state == JobState.done)
-    before = system.job(job.id)
-    system.store.redis.xadd("broker:assign:spot-a", {"job": job.id, "fence": 0})
-    system.agents["spot-a"].step(block_ms=10)
-    assert len(system.reports("started")) == 1
-    stale = {"agent": "spot-a", "job": job.id, "fence": 0, "type": "exited", "data": {"reason": "failed", "code": 1}}
-    assert system.server.apply([stale]) is None and system.job(job.id) == before
-
-
 def test_a_failing_job_is_retried_then_failed_with_its_last_lines(system):
     system.agent("spot-a")
     spec = l4_spec("crash", "print('loading'); print('boom: bad input'); raise SystemExit(3)", max_restarts=1)
@@ -271,45 +154,6 @@ def test_cancelling_a_running_job_stops_it_and_frees_the_agent(system):
     cancelled = system.job(job.id)
     assert cancelled.state == JobState.cancelled and cancelled.runs[0].end_reason == "fenced"
     assert system.store.get_agent("spot-a").job is None
-
-
-def test_reports_carry_the_agent_the_job_and_the_fence(system):
-    system.agent("spot-a")
-    job = system.broker.submit(quick_spec())
-    system.drive(lambda: system.job(job.id).state == JobState.done)
-    started = system.reports("started")[0]
-    assert (started["agent"], started["job"], started["fence"]) == ("spot-a", job.id, "1")
-    assert json.loads(started["data"])["pid"] > 0
-
-
-def test_reports_left_pending_by_a_dead_replica_are_applied_by_another(system):
-    agent = system.agent("spot-a")
-    job = system.broker.submit(quick_spec())
-    system.server.dispatch()
-    while not system.reports("started"):  # the agent works; no server round runs meanwhile
-        agent.step(block_ms=10)
-    dead = system.store.read_reports("server-dead", block_ms=10)  # read, never acked: the replica died
-    assert [r["type"] for _, r in dead] == ["started"]
-    survivor = BrokerServer(system.store, planning.get(), SystemClock(), system.server.checkpoints, consumer="server-2")
-    reclaimed = system.store.read_reports("server-2", reclaim_idle_ms=0)
-    assert [entry_id for entry_id, _ in reclaimed] == [entry_id for entry_id, _ in dead]
-    survivor.apply([r for _, r in reclaimed])
-    assert system.job(job.id).state in (JobState.running, JobState.done)
-
-
-def test_an_agent_whose_lease_lapsed_drops_its_job_and_registers_again(system):
-    agent = system.agent("spot-a")
-    job = system.broker.submit(l4_spec("long", "import time; time.sleep(60)"))
-    system.drive(lambda: system.job(job.id).state == JobState.running)
-    system.store.redis.delete("broker:lease:spot-a")  # a long pause: the lease ran out
-    time.sleep(0.25)
-    agent.step(block_ms=10)
-    assert agent.job is None and system.store.lease_alive("spot-a")
-    system.drive(lambda: len(system.job(job.id).runs) == 2 and system.job(job.id).state == JobState.running)
-    first = system.job(job.id).runs[0]
-    assert first.end_reason == "lost"
-    system.broker.cancel(job.id)
-    system.drive(lambda: system.job(job.id).current_run is None, timeout_s=20)
 
 
 def test_a_real_agent_process_killed_with_sigkill_hands_its_job_to_another(system, tmp_path, uninterrupted, redis_url):
@@ -339,18 +183,6 @@ def test_a_real_agent_process_killed_with_sigkill_hands_its_job_to_another(syste
     done = system.job(job.id)
     assert [(r.agent, r.end_reason) for r in done.runs] == [("spot-a", "lost"), ("ondemand-a", "finished")]
     assert_same_weights(torch.load(tmp_path / "final.pt"), uninterrupted)
-
-
-def test_a_job_cancelled_before_its_agent_started_it_frees_the_agent(system):
-    agent = system.agent("spot-a")
-    job = system.broker.submit(quick_spec())
-    assert system.server.dispatch() == [(job.id, "spot-a")]
-    system.broker.cancel(job.id)
-    agent.step(block_ms=10)
-    system.server.round(block_ms=10)
-    cancelled = system.job(job.id)
-    assert cancelled.current_run is None and cancelled.runs[0].end_reason == "cancelled"
-    assert system.reports("started") == [] and system.store.get_agent("spot-a").job is None
 
 
 def test_a_failed_save_is_kept_on_the_run_until_a_good_one(system):
