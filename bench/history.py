@@ -21,14 +21,12 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from dispatch import quoted_job
 from rich.console import Console
 from rich.progress import track
 
-from broker import planning
 from broker.app.metrics import StoreCollector
-from broker.domain.model import Job, JobState, Run, Tier
-from broker.domain.specfile import validate_spec
-from broker.pricing.catalog import PriceCatalog
+from broker.domain.model import Job, JobState, Run
 from broker.store import embedded
 from broker.store.jobs import Store
 
@@ -54,15 +52,8 @@ def main() -> None:
 
 def fill(store: Store, count: int, live: int) -> None:
     """`count` jobs of one small spec, the oldest `count - live` done after an hour's run on on-demand."""
-    offer = min(
-        (o for o in PriceCatalog.from_snapshot().offers if o.accelerator == "L4" and o.tier == Tier.on_demand),
-        key=lambda o: o.price_usd_per_h,
-    )
     start = datetime.now(UTC) - timedelta(days=30)
-    spec = validate_spec(
-        {"name": "history", "run": ["true"], "resources": {"accelerators": ["L4:1"]}, "work": {"gpu_hours": 1}}, start
-    )
-    quote = planning.get().quote(spec, [offer], start)
+    offer, spec, quote = quoted_job("history", 1.0, start)
     for i in track(range(count), description="filling the store", console=Console(stderr=True), transient=True):
         at = start + timedelta(minutes=2 * i)
         job = Job(id=f"history-{i:06d}", spec=spec, submitted_at=at, updated_at=at, quote=quote)
