@@ -15,6 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from broker.app import wiring
+from broker.app.ledger import Ledger
 from broker.app.settings import Settings
 from broker.core.broker import Broker
 from broker.domain.errors import BrokerError
@@ -35,6 +36,12 @@ PAGES = ["Overview", "Jobs", "Prices and risk", "Bubbles", "Backtest"]
 @st.cache_resource
 def store() -> Store:
     return Store(os.environ["BROKER_REDIS_URL"], prefix=os.environ.get("BROKER_PREFIX", "broker:"))
+
+
+@st.cache_resource
+def ledger() -> Ledger:
+    """Every job's figures, an ended job's kept once read (a store keeps every job it ever ran)."""
+    return Ledger(store())
 
 
 @st.cache_resource(ttl=60)
@@ -66,7 +73,7 @@ def money(value: float | None) -> str:
 
 @st.fragment(run_every=REFRESH_S)
 def overview() -> None:
-    jobs = store().list_jobs()
+    jobs = ledger().figures(now())
     if not jobs:
         st.info("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
         return
@@ -230,10 +237,10 @@ def bubbles_page() -> None:
         return
     filled = load_fill_stats(store())
     served = {}
-    for job in store().list_jobs():
+    for job in ledger().figures(now()):
         for run in job.runs:
-            if run.offer.tier.value == "bubble":
-                served.setdefault(run.offer.zone, set()).add(job.id)
+            if run.tier == "bubble":
+                served.setdefault(run.zone, set()).add(job.id)
     for main_job in sorted({p.main_job for p in profiles}):
         stages = sorted((p for p in profiles if p.main_job == main_job), key=lambda p: p.stage)
         st.subheader(f"Main job {main_job}")

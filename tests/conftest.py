@@ -195,3 +195,11 @@ def system(redis_url, tmp_path, catalog):
     from dispatch_system import System
 
     return System(redis_url, tmp_path, catalog)
+
+
+@pytest.fixture
+def seeded(store, catalog):
+    """Five jobs in every state, with known runs, stored; with the numbers the overview must show (seeded_jobs.py)."""
+    from seeded_jobs import seed_jobs
+
+    return seed_jobs(store, catalog)

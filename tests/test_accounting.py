@@ -4,11 +4,11 @@ from datetime import UTC, datetime, timedelta
 
 import pandas as pd
 import pytest
-from test_dashboard import ended_run, offer
+from seeded_jobs import ended_run, offer
 
 from broker import planning
 from broker.domain.model import MAX_PROGRESS_POINTS, Job, JobState, Tier
-from broker.models.accounting import hours_late, progress_frame, spend_over_time
+from broker.models.accounting import figures, hours_late, progress_frame, spend_over_time
 from conftest import make_spec
 
 
@@ -27,7 +27,7 @@ def test_spend_over_time_reaches_every_runs_cost_even_on_a_clock_ahead_of_now(ca
             quote=planning.get().quote(make_spec(), catalog.offers, start),
             runs=runs,
         )
-        frame = spend_over_time([job], now)
+        frame = spend_over_time([figures(job, now)], now)
         last = frame.iloc[-1]
         assert last["spot"] == pytest.approx(runs[0].cost_usd) and last["on_demand"] == pytest.approx(runs[1].cost_usd)
         assert frame.index[0] == pd.Timestamp(start) and frame.sum(axis=1).is_monotonic_increasing

@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from test_dashboard import backtest_dir, seed_bubbles, seeded  # noqa: F401 (seeded is a fixture)
+from test_dashboard import backtest_dir, seed_bubbles
 
 from conftest import ROOT, free_port
 
@@ -69,7 +69,7 @@ def test_a_sigterm_to_broker_dashboard_stops_the_streamlit_server(redis_url, tmp
 
 
 @pytest.fixture
-def populated(seeded, store, tmp_path):  # noqa: F811 (seeded is the fixture imported above)
+def populated(seeded, store, tmp_path):
     """The seeded jobs (the migrated one with progress on both runs), a main job's bubbles and a backtest."""
 
     def with_progress(job):

@@ -89,6 +89,7 @@ def test_shards_spread_over_the_cluster_and_read_back_as_one_store(cluster_url, 
     assert [j.urgency for j in queue] == sorted(j.urgency for j in queue)
     assert [j.id for j in store.pending_jobs(5, 4)] == [j.id for j in queue[5:9]]
     assert [j.id for j in store.recent_jobs(3)] == [j.id for j in jobs[-3:]]
+    assert store.job_index() == {j.id: j.submitted_at.timestamp() for j in jobs} and store.job_count() == 12
     cancelled = broker.cancel(jobs[5].id)  # a transaction in the job's shard: job, event, indexes
     assert cancelled.state == JobState.cancelled and store.pending_count() == 11
     assert [e["state"] for e in store.events(jobs[5].id)] == ["queued", "cancelled"]

@@ -7,8 +7,11 @@ cost at the price of the on-demand option its quote was compared with.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
+import numpy as np
 import pandas as pd
 
 from broker.domain.model import Job, JobState, Run
@@ -47,18 +50,79 @@ def missed_deadline(job: Job, now: datetime) -> bool:
 def hours_late(job: Job, now: datetime) -> float:
     """Hours past its deadline it finished, or is still unfinished at `now`; 0 when on time, cancelled or without
     one."""
-    deadline = job.spec.deadline
-    if deadline is None or job.state == JobState.cancelled:
-        return 0.0
     end = job.runs[-1].ended_at if job.state == JobState.done else now
+    return _hours_past(job.spec.deadline, job.state, end)
+
+
+def _hours_past(deadline: datetime | None, state: JobState, end: datetime) -> float:
+    if deadline is None or state == JobState.cancelled:
+        return 0.0
     return max(0.0, (end - deadline).total_seconds() / 3600)
 
 
-def overview(jobs: list[Job], now: datetime) -> dict:
+@dataclass(frozen=True)
+class RunSpend:
+    """A run's tier, zone, span (its end: `now` while it runs) and cost."""
+
+    tier: str
+    zone: str | None
+    begin: datetime
+    end: datetime
+    cost_usd: float
+
+
+@dataclass(frozen=True)
+class JobFigures:
+    """What the overview, the metrics and the spend chart need of a job: small enough to keep for every job a store
+    ever ran (a parsed job with its quote is about 20 KB), and final once the job has ended and its last run with
+    it."""
+
+    id: str
+    submitted_at: datetime
+    state: JobState
+    spend_usd: float
+    on_demand_usd: float
+    budget_usd: float | None
+    deadline: datetime | None
+    finished_at: datetime | None  # a done job's last run's end
+    runs: tuple[RunSpend, ...]
+    final: bool  # ended, and its last run with it: these figures no longer change
+
+    def hours_late(self, now: datetime) -> float:
+        """As `hours_late` of the job."""
+        return _hours_past(self.deadline, self.state, self.finished_at if self.state == JobState.done else now)
+
+
+def figures(job: Job, now: datetime) -> JobFigures:
+    """The job's figures as of `now` (a run under way up to `now`)."""
+    return JobFigures(
+        id=job.id,
+        submitted_at=job.submitted_at,
+        state=job.state,
+        spend_usd=spend_usd(job, now),
+        on_demand_usd=on_demand_equivalent_usd(job, now),
+        budget_usd=job.spec.budget_usd,
+        deadline=job.spec.deadline,
+        finished_at=job.runs[-1].ended_at if job.state == JobState.done and job.runs else None,
+        runs=tuple(
+            RunSpend(
+                r.offer.tier.value,
+                r.offer.zone,
+                r.started_at or r.dispatched_at,
+                r.ended_at or now,
+                run_cost_usd(r, now),
+            )
+            for r in job.runs
+        ),
+        final=job.state.terminal and all(r.ended_at for r in job.runs),
+    )
+
+
+def overview(jobs: Sequence[JobFigures], now: datetime) -> dict:
     """The overview page's KPIs."""
-    spend = sum(spend_usd(j, now) for j in jobs)
-    baseline = sum(on_demand_equivalent_usd(j, now) for j in jobs)
-    budgeted = [j for j in jobs if j.spec.budget_usd]
+    spend = sum(j.spend_usd for j in jobs)
+    baseline = sum(j.on_demand_usd for j in jobs)
+    budgeted = [j for j in jobs if j.budget_usd]
     counts = {s: 0 for s in ("queued", "running", "done", "failed", "cancelled")}
     for job in jobs:
         counts["running" if job.state in (JobState.running, JobState.migrating) else job.state.value] += 1
@@ -68,32 +132,37 @@ def overview(jobs: list[Job], now: datetime) -> dict:
         "savings_usd": baseline - spend,
         "savings_pct": savings_pct(spend, baseline),
         **counts,
-        "deadline_misses": sum(missed_deadline(j, now) for j in jobs),
-        "budget_used_pct": 100 * sum(spend_usd(j, now) for j in budgeted) / sum(j.spec.budget_usd for j in budgeted)
+        "deadline_misses": sum(j.hours_late(now) > 0 for j in jobs),
+        "budget_used_pct": 100 * sum(j.spend_usd for j in budgeted) / sum(j.budget_usd for j in budgeted)
         if budgeted
         else None,
     }
 
 
 def spend_over_time(
-    jobs: list[Job], now: datetime, buckets: int = 60, times: pd.DatetimeIndex | None = None
+    jobs: Sequence[JobFigures], now: datetime, buckets: int = 60, times: pd.DatetimeIndex | None = None
 ) -> pd.DataFrame:
     """Cumulative spend by tier (columns) over time (index, `buckets` steps to now, or to the last run's end when
-    that is later, unless `times` are given): each run accrues evenly over its hours."""
-    utc = lambda t: pd.Timestamp(t).tz_convert("UTC")  # noqa: E731 (stored times carry pydantic's UTC tzinfo)
-    runs = [(r, utc(r.started_at or r.dispatched_at), utc(r.ended_at or now)) for j in jobs for r in j.runs]
+    that is later, unless `times` are given): each run accrues evenly over its hours. All runs at once (numpy): a
+    store keeps every job it ever ran."""
+    runs = [r for j in jobs for r in j.runs]
     if not runs:
         return pd.DataFrame()
+    begin = pd.to_datetime([r.begin for r in runs], utc=True)  # stored times carry pydantic's UTC tzinfo
+    end = pd.to_datetime([r.end for r in runs], utc=True)
     if times is None:  # up to the last run's end: a demo's compressed clock stamps runs after the wall clock's now
-        start = min(b for _, b, _ in runs)
-        times = pd.date_range(start, max(utc(now), *(e for _, _, e in runs)), periods=buckets)
-    frame = pd.DataFrame(0.0, index=times, columns=["bubble", "spot", "on_demand"])
-    for run, begin, end in runs:
-        cost = run_cost_usd(run, now)
-        span = max((end - begin).total_seconds(), 1e-9)
-        elapsed = ((times - begin).total_seconds()).to_numpy().clip(0, span)
-        frame[run.offer.tier.value] += cost * elapsed / span
-    return frame
+        times = pd.date_range(begin.min(), max(pd.Timestamp(now).tz_convert("UTC"), end.max()), periods=buckets)
+    span = np.maximum((end - begin).total_seconds().to_numpy(), 1e-9)
+    elapsed = (_utc_ns(times)[:, None] - _utc_ns(begin)[None, :]) / np.timedelta64(1, "s")
+    accrued = np.clip(elapsed, 0, span) / span * np.array([r.cost_usd for r in runs])
+    tiers = np.array([r.tier for r in runs])
+    return pd.DataFrame(
+        {tier: accrued[:, tiers == tier].sum(axis=1) for tier in ("bubble", "spot", "on_demand")}, index=times
+    )
+
+
+def _utc_ns(times: pd.DatetimeIndex) -> np.ndarray:
+    return times.tz_convert("UTC").tz_localize(None).to_numpy("datetime64[ns]")
 
 
 def progress_frame(job: Job) -> pd.DataFrame:

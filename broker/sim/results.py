@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from broker.domain.errors import BrokerError
-from broker.models.accounting import missed_deadline, spend_over_time
+from broker.models.accounting import figures, missed_deadline, spend_over_time
 from broker.sim.backtest import JOINT, OMNISCIENT, SCHEDULE, Result, tier_hours
 
 POLICIES_CSV, JOBS_CSV, SPEND_CSV, SUMMARY_JSON = "policies.csv", "jobs.csv", "spend.csv", "summary.json"
@@ -23,7 +23,7 @@ def spend_frame(result: Result, points: int = 100) -> pd.DataFrame:
     times = pd.date_range(start, pd.Timestamp(max(ends)).tz_convert("UTC"), periods=points)
     frame = pd.DataFrame(index=(times - start).total_seconds() / 3600)
     for out in result.outcomes:
-        by_tier = spend_over_time(out.jobs, out.end, times=times)
+        by_tier = spend_over_time([figures(j, out.end) for j in out.jobs], out.end, times=times)
         frame[out.policy] = by_tier.sum(axis=1).to_numpy() if not by_tier.empty else 0.0
     frame.index.name = "hours"
     return frame

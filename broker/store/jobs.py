@@ -213,8 +213,10 @@ class Store(AgentChannels):
     def job_count(self) -> int:
         return self.redis.zcard(self._key("jobs"))
 
-    def job_ids(self) -> set[str]:
-        return set(self.redis.zrange(self._key("jobs"), 0, -1))
+    def job_index(self) -> dict[str, float]:
+        """Every job's id and submission time (epoch seconds): an id with another time is another job (a namespace
+        cleared and filled again)."""
+        return dict(self.redis.zrange(self._key("jobs"), 0, -1, withscores=True))
 
     def recent_jobs(self, count: int = 200) -> list[Job]:
         """The `count` newest jobs, in submission order."""

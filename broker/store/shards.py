@@ -150,8 +150,8 @@ class ShardedStore:
     def job_count(self) -> int:
         return sum(s.job_count() for s in self.shards)
 
-    def job_ids(self) -> set[str]:
-        return set().union(*(s.job_ids() for s in self.shards))
+    def job_index(self) -> dict[str, float]:
+        return {job_id: at for s in self.shards for job_id, at in s.job_index().items()}
 
     def recent_jobs(self, count: int = 200) -> list[Job]:
         """The `count` newest jobs of all shards, in submission order."""
