@@ -373,26 +373,29 @@ def test_a_live_brokers_quote_plays_the_guard_it_runs_under_not_one_a_market_tic
     assert on_demand.cost_p50_usd > 3.06 * 10  # all on on-demand: its 10 h and the restart
 
 
-def test_a_quotes_alternatives_are_listed_by_what_their_futures_say():
-    """The money model ranks the alternatives (spot always launchable); a user reads their rows, the futures': those
-    that keep the asked odds first, then by median cost. Here the money model's second cheapest is a zone spot
-    is seldom up in, whose futures pay for on-demand."""
+def test_a_quotes_alternatives_are_the_best_by_their_futures_and_listed_by_what_those_say():
+    """The money model ranks the alternatives (spot always launchable): here its next four are zones spot is seldom
+    up in, whose futures pay for on-demand. A quote a person reads plays twice as many and shows the best by their
+    futures, listed as their rows read: those that keep the asked odds first, then by median cost."""
     calm = [1] * 300 + [0]
-    model = MarketModel.fit(
-        [
-            trace("us-east-1a", calm, 20),
-            trace("us-east-1b", [1] * 2 + [0] * 10, 300, "g4dn.xlarge"),
-            trace("us-east-1c", calm, 20, "g5.xlarge"),
-        ]
-    )
-    seldom = _offer("us-east-1b", price=0.6).model_copy(update={"instance_type": "g4dn.xlarge"})
+    seldom = [
+        _offer(f"us-east-1{zone}", price=0.55 + i / 100).model_copy(update={"instance_type": f"g4dn.{zone}"})
+        for i, zone in enumerate("bdef")
+    ]
     steady = _offer("us-east-1c", price=0.7).model_copy(update={"instance_type": "g5.xlarge"})
-    offers = [_offer("us-east-1a", price=0.5), seldom, steady, _offer("us-east-1z", "on_demand", 3.06)]
+    model = MarketModel.fit(
+        [trace("us-east-1a", calm, 20), trace("us-east-1c", calm, 20, "g5.xlarge")]
+        + [trace(o.zone, [1] * 2 + [0] * 10, 300, o.instance_type) for o in seldom]
+    )
+    on_demand = _offer("us-east-1z", "on_demand", 3.06)
+    offers = [_offer("us-east-1a", price=0.5), *seldom, steady, on_demand]
+    spec = _quote_spec(30.0).model_copy(update={"budget_usd": None})
+    money = planning.get("hedge").quote(spec, offers, NOW)
+    assert [o.offer for o in money.alternatives] == seldom  # the money model's next four: the seldom zones
     broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model, explained=True)
-    quote = broker.quote(_quote_spec(30.0).model_copy(update={"budget_usd": None}))
-    listed = quote.alternatives
-    assert [o.offer.id for o in listed] == [steady.id, offers[3].id, seldom.id]
-    assert seldom.price_usd_per_h < steady.price_usd_per_h  # the money model's order: seldom before steady
-    assert min(listed, key=lambda o: o.expected_cost_usd).offer == seldom  # its estimate: cheaper than on-demand
+    listed = broker.quote(spec).alternatives
+    assert [o.offer.id for o in listed[:2]] == [steady.id, on_demand.id] and len(listed) == 4
+    assert all(o.offer in seldom for o in listed[2:])  # the cheapest two seldom zones by their futures
     costs = [o.forecast.cost_p50_usd for o in listed]
     assert costs == sorted(costs) and all(o.forecast.p_meet_deadline > 0.99 for o in listed)
+    assert listed[2].forecast.cost_p50_usd > on_demand.price_usd_per_h * 4  # a seldom zone pays for on-demand

@@ -21,6 +21,7 @@ from broker.core.reserve import (
 from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import ODDS_NOISE, AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
 from broker.models.risk import fits
+from broker.planning.cheapest import ALTERNATIVES
 from broker.pricing.availability import MarketModel, seen_counts
 from broker.pricing.catalog import PriceCatalog
 from broker.store.capacity import fleet_seen
@@ -28,6 +29,7 @@ from broker.store.jobs import Store
 
 OTHERS_SEEN = 1000  # jobs a quote looks at: those waiting ahead of it, and the finished ones it learns speed from
 ALTERNATIVE_FUTURES = 250  # an alternative's odds to within about a point (their sd over seeds: 0.1-0.5 points)
+CANDIDATES = 2 * ALTERNATIVES  # played for a quote a person reads, the best ALTERNATIVES by their futures shown
 RECENT_H = 7 * 24.0  # hours of our fleet's spot capacity the market model learns from
 LIVE_SPOT_S = 1.0  # how stale the fleet's live spot offers may be when the policy tells a queue from a market gap
 
@@ -118,7 +120,8 @@ class Broker:
         offers = self.offers(agents)
         market = self.market_now()
         try:
-            quote = self.policy.quote(spec, offers, now)
+            candidates = CANDIDATES if explained and market is not None else ALTERNATIVES
+            quote = self.policy.quote(spec, offers, now, alternatives=candidates)
         except InfeasibleError as error:
             if not explained or market is None:
                 raise
@@ -185,11 +188,12 @@ class Broker:
                 o.model_copy(update={"forecast": simulated(o, futures=ALTERNATIVE_FUTURES, alone=True)})
                 for o in quote.alternatives
             ]
-            # listed as their rows read: those whose futures keep the asked odds first, then by their median cost
+            # the best by their futures, listed as their rows read: those that keep the asked odds first, then by
+            # their median cost (the money model's next cheapest may be a zone spot is seldom up in)
             asked = spec.deadline_probability - ODDS_NOISE
             update["alternatives"] = sorted(
                 alternatives, key=lambda o: (o.forecast.p_meet_deadline < asked, o.forecast.cost_p50_usd)
-            )
+            )[:ALTERNATIVES]
         return quote.model_copy(update=update)
 
     def outlook(self, job: Job) -> Forecast | None:

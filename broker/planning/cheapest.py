@@ -13,7 +13,7 @@ from broker.models.risk import allowed_tiers, evaluate, fits, memory_fits, shape
 from broker.planning import register
 from broker.planning.option_table import PlanItem
 
-ALTERNATIVES = 4
+ALTERNATIVES = 4  # a quote shows the chosen option and this many others
 
 
 def cost_order(option: Option) -> tuple:
@@ -100,8 +100,8 @@ class CheapestFeasible:
             left[chosen.offer.id] -= 1
         return plan
 
-    def quote(self, spec: JobSpec, offers: list[Offer], now: datetime) -> Quote:
-        """The cheapest feasible option, the next distinct alternatives, and the on-demand baseline."""
+    def quote(self, spec: JobSpec, offers: list[Offer], now: datetime, alternatives: int = ALTERNATIVES) -> Quote:
+        """The cheapest feasible option, the next `alternatives` distinct ones, and the on-demand baseline."""
         options = self.options(spec, offers, now)
         if not options:
             raise InfeasibleError(no_offer_fits(spec, offers))
@@ -111,12 +111,12 @@ class CheapestFeasible:
             dearer = next((o for o in options if o.meets_deadline), None)  # options come cheapest first
             raise InfeasibleError(self._why_infeasible(spec, options), later, dearer)
         chosen = feasible[0]
-        alternatives, seen = [], {_shape(chosen)}
+        others, seen = [], {_shape(chosen)}
         for option in feasible[1:]:
             if _shape(option) not in seen:
                 seen.add(_shape(option))
-                alternatives.append(option)
-            if len(alternatives) == ALTERNATIVES:
+                others.append(option)
+            if len(others) == alternatives:
                 break
         on_demand = [o for o in options if o.offer.tier == Tier.on_demand]
         baseline = next((o for o in on_demand if o.meets_deadline), on_demand[0] if on_demand else None)
@@ -124,7 +124,7 @@ class CheapestFeasible:
             policy=self.name,
             created_at=now,
             chosen=chosen,
-            alternatives=alternatives,
+            alternatives=others,
             on_demand_baseline=baseline,
             deadline_probability=spec.deadline_probability if spec.deadline is not None else None,
         )
