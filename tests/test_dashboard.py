@@ -192,8 +192,13 @@ def seed_bubbles(store) -> None:
     )
 
 
-def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis_url, store):
+def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis_url, store, seeded):
     seed_bubbles(store)
+    done = seeded["jobs"][0]  # and a job that ran in stage 3's bubbles
+    bubble = done.runs[-1].offer.model_copy(update={"tier": Tier.bubble, "zone": "llama-stage3"})
+    assert store.add_job(
+        done.model_copy(update={"id": "filler", "runs": [done.runs[-1].model_copy(update={"offer": bubble})]})
+    )
     app.run()
     app.sidebar.radio[0].set_value("Bubbles").run()
     assert not app.exception
@@ -205,6 +210,7 @@ def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis
         table["bubble time filled"].iloc[0]
     )
     assert table["main-job slowdown %"].iloc[3] == pytest.approx(100 * (2.142 / 2.1 - 1))
+    assert list(table["fill jobs served"]) == [0, 0, 0, 1]
 
 
 def backtest_dir(tmp_path: Path) -> Path:

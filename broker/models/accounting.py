@@ -60,7 +60,7 @@ def _hours_past(deadline: datetime | None, state: JobState, end: datetime) -> fl
     return max(0.0, (end - deadline).total_seconds() / 3600)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RunSpend:
     """A run's tier, zone, span (its end: `now` while it runs) and cost."""
 
@@ -71,7 +71,7 @@ class RunSpend:
     cost_usd: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobFigures:
     """What the overview, the metrics and the spend chart need of a job: small enough to keep for every job a store
     ever ran (a parsed job with its quote is about 20 KB), and final once the job has ended and its last run with
