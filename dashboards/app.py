@@ -73,7 +73,8 @@ def money(value: float | None) -> str:
 
 @st.fragment(run_every=REFRESH_S)
 def overview() -> None:
-    jobs = ledger().figures(now())
+    with st.spinner("reading every job once (20,000 take a few seconds); then only those not yet ended"):
+        jobs = ledger().figures(now())
     if not jobs:
         st.info("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
         return

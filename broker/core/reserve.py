@@ -24,9 +24,9 @@ ODDS_TRADE = 0.02
 
 
 def on_demand_start(quote: Quote) -> Quote:
-    """The quote of a job that starts on on-demand: quoted where it starts, the money model's spot choice heading the
-    alternatives (so the quote, `broker run`'s local agent and the Terraform plan name where the job will run); as
-    many as the quote had, at least ALTERNATIVES."""
+    """The quote of a job that starts on on-demand: quoted where it starts (so the quote, `broker run`'s local agent
+    and the Terraform plan name where the job will run), the money model's spot choice first among the alternatives
+    (a quote a person reads then lists them by their futures); as many as the quote had, at least ALTERNATIVES."""
     started = quote.on_demand_baseline.offer.id
     kept = max(len(quote.alternatives), ALTERNATIVES)
     alternatives = [o for o in [quote.chosen, *quote.alternatives] if o.offer.id != started][:kept]
