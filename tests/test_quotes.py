@@ -7,7 +7,6 @@ import pytest
 from test_market_model import NOW, _offer, trace
 
 from broker import planning
-from broker.agents.contract import Contract
 from broker.app.wiring import make_broker
 from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
@@ -208,23 +207,6 @@ def test_a_job_chosen_for_a_bubble_is_quoted_on_spot_while_the_bubbles_are_busy(
     assert replanned.cost_p50_usd < 1.2 * on_spot_usd  # at spot's pace, not the bubble's (twice as slow)
 
 
-def test_a_running_job_holds_a_slot_only_where_it_runs_and_a_waiting_one_where_it_may_launch():
-    from broker.core.fleet import Fleet
-
-    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
-    quote = _quote(model, 30.0)
-    running = _finished(quote, 1.0, "r", JobState.running)
-    elsewhere = _offer("us-east-1q", price=0.7)
-    running.runs[0].offer = elsewhere
-    waiting = Job(id="w", spec=_quote_spec(30.0), submitted_at=NOW, updated_at=NOW, quote=quote)
-    fleet = Fleet.of([_agent(quote.chosen.offer)], [running, waiting], NOW, [])
-    assert [offers for offers, _ in fleet.others] == [{elsewhere.id}, set(quote.forecast.zones)]
-    pinned, pooled = fleet.held([quote.chosen.offer], 1.0, 10, pin=False)
-    assert len(pooled) == 1 and not pinned.any()  # only the waiting one competes for its zone
-    pinned, pooled = fleet.held([quote.chosen.offer, elsewhere], 1.0, 10, pin=True)  # bubbles: where they run
-    assert pinned[:, 0].tolist() == [1, 1] and len(pooled) == 0
-
-
 def test_quote_figures_count_errors_and_calibration():
     rows = [
         {"quoted_cost_usd": 10.0, "cost_usd": c, "p_meet": 0.9, "met": m}
@@ -255,28 +237,6 @@ def test_quote_figures_count_errors_and_calibration():
     assert cost_coverage(spread + [mostly_free] * 4)["cost_at_or_below_p10_p50_p90"] == [0.375, 0.5, 0.875]
 
 
-def test_a_quote_sees_the_jobs_ahead_of_it_in_the_fleet(store):
-    """One agent in a cheap zone and one in a dear one: the first job is quoted in the cheap zone, the second behind
-    it in the dear one (before the fleet was counted, both were quoted at the cheap zone's price)."""
-    cheap, dear, od = (
-        _offer("us-east-1a", price=0.9),
-        _offer("us-east-1b", price=1.8),
-        _offer("us-east-1z", "on_demand", 3.06),
-    )
-    for agent, offer in (("a", cheap), ("b", dear)):
-        Contract(store, agent).register(offer, 60_000, host="test", pid=0, at=NOW)
-    model = MarketModel.fit([trace(z, [1] * 300 + [0] * 1, 20) for z in ("us-east-1a", "us-east-1b")])
-    broker = Broker(store, OfferBook([cheap, dear, od]), planning.get("cbl-greedy"), SimulatedClock(NOW), model)
-    spec = _quote_spec(30.0)
-    first = broker.submit(spec).quote.forecast
-    second = broker.submit(spec).quote.forecast
-    assert first.cost_p50_usd == pytest.approx(0.9 * second.cost_p50_usd / 1.8, rel=0.05)
-    # not behind it: as soon, but for the other zone's preemptions (each future draws every zone's spells)
-    assert second.zones == first.zones and abs(second.finish_p50 - first.finish_p50) < timedelta(minutes=2)
-    third = broker.submit(spec).quote.forecast  # both slots held: it waits for one or pays on-demand
-    assert third.finish_p50 > first.finish_p50 or third.spot_share < 0.5
-
-
 def _rated(spec):
     """The spec with its work as steps at a measured rate that takes as long as its GPU-hours are estimated to."""
     from broker.models.risk import exclusive_hours_on
@@ -302,45 +262,6 @@ def _finished(
     run.last_progress_at = started + timedelta(hours=3 + spec.checkpoint.restore_minutes / 60 + 0.05)
     run.progress_done = 1000 * speed * 3 / quote.chosen.exclusive_h
     return Job(id=name, spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, runs=[run], state=state)
-
-
-def test_a_quote_counts_the_jobs_that_will_arrive_ahead_of_it_where_jobs_keep_arriving():
-    """Jobs came every half hour lately, each due 10 h after it came and holding a spot slot for hours: those that
-    come in the next 20 h are due before this job (30 h) and take the fleet's one cheap slot ahead of it, so its
-    quote is dearer than in a quiet fleet. Jobs due later than it wait behind it and change nothing."""
-    from broker.core.fleet import Fleet
-    from broker.core.forecast import forecast
-
-    cheap, dear = _offer("us-east-1a", price=0.9), _offer("us-east-1b", price=1.8)
-    offers = [cheap, dear, _offer("us-east-1z", "on_demand", 3.06)]
-    model = MarketModel.fit([trace(z, [1] * 60 + [0] * 1, 50) for z in ("us-east-1a", "us-east-1b")])
-    spec = _quote_spec(30.0)
-    quote = Broker(None, OfferBook(offers), planning.get("cbl-greedy"), SimulatedClock(NOW), model).quote(spec)
-
-    def came(due_h: float) -> list[Job]:
-        times = [NOW - timedelta(minutes=30 * i) for i in range(8)]
-        specs = [spec.model_copy(update={"deadline": at + timedelta(hours=due_h)}) for at in times]
-        return [
-            Job(id=f"j{i}", spec=s, submitted_at=at, updated_at=at, quote=quote)
-            for i, (s, at) in enumerate(zip(specs, times))
-        ]
-
-    agents = [_agent(cheap), _agent(dear)]
-    urgent, relaxed = Fleet.of(agents, [], NOW, came(10.0)), Fleet.of(agents, [], NOW, came(60.0))
-    assert urgent.arrivals_per_h == pytest.approx(2.0) and len(urgent.arrived) == 8
-    quiet = Fleet.of(agents, [], NOW, came(10.0)[:1])
-    assert quiet.arrivals_per_h == 0.0  # one submission says nothing of a rate
-    calm = forecast(spec, quote, offers, model, "greedy", NOW, fleet=quiet)
-    crowded = forecast(spec, quote, offers, model, "greedy", NOW, fleet=urgent)
-    behind = forecast(spec, quote, offers, model, "greedy", NOW, fleet=relaxed)
-    assert crowded.cost_p50_usd > calm.cost_p50_usd * 1.3
-    assert behind.cost_p50_usd == pytest.approx(calm.cost_p50_usd, rel=0.02)
-
-
-def _agent(offer):
-    from broker.domain.model import AgentInfo
-
-    return AgentInfo(id=offer.zone, offer=offer, host="test", pid=0, registered_at=NOW)
 
 
 def test_each_alternative_is_played_on_its_own_offer_not_started_where_the_chosen_one_is():
