@@ -1,10 +1,11 @@
 """A store with a long history: what the read paths cost when the store keeps every job it ever ran.
 
 Fills an embedded store with `--jobs` pre-quoted jobs (as bench/dispatch.py submits them), all but `--live` of them
-done with one finished run, then times what a user and a scraper wait for: `broker list` and `broker cost-report`
-(each a fresh process, as a user runs them; `--limit 0` for every job), the server's Prometheus collector (its first
-scrape and the next), and the dashboard's Overview (its first run and the next: it refreshes every few seconds) and
-Jobs pages (streamlit.testing). Prints one JSON object of seconds.
+done with one finished run, then times what a user and a scraper wait for: `broker list`, `broker cost-report` and
+`broker submit` (each a fresh process, as a user runs them; `--limit 0` for every job; two submits: the first after
+the fill), the server's Prometheus collector (its first scrape and the next), and the dashboard's Overview (its first
+run and the next: it refreshes every few seconds) and Jobs pages (streamlit.testing). Prints one JSON object of
+seconds.
 
     python bench/history.py --jobs 20000 --json
 """
@@ -69,7 +70,14 @@ def fill(store: Store, count: int, live: int) -> None:
 
 def measure(url: str, home: Path) -> dict:
     env = {**os.environ, "BROKER_HOME": str(home), "BROKER_REDIS_URL": url}
-    commands = {"list_s": ["list"], "list_all_s": ["list", "--limit", "0"], "cost_report_s": ["cost-report"]}
+    submit = ["submit", str(ROOT / "examples" / "finetune-lora.yaml")]  # prices with our agents' evidence
+    commands = {
+        "list_s": ["list"],
+        "list_all_s": ["list", "--limit", "0"],
+        "cost_report_s": ["cost-report"],
+        "submit_first_s": submit,
+        "submit_next_s": submit,
+    }
     figures = {name: timed_command(command, env) for name, command in commands.items()}
     collector = StoreCollector(Store(url))
     for scrape in ("first", "next"):

@@ -16,6 +16,7 @@ from broker.core.replica import Replica, owner
 from broker.core.server import BrokerServer
 from broker.domain.errors import BrokerError
 from broker.domain.model import JobState, Tier
+from broker.store import evidence
 from broker.store.capacity import CapacityHistory, fleet_seen
 from broker.store.shards import ShardedStore, agent_id_in, shard_of
 from conftest import NOW, make_spec
@@ -90,6 +91,8 @@ def test_shards_spread_over_the_cluster_and_read_back_as_one_store(cluster_url, 
     assert [j.id for j in store.pending_jobs(5, 4)] == [j.id for j in queue[5:9]]
     assert [j.id for j in store.recent_jobs(3)] == [j.id for j in jobs[-3:]]
     assert store.job_index() == {j.id: j.submitted_at.timestamp() for j in jobs} and store.job_count() == 12
+    assert [evidence.seen(s) for s in store.shards] == [{}] * SHARDS  # tallied in each shard's slot (no spot runs)
+    assert all(s.redis.hget(s.key(evidence.KEY), evidence.COUNTED) for s in store.shards if s.job_count())
     cancelled = broker.cancel(jobs[5].id)  # a transaction in the job's shard: job, event, indexes
     assert cancelled.state == JobState.cancelled and store.pending_count() == 11
     assert [e["state"] for e in store.events(jobs[5].id)] == ["queued", "cancelled"]

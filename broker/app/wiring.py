@@ -126,10 +126,15 @@ def live_catalog(store: Store, settings: Settings) -> PriceCatalog:
     """The catalog as quotes, dispatch and the dashboard price it: the snapshot, newer recorded prices, and a
     hazard from the traces, the clouds' eviction bands and our own agents' preemptions."""
     from broker.pricing.catalog import PriceCatalog
-    from broker.pricing.hazard import HazardModel, observed
+    from broker.pricing.hazard import Evidence, HazardModel
+    from broker.store import evidence
     from broker.store.prices import PriceHistory
 
     catalog = PriceCatalog.from_snapshot(settings.prices_dir)
     history = PriceHistory(store)
-    hazard = HazardModel.packaged().with_bands(history.bands()).observe(observed(store.list_jobs()))
+    seen: dict = {}
+    for shard in store.shards:  # our agents' evidence, counted as their runs ended (not every job read again)
+        for market, (preemptions, hours) in evidence.seen(shard).items():
+            seen[market] = seen.get(market, Evidence()) + Evidence(preemptions, hours)
+    hazard = HazardModel.packaged().with_bands(history.bands()).observe(seen)
     return PriceCatalog(catalog.rows, hazard, catalog.source).with_history(history.latest())

@@ -336,6 +336,13 @@ class Job(BaseModel):
         the hazard nor the fleet's speeds and arrivals learn from it."""
         return "demo" in self.tags
 
+    def market_runs(self) -> list[Run]:
+        """Its ended spot runs that are evidence of their market's preemptions: run on the cloud instance they stand
+        for (not a local stand-in), and not a demo's copy."""
+        if self.demo_copy:
+            return []
+        return [r for r in self.runs if r.offer.tier == Tier.spot and r.ended_at is not None and r.on_cloud]
+
     @property
     def current_run(self) -> Run | None:
         """The newest run while it has not ended."""

@@ -192,11 +192,7 @@ def observed(jobs) -> dict[Key, Evidence]:
     """What our own agents saw: per (cloud, region, instance type), hours run on spot and runs ended by a preemption."""
     seen: dict[Key, Evidence] = {}
     for job in jobs:
-        if job.demo_copy:  # its clock was compressed and its agents local: no evidence of any market
-            continue
-        for run in job.runs:
-            if run.offer.tier.value != "spot" or run.ended_at is None or not run.on_cloud:
-                continue
+        for run in job.market_runs():
             key = (run.offer.cloud, run.offer.region, run.offer.instance_type)
             seen[key] = seen.get(key, Evidence()) + Evidence(
                 float(run.end_reason == "preempted"), run.hours(run.ended_at)

@@ -27,6 +27,7 @@ ShardedStore, and a shard's prefix carries its hash tag, `broker:{3}:`, when the
                                  capped at about LOG_MAXLEN batches
     price:{offer}, priced, refreshed, evictions   price history: see prices.py
     capacity:{zone}, capacity-zones    the spot capacity our fleet had: see capacity.py
+    spot-evidence                      our agents' spot hours and preemptions per market: see evidence.py
     bubbles:{main job}:{stage}         bubble profiles: see profiles.py
     (both event streams are capped at about STREAM_MAXLEN entries; agents send progress at most once a second)
 
@@ -52,6 +53,7 @@ import redis
 
 from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableError
 from broker.domain.model import AgentInfo, Job, JobState
+from broker.store import evidence
 from broker.store.agents import LOG_MAXLEN, STREAM_MAXLEN, AgentChannels
 from broker.store.connection import patient_retry, redact_url
 
@@ -168,6 +170,7 @@ class Store(AgentChannels):
                 pipe.set(key, job.model_dump_json())
                 pipe.zadd(self._key("jobs"), {job.id: job.submitted_at.timestamp()})
                 self._index(pipe, job)
+                evidence.count(pipe, self._key(evidence.KEY), None, job)  # a job stored with ended runs (an import)
                 self._event(pipe, job, "submitted")
                 self.wake(pipe, job.id)
                 pipe.execute()
@@ -324,6 +327,7 @@ class Store(AgentChannels):
         pipe.set(self._key("job", job.id), text)
         self._parsed.put(text, job)  # what this process wrote, it need not parse when it reads it back
         self._index(pipe, job)
+        evidence.count(pipe, self._key(evidence.KEY), before, job)
         self._tell_agents(pipe, before, job)
         if emit and job.state != before.state:
             self._event(pipe, job, reason or job.reason)
