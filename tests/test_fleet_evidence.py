@@ -139,7 +139,6 @@ def test_only_an_agent_watching_its_clouds_notices_is_market_evidence(store, tmp
     from broker.agents.agent import Agent
     from broker.agents.notices import watcher
     from broker.domain.model import Job, Run
-    from broker.pricing.hazard import Evidence, observed
     from tests.test_quotes import _quote
 
     spot = _offer("us-east-1a")
@@ -165,4 +164,4 @@ def test_only_an_agent_watching_its_clouds_notices_is_market_evidence(store, tmp
         for k, a in enumerate(store.agents(), 1)
     ]
     job = Job(id="j", spec=_quote_spec(30.0), submitted_at=NOW, updated_at=NOW, quote=quote, runs=runs)
-    assert observed([job]) == {("aws", "us-east-1", "p3.2xlarge"): Evidence(0, 2.0)}  # the cloud agent's run only
+    assert [r.agent for r in job.market_runs()] == ["cloud"]  # the cloud agent's run only

@@ -166,7 +166,6 @@ def test_a_demos_copied_jobs_are_no_evidence_of_preemptions():
 
     from broker.domain.model import Job, Run
     from broker.pricing.availability import MarketModel
-    from broker.pricing.hazard import observed
 
     quote = _quote(MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)]), 30.0)
     offer = quote.chosen.offer
@@ -176,8 +175,7 @@ def test_a_demos_copied_jobs_are_no_evidence_of_preemptions():
         fence=1, agent="a", offer=offer, dispatched_at=NOW, started_at=NOW, ended_at=ended, end_reason="preempted"
     )
     job = Job(id="j", spec=_quote_spec(30.0), submitted_at=NOW, updated_at=NOW, quote=quote, runs=[run])
-    assert observed([job])[("aws", "us-east-1", "p3.2xlarge")] == Evidence(1, 2.0)
-    assert observed([job.model_copy(update={"tags": ["demo"]})]) == {}
+    assert job.market_runs() == [run] and job.model_copy(update={"tags": ["demo"]}).market_runs() == []
 
 
 @pytest.mark.parametrize(

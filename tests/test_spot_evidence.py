@@ -8,13 +8,18 @@ from dispatch_system import quick_spec
 
 from broker.agents.notices import watcher
 from broker.domain.model import JobState, Tier
-from broker.pricing.hazard import observed
 from broker.store import evidence
 from broker.store.jobs import Store
 
 
 def _as_pairs(jobs):
-    return {market: pytest.approx((e.preemptions, e.hours)) for market, e in observed(jobs).items()}
+    """Per market, (preemptions, hours) of every job's market runs, counted here from the jobs."""
+    found = {}
+    for run in (run for job in jobs for run in job.market_runs()):
+        market = (run.offer.cloud, run.offer.region, run.offer.instance_type)
+        preemptions, hours = found.get(market, (0, 0.0))
+        found[market] = (preemptions + (run.end_reason == "preempted"), hours + run.hours(run.ended_at))
+    return {market: pytest.approx(pair) for market, pair in found.items()}
 
 
 def _imported(system, job, name, preempted, hours, state=JobState.done, **update):

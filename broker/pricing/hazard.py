@@ -186,15 +186,3 @@ def counted(seen: Evidence) -> str:
     if seen.hours < 1:
         return f"{count} in {seen.hours * 60:.0f} min" if seen.hours >= 1 / 60 else f"{count} in under a minute"
     return f"{count} in {seen.hours:,.0f} h" if seen.hours >= 10 else f"{count} in {seen.hours:.1f} h"
-
-
-def observed(jobs) -> dict[Key, Evidence]:
-    """What our own agents saw: per (cloud, region, instance type), hours run on spot and runs ended by a preemption."""
-    seen: dict[Key, Evidence] = {}
-    for job in jobs:
-        for run in job.market_runs():
-            key = (run.offer.cloud, run.offer.region, run.offer.instance_type)
-            seen[key] = seen.get(key, Evidence()) + Evidence(
-                float(run.end_reason == "preempted"), run.hours(run.ended_at)
-            )
-    return seen
