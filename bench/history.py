@@ -74,6 +74,7 @@ def measure(url: str, home: Path) -> dict:
     commands = {
         "list_s": ["list"],
         "list_all_s": ["list", "--limit", "0"],
+        "list_queued_s": ["list", "--state", "queued"],
         "cost_report_s": ["cost-report"],
         "submit_first_s": submit,
         "submit_next_s": submit,

@@ -320,3 +320,29 @@ def test_a_metrics_scrape_keeps_what_ended_jobs_showed_and_reads_only_the_others
     store.redis.zrem("broker:jobs", "late")  # a job gone from the store (a demo's copy, replaced) is left out
     then = scraped()
     assert (then["broker_jobs", "queued"], then["broker_jobs", "cancelled"], then["broker_jobs", "done"]) == (0, 2, 1)
+
+
+def test_broker_list_of_jobs_not_yet_ended_reads_only_those(seeded, redis_url, store, monkeypatch):
+    """A store keeps every job it ever ran: `--state queued` (or running, migrating) reads the waiting and running
+    jobs from their indexes, not every job."""
+    from typer.testing import CliRunner
+
+    from broker.app.cli.main import app as cli
+    from broker.store.jobs import Store
+
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    waiting, done = seeded["jobs"][3], seeded["jobs"][0]
+    under_way = done.runs[-1].model_copy(update={"fence": 1, "ended_at": None, "end_reason": None})
+    later = {"id": "busy", "state": JobState.running, "runs": [under_way], "submitted_at": waiting.updated_at}
+    assert store.add_job(waiting.model_copy(update=later))
+    read, real = [], Store._jobs
+    monkeypatch.setattr(Store, "_jobs", lambda self, ids: read.extend(ids) or real(self, ids))
+
+    def listed(*states):
+        read.clear()
+        rows = json.loads(CliRunner().invoke(cli, ["list", "--json", *(f"--state={s}" for s in states)]).stdout)
+        return [row["id"] for row in rows]
+
+    assert listed("queued") == ["waiting"] and sorted(read) == ["busy", "waiting"]
+    assert listed("queued", "running") == ["waiting", "busy"]  # in submission order
+    assert sorted(listed("done")) == ["late", "migrated"] and len(read) == 6  # an ended state: every job

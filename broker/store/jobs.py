@@ -229,6 +229,12 @@ class Store(AgentChannels):
         """Jobs with a run under way."""
         return self._jobs(sorted(self.redis.smembers(self._key("active"))))
 
+    def unfinished_jobs(self) -> list[Job]:
+        """Jobs not yet ended, in submission order: those waiting and those with a run under way (their indexes),
+        without reading the ones that ended."""
+        ids = set(self.redis.zrange(self._key("pending"), 0, -1)) | self.redis.smembers(self._key("active"))
+        return sorted(self._jobs(sorted(ids)), key=lambda j: j.submitted_at)
+
     def _event(self, pipe, job: Job, reason: str | None) -> None:
         self.event(pipe, job.id, job.state, job.updated_at, reason)
 

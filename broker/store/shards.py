@@ -160,6 +160,9 @@ class ShardedStore:
     def active_jobs(self) -> list[Job]:
         return [job for shard in self.shards for job in shard.active_jobs()]
 
+    def unfinished_jobs(self) -> list[Job]:
+        return sorted((job for shard in self.shards for job in shard.unfinished_jobs()), key=lambda j: j.submitted_at)
+
     def pending_jobs(self, start: int = 0, count: int = 200) -> list[Job]:
         """The most urgent waiting jobs of all shards, a page of them."""
         return self._read(self._ranked("pending", start + count, lowest=True)[start:])

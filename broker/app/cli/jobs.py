@@ -65,10 +65,13 @@ def list_jobs(
 
 def newest_jobs(store: Store, states: set[JobState] | None, limit: int) -> tuple[list[Job], int]:
     """The newest `limit` jobs (0: all) in submission order, and how many there are: without a state to match, only
-    those are read (a store keeps every job it ever ran)."""
+    those are read, and with states of jobs not yet ended only those jobs (a store keeps every job it ever ran)."""
     if not states:
         return (store.recent_jobs(limit) if limit else store.list_jobs()), store.job_count()
-    jobs = store.list_jobs(states)
+    if any(state.terminal for state in states):
+        jobs = store.list_jobs(states)
+    else:
+        jobs = [job for job in store.unfinished_jobs() if job.state in states]
     return jobs[-limit:] if limit else jobs, len(jobs)
 
 
