@@ -230,10 +230,11 @@ class Store(AgentChannels):
         return self._jobs(sorted(self.redis.smembers(self._key("active"))))
 
     def unfinished_jobs(self) -> list[Job]:
-        """Jobs not yet ended, in submission order: those waiting and those with a run under way (their indexes),
-        without reading the ones that ended."""
-        ids = set(self.redis.zrange(self._key("pending"), 0, -1)) | self.redis.smembers(self._key("active"))
-        return sorted(self._jobs(sorted(ids)), key=lambda j: j.submitted_at)
+        """Jobs not yet ended, in submission order: those waiting and those with a run under way (both indexes read
+        at once: a job moves between them), without reading the ones that ended."""
+        with self.redis.pipeline(transaction=True) as pipe:
+            waiting, running = pipe.zrange(self._key("pending"), 0, -1).smembers(self._key("active")).execute()
+        return sorted(self._jobs(sorted({*waiting, *running})), key=lambda j: j.submitted_at)
 
     def _event(self, pipe, job: Job, reason: str | None) -> None:
         self.event(pipe, job.id, job.state, job.updated_at, reason)
