@@ -313,8 +313,8 @@ def test_a_metrics_scrape_keeps_what_ended_jobs_showed_and_reads_only_the_others
     assert first["broker_spend_usd", None] == pytest.approx(seeded["spend"])
     assert first["broker_savings_usd", None] == pytest.approx(seeded["baseline"] - seeded["spend"])
     assert (first["broker_jobs", "done"], first["broker_jobs", "failed"], first["broker_jobs", "queued"]) == (2, 1, 1)
-    read, real = [], Store._jobs
-    monkeypatch.setattr(Store, "_jobs", lambda self, ids: read.extend(ids) or real(self, ids))
+    read, real = [], Store.jobs_by_id
+    monkeypatch.setattr(Store, "jobs_by_id", lambda self, ids: read.extend(ids) or real(self, ids))
     assert scraped() == first and read == ["waiting"]  # the jobs that ended are not read again
     store.set_state("waiting", JobState.cancelled, datetime.now(UTC))
     store.redis.zrem("broker:jobs", "late")  # a job gone from the store (a demo's copy, replaced) is left out
@@ -335,8 +335,8 @@ def test_broker_list_of_jobs_not_yet_ended_reads_only_those(seeded, redis_url, s
     under_way = done.runs[-1].model_copy(update={"fence": 1, "ended_at": None, "end_reason": None})
     later = {"id": "busy", "state": JobState.running, "runs": [under_way], "submitted_at": waiting.updated_at}
     assert store.add_job(waiting.model_copy(update=later))
-    read, real = [], Store._jobs
-    monkeypatch.setattr(Store, "_jobs", lambda self, ids: read.extend(ids) or real(self, ids))
+    read, real = [], Store.jobs_by_id
+    monkeypatch.setattr(Store, "jobs_by_id", lambda self, ids: read.extend(ids) or real(self, ids))
 
     def listed(*states):
         read.clear()

@@ -13,8 +13,8 @@ def test_the_ledger_reads_only_jobs_not_yet_ended_and_notices_another_job_under_
     ledger, now = Ledger(store), datetime.now(UTC)
     first = {f.id: f for f in ledger.figures(now)}
     assert first == {job.id: accounting.figures(job, now) for job in seeded["jobs"]}
-    read, real = [], Store._jobs
-    monkeypatch.setattr(Store, "_jobs", lambda self, ids: read.extend(ids) or real(self, ids))
+    read, real = [], Store.jobs_by_id
+    monkeypatch.setattr(Store, "jobs_by_id", lambda self, ids: read.extend(ids) or real(self, ids))
     assert {f.id: f for f in ledger.figures(now)} == first and read == ["waiting"]
     store.set_state("waiting", JobState.cancelled, now)  # it ends between two calls: read once more, then kept
     assert {f.id: f.state for f in ledger.figures(now)}["waiting"] == JobState.cancelled

@@ -90,7 +90,8 @@ def test_shards_spread_over_the_cluster_and_read_back_as_one_store(cluster_url, 
     assert [j.urgency for j in queue] == sorted(j.urgency for j in queue)
     assert [j.id for j in store.pending_jobs(5, 4)] == [j.id for j in queue[5:9]]
     assert [j.id for j in store.recent_jobs(3)] == [j.id for j in jobs[-3:]]
-    assert store.job_index() == {j.id: j.submitted_at.timestamp() for j in jobs} and store.job_count() == 12
+    index = {job_id: at for shard in store.shards for job_id, at in shard.job_index().items()}
+    assert index == {j.id: j.submitted_at.timestamp() for j in jobs} and store.job_count() == 12
     assert [j.id for j in store.unfinished_jobs()] == [j.id for j in jobs]  # each shard's indexes, in one read
     assert [evidence.seen(s) for s in store.shards] == [{}] * SHARDS  # tallied in each shard's slot (no spot runs)
     assert all(s.redis.hget(s.key(evidence.KEY), evidence.COUNTED) for s in store.shards if s.job_count())

@@ -54,7 +54,7 @@ def test_a_spot_run_is_counted_once_when_it_ends_and_the_counters_equal_every_jo
     assert counted[market][0] == 1 and 4.0 < counted[market][1] < 4.01  # the import's runs, the agent's three
 
     read = []
-    monkeypatch.setattr(Store, "_jobs", lambda self, ids: read.append(ids) or [])
+    monkeypatch.setattr(Store, "jobs_by_id", lambda self, ids: read.append(ids) or [])
     assert evidence.seen(system.store) == counted and read == []  # read without the jobs
 
 

@@ -22,14 +22,17 @@ class Ledger:
         self._lock = threading.Lock()  # readers may come at once (the exporter and Streamlit serve in threads)
 
     def figures(self, now: datetime) -> list[JobFigures]:
-        """Each job's figures as of `now`: the ended ones' as kept, the others read now."""
+        """Each job's figures as of `now`: the ended ones' as kept, the others read now. Each shard's jobs index is
+        read once, with submission times: a kept id stored again with another time is another job (a namespace
+        cleared and filled again), read like a new one; a kept id gone from the index is dropped."""
         with self._lock:
-            index = self.store.job_index()
-            self._final = {  # a job gone from the store (a demo's copies, replaced) or another under its id
-                job_id: kept
-                for job_id, kept in self._final.items()
-                if index.get(job_id) == kept.submitted_at.timestamp()
-            }
-            read = [figures(job, now) for job in self.store.list_jobs(skip=self._final)]
-            self._final.update((f.id, f) for f in read if f.final)
+            kept, read = {}, []
+            for shard in self.store.shards:
+                index = shard.job_index()
+                for job_id in index.keys() & self._final.keys():
+                    if index[job_id] == self._final[job_id].submitted_at.timestamp():
+                        kept[job_id] = self._final[job_id]
+                unread = [job_id for job_id in index if job_id not in kept]
+                read += [figures(job, now) for job in shard.jobs_by_id(unread)]
+            self._final = kept | {f.id: f for f in read if f.final}
             return [*self._final.values(), *(f for f in read if not f.final)]

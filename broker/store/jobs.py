@@ -46,7 +46,7 @@ import logging
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Container
+from collections.abc import Callable
 from datetime import datetime
 
 import redis
@@ -189,13 +189,14 @@ class Store(AgentChannels):
         else:
             pipe.srem(self._key("active"), job.id)
 
-    def _jobs(self, ids: list[str]) -> list[Job]:
+    def jobs_by_id(self, ids: list[str]) -> list[Job]:
+        """The jobs with these ids, in that order (an id no longer stored is left out)."""
         raws = self.redis.mget([self._key("job", i) for i in ids]) if ids else []
         return [self._parsed.get(r) for r in raws if r is not None]
 
     def pending_jobs(self, start: int = 0, count: int = 200) -> list[Job]:
         """Jobs waiting for capacity, most urgent first (a page of them)."""
-        return self._jobs(self.redis.zrange(self._key("pending"), start, start + count - 1))
+        return self.jobs_by_id(self.redis.zrange(self._key("pending"), start, start + count - 1))
 
     def lead(self, holder: str, lease_ms: int) -> int | None:
         """Take or keep the planning lease: its fencing token while `holder` has it, None while another does."""
@@ -223,18 +224,18 @@ class Store(AgentChannels):
 
     def recent_jobs(self, count: int = 200) -> list[Job]:
         """The `count` newest jobs, in submission order."""
-        return self._jobs(self.redis.zrange(self._key("jobs"), -count, -1))
+        return self.jobs_by_id(self.redis.zrange(self._key("jobs"), -count, -1))
 
     def active_jobs(self) -> list[Job]:
         """Jobs with a run under way."""
-        return self._jobs(sorted(self.redis.smembers(self._key("active"))))
+        return self.jobs_by_id(sorted(self.redis.smembers(self._key("active"))))
 
     def unfinished_jobs(self) -> list[Job]:
         """Jobs not yet ended, in submission order: those waiting and those with a run under way (both indexes read
         at once: a job moves between them), without reading the ones that ended."""
         with self.redis.pipeline(transaction=True) as pipe:
             waiting, running = pipe.zrange(self._key("pending"), 0, -1).smembers(self._key("active")).execute()
-        return sorted(self._jobs(sorted({*waiting, *running})), key=lambda j: j.submitted_at)
+        return sorted(self.jobs_by_id(sorted({*waiting, *running})), key=lambda j: j.submitted_at)
 
     def _event(self, pipe, job: Job, reason: str | None) -> None:
         self.event(pipe, job.id, job.state, job.updated_at, reason)
@@ -251,12 +252,9 @@ class Store(AgentChannels):
             raise NotFoundError(f"job: no job {job_id!r}; `broker list` shows the ids")
         return self._parsed.get(raw)
 
-    def list_jobs(
-        self, states: set[JobState] | None = None, limit: int | None = None, skip: Container[str] = ()
-    ) -> list[Job]:
-        """Jobs in submission order (newest last), optionally only those in `states`; the ids in `skip` are left
-        unread (a reader that keeps what it needs of the jobs that ended: they no longer change)."""
-        jobs = self._jobs([i for i in self.redis.zrange(self._key("jobs"), 0, -1) if i not in skip])
+    def list_jobs(self, states: set[JobState] | None = None, limit: int | None = None) -> list[Job]:
+        """Jobs in submission order (newest last), optionally only those in `states`."""
+        jobs = self.jobs_by_id(self.redis.zrange(self._key("jobs"), 0, -1))
         if states:
             jobs = [j for j in jobs if j.state in states]
         return jobs[-limit:] if limit else jobs
@@ -376,7 +374,7 @@ class Store(AgentChannels):
         """Copy ended jobs of another namespace (a demo's) here, tagged, with their events and output, replacing
         the ones this tag put here before: so `broker list`, `status`, `logs` and the dashboard show them. Only
         ended jobs: no server acts on them. Returns how many were copied."""
-        jobs = [j.model_copy(update={"tags": [*j.tags, tag]}) for j in source._jobs(job_ids) if j.state.terminal]
+        jobs = [j.model_copy(update={"tags": [*j.tags, tag]}) for j in source.jobs_by_id(job_ids) if j.state.terminal]
         ids = {j.id for j in jobs}
         old = [j.id for j in self.list_jobs() if tag in j.tags]
         with self.redis.pipeline(transaction=True) as pipe:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 import zlib
-from collections.abc import Container
 from datetime import datetime
 
 import redis
@@ -141,17 +140,12 @@ class ShardedStore:
 
     # -- all shards -------------------------------------------------------------------------
 
-    def list_jobs(
-        self, states: set[JobState] | None = None, limit: int | None = None, skip: Container[str] = ()
-    ) -> list[Job]:
-        jobs = list(heapq.merge(*(s.list_jobs(states, skip=skip) for s in self.shards), key=lambda j: j.submitted_at))
+    def list_jobs(self, states: set[JobState] | None = None, limit: int | None = None) -> list[Job]:
+        jobs = list(heapq.merge(*(s.list_jobs(states) for s in self.shards), key=lambda j: j.submitted_at))
         return jobs[-limit:] if limit else jobs
 
     def job_count(self) -> int:
         return sum(s.job_count() for s in self.shards)
-
-    def job_index(self) -> dict[str, float]:
-        return {job_id: at for s in self.shards for job_id, at in s.job_index().items()}
 
     def recent_jobs(self, count: int = 200) -> list[Job]:
         """The `count` newest jobs of all shards, in submission order."""
@@ -179,7 +173,9 @@ class ShardedStore:
         return ranked[:n] if lowest else ranked[-n:]
 
     def _read(self, ranked: list[tuple[float, str, Store]]) -> list[Job]:
-        found = {job.id: job for shard in self.shards for job in shard._jobs([i for _, i, s in ranked if s is shard])}
+        found = {
+            job.id: job for shard in self.shards for job in shard.jobs_by_id([i for _, i, s in ranked if s is shard])
+        }
         return [found[job_id] for _, job_id, _ in ranked if job_id in found]
 
     def pending_count(self) -> int:
