@@ -29,8 +29,8 @@ class Ledger:
             kept, read = {}, []
             for shard in self.store.shards:
                 index = shard.job_index()
-                for job_id in index.keys() & self._final.keys():
-                    if index[job_id] == self._final[job_id].submitted_at.timestamp():
+                for job_id, at in index.items():  # in the index's order, as read: the same sums each call
+                    if job_id in self._final and at == self._final[job_id].submitted_at.timestamp():
                         kept[job_id] = self._final[job_id]
                 unread = [job_id for job_id in index if job_id not in kept]
                 read += [figures(job, now) for job in shard.jobs_by_id(unread)]
