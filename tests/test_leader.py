@@ -18,14 +18,14 @@ from conftest import make_spec
 LEASE_S = 0.5
 
 
-def replica(store, tmp_path, name):
+def replica(store, tmp_path, name, lease_s=LEASE_S):
     return BrokerServer(
         store,
         planning.get(),
         SystemClock(),
         CheckpointStore(str(tmp_path / "ckpt")),
         consumer=name,
-        leader_lease_s=LEASE_S,
+        leader_lease_s=lease_s,
     )
 
 
@@ -129,7 +129,8 @@ def test_a_round_reads_the_queue_in_pages_and_still_finds_a_fitting_job_far_down
         quote = planning.get().quote(spec, catalog.offers, now)
         store.add_job(Job(id=f"j{i:03d}", spec=spec, submitted_at=now, updated_at=now, quote=quote))
     idle_agent(store, catalog)
-    server, pages = replica(store, tmp_path, "a"), []
+    # a lease no pause of a busy machine outlasts: one that lapsed mid-round would fence the round's write out
+    server, pages = replica(store, tmp_path, "a", lease_s=60.0), []
     read = store.pending_jobs
     store.pending_jobs = lambda start, count: pages.append((start, count)) or read(start, count)
     assert server.dispatch() == [("j100", "od-1")]
