@@ -2,10 +2,10 @@
 
 Fills an embedded store with `--jobs` pre-quoted jobs (as bench/dispatch.py submits them), all but `--live` of them
 done with one finished run, then times what a user and a scraper wait for: `broker list`, `broker cost-report` and
-`broker submit` (each a fresh process, as a user runs them; `--limit 0` for every job; two submits: the first after
-the fill), the server's Prometheus collector (its first scrape and the next), and the dashboard's Overview (its first
-run and the next: it refreshes every few seconds) and Jobs pages (streamlit.testing). Prints one JSON object of
-seconds.
+`broker submit` (each a fresh process, as a user runs them; `--limit 0` for every job; two cost reports and two
+submits: the first after the fill), the server's Prometheus collector (its first scrape and the next), and the
+dashboard's Overview (its first run and the next: it refreshes every few seconds) and Jobs pages (streamlit.testing).
+Prints one JSON object of seconds.
 
     python bench/history.py --jobs 20000 --json
 """
@@ -75,6 +75,7 @@ def measure(url: str, home: Path) -> dict:
         "list_s": ["list"],
         "list_all_s": ["list", "--limit", "0"],
         "list_queued_s": ["list", "--state", "queued"],
+        "cost_report_first_s": ["cost-report"],  # the first reader after an upgrade keeps the ended jobs' figures
         "cost_report_s": ["cost-report"],
         "submit_first_s": submit,
         "submit_next_s": submit,

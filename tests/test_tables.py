@@ -21,7 +21,7 @@ def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):
         for i in range(3)
     ]
     jobs[2] = jobs[2].model_copy(update={"tags": ["demo"]})  # a demo's copy says so in every table
-    report = accounting.cost_report(jobs, NOW)
+    report = accounting.cost_report([accounting.figures(job, NOW) for job in jobs])
     agent = AgentInfo(
         id=f"local-{jobs[0].id}", offer=quote.chosen.offer, host="h", pid=1, job=jobs[1].id, registered_at=NOW
     )

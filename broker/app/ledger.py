@@ -1,9 +1,9 @@
-"""Every job's figures (accounting.JobFigures) for the readers that show all of them: the dashboard's overview and
-the server's metrics.
+"""Every job's figures (accounting.JobFigures) for the readers that show all of them: the dashboard's overview, the
+server's metrics and `broker cost-report`.
 
-A store keeps every job it ever ran: 20,000 jobs took 2.5 s to read and parse, at each refresh and each scrape. An
-ended job's figures no longer change, so the ledger keeps them and reads only the jobs still under way and the new
-ones.
+A store keeps every job it ever ran: 20,000 jobs took 2.5 s to read and parse. An ended job's figures no longer
+change, so the ledger keeps them, in this process and beside the jobs (store/figures.py: the next process reads the
+records instead of the jobs), and reads only the jobs still under way, the new ones and those ended since.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import threading
 from datetime import datetime
 
 from broker.models.accounting import JobFigures, figures
+from broker.store import figures as records
 from broker.store.jobs import Store
 
 
@@ -22,17 +23,26 @@ class Ledger:
         self._lock = threading.Lock()  # readers may come at once (the exporter and Streamlit serve in threads)
 
     def figures(self, now: datetime) -> list[JobFigures]:
-        """Each job's figures as of `now`: the ended ones' as kept, the others read now. Each shard's jobs index is
-        read once, with submission times: a kept id stored again with another time is another job (a namespace
-        cleared and filled again), read like a new one; a kept id gone from the index is dropped."""
+        """Each job's figures as of `now`, shard by shard in the jobs index's order (the same sums each call): the
+        ended ones' as kept, the others read now. Each shard's index is read once, with submission times: figures
+        kept for an id stored with another time are another job's (a namespace cleared and filled again), and
+        those of an id gone from the index are dropped."""
         with self._lock:
-            kept, read = {}, []
+            shown, final = [], {}
             for shard in self.store.shards:
                 index = shard.job_index()
-                for job_id, at in index.items():  # in the index's order, as read: the same sums each call
-                    if job_id in self._final and at == self._final[job_id].submitted_at.timestamp():
-                        kept[job_id] = self._final[job_id]
-                unread = [job_id for job_id in index if job_id not in kept]
-                read += [figures(job, now) for job in shard.jobs_by_id(unread)]
-            self._final = kept | {f.id: f for f in read if f.final}
-            return [*self._final.values(), *(f for f in read if not f.final)]
+                known = {i: self._final[i] for i in index if i in self._final}
+                stored = records.read(shard, [i for i in index if i not in known])
+                known |= {i: JobFigures.from_json(i, text) for i, text in stored.items()}
+                known = {i: f for i, f in known.items() if f.submitted_at.timestamp() == index[i]}
+                unread = [i for i in index if i not in known]
+                read = {f.id: f for f in (figures(job, now) for job in shard.jobs_by_id(unread))}
+                records.keep(shard, {i: f.to_json() for i, f in read.items() if f.final})
+                for job_id in index:
+                    found = known.get(job_id) or read.get(job_id)  # None: gone since the index was read
+                    if found is not None:
+                        shown.append(found)
+                        if found.final:
+                            final[job_id] = found
+            self._final = final
+            return shown

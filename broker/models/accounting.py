@@ -7,6 +7,7 @@ cost at the price of the on-demand option its quote was compared with.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -70,6 +71,11 @@ class RunSpend:
     end: datetime
     cost_usd: float
 
+    @property
+    def hours(self) -> float:
+        """Billed hours, as Run.hours."""
+        return max(0.0, (self.end - self.begin).total_seconds() / 3600)
+
 
 @dataclass(frozen=True, slots=True)
 class JobFigures:
@@ -80,6 +86,7 @@ class JobFigures:
     id: str
     submitted_at: datetime
     state: JobState
+    tags: tuple[str, ...]
     spend_usd: float
     on_demand_usd: float
     budget_usd: float | None
@@ -92,6 +99,45 @@ class JobFigures:
         """As `hours_late` of the job."""
         return _hours_past(self.deadline, self.state, self.finished_at if self.state == JobState.done else now)
 
+    def to_json(self) -> str:
+        """A compact record of final figures (store/figures.py keeps them): a list, times in ISO 8601."""
+        return json.dumps(
+            [
+                self.submitted_at.isoformat(),
+                self.state.value,
+                self.tags,
+                self.spend_usd,
+                self.on_demand_usd,
+                self.budget_usd,
+                _iso(self.deadline),
+                _iso(self.finished_at),
+                [[r.tier, r.zone, r.begin.isoformat(), r.end.isoformat(), r.cost_usd] for r in self.runs],
+            ]
+        )
+
+    @classmethod
+    def from_json(cls, job_id: str, text: str) -> JobFigures:
+        """The final figures `to_json` recorded for the job."""
+        submitted, state, tags, spend, on_demand, budget, deadline, finished, runs = json.loads(text)
+        at = datetime.fromisoformat
+        return cls(
+            id=job_id,
+            submitted_at=at(submitted),
+            state=JobState(state),
+            tags=tuple(tags),
+            spend_usd=spend,
+            on_demand_usd=on_demand,
+            budget_usd=budget,
+            deadline=deadline and at(deadline),
+            finished_at=finished and at(finished),
+            runs=tuple(RunSpend(tier, zone, at(begin), at(end), cost) for tier, zone, begin, end, cost in runs),
+            final=True,
+        )
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at else None
+
 
 def figures(job: Job, now: datetime) -> JobFigures:
     """The job's figures as of `now` (a run under way up to `now`)."""
@@ -99,6 +145,7 @@ def figures(job: Job, now: datetime) -> JobFigures:
         id=job.id,
         submitted_at=job.submitted_at,
         state=job.state,
+        tags=tuple(job.tags),
         spend_usd=spend_usd(job, now),
         on_demand_usd=on_demand_equivalent_usd(job, now),
         budget_usd=job.spec.budget_usd,
@@ -197,26 +244,23 @@ def jobs_frame(jobs: list[Job], now: datetime) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def cost_report(jobs: list[Job], now: datetime) -> pd.DataFrame:
+def cost_report(jobs: Sequence[JobFigures]) -> pd.DataFrame:
     """Per job (`broker cost-report`, like `sky cost-report`): spend on each tier, the total, what the same
     productive hours cost on on-demand, the share saved, and the hours on each tier (names with their units, as
     `--json` gives them to machines)."""
     rows = []
     for job in jobs:
-        by_tier = {
-            tier: [r for r in job.runs if r.offer.tier.value == tier] for tier in ("bubble", "spot", "on_demand")
-        }
-        total, base = spend_usd(job, now), on_demand_equivalent_usd(job, now)
+        by_tier = {tier: [r for r in job.runs if r.tier == tier] for tier in ("bubble", "spot", "on_demand")}
         rows.append(
             {
                 "job": job.id,
                 "state": job.state.value,
-                "tags": job.tags,
-                **{f"{tier}_usd": sum(run_cost_usd(r, now) for r in runs) for tier, runs in by_tier.items()},
-                "total_usd": total,
-                "all_on_demand_usd": base,
-                "saved_pct": savings_pct(total, base),
-                **{f"{tier}_h": sum(r.hours(now) for r in runs) for tier, runs in by_tier.items()},
+                "tags": list(job.tags),
+                **{f"{tier}_usd": sum(r.cost_usd for r in runs) for tier, runs in by_tier.items()},
+                "total_usd": job.spend_usd,
+                "all_on_demand_usd": job.on_demand_usd,
+                "saved_pct": savings_pct(job.spend_usd, job.on_demand_usd),
+                **{f"{tier}_h": sum(r.hours for r in runs) for tier, runs in by_tier.items()},
             }
         )
     return pd.DataFrame(rows)

@@ -28,6 +28,7 @@ ShardedStore, and a shard's prefix carries its hash tag, `broker:{3}:`, when the
     price:{offer}, priced, refreshed, evictions   price history: see prices.py
     capacity:{zone}, capacity-zones    the spot capacity our fleet had: see capacity.py
     spot-evidence                      our agents' spot hours and preemptions per market: see evidence.py
+    figures                            ended jobs' figures, kept by their readers: see figures.py
     bubbles:{main job}:{stage}         bubble profiles: see profiles.py
     (both event streams are capped at about STREAM_MAXLEN entries; agents send progress at most once a second)
 

@@ -219,9 +219,10 @@ def run(
 def cost_report(limit: int = JobLimit, as_json: bool = JsonOpt) -> None:
     """Spend per job and tier (bubble, spot, on-demand) against what on-demand would have cost: the newest jobs,
     oldest first, and the total of every job."""
+    from broker.app.ledger import Ledger
     from broker.models.accounting import cost_report as report
 
-    frame = report(make_store().list_jobs(), datetime.now(UTC))
+    frame = report(sorted(Ledger(make_store()).figures(datetime.now(UTC)), key=lambda f: f.submitted_at))
     shown = frame.tail(limit) if limit else frame
     if as_json:
         print_json(shown.astype(object).where(shown.notna(), None).to_dict(orient="records"))  # NaN is not JSON
