@@ -141,6 +141,23 @@ def test_a_quotes_odds_hardly_move_with_the_futures_seed_where_the_speed_is_what
     assert max(odds) - min(odds) <= 0.002
 
 
+def test_the_speed_strata_are_scipys_latin_hypercube_draw_for_draw():
+    """forecast.latin_hypercube stands in for scipy.stats.qmc (its import took half a second of each `broker submit`):
+    the same points from the same generator, and the generator left as scipy leaves it (a child spawned)."""
+    from scipy.stats import qmc
+
+    from broker.core.forecast import latin_hypercube
+
+    for seed in range(10):
+        for n in (1, 7, 250, 1000):
+            ours, theirs = np.random.default_rng(seed), np.random.default_rng(seed)
+            drawn = latin_hypercube(ours, n)
+            assert np.array_equal(drawn, qmc.LatinHypercube(d=1, rng=theirs).random(n)[:, 0])
+            assert np.array_equal(latin_hypercube(ours, n), latin_hypercube(theirs, n))
+            assert ours.random() == theirs.random()
+    assert np.array_equal(np.sort(np.floor(drawn * 1000)), np.arange(1000))  # one point in each thousandth
+
+
 def test_each_kind_of_estimate_is_as_unsure_as_its_measured_jobs_were(store):
     """Thirty GPU-hours jobs (a datasheet's ratio) missed their estimates by 40% (log sd), thirty given measured rates
     by 2%: a new rated job keeps the reserve of its own kind's spread, not of both kinds pooled, so one whose window
