@@ -7,10 +7,11 @@ import time
 import pytest
 import redis
 
+from broker.app.ledger import Ledger
 from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableError
 from broker.domain.model import Job, JobState, Run
 from broker.planning import get
-from broker.store import embedded
+from broker.store import embedded, figures
 from broker.store.jobs import ParsedJobs, Store
 from conftest import NOW, free_port, make_spec
 
@@ -121,8 +122,10 @@ def test_a_demos_ended_jobs_are_copied_tagged_and_replace_the_last_demos(redis_u
         demo.set_state(done.id, JobState.cancelled, NOW, reason="finished here")
         demo.append_log("spot-a", done.id, 1, ["hello"])
         assert live.publish_jobs(demo, [f"{round_}-done", f"{round_}-open"], tag="demo") == 1  # ended ones only
+        Ledger(live).figures(NOW)  # a reader keeps the copy's figures beside it
     listed = {j.id: j.tags for j in live.list_jobs()}
     assert listed == {"mine": [], "b-done": ["demo"]}  # round a's copy was replaced; the user's job untouched
+    assert live.redis.hkeys(live.key(figures.KEY)) == ["b-done"]  # and the figures kept for it with it
     assert [e["reason"] for e in live.events("b-done")] == ["submitted", "finished here"]
     assert live.read_log("spot-a", "b-done", 1)[1] == ["hello"]
     assert live.pending_count() == 1  # only the user's own job waits: no server acts on a copy

@@ -7,7 +7,8 @@ Keys (beside the store's own, same prefix):
 
 An ended job's figures never change, so a record is true for as long as its job is stored; a reader checks a
 record against the jobs index (its submission time) before it trusts it, so a record left from a namespace cleared
-and filled again is never taken for the new job under its id.
+and filled again is never taken for the new job under its id. A demo's copies that the next demo replaces take
+their records with them (Store.publish_jobs).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 KEY = "figures"
-BATCH = 5_000  # fields per HMGET: one reply of a few MB at most
+BATCH = 5_000  # fields per HMGET or HSET: about a MB a reply
 
 
 def read(store: Store, ids: list[str]) -> dict[str, str]:

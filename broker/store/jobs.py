@@ -54,7 +54,7 @@ import redis
 
 from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableError
 from broker.domain.model import AgentInfo, Job, JobState
-from broker.store import evidence
+from broker.store import evidence, figures
 from broker.store.agents import LOG_MAXLEN, STREAM_MAXLEN, AgentChannels
 from broker.store.connection import patient_retry, redact_url
 
@@ -382,6 +382,7 @@ class Store(AgentChannels):
             if old:
                 pipe.execute_command("DEL", *(self._key("job", i) for i in old))
                 pipe.zrem(self._key("jobs"), *old)
+                pipe.hdel(self._key(figures.KEY), *old)
             for job in jobs:
                 pipe.set(self._key("job", job.id), job.model_dump_json())
                 pipe.zadd(self._key("jobs"), {job.id: job.submitted_at.timestamp()})
