@@ -131,12 +131,12 @@ def test_the_lease_outlives_a_blocked_serving_thread_and_a_lapsed_one_registers_
     ordinary agent does; before, the stage's executor was gone from the broker for good."""
     profile = stage_profile(4 * 10**9, stage=1)
     offer = bubble_offer(profile, "local", "local", "T4", min_window_s=0.01)
-    agent = FillAgent(store, CheckpointStore(str(tmp_path / "ckpt")), profile, offer, lease_s=1.0)
+    agent = FillAgent(store, CheckpointStore(str(tmp_path / "ckpt")), profile, offer, lease_s=2.0)
     blocked = threading.Event()
-    agent._take_assignment = lambda: blocked.wait(3.0)  # the serving thread stuck for 3 leases
+    agent._take_assignment = lambda: blocked.wait(6.0)  # the serving thread stuck for 3 leases
     agent.start()
     try:
-        time.sleep(2.0)
+        time.sleep(4.0)  # renewed every half second: a pause of the heartbeat's thread under 1.5 s changes nothing
         assert store.lease_alive(agent.id)  # renewed while the serving thread waits
         blocked.set()
         store.remove_agent(agent.id)  # what the server does to a lapsed agent
