@@ -229,3 +229,18 @@ def test_the_broker_tells_the_policy_its_live_spot_agents_read_at_most_once_a_se
     assert len(policy.live_spot()) == 1  # the same second: as read
     clock.advance(seconds=1)
     assert sorted(a.offer.zone for a in policy.live_spot()) == ["us-east-1a", "us-east-1b"]
+
+
+def test_the_idle_time_per_gap_is_the_mean_of_each_spell_capped_at_the_wait():
+    """Hedge.idle_h[a] = E[min(D, a)] over the no-capacity spells, from sorted sums (hedge_view.mean_capped): the
+    same to the bit as every spell capped at every wait and averaged, for spells of whole ticks."""
+    from broker.models.hedge_view import mean_capped
+
+    rng = np.random.default_rng(7)
+    for n in (1, 3, 500):
+        spells = np.floor(rng.pareto(1.2, n) * 20 + 1)  # heavy-tailed, as the traces' gaps
+        capped = np.minimum(spells[None, :], np.arange(301)[:, None]).mean(axis=1)
+        assert np.array_equal(mean_capped(spells, 300), capped)
+        assert np.array_equal(Hedge.from_spells(spells, spells, 0.1, 300).idle_h, capped * 0.1)
+    assert mean_capped(np.array([2.0, 4.0]), 5).tolist() == [0.0, 1.0, 2.0, 2.5, 3.0, 3.0]
+    assert mean_capped(np.array([]), 2).tolist() == [0.0, 0.0, 0.0]

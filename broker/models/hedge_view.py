@@ -74,8 +74,7 @@ class Hedge:
         """From up and down spell lengths in ticks (e.g. pricing.availability.ZoneModel's, or those of
         several zones' sampled futures together)."""
         down = np.asarray(down, dtype=float)
-        waits = np.arange(max_ticks + 1)
-        idle = np.minimum(down[None, :], waits[:, None]).mean(axis=1) if len(down) else np.zeros(len(waits))
+        idle = mean_capped(down, max_ticks)
         mean_up = float(np.mean(up)) * tick_h if len(up) else 0.0
         chain = SpellChain.from_spells(np.asarray(up, dtype=int), down.astype(int))
         return cls(idle * tick_h, mean_up, tuple(zone_up_h), tick_h, tuple(zones), chain)
@@ -96,3 +95,16 @@ class Hedge:
         loss = loss_h / self.tick_h
         plan = CostToGo.solve(self.chain, ticks, spot_usd, od_usd, self.tick_h, restart, od_speed, loss, self.shrink)
         return replace(self, plan=plan)
+
+
+def mean_capped(spells: np.ndarray, max_ticks: int) -> np.ndarray:
+    """E[min(D, a)] over the spells D, for each wait a = 0..max_ticks: the spells sorted once, and for each a those
+    up to it summed and the rest counted a each (a (max_ticks x spells) minimum took 36 ms a view, nine views a
+    quote). Spells of whole ticks sum exactly, so the figures are the same to the bit."""
+    if not len(spells):
+        return np.zeros(max_ticks + 1)
+    ordered = np.sort(spells)
+    upto = np.concatenate(([0.0], np.cumsum(ordered)))
+    waits = np.arange(max_ticks + 1)
+    shorter = np.searchsorted(ordered, waits, side="right")  # spells that end within the wait
+    return (upto[shorter] + waits * (len(ordered) - shorter)) / len(ordered)
