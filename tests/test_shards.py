@@ -9,6 +9,7 @@ from redis.cluster import RedisCluster
 from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
+from broker.app.ledger import Ledger
 from broker.app.settings import Settings
 from broker.core.broker import Broker
 from broker.core.clock import SystemClock
@@ -16,7 +17,7 @@ from broker.core.replica import Replica, owner
 from broker.core.server import BrokerServer
 from broker.domain.errors import BrokerError
 from broker.domain.model import JobState, Tier
-from broker.store import evidence
+from broker.store import evidence, figures
 from broker.store.capacity import CapacityHistory, fleet_seen
 from broker.store.shards import ShardedStore, agent_id_in, shard_of
 from conftest import NOW, make_spec
@@ -99,6 +100,9 @@ def test_shards_spread_over_the_cluster_and_read_back_as_one_store(cluster_url, 
     assert cancelled.state == JobState.cancelled and store.pending_count() == 11
     assert [e["state"] for e in store.events(jobs[5].id)] == ["queued", "cancelled"]
     assert sum(1 for e in store.events() if e["state"] == "queued") == 12
+    assert len(Ledger(store).figures(NOW)) == 12  # the ended job's figures kept in its shard's slot, read back there
+    assert list(figures.read(store.of_job(cancelled.id), [j.id for j in jobs])) == [cancelled.id]
+    assert [(f.id, f.state) for f in Ledger(store).figures(NOW) if f.final] == [(cancelled.id, JobState.cancelled)]
     assert sorted(len(s.list_jobs()) for s in store.shards)[-1] < 12  # spread, not all in one shard
     assert store.clear_namespace() > 0 and store.list_jobs() == []
 
