@@ -12,7 +12,8 @@ from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableErr
 from broker.domain.model import Job, JobState, Run
 from broker.planning import get
 from broker.store import embedded, figures
-from broker.store.jobs import ParsedJobs, Store
+from broker.store.jobs import Store
+from broker.store.parsed import ParsedJobs
 from conftest import NOW, free_port, make_spec
 
 

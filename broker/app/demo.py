@@ -23,7 +23,7 @@ from broker.core.server import BrokerServer
 from broker.domain.errors import InfeasibleError
 from broker.domain.model import Job, Tier
 from broker.domain.specfile import load_spec
-from broker.models.accounting import on_demand_equivalent_usd, savings_pct
+from broker.models.accounting import savings_pct
 from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
 from broker.store.shards import ShardedStore
@@ -70,7 +70,7 @@ def start_clean(redis_url: str, prefix: str, work: Path) -> tuple[Store, Path, s
 
 def job_summary(job: Job) -> dict:
     """Tiers, cost, what the same work costs on on-demand, migrations and work lost."""
-    on_demand = on_demand_equivalent_usd(job, job.updated_at)
+    on_demand = job.on_demand_usd(job.updated_at)
     return {
         "name": job.spec.name,
         "id": job.id,

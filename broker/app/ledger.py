@@ -1,5 +1,5 @@
-"""Every job's figures (accounting.JobFigures) for the readers that show all of them: the dashboard's overview, the
-server's metrics and `broker cost-report`.
+"""Every job's figures (accounting.JobFigures) for the readers that show all of them: the dashboard's overview and
+`broker cost-report` (the server's metrics need only their sums: store/totals.py).
 
 A store keeps every job it ever ran: 20,000 jobs took 2.5 s to read and parse. An ended job's figures no longer
 change, so the ledger keeps them, in this process and beside the jobs (store/figures.py: the next process reads the

@@ -23,7 +23,7 @@ from scipy.special import ndtri
 from broker.core.fleet import Fleet, SpeedPrior
 from broker.core.hedging import MAX_ZONES, MarketHedge
 from broker.domain.model import Forecast, IfLate, Job, JobSpec, Offer, Option, Quote, Tier
-from broker.models.accounting import productive_hours, spend_usd
+from broker.models.accounting import spend_usd
 from broker.models.futures import HEDGING, ON_DEMAND_NOW, Setting, simulate
 from broker.models.placement import transfer_usd
 from broker.models.risk import (
@@ -64,7 +64,7 @@ class Underway:
     def of(cls, job: Job, now: datetime) -> Underway:
         run = job.current_run
         on = run.offer if run is not None and run.started_at is not None else None
-        return cls(work_left(job), measured_speed(job), productive_hours(job, now), spend_usd(job, now), on)
+        return cls(work_left(job), measured_speed(job), job.productive_hours(now), spend_usd(job, now), on)
 
     def running_on(self, zones: list[Offer]) -> int | None:
         """Where the futures find it (Setting.running_on): on-demand, one of their zones, or nowhere."""

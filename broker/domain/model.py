@@ -1,4 +1,4 @@
-"""The domain types: the Offers a job can run on, quotes, plans, and jobs with their runs.
+"""The domain types: the Offers a job can run on, quotes, and jobs with their runs (a round's Plan: plan.py).
 
 Every place a job can run is an Offer (bubbles too); the planner prices them all alike. The job spec
 types live in jobspec.py and are imported from here too.
@@ -7,7 +7,7 @@ types live in jobspec.py and are imported from here too.
 from __future__ import annotations
 
 from datetime import datetime
-from enum import Enum, StrEnum
+from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
@@ -221,46 +221,6 @@ class Quote(BaseModel):
         return 100.0 * (costs[1] - costs[0]) / costs[1]
 
 
-def relative_gap(objective: float, bound: float) -> float:
-    """How far a solution's objective is above a lower bound, as a share of the objective."""
-    return max(0.0, objective - bound) / max(abs(objective), 1e-9)
-
-
-class Unplaced(StrEnum):
-    """Why a planning round left a job pending."""
-
-    resources = "resources"  # no offer has the hardware or tier the job asks for
-    memory = "memory"  # the hardware fits, but not the job's memory
-    deadline = "deadline"  # nothing that fits finishes by the job's deadline
-    budget = "budget"  # nothing that fits finishes within the job's own budget
-    round_budget = "round budget"  # the round's spending limit (BROKER_ROUND_BUDGET_USD) is used up
-    capacity = "capacity"  # offers fit, but none has room now
-    waiting = "waiting for spot"  # cheaper capacity is expected before the deadline needs on-demand
-
-    @property
-    def own_constraint(self) -> bool:
-        """The job's own deadline or budget cannot be met: it is late or over either way, so it may run anyway."""
-        return self in (Unplaced.deadline, Unplaced.budget)
-
-
-class Plan(BaseModel):
-    """One planning round's decisions: where each job goes, and why the others wait."""
-
-    policy: str
-    assignments: dict[str, str] = {}  # job id -> offer id
-    fallbacks: dict[str, str] = {}  # job id -> on-demand offer id the deadline guard keeps in reserve
-    unplaced: dict[str, Unplaced] = {}  # job id -> why it waits
-    expected_cost_usd: float = 0.0
-    objective: float | None = None  # the program's objective (cost plus pending penalties)
-    bound: float | None = None  # a proven lower bound on it (the LP relaxation)
-    stats: dict[str, float] = {}  # how the solve went: seconds pricing, building, solving; passes; columns
-
-    @computed_field
-    @property
-    def gap(self) -> float | None:
-        return None if self.objective is None or self.bound is None else relative_gap(self.objective, self.bound)
-
-
 MAX_PROGRESS_POINTS = 120
 
 
@@ -359,8 +319,24 @@ class Job(BaseModel):
         return self.spec.urgency(self.submitted_at)
 
     @property
+    def final(self) -> bool:
+        """Ended, and its last run with it: what it cost no longer changes."""
+        return self.state.terminal and all(r.ended_at for r in self.runs)
+
+    @property
     def cost_usd(self) -> float:
+        """What its ended runs cost."""
         return sum(r.cost_usd for r in self.runs)
+
+    def productive_hours(self, until: datetime) -> float:
+        """Its runs' hours (a run under way up to `until`) less the work they lost."""
+        return max(0.0, sum(r.hours(until) for r in self.runs) - sum(r.work_lost_s for r in self.runs) / 3600)
+
+    def on_demand_usd(self, until: datetime) -> float:
+        """What its productive hours would have cost at the price of the on-demand option its quote was compared
+        with: the baseline of its savings."""
+        baseline = self.quote.on_demand_baseline
+        return (baseline.offer.price_usd_per_h if baseline else 0.0) * self.productive_hours(until)
 
     @property
     def migrations(self) -> int:

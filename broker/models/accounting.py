@@ -1,8 +1,8 @@
 """The numbers users look at, computed from stored jobs: spend, savings, counts, misses, spend over time.
 
 Pure functions of jobs and a time, shared by the dashboard and the demo summary. A job's
-on-demand equivalent is what its productive hours (run hours less work lost) would have
-cost at the price of the on-demand option its quote was compared with.
+on-demand equivalent (Job.on_demand_usd) is what its productive hours (run hours less work
+lost) would have cost at the price of the on-demand option its quote was compared with.
 """
 
 from __future__ import annotations
@@ -31,16 +31,6 @@ def savings_pct(spend_usd: float, on_demand_usd: float) -> float | None:
 def spend_usd(job: Job, now: datetime) -> float:
     """What the job has cost so far."""
     return sum(run_cost_usd(r, now) for r in job.runs)
-
-
-def productive_hours(job: Job, now: datetime) -> float:
-    return max(0.0, sum(r.hours(now) for r in job.runs) - sum(r.work_lost_s for r in job.runs) / 3600)
-
-
-def on_demand_equivalent_usd(job: Job, now: datetime) -> float:
-    """The same productive hours at the on-demand baseline's price."""
-    baseline = job.quote.on_demand_baseline
-    return (baseline.offer.price_usd_per_h if baseline else 0.0) * productive_hours(job, now)
 
 
 def missed_deadline(job: Job, now: datetime) -> bool:
@@ -79,7 +69,7 @@ class RunSpend:
 
 @dataclass(frozen=True, slots=True)
 class JobFigures:
-    """What the overview, the metrics and the spend chart need of a job: small enough to keep for every job a store
+    """What the overview, the spend chart and the cost report need of a job: small enough to keep for every job a store
     ever ran (a parsed job with its quote is about 20 KB), and final once the job has ended and its last run with
     it."""
 
@@ -147,7 +137,7 @@ def figures(job: Job, now: datetime) -> JobFigures:
         state=job.state,
         tags=tuple(job.tags),
         spend_usd=spend_usd(job, now),
-        on_demand_usd=on_demand_equivalent_usd(job, now),
+        on_demand_usd=job.on_demand_usd(now),
         budget_usd=job.spec.budget_usd,
         deadline=job.spec.deadline,
         finished_at=job.runs[-1].ended_at if job.state == JobState.done and job.runs else None,
@@ -161,7 +151,7 @@ def figures(job: Job, now: datetime) -> JobFigures:
             )
             for r in job.runs
         ),
-        final=job.state.terminal and all(r.ended_at for r in job.runs),
+        final=job.final,
     )
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from broker.domain.model import JobSpec, Offer, Option, Plan, Tier, Unplaced
+from broker.domain.model import JobSpec, Offer, Option, Tier
+from broker.domain.plan import Plan, Unplaced
 from broker.models.risk import fits
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible

@@ -7,7 +7,8 @@ import math
 from datetime import datetime, timedelta
 
 from broker.domain.errors import InfeasibleError
-from broker.domain.model import JobSpec, Offer, Option, Plan, Quote, Tier, Unplaced
+from broker.domain.model import JobSpec, Offer, Option, Quote, Tier
+from broker.domain.plan import Plan, Unplaced
 from broker.models.placement import where
 from broker.models.risk import allowed_tiers, evaluate, fits, memory_fits, shape_fits
 from broker.planning import register

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
-from broker.domain.model import JobSpec, Offer, Plan, Tier
+from broker.domain.model import JobSpec, Offer, Tier
+from broker.domain.plan import Plan
 from broker.models.cost_to_go import IDLE, OD, SPOT
 from broker.models.risk import (
     checkpoint_hours,

@@ -15,7 +15,8 @@ from datetime import datetime
 
 import pulp
 
-from broker.domain.model import Offer, Plan, Unplaced
+from broker.domain.model import Offer
+from broker.domain.plan import Plan, Unplaced
 from broker.models.risk import exclusive_hours, fits
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible

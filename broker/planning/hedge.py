@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from broker.domain.model import AgentInfo, JobSpec, Offer, Plan, Tier
+from broker.domain.model import AgentInfo, JobSpec, Offer, Tier
+from broker.domain.plan import Plan
 from broker.models.futures import Hedge
 from broker.models.risk import fits
 from broker.planning import register

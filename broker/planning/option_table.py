@@ -14,7 +14,8 @@ from datetime import datetime
 
 import numpy as np
 
-from broker.domain.model import Job, JobSpec, Offer, Run, Tier, Unplaced
+from broker.domain.model import Job, JobSpec, Offer, Run, Tier
+from broker.domain.plan import Unplaced
 from broker.models import placement, risk
 
 TIERS = list(Tier)

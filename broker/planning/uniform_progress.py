@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
-from broker.domain.model import IfLate, JobSpec, Offer, Option, Plan, Tier, Unplaced
+from broker.domain.model import IfLate, JobSpec, Offer, Option, Tier
+from broker.domain.plan import Plan, Unplaced
 from broker.models.placement import transfer_usd
 from broker.models.risk import (
     changeover_hours,

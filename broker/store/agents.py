@@ -21,6 +21,7 @@ AGENT_GROUP = "agent"
 BROKER_GROUP = "broker"
 STREAM_MAXLEN = 1_000_000  # the event streams are capped (approximately) so Redis memory stays bounded
 LOG_MAXLEN = 20_000  # batches of output lines kept per agent (approximately)
+OWN_TTL_S = 7 * 24 * 3600  # an agent's view of a job outlives any run of it
 WAKE = "submitted"  # a report-stream entry with no agent: a job joined the queue (Store.wake)
 
 
@@ -35,6 +36,21 @@ class AgentChannels:
         """The views of many (agent, job) pairs in one round trip (a simulated fleet's agents)."""
         raws = self.redis.mget([self._key("own", agent, job) for agent, job in pairs]) if pairs else []
         return [_view(raw) for raw in raws]
+
+    def _tell_agents(self, pipe, before: Job, job: Job) -> None:
+        """Rewrite the view of the job held by each agent it runs or ran on (in the job's transaction)."""
+        run = job.current_run
+        for agent in {r.agent for r in (before.current_run, run) if r is not None}:
+            mine = run is not None and run.agent == agent
+            view = {
+                "fence": job.fence,
+                "mine": mine,
+                "started": mine and run.started_at is not None,
+                "move": job.move_requested,
+                "checkpoint": run.checkpoint_requested_at.isoformat() if mine and run.checkpoint_requested_at else None,
+                "terminal": job.state.terminal,
+            }
+            pipe.set(self._key("own", agent, job.id), json.dumps(view), ex=OWN_TTL_S)
 
     # -- agents -------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ preemption ended (Job.market_runs), kept as counters beside the jobs.
 Keys (beside the store's own, same prefix):
 
     {p}spot-evidence   HASH   "{cloud}|{region}|{instance type}|hours" and "...|preemptions"; "counted": set once
-                              every job stored before the counters existed has been counted (`tally`)
+                              every job stored before the counters existed has been counted (recount.py)
 
 Every live catalog prices with this evidence (each `broker submit`, the server once a minute, the dashboard), and it
 read every job the store ever ran: 20,000 jobs added 3 s to a submit. A run is counted in the transaction that
@@ -15,15 +15,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import redis
-
 from broker.domain.model import Job
+from broker.store.recount import COUNTED, recount
 
 if TYPE_CHECKING:
     from broker.store.jobs import Store
 
 KEY = "spot-evidence"
-COUNTED = "counted"
 Market = tuple[str, str, str]  # (cloud, region, instance type), as the hazard model keys its evidence
 
 
@@ -43,34 +41,11 @@ def seen(store: Store) -> dict[Market, tuple[float, float]]:
     """Per market, (preemptions, hours) our agents saw in this store (one shard): the counters, after counting the
     jobs stored before they existed, once."""
     raw = store.redis.hgetall(store.key(KEY))
-    if COUNTED not in raw:
-        raw = _tally(store)
+    if COUNTED not in raw and recount(store, KEY, count):
+        raw = store.redis.hgetall(store.key(KEY))
     found: dict[tuple[str, ...], list[float]] = {}
     for field, value in raw.items():
         if field != COUNTED:
             *market, what = field.split("|")
             found.setdefault(tuple(market), [0.0, 0.0])[what == "hours"] += float(value)
     return {market: (preemptions, hours) for market, (preemptions, hours) in found.items()}
-
-
-def _tally(store: Store) -> dict[str, str]:
-    """Count every stored job's market runs into fresh counters, marked counted. A run that ends meanwhile changes
-    the counters (watched): the tally starts again, so it is neither lost nor counted twice. A store without jobs is
-    left as it is (a refused submit stores nothing)."""
-    key = store.key(KEY)
-    while True:
-        with store.redis.pipeline(transaction=True) as pipe:
-            try:
-                pipe.watch(key)
-                jobs = store.list_jobs()
-                if not jobs:
-                    return {}
-                pipe.multi()
-                pipe.delete(key)
-                for job in jobs:
-                    count(pipe, key, None, job)
-                pipe.hset(key, COUNTED, 1)
-                pipe.execute()
-                return store.redis.hgetall(key)
-            except redis.WatchError:
-                continue

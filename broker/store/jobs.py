@@ -29,6 +29,7 @@ ShardedStore, and a shard's prefix carries its hash tag, `broker:{3}:`, when the
     capacity:{zone}, capacity-zones    the spot capacity our fleet had: see capacity.py
     spot-evidence                      our agents' spot hours and preemptions per market: see evidence.py
     figures                            ended jobs' figures, kept by their readers: see figures.py
+    totals                             what the ended jobs add up to (counts, spend): see totals.py
     bubbles:{main job}:{stage}         bubble profiles: see profiles.py
     (both event streams are capped at about STREAM_MAXLEN entries; agents send progress at most once a second)
 
@@ -42,11 +43,8 @@ disk before the call returns.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import secrets
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 
@@ -54,38 +52,14 @@ import redis
 
 from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableError
 from broker.domain.model import AgentInfo, Job, JobState
-from broker.store import evidence, figures
+from broker.store import evidence, figures, recount, totals
 from broker.store.agents import LOG_MAXLEN, STREAM_MAXLEN, AgentChannels
 from broker.store.connection import patient_retry, redact_url
+from broker.store.parsed import ParsedJobs
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "broker:"
-OWN_TTL_S = 7 * 24 * 3600  # an agent's view of a job outlives any run of it
-PARSED_JOBS = 4096  # jobs kept parsed, by their stored text (ParsedJobs)
-
-
-class ParsedJobs:
-    """The newest jobs by their stored text. A server reads a job several times in its life (its pending page, the
-    dispatch's and each fold's transaction), and wrote most of those texts itself, so it parses a job about once.
-    Sharing one parsed Job is safe because no Job changes in place (frozen; a change is a model_copy, and a run
-    changes only as a copy: core/reports.py). A lock: threads may share a store (a bubble agent's do)."""
-
-    def __init__(self, size: int = PARSED_JOBS):
-        self.size, self.jobs, self.lock = size, OrderedDict(), threading.Lock()
-
-    def get(self, raw: str) -> Job:
-        with self.lock:
-            job = self.jobs.get(raw)
-        return self.put(raw, job or Job.model_validate_json(raw))
-
-    def put(self, raw: str, job: Job) -> Job:
-        with self.lock:
-            self.jobs[raw] = job
-            self.jobs.move_to_end(raw)  # newest last: the oldest goes first
-            if len(self.jobs) > self.size:
-                self.jobs.popitem(last=False)
-        return job
 
 
 # Keep the planning lease if we hold it, take it if nobody does; the fencing token, or nil for a standby.
@@ -160,24 +134,34 @@ class Store(AgentChannels):
         return f"{name}-{secrets.token_hex(3)}"
 
     def add_job(self, job: Job) -> bool:
-        """Store a new job with its `submitted` event atomically; False if the id already exists."""
-        key = self._key("job", job.id)
-        with self.redis.pipeline(transaction=True) as pipe:
-            try:
-                pipe.watch(key)
-                if pipe.exists(key):
-                    return False
-                pipe.multi()
-                pipe.set(key, job.model_dump_json())
-                pipe.zadd(self._key("jobs"), {job.id: job.submitted_at.timestamp()})
-                self._index(pipe, job)
-                evidence.count(pipe, self._key(evidence.KEY), None, job)  # a job stored with ended runs (an import)
-                self._event(pipe, job, "submitted")
-                self.wake(pipe, job.id)
-                pipe.execute()
-                return True
-            except redis.WatchError:  # another writer created it between WATCH and EXEC
-                return False
+        """Store a new job with its `submitted` event atomically; False if the id already exists. The first job of
+        an empty store starts the counters beside the jobs as counted (recount.py): no job came before it."""
+        key, index = self._key("job", job.id), self._key("jobs")
+        while True:
+            with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(key)
+                    if pipe.exists(key):
+                        return False
+                    first = not pipe.exists(index)
+                    if first:
+                        pipe.watch(index)  # another first job meanwhile would start the totals too: once
+                    pipe.multi()
+                    if first:  # the final jobs of an empty store add up to nothing; runs that moved away stay
+                        pipe.delete(self._key(totals.KEY))
+                        pipe.hset(self._key(totals.KEY), recount.COUNTED, 1)
+                        pipe.hsetnx(self._key(evidence.KEY), recount.COUNTED, 1)
+                    pipe.set(key, job.model_dump_json())
+                    pipe.zadd(index, {job.id: job.submitted_at.timestamp()})
+                    self._index(pipe, job)
+                    evidence.count(pipe, self._key(evidence.KEY), None, job)  # a job stored with ended runs (an import)
+                    totals.count(pipe, self._key(totals.KEY), None, job)
+                    self._event(pipe, job, "submitted")
+                    self.wake(pipe, job.id)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:  # changed between WATCH and EXEC: the job created, or the store's first
+                    continue
 
     def _index(self, pipe, job: Job) -> None:
         """Keep the pending and active indexes in step with the job, in the same transaction."""
@@ -232,11 +216,28 @@ class Store(AgentChannels):
         return self.jobs_by_id(sorted(self.redis.smembers(self._key("active"))))
 
     def unfinished_jobs(self) -> list[Job]:
-        """Jobs not yet ended, in submission order: those waiting and those with a run under way (both indexes read
-        at once: a job moves between them), without reading the ones that ended."""
+        """Jobs not yet ended, in submission order: those waiting and those with a run under way, without reading
+        the ones that ended."""
+        return self._unfinished()[1]
+
+    def totals_and_unfinished(self) -> tuple[totals.Totals, list[Job]]:
+        """What the final jobs add up to (store/totals.py) and the jobs not yet final, as of one instant: a job that
+        becomes final meanwhile is in one or the other, once."""
+        counters, jobs = self._unfinished(totals.KEY)
+        if recount.COUNTED not in counters and recount.recount(self, totals.KEY, totals.count):
+            counters, jobs = self._unfinished(totals.KEY)
+        return totals.Totals.parse(counters), jobs
+
+    def _unfinished(self, counters: str | None = None) -> tuple[dict[str, str], list[Job]]:
+        """The hash `counters` and the jobs waiting or with a run under way, in submission order; both indexes and
+        the hash read at once (a job moves between the indexes, and becomes final in the counters' transaction)."""
         with self.redis.pipeline(transaction=True) as pipe:
-            waiting, running = pipe.zrange(self._key("pending"), 0, -1).smembers(self._key("active")).execute()
-        return sorted(self.jobs_by_id(sorted({*waiting, *running})), key=lambda j: j.submitted_at)
+            pipe.zrange(self._key("pending"), 0, -1).smembers(self._key("active"))
+            if counters:
+                pipe.hgetall(self._key(counters))
+            waiting, running, *counted = pipe.execute()
+        jobs = sorted(self.jobs_by_id(sorted({*waiting, *running})), key=lambda j: j.submitted_at)
+        return (counted[0] if counted else {}), jobs
 
     def _event(self, pipe, job: Job, reason: str | None) -> None:
         self.event(pipe, job.id, job.state, job.updated_at, reason)
@@ -334,26 +335,12 @@ class Store(AgentChannels):
         self._parsed.put(text, job)  # what this process wrote, it need not parse when it reads it back
         self._index(pipe, job)
         evidence.count(pipe, self._key(evidence.KEY), before, job)
+        totals.count(pipe, self._key(totals.KEY), before, job)
         self._tell_agents(pipe, before, job)
         if emit and job.state != before.state:
             self._event(pipe, job, reason or job.reason)
         if also:
             also(pipe, job)
-
-    def _tell_agents(self, pipe, before: Job, job: Job) -> None:
-        """Rewrite the view of the job held by each agent it runs or ran on (in the job's transaction)."""
-        run = job.current_run
-        for agent in {r.agent for r in (before.current_run, run) if r is not None}:
-            mine = run is not None and run.agent == agent
-            view = {
-                "fence": job.fence,
-                "mine": mine,
-                "started": mine and run.started_at is not None,
-                "move": job.move_requested,
-                "checkpoint": run.checkpoint_requested_at.isoformat() if mine and run.checkpoint_requested_at else None,
-                "terminal": job.state.terminal,
-            }
-            pipe.set(self._key("own", agent, job.id), json.dumps(view), ex=OWN_TTL_S)
 
     def set_state(self, job_id: str, state: JobState, now: datetime, reason: str | None = None) -> Job:
         """Move a job to `state` with its event, atomically; a terminal job cannot move."""
@@ -374,25 +361,28 @@ class Store(AgentChannels):
     def publish_jobs(self, source: Store, job_ids: list[str], tag: str) -> int:
         """Copy ended jobs of another namespace (a demo's) here, tagged, with their events and output, replacing
         the ones this tag put here before: so `broker list`, `status`, `logs` and the dashboard show them. Only
-        ended jobs: no server acts on them. Returns how many were copied."""
-        jobs = [j.model_copy(update={"tags": [*j.tags, tag]}) for j in source.jobs_by_id(job_ids) if j.state.terminal]
-        ids = {j.id for j in jobs}
-        old = [j.id for j in self.list_jobs() if tag in j.tags]
+        ended jobs, their last runs with them (Job.final): no server acts on them. Returns how many were copied."""
+        jobs = [j.model_copy(update={"tags": [*j.tags, tag]}) for j in source.jobs_by_id(job_ids) if j.final]
+        copies = {j.id: j for j in jobs}
+        stored = {j.id: j for j in self.list_jobs()}
+        old = [i for i, j in stored.items() if tag in j.tags]
         with self.redis.pipeline(transaction=True) as pipe:
             if old:
                 pipe.execute_command("DEL", *(self._key("job", i) for i in old))
                 pipe.zrem(self._key("jobs"), *old)
                 pipe.hdel(self._key(figures.KEY), *old)
+            for job_id in sorted({*old, *copies}):
+                totals.count(pipe, self._key(totals.KEY), stored.get(job_id), copies.get(job_id))
             for job in jobs:
                 pipe.set(self._key("job", job.id), job.model_dump_json())
                 pipe.zadd(self._key("jobs"), {job.id: job.submitted_at.timestamp()})
             for event in source.events():
-                if event["job"] in ids:
+                if event["job"] in copies:
                     fields = {k: v for k, v in event.items() if k != "id"}
                     pipe.xadd(self._key("events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
             for agent in sorted({r.agent for j in jobs for r in j.runs}):
                 for _, fields in source.redis.xrange(source._key("log", agent)):
-                    if fields["job"] in ids:
+                    if fields["job"] in copies:
                         pipe.xadd(self._key("log", agent), fields, maxlen=LOG_MAXLEN, approximate=True)
             pipe.execute()
         return len(jobs)

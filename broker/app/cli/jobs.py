@@ -184,7 +184,7 @@ def run(
     from broker.agents.provision import LocalProvisioner
     from broker.app import wiring
     from broker.app.run import run_job
-    from broker.models.accounting import on_demand_equivalent_usd, savings_pct
+    from broker.models.accounting import savings_pct
 
     settings = Settings.from_env()
     broker = make_broker(live=True)
@@ -210,7 +210,7 @@ def run(
         provisioner.stop_all()
     if job.state != JobState.done:
         raise BrokerError(f"{job.id} {job.state.value}: {job.reason or 'no reason recorded'}; `broker logs {job.id}`")
-    base = on_demand_equivalent_usd(job, job.updated_at)
+    base = job.on_demand_usd(job.updated_at)
     saved = f", {savings_pct(job.cost_usd, base):.0f}% less than on-demand (${base:.4f})" if base else ""
     out.print(f"{job.id} done: ${job.cost_usd:.4f}{saved}")
 

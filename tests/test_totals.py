@@ -1,0 +1,83 @@
+"""The ended jobs' totals kept beside the jobs (store/totals.py): what the server's metrics show of a store with a
+long history without reading it, equal at every step to the sums over every stored job."""
+
+from datetime import UTC, datetime
+
+import pytest
+from seeded_jobs import seed_jobs
+
+from broker.domain.model import JobState
+from broker.store import evidence, totals
+from broker.store.jobs import Store
+
+
+def summed(store):
+    """The totals as every stored job gives them: the truth the counters must keep."""
+    final = [job for job in store.list_jobs() if job.final]
+    counts = {state: sum(job.state == state for job in final) for state in JobState}
+    return counts, sum(job.cost_usd for job in final), sum(job.on_demand_usd(job.updated_at) for job in final)
+
+
+def kept(store):
+    counted, _ = store.totals_and_unfinished()
+    return counted.jobs, pytest.approx(counted.spend_usd), pytest.approx(counted.on_demand_usd)
+
+
+def test_totals_follow_imports_ends_and_a_demos_copies_replaced_without_reading_the_ended_jobs(
+    redis_url, catalog, monkeypatch
+):
+    live, demo = Store(redis_url), Store(redis_url, prefix="demo:")
+    seed_jobs(live, catalog)  # imports: three ended jobs with runs, one cancelled, one waiting
+    for job in seed_jobs(demo, catalog)["jobs"]:
+        demo.redis.delete(demo.key("job", job.id))
+        demo.add_job(job.model_copy(update={"id": f"demo-{job.id}"}))
+    first = kept(live)  # a store from before the counters: counted once, from every job
+    assert first == summed(live) and first[0][JobState.done] == 2
+    read, real = [], Store.jobs_by_id
+    monkeypatch.setattr(Store, "jobs_by_id", lambda self, ids: read.extend(ids) or real(self, ids))
+    assert kept(live) == first and read == ["waiting"]  # the ended jobs are not read again
+    live.set_state("waiting", JobState.cancelled, datetime.now(UTC))  # counted as it ends
+    read.clear()
+    now = kept(live)
+    assert read == [] and now == summed(live) and now[0][JobState.cancelled] == 2
+    everything = ["demo-migrated", "demo-late", "demo-crashed", "demo-stopped", "demo-waiting"]
+    assert live.publish_jobs(demo, everything, tag="demo") == 4  # the one waiting is not copied
+    assert kept(live) == summed(live) and kept(live)[0][JobState.done] == 4
+    assert live.publish_jobs(demo, ["demo-late"], tag="demo") == 1  # the other copies go, with their part
+    assert kept(live) == summed(live) and kept(live)[0][JobState.done] == 3
+    assert kept(live)[0][JobState.failed] == 1
+
+
+def test_a_store_from_before_the_totals_is_counted_once_and_a_job_ending_meanwhile_once(
+    redis_url, catalog, monkeypatch
+):
+    store = Store(redis_url)
+    seed_jobs(store, catalog)
+    store.redis.delete(store.key(totals.KEY))  # written before the counters existed
+    lists, real = [], Store.list_jobs
+
+    def meanwhile(self, *args, **kwargs):  # a job ends (and is counted) after the count has read the jobs
+        jobs = real(self, *args, **kwargs)
+        if not lists:
+            store.set_state("waiting", JobState.failed, datetime.now(UTC))
+        lists.append(len(jobs))
+        return jobs
+
+    monkeypatch.setattr(Store, "list_jobs", meanwhile)
+    counted = kept(store)
+    assert lists == [5, 5]  # the count started again
+    monkeypatch.setattr(Store, "list_jobs", real)
+    assert counted == summed(store) and counted[0][JobState.failed] == 2
+    assert kept(store) == counted and lists == [5, 5]  # counted once
+    assert kept(Store(redis_url, prefix="empty:"))[0] == dict.fromkeys(JobState, 0)  # nothing to count, nothing kept
+    assert Store(redis_url, prefix="empty:").redis.keys("empty:*") == []
+
+
+def test_a_store_that_starts_empty_never_counts_its_jobs_again(redis_url, catalog, monkeypatch):
+    lists, real = [], Store.list_jobs
+    monkeypatch.setattr(Store, "list_jobs", lambda self, *a, **k: lists.append(self.prefix) or real(self, *a, **k))
+    store = Store(redis_url, prefix="new:")
+    seed_jobs(store, catalog)  # the first job started the counters as counted: no job came before it
+    assert kept(store)[0][JobState.done] == 2 and evidence.seen(store) != {} and lists == []
+    monkeypatch.setattr(Store, "list_jobs", real)
+    assert kept(store) == summed(store)
