@@ -298,9 +298,11 @@ def test_cost_report_splits_each_jobs_spend_by_tier_and_totals_it(seeded, redis_
     assert len(listed) == 2 and f"the newest 2 of {len(rows)} jobs" in " ".join(newest.split())
 
 
-def test_a_metrics_scrape_shows_the_overviews_figures_and_reads_only_the_jobs_not_yet_ended(seeded, store, monkeypatch):
+def test_a_metrics_scrape_shows_the_overviews_figures_and_reads_only_the_jobs_with_a_run_under_way(
+    seeded, store, monkeypatch
+):
     """The server's Prometheus collector shows the overview's figures; a store keeps every job it ever ran, so a
-    scrape reads the ended jobs' totals (store/totals.py) and only the jobs not yet ended."""
+    scrape reads the other jobs' totals (store/totals.py) and only the jobs with a run under way."""
     from broker.app.metrics import StoreCollector
     from broker.store.jobs import Store
 
@@ -315,11 +317,11 @@ def test_a_metrics_scrape_shows_the_overviews_figures_and_reads_only_the_jobs_no
     assert (first["broker_jobs", "done"], first["broker_jobs", "failed"], first["broker_jobs", "queued"]) == (2, 1, 1)
     read, real = [], Store.jobs_by_id
     monkeypatch.setattr(Store, "jobs_by_id", lambda self, ids: read.extend(ids) or real(self, ids))
-    assert scraped() == first and read == ["waiting"]  # the jobs that ended are not read again
+    assert scraped() == first and read == []  # no job has a run under way: none is read
     store.set_state("waiting", JobState.cancelled, datetime.now(UTC))
     then = scraped()
     assert (then["broker_jobs", "queued"], then["broker_jobs", "cancelled"], then["broker_jobs", "done"]) == (0, 2, 2)
-    assert then["broker_spend_usd", None] == pytest.approx(seeded["spend"]) and read == ["waiting"]
+    assert then["broker_spend_usd", None] == pytest.approx(seeded["spend"]) and read == []
 
 
 def test_broker_list_of_jobs_not_yet_ended_reads_only_those(seeded, redis_url, store, monkeypatch):

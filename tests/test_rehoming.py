@@ -59,6 +59,11 @@ def cut_off(monkeypatch, step: str, call) -> None:
     monkeypatch.undo()
 
 
+def queued_in_totals(store) -> list[int]:
+    """Each shard's count of queued jobs in its totals (store/totals.py), which a move carries from one to the other."""
+    return [shard.totals_and_running()[0].jobs[JobState.queued] for shard in store.shards]
+
+
 @pytest.fixture
 def world(redis_url, tmp_path, catalog):
     return World(redis_url, tmp_path, catalog)
@@ -116,10 +121,12 @@ def test_a_move_cut_off_after_the_hand_over_is_finished_by_the_next_pass(world, 
     assert store.get_job(job.id).state == JobState.queued  # read through the route: nothing lost
     assert target.pending_count() == 0  # not yet in the target's queue: no server there runs it half moved
     assert store.shards[1].redis.hget(store.shards[1].key(MOVING), job.id) == "2"
+    assert queued_in_totals(store) == [0, 0, 0, 0]  # counted in neither shard until it lands
     assert rehome(store, {1: "replica-a"}, NOW) == 0  # finished, not moved again
     assert [j.id for j in target.pending_jobs()] == [job.id] and not store.shards[1].redis.hlen(
         store.shards[1].key(MOVING)
     )
+    assert queued_in_totals(store) == [0, 0, 1, 0]  # then in the target's, once
 
 
 def test_a_job_cancelled_before_the_hand_over_stays_cancelled_where_it_was(world, monkeypatch):
@@ -142,4 +149,4 @@ def test_a_job_moved_there_and_back_is_found_in_its_home_shard(world):
     assert store.of_job(job.id) is store.shards[1]
     assert store.shards[1].redis.hget(store.shards[1].key(ROUTE), job.id) is None  # no route out of where it is
     assert [j.id for j in store.shards[1].pending_jobs()] == [job.id] and store.shards[2].pending_count() == 0
-    assert [j.id for j in store.list_jobs()] == [job.id]
+    assert [j.id for j in store.list_jobs()] == [job.id] and queued_in_totals(store) == [0, 1, 0, 0]

@@ -1,45 +1,52 @@
-"""The ended jobs' totals kept beside the jobs (store/totals.py): what the server's metrics show of a store with a
-long history without reading it, equal at every step to the sums over every stored job."""
+"""The totals kept beside the jobs (store/totals.py): what the server's metrics show of a store with a long history
+and a long queue without reading them, equal at every step to the sums over every stored job without a run under
+way."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from seeded_jobs import seed_jobs
 
-from broker.domain.model import JobState
+from broker.domain.model import JobState, Run
 from broker.store import evidence, totals
 from broker.store.jobs import Store
 
 
 def summed(store):
-    """The totals as every stored job gives them: the truth the counters must keep."""
-    final = [job for job in store.list_jobs() if job.final]
-    counts = {state: sum(job.state == state for job in final) for state in JobState}
-    return counts, sum(job.cost_usd for job in final), sum(job.on_demand_usd(job.updated_at) for job in final)
+    """The totals as every stored job without a run under way gives them: the truth the counters must keep."""
+    settled = [job for job in store.list_jobs() if job.current_run is None]
+    counts = {state: sum(job.state == state for job in settled) for state in JobState}
+    return counts, sum(job.cost_usd for job in settled), sum(job.on_demand_usd(job.updated_at) for job in settled)
 
 
 def kept(store):
-    counted, _ = store.totals_and_unfinished()
+    counted, _ = store.totals_and_running()
     return counted.jobs, pytest.approx(counted.spend_usd), pytest.approx(counted.on_demand_usd)
 
 
-def test_totals_follow_imports_ends_and_a_demos_copies_replaced_without_reading_the_ended_jobs(
+def test_totals_follow_every_change_and_a_scrape_reads_only_the_jobs_with_a_run_under_way(
     redis_url, catalog, monkeypatch
 ):
     live, demo = Store(redis_url), Store(redis_url, prefix="demo:")
-    seed_jobs(live, catalog)  # imports: three ended jobs with runs, one cancelled, one waiting
+    seed_jobs(live, catalog)  # three ended jobs with runs, one cancelled, one waiting
     for job in seed_jobs(demo, catalog)["jobs"]:
         demo.redis.delete(demo.key("job", job.id))
         demo.add_job(job.model_copy(update={"id": f"demo-{job.id}"}))
-    first = kept(live)  # a store from before the counters: counted once, from every job
-    assert first == summed(live) and first[0][JobState.done] == 2
     read, real = [], Store.jobs_by_id
     monkeypatch.setattr(Store, "jobs_by_id", lambda self, ids: read.extend(ids) or real(self, ids))
-    assert kept(live) == first and read == ["waiting"]  # the ended jobs are not read again
-    live.set_state("waiting", JobState.cancelled, datetime.now(UTC))  # counted as it ends
+    first = kept(live)
+    assert read == [] and first == summed(live) and (first[0][JobState.done], first[0][JobState.queued]) == (2, 1)
+    now = datetime.now(UTC)
+    run = Run(fence=1, agent="a1", offer=live.get_job("migrated").runs[0].offer, dispatched_at=now)
+    live.update_job("waiting", lambda j: j.model_copy(update={"state": JobState.running, "runs": [run], "fence": 1}))
+    counted, running = live.totals_and_running()  # a run under way: read as it is, out of the counters
+    assert [j.id for j in running] == ["waiting"] and kept(live) == summed(live) and kept(live)[0][JobState.queued] == 0
+    ended = run.model_copy(update={"ended_at": now + timedelta(hours=1), "cost_usd": 0.7, "end_reason": "cancelled"})
+    live.update_job("waiting", lambda j: j.model_copy(update={"state": JobState.cancelled, "runs": [ended]}))
     read.clear()
-    now = kept(live)
-    assert read == [] and now == summed(live) and now[0][JobState.cancelled] == 2
+    after = kept(live)
+    assert read == [] and after == summed(live) and after[0][JobState.cancelled] == 2
+    assert after[1] == pytest.approx(first[1].expected + 0.7)  # with what its run cost
     everything = ["demo-migrated", "demo-late", "demo-crashed", "demo-stopped", "demo-waiting"]
     assert live.publish_jobs(demo, everything, tag="demo") == 4  # the one waiting is not copied
     assert kept(live) == summed(live) and kept(live)[0][JobState.done] == 4

@@ -21,9 +21,10 @@ SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 class StoreCollector:
-    """Jobs by state, spend and savings, read from the store at scrape time: the ended jobs' totals, kept as
-    counters beside the jobs (store/totals.py), and the jobs not yet ended, read as they are. A store keeps every
-    job it ever ran, and the scrape runs in the exporter's thread, holding the GIL the server's rounds need."""
+    """Jobs by state, spend and savings, read from the store at scrape time: what the jobs without a run under way add
+    up to, kept as counters beside them (store/totals.py), and the jobs with one, read as they are. A store keeps
+    every job it ever ran and may hold a long queue, and the scrape runs in the exporter's thread, holding the GIL the
+    server's rounds need."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -35,13 +36,13 @@ class StoreCollector:
         now = datetime.now(UTC)
         jobs, spend, on_demand = dict.fromkeys(JobState, 0), 0.0, 0.0
         for shard in self.store.shards:
-            ended, unfinished = shard.totals_and_unfinished()
-            for state, count in ended.jobs.items():
+            counted, running = shard.totals_and_running()
+            for state, count in counted.jobs.items():
                 jobs[state] += count
-            for job in unfinished:
+            for job in running:
                 jobs[job.state] += 1
-            spend += ended.spend_usd + sum(spend_usd(job, now) for job in unfinished)
-            on_demand += ended.on_demand_usd + sum(job.on_demand_usd(now) for job in unfinished)
+            spend += counted.spend_usd + sum(spend_usd(job, now) for job in running)
+            on_demand += counted.on_demand_usd + sum(job.on_demand_usd(now) for job in running)
         by_state = GaugeMetricFamily("broker_jobs", "Jobs by state.", labels=["state"])
         for state, count in jobs.items():
             by_state.add_metric([state.value], count)

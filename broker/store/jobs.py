@@ -147,7 +147,7 @@ class Store(AgentChannels):
                     if first:
                         pipe.watch(index)  # another first job meanwhile would start the totals too: once
                     pipe.multi()
-                    if first:  # the final jobs of an empty store add up to nothing; runs that moved away stay
+                    if first:  # the jobs of an empty store add up to nothing; runs of jobs that moved away stay
                         pipe.delete(self._key(totals.KEY))
                         pipe.hset(self._key(totals.KEY), recount.COUNTED, 1)
                         pipe.hsetnx(self._key(evidence.KEY), recount.COUNTED, 1)
@@ -216,28 +216,24 @@ class Store(AgentChannels):
         return self.jobs_by_id(sorted(self.redis.smembers(self._key("active"))))
 
     def unfinished_jobs(self) -> list[Job]:
-        """Jobs not yet ended, in submission order: those waiting and those with a run under way, without reading
-        the ones that ended."""
-        return self._unfinished()[1]
-
-    def totals_and_unfinished(self) -> tuple[totals.Totals, list[Job]]:
-        """What the final jobs add up to (store/totals.py) and the jobs not yet final, as of one instant: a job that
-        becomes final meanwhile is in one or the other, once."""
-        counters, jobs = self._unfinished(totals.KEY)
-        if recount.COUNTED not in counters and recount.recount(self, totals.KEY, totals.count):
-            counters, jobs = self._unfinished(totals.KEY)
-        return totals.Totals.parse(counters), jobs
-
-    def _unfinished(self, counters: str | None = None) -> tuple[dict[str, str], list[Job]]:
-        """The hash `counters` and the jobs waiting or with a run under way, in submission order; both indexes and
-        the hash read at once (a job moves between the indexes, and becomes final in the counters' transaction)."""
+        """Jobs not yet ended, in submission order: those waiting and those with a run under way (both indexes read
+        at once: a job moves between them), without reading the ones that ended."""
         with self.redis.pipeline(transaction=True) as pipe:
-            pipe.zrange(self._key("pending"), 0, -1).smembers(self._key("active"))
-            if counters:
-                pipe.hgetall(self._key(counters))
-            waiting, running, *counted = pipe.execute()
-        jobs = sorted(self.jobs_by_id(sorted({*waiting, *running})), key=lambda j: j.submitted_at)
-        return (counted[0] if counted else {}), jobs
+            waiting, running = pipe.zrange(self._key("pending"), 0, -1).smembers(self._key("active")).execute()
+        return sorted(self.jobs_by_id(sorted({*waiting, *running})), key=lambda j: j.submitted_at)
+
+    def totals_and_running(self) -> tuple[totals.Totals, list[Job]]:
+        """What the jobs without a run under way add up to (store/totals.py), and the jobs with one: a job that
+        starts or ends a run meanwhile is in one or the other, once (the counters and the index read at once)."""
+
+        def read() -> list:
+            with self.redis.pipeline(transaction=True) as pipe:
+                return pipe.hgetall(self._key(totals.KEY)).smembers(self._key("active")).execute()
+
+        counters, running = read()
+        if recount.COUNTED not in counters and recount.recount(self, totals.KEY, totals.count):
+            counters, running = read()
+        return totals.Totals.parse(counters), self.jobs_by_id(sorted(running))
 
     def _event(self, pipe, job: Job, reason: str | None) -> None:
         self.event(pipe, job.id, job.state, job.updated_at, reason)

@@ -9,7 +9,8 @@ next leader of the source, and no server ever sees the job waiting in two shards
 2. write a copy in the target, unindexed: no server and no list sees it yet;
 3. in the source, if the job still waits as copied: delete it and write the route; else the move is off (the job
    goes back to the source's queue if it still waits there) and the copy is deleted;
-4. index the copy in the target (its queue, its job list, an event), then clear the note.
+4. index the copy in the target (its queue, its job list, its totals, an event), then clear the note.
+Between 3 and 4 the job is in neither shard's totals (store/totals.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from datetime import datetime
 import redis
 
 from broker.domain.model import Job
+from broker.store import totals
 from broker.store.jobs import Store
 
 MOVING, ROUTE = "moving", "route"
@@ -53,7 +55,8 @@ def finish_move(shards: list[Store], job_id: str, source: int, target: int, lead
     src, dst = shards[source], shards[target]
     raw = src.redis.get(src.key("job", job_id))
     if raw is not None:  # not yet handed over: the target's copy (if any) is unindexed, so it is rewritten
-        if not Job.model_validate_json(raw).pending:
+        job = Job.model_validate_json(raw)
+        if not job.pending:
             return _call_off(src, dst, job_id)
         with dst.redis.pipeline(transaction=True) as pipe:
             pipe.set(dst.key("job", job_id), raw)
@@ -68,6 +71,7 @@ def finish_move(shards: list[Store], job_id: str, source: int, target: int, lead
                     raise redis.WatchError
                 pipe.multi()
                 pipe.delete(src.key("job", job_id))
+                totals.count(pipe, src.key(totals.KEY), job, None)
                 pipe.zrem(src.key("jobs"), job_id)
                 pipe.srem(src.key("active"), job_id)
                 pipe.hset(src.key(ROUTE), job_id, target)
@@ -111,6 +115,7 @@ def _land(dst: Store, job_id: str, source: int, now: datetime) -> None:
                 pipe.zadd(dst.key("jobs"), {job_id: job.submitted_at.timestamp()})
                 dst._index(pipe, job)
                 if not landed:
+                    totals.count(pipe, dst.key(totals.KEY), None, job)
                     dst.event(pipe, job_id, job.state, now, f"moved from shard {source}: no agent there fits it")
                 pipe.execute()
                 return

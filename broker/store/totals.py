@@ -1,15 +1,16 @@
-"""What the ended jobs of a store (one shard) add up to: how many ended in each state, what they cost and what
-the same work would have cost on on-demand, kept as counters beside the jobs.
+"""What a store's (one shard's) jobs add up to, all but those with a run under way: how many are in each state,
+what they cost and what the same work would have cost on on-demand, kept as counters beside the jobs.
 
 Keys (beside the store's own, same prefix):
 
-    {p}totals   HASH   "jobs|{state}", "spend_usd", "on_demand_usd" over the final jobs (Job.final); "counted": set
-                       once every job stored before the counters existed has been counted (recount.py)
+    {p}totals   HASH   "jobs|{state}", "spend_usd", "on_demand_usd" over the jobs without a run under way;
+                       "counted": set once every job stored before the counters existed has been counted (recount.py)
 
-The server's metrics show every job's figures at each scrape, and a store keeps every job it ever ran: reading
-them all cost 0.2 s of the server's CPU a scrape at 60,000 jobs. A job is counted in the transaction that stores it
-final (Store._write, Store.add_job) and a demo's copies as they are replaced (Store.publish_jobs), so once; the jobs
-not yet final are read as they are (Store.totals_and_unfinished).
+The server's metrics show every job's figures at each scrape, and a store keeps every job it ever ran (reading them
+all cost 0.2 s of the server's CPU a scrape at 60,000 jobs) and may hold a long queue. Only a run under way changes
+what a job costs as time passes, so the others are counted in the transaction that changes them (Store._write,
+Store.add_job, a demo's copies in Store.publish_jobs, a job moving between shards in moves.py), once, and a scrape
+reads the counters and the jobs with a run under way (Store.totals_and_running).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ class Totals:
 
 
 def _counted(job: Job | None) -> tuple[JobState, float, float] | None:
-    """What a job adds to the counters: nothing until it is final."""
-    if job is None or not job.final:
+    """What a job adds to the counters: nothing while a run of it is under way (read as it is)."""
+    if job is None or job.current_run is not None:
         return None
     return job.state, job.cost_usd, job.on_demand_usd(job.updated_at)  # every run ended: the time is not used
 
@@ -50,5 +51,6 @@ def count(pipe, key: str, before: Job | None, after: Job | None) -> None:
         if figures is not None:
             state, spend, on_demand = figures
             pipe.hincrby(key, f"jobs|{state.value}", sign)
-            pipe.hincrbyfloat(key, "spend_usd", sign * spend)
-            pipe.hincrbyfloat(key, "on_demand_usd", sign * on_demand)
+            if spend or on_demand:  # a job that never ran: a count alone
+                pipe.hincrbyfloat(key, "spend_usd", sign * spend)
+                pipe.hincrbyfloat(key, "on_demand_usd", sign * on_demand)
