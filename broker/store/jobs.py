@@ -98,6 +98,7 @@ class Store(AgentChannels):
         self.shards = [self]  # a store of one shard, as ShardedStore's clients see it
         self._report_keys: dict[str, str] = {}  # agent id -> the key its reports carry (agents registered here)
         self._parsed = ParsedJobs()
+        self._stored_jobs = False  # whether this store held a job when this process last added one (add_job)
         if client is None:  # a shared client's owner (ShardedStore) checks once
             self._ensure_durable()
 
@@ -143,7 +144,7 @@ class Store(AgentChannels):
                     pipe.watch(key)
                     if pipe.exists(key):
                         return False
-                    first = not pipe.exists(index)
+                    first = not self._stored_jobs and not pipe.exists(index)
                     if first:
                         pipe.watch(index)  # another first job meanwhile would start the totals too: once
                     pipe.multi()
@@ -159,6 +160,7 @@ class Store(AgentChannels):
                     self._event(pipe, job, "submitted")
                     self.wake(pipe, job.id)
                     pipe.execute()
+                    self._stored_jobs = True  # no need to ask again (were the store cleared, the counters recount)
                     return True
                 except redis.WatchError:  # changed between WATCH and EXEC: the job created, or the store's first
                     continue
