@@ -5,6 +5,7 @@ way."""
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import redis
 from seeded_jobs import seed_jobs
 
 from broker.domain.model import JobState, Run
@@ -88,3 +89,19 @@ def test_a_store_that_starts_empty_never_counts_its_jobs_again(redis_url, catalo
     assert kept(store)[0][JobState.done] == 2 and evidence.seen(store) != {} and lists == []
     monkeypatch.setattr(Store, "list_jobs", real)
     assert kept(store) == summed(store)
+
+
+def test_two_first_jobs_of_an_empty_store_at_once_are_both_counted(redis_url, catalog, monkeypatch):
+    ours, theirs = Store(redis_url), Store(redis_url)  # two processes
+    done, crashed = (j for j in seed_jobs(Store(redis_url, prefix="src:"), catalog)["jobs"][1:3])
+    real, landed = redis.client.Pipeline.watch, []
+
+    def watch(self, *names):  # their first job lands after ours found the store empty
+        if names == (ours.key("jobs"),) and not landed:
+            landed.append("theirs")  # before: their add_job watches the same index
+            landed.append(theirs.add_job(crashed))
+        return real(self, *names)
+
+    monkeypatch.setattr(redis.client.Pipeline, "watch", watch)
+    assert ours.add_job(done) and landed == ["theirs", True] and theirs.job_count() == 2
+    assert kept(ours) == summed(ours) and kept(ours)[0][JobState.failed] == 1

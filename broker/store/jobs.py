@@ -29,7 +29,7 @@ ShardedStore, and a shard's prefix carries its hash tag, `broker:{3}:`, when the
     capacity:{zone}, capacity-zones    the spot capacity our fleet had: see capacity.py
     spot-evidence                      our agents' spot hours and preemptions per market: see evidence.py
     figures                            ended jobs' figures, kept by their readers: see figures.py
-    totals                             what the ended jobs add up to (counts, spend): see totals.py
+    totals                             what the jobs without a run under way add up to: see totals.py
     bubbles:{main job}:{stage}         bubble profiles: see profiles.py
     (both event streams are capped at about STREAM_MAXLEN entries; agents send progress at most once a second)
 
@@ -145,8 +145,9 @@ class Store(AgentChannels):
                     if pipe.exists(key):
                         return False
                     first = not self._stored_jobs and not pipe.exists(index)
-                    if first:
-                        pipe.watch(index)  # another first job meanwhile would start the totals too: once
+                    if first:  # asked again under watch: another first job meanwhile would start the totals too
+                        pipe.watch(index)
+                        first = not pipe.exists(index)
                     pipe.multi()
                     if first:  # the jobs of an empty store add up to nothing; runs of jobs that moved away stay
                         pipe.delete(self._key(totals.KEY))
