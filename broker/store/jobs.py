@@ -117,6 +117,7 @@ class Store(AgentChannels):
         keys = list(self.redis.scan_iter(self.prefix + "*", count=1000))
         for i in range(0, len(keys), 500):
             self.redis.delete(*keys[i : i + 500])
+        self._stored_jobs = False  # the next job is an empty store's first (add_job)
         return len(keys)
 
     def _ensure_durable(self) -> None:
@@ -161,7 +162,7 @@ class Store(AgentChannels):
                     self._event(pipe, job, "submitted")
                     self.wake(pipe, job.id)
                     pipe.execute()
-                    self._stored_jobs = True  # no need to ask again (were the store cleared, the counters recount)
+                    self._stored_jobs = True  # no need to ask again (another process clearing it: a recount)
                     return True
                 except redis.WatchError:  # changed between WATCH and EXEC: the job created, or the store's first
                     continue
