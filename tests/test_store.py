@@ -132,6 +132,26 @@ def test_a_demos_ended_jobs_are_copied_tagged_and_replace_the_last_demos(redis_u
     assert live.pending_count() == 1  # only the user's own job waits: no server acts on a copy
 
 
+def test_a_demo_finds_the_copies_it_replaces_without_reading_every_job(redis_url, catalog, monkeypatch):
+    demo, live = Store(redis_url, prefix="demo-ns:"), Store(redis_url)
+    live.add_job(new_job(catalog, "mine"))
+    older = new_job(catalog, "older").model_copy(update={"state": JobState.done, "tags": ["demo"]})
+    live.add_job(older)  # a copy from before the record of what was published
+    read = []
+    monkeypatch.setattr(
+        Store, "jobs_by_id", lambda self, ids, real=Store.jobs_by_id: read.append(ids) or real(self, ids)
+    )
+    for round_ in ("a", "b"):
+        done = new_job(catalog, f"{round_}-done").model_copy(update={"state": JobState.done})
+        demo.add_job(done)
+        read.clear()
+        assert live.publish_jobs(demo, [done.id], tag="demo") == 1
+        ids = {i for ids in read[1:] for i in ids}  # what was read here (the first read is the source's)
+        assert {j.id for j in live.list_jobs()} == {"mine", done.id}  # the last round's copies are gone
+    assert ids == {"a-done", "b-done"}  # only the copies, old and new: not every job
+    assert live.totals_and_running()[0].jobs[JobState.done] == 1
+
+
 def test_a_batch_of_job_changes_is_one_transaction_that_never_overwrites_a_concurrent_write(store, catalog, clock):
     for i in range(3):
         store.add_job(new_job(catalog, f"j{i}"))

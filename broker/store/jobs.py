@@ -25,6 +25,7 @@ ShardedStore, and a shard's prefix carries its hash tag, `broker:{3}:`, when the
                                  (type "submitted", job; no agent), so a server waiting for reports dispatches it
     {p}log:{agent}       STREAM  the output of the jobs the agent ran, in batches: job, fence, lines (`broker logs`);
                                  capped at about LOG_MAXLEN batches
+    {p}published         HASH    tag -> the ids (JSON) of the copies publish_jobs put here with that tag
     price:{offer}, priced, refreshed, evictions   price history: see prices.py
     capacity:{zone}, capacity-zones    the spot capacity our fleet had: see capacity.py
     spot-evidence                      our agents' spot hours and preemptions per market: see evidence.py
@@ -43,6 +44,7 @@ disk before the call returns.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import secrets
 from collections.abc import Callable
@@ -364,9 +366,15 @@ class Store(AgentChannels):
         ended jobs, their last runs with them (Job.final): no server acts on them. Returns how many were copied."""
         jobs = [j.model_copy(update={"tags": [*j.tags, tag]}) for j in source.jobs_by_id(job_ids) if j.final]
         copies = {j.id: j for j in jobs}
-        stored = {j.id: j for j in self.list_jobs()}
-        old = [i for i, j in stored.items() if tag in j.tags]
+        record = self.redis.hget(self._key("published"), tag)
+        if record is None:  # a store from before the record: the tag's copies found among every job, once
+            stored = {j.id: j for j in self.list_jobs()}
+            old = [i for i, j in stored.items() if tag in j.tags]
+        else:  # a store keeps every job it ever ran: read only the copies, old and new
+            old = json.loads(record)
+            stored = {j.id: j for j in self.jobs_by_id(sorted({*old, *copies}))}
         with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._key("published"), tag, json.dumps(sorted(copies)))
             if old:
                 pipe.execute_command("DEL", *(self._key("job", i) for i in old))
                 pipe.zrem(self._key("jobs"), *old)
