@@ -129,6 +129,18 @@ def test_a_move_cut_off_after_the_hand_over_is_finished_by_the_next_pass(world, 
     assert queued_in_totals(store) == [0, 0, 1, 0]  # then in the target's, once
 
 
+def test_a_job_cancelled_between_the_hand_over_and_its_landing_is_counted_once(world, monkeypatch):
+    store, job = world.store, world.job
+    world.broker.submit(make_spec(**L4), job_id=in_shard("l4", 2))  # the target counts from its first job on
+    world.lead(1)
+    cut_off(monkeypatch, "_land", lambda: rehome(store, {1: "replica-a"}, NOW))
+    world.broker.cancel(job.id)  # through the route, to the copy not yet landed
+    assert rehome(store, {1: "replica-a"}, NOW) == 0  # the next pass lands it
+    counted = [shard.totals_and_running()[0].jobs for shard in store.shards]
+    assert [c[JobState.queued] for c in counted] == [0, 0, 1, 0]  # the target's own job
+    assert [c[JobState.cancelled] for c in counted] == [0, 0, 1, 0]
+
+
 def test_a_job_cancelled_before_the_hand_over_stays_cancelled_where_it_was(world, monkeypatch):
     store, job = world.store, world.job
     world.lead(1)

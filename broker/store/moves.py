@@ -6,11 +6,12 @@ two shards, so two cluster slots, and no one transaction can hold it. It goes in
 its intent durable first (`{p}moving` in the source: job -> target), so a mover that dies midway is finished by the
 next leader of the source, and no server ever sees the job waiting in two shards:
 1. take the job out of the source's queue and note the move (the source's planning lease and the job watched);
-2. write a copy in the target, unindexed: no server and no list sees it yet;
+2. write a copy in the target, unindexed: no server and no list sees it yet (and the copy as handed over,
+   `{p}handed`: job -> its text);
 3. in the source, if the job still waits as copied: delete it and write the route; else the move is off (the job
    goes back to the source's queue if it still waits there) and the copy is deleted;
-4. index the copy in the target (its queue, its job list, its totals, an event), then clear the note.
-Between 3 and 4 the job is in neither shard's totals (store/totals.py).
+4. index the copy in the target (its queue, its job list, its totals as handed over in 2, an event), then clear
+   the note. Between 3 and 4 the job is in neither shard's totals (store/totals.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from broker.domain.model import Job
 from broker.store import totals
 from broker.store.jobs import Store
 
-MOVING, ROUTE = "moving", "route"
+MOVING, ROUTE, HANDED = "moving", "route", "handed"
 
 
 def move_job(shards: list[Store], job_id: str, source: int, target: int, leader: str, now: datetime) -> bool:
@@ -60,6 +61,7 @@ def finish_move(shards: list[Store], job_id: str, source: int, target: int, lead
             return _call_off(src, dst, job_id)
         with dst.redis.pipeline(transaction=True) as pipe:
             pipe.set(dst.key("job", job_id), raw)
+            pipe.hset(dst.key(HANDED), job_id, raw)  # what it lands as in the totals, whatever changes it meanwhile
             pipe.hdel(dst.key(ROUTE), job_id)  # a route out of the target from an earlier move would loop
             pipe.execute()
         with src.redis.pipeline(transaction=True) as pipe:
@@ -97,6 +99,7 @@ def _call_off(src: Store, dst: Store, job_id: str) -> bool:
         except redis.WatchError:
             return False  # changed again: the note stays, the next pass calls it off
     dst.redis.delete(dst.key("job", job_id))
+    dst.redis.hdel(dst.key(HANDED), job_id)
     return False
 
 
@@ -111,11 +114,13 @@ def _land(dst: Store, job_id: str, source: int, now: datetime) -> None:
                     return
                 job = Job.model_validate_json(raw)
                 landed = pipe.zscore(dst.key("jobs"), job_id) is not None
+                handed = pipe.hget(dst.key(HANDED), job_id)
                 pipe.multi()
                 pipe.zadd(dst.key("jobs"), {job_id: job.submitted_at.timestamp()})
                 dst._index(pipe, job)
-                if not landed:
-                    totals.count(pipe, dst.key(totals.KEY), None, job)
+                pipe.hdel(dst.key(HANDED), job_id)
+                if not landed:  # a change since the hand-over (a cancel through the route) counted from it
+                    totals.count(pipe, dst.key(totals.KEY), None, Job.model_validate_json(handed) if handed else job)
                     dst.event(pipe, job_id, job.state, now, f"moved from shard {source}: no agent there fits it")
                 pipe.execute()
                 return
