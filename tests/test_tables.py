@@ -109,3 +109,57 @@ def test_the_demos_summaries_keep_job_ids_whole_at_80_columns():
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
     for shown in ("demo-train-mlp-95d23f", "demo-batch-infer-dd6780", "demo-llm-stage-2", "$0.0818", "$0.3000"):
         assert shown in text, text
+
+
+def test_a_long_table_prints_line_for_line_as_rich_prints_it(catalog, monkeypatch):
+    """A table of MANY_ROWS rows or more prints its rows as padded lines, rich folding only the cells that need it
+    (rich's layout of every cell costs half a millisecond a row): the same text and styles as rich's own, in wide
+    and narrow terminals, folded cells, markup and sections and all."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from broker.app import narrow, render
+    from broker.app.render_prices import prices_table
+    from broker.domain.model import Job
+    from broker.models import accounting
+    from broker.planning import get
+
+    spec = load_spec(EXAMPLES / "finetune-lora.yaml", NOW)
+    quote = get("costslo").quote(spec, catalog.offers, NOW)
+    jobs = [
+        Job(id=f"lora-{i:06x}", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, tags=["demo"] * (i % 2))
+        for i in range(narrow.MANY_ROWS)
+    ]
+    report = accounting.cost_report([accounting.figures(job, NOW) for job in jobs])
+    prices = catalog.table().head(narrow.MANY_ROWS)
+    styled = Table(title="styled", title_justify="left")
+    styled.add_column("what")
+    styled.add_column("figure", justify="right")
+    for i in range(narrow.MANY_ROWS):
+        what = f"[bold green]row[/] {i} of a table whose rows say a lot" if i % 3 else f"row {i} [1]"
+        styled.add_row(what, f"[yellow]{i * 1.5:,.2f}[/]")
+        if i == 10:
+            styled.add_section()
+
+    def printed(table, width: int, colour: bool) -> str:
+        console = Console(width=width, force_terminal=colour, color_system="standard" if colour else None)
+        with console.capture() as capture:
+            console.print(table)
+        return capture.get()
+
+    tables = {
+        "jobs": lambda: render.jobs_table(jobs),
+        "cost report": lambda: render.cost_report_table(report),
+        "prices": lambda: prices_table(prices, len(prices)),
+        "styled": lambda: narrow.narrow_safe(styled, "what"),
+    }
+    for name, make in tables.items():
+        fitted = make()
+        head = next(iter(fitted.__rich_console__(Console(width=250), Console(width=250).options)))
+        assert isinstance(head, Table) and head.rows == [], name  # printed as lines, rich printing only the head
+        for width in (250, 120, 100, 80, 60):
+            for colour in (False, True):
+                fast = printed(make(), width, colour)
+                monkeypatch.setattr(narrow, "MANY_ROWS", 10**9)
+                assert fast == printed(make(), width, colour), (name, width, colour)
+                monkeypatch.undo()
