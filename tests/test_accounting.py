@@ -7,8 +7,9 @@ import pytest
 from seeded_jobs import ended_run, offer
 
 from broker import planning
+from broker.domain.figures import figures
 from broker.domain.model import MAX_PROGRESS_POINTS, Job, JobState, Tier
-from broker.models.accounting import figures, hours_late, progress_frame, spend_over_time
+from broker.models.accounting import hours_late, progress_frame, spend_over_time
 from conftest import make_spec
 
 

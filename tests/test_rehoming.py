@@ -15,7 +15,9 @@ from broker.core.rehoming import rehome
 from broker.core.replica import Replica
 from broker.core.server import BrokerServer
 from broker.core.waiting import waiting_for
+from broker.domain.figures import JobFigures, figures
 from broker.domain.model import JobState, Tier
+from broker.store import figures as records
 from broker.store import moves
 from broker.store.moves import MOVING, ROUTE
 from broker.store.shards import ShardedStore, shard_of
@@ -62,6 +64,14 @@ def cut_off(monkeypatch, step: str, call) -> None:
 def queued_in_totals(store) -> list[int]:
     """Each shard's count of queued jobs in its totals (store/totals.py), which a move carries from one to the other."""
     return [shard.totals_and_running()[0].jobs[JobState.queued] for shard in store.shards]
+
+
+def kept_figures(store) -> list[dict[str, JobFigures]]:
+    """Each shard's figures kept beside its jobs (store/figures.py), which a move carries from one to the other."""
+    return [
+        {i: JobFigures.from_json(i, text) for i, text in shard.redis.hgetall(shard.key(records.KEY)).items()}
+        for shard in store.shards
+    ]
 
 
 @pytest.fixture
@@ -122,11 +132,13 @@ def test_a_move_cut_off_after_the_hand_over_is_finished_by_the_next_pass(world, 
     assert target.pending_count() == 0  # not yet in the target's queue: no server there runs it half moved
     assert store.shards[1].redis.hget(store.shards[1].key(MOVING), job.id) == "2"
     assert queued_in_totals(store) == [0, 0, 0, 0]  # counted in neither shard until it lands
+    assert kept_figures(store) == [{}] * 4  # nor its figures kept: it is read (through the route)
     assert rehome(store, {1: "replica-a"}, NOW) == 0  # finished, not moved again
     assert [j.id for j in target.pending_jobs()] == [job.id] and not store.shards[1].redis.hlen(
         store.shards[1].key(MOVING)
     )
     assert queued_in_totals(store) == [0, 0, 1, 0]  # then in the target's, once
+    assert kept_figures(store) == [{}, {}, {job.id: figures(store.get_job(job.id), NOW)}, {}]
 
 
 def test_a_job_cancelled_between_the_hand_over_and_its_landing_is_counted_once(world, monkeypatch):
@@ -139,6 +151,7 @@ def test_a_job_cancelled_between_the_hand_over_and_its_landing_is_counted_once(w
     counted = [shard.totals_and_running()[0].jobs for shard in store.shards]
     assert [c[JobState.queued] for c in counted] == [0, 0, 1, 0]  # the target's own job
     assert [c[JobState.cancelled] for c in counted] == [0, 0, 1, 0]
+    assert kept_figures(store)[2][job.id].state == JobState.cancelled  # its figures as they are, not as handed over
 
 
 def test_a_job_cancelled_before_the_hand_over_stays_cancelled_where_it_was(world, monkeypatch):
@@ -162,3 +175,4 @@ def test_a_job_moved_there_and_back_is_found_in_its_home_shard(world):
     assert store.shards[1].redis.hget(store.shards[1].key(ROUTE), job.id) is None  # no route out of where it is
     assert [j.id for j in store.shards[1].pending_jobs()] == [job.id] and store.shards[2].pending_count() == 0
     assert [j.id for j in store.list_jobs()] == [job.id] and queued_in_totals(store) == [0, 1, 0, 0]
+    assert [list(kept) for kept in kept_figures(store)] == [[], [job.id], [], []]  # none left where it was

@@ -10,6 +10,7 @@ def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):
     from rich.console import Console
 
     from broker.app import render
+    from broker.domain.figures import figures
     from broker.domain.model import AgentInfo, Job, Run
     from broker.models import accounting
     from broker.planning import get
@@ -21,7 +22,7 @@ def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):
         for i in range(3)
     ]
     jobs[2] = jobs[2].model_copy(update={"tags": ["demo"]})  # a demo's copy says so in every table
-    report = accounting.cost_report([accounting.figures(job, NOW) for job in jobs])
+    report = accounting.cost_report([figures(job, NOW) for job in jobs])
     agent = AgentInfo(
         id=f"local-{jobs[0].id}", offer=quote.chosen.offer, host="h", pid=1, job=jobs[1].id, registered_at=NOW
     )
@@ -120,6 +121,7 @@ def test_a_long_table_prints_line_for_line_as_rich_prints_it(catalog, monkeypatc
 
     from broker.app import narrow, render
     from broker.app.render_prices import prices_table
+    from broker.domain.figures import figures
     from broker.domain.model import Job
     from broker.models import accounting
     from broker.planning import get
@@ -130,7 +132,7 @@ def test_a_long_table_prints_line_for_line_as_rich_prints_it(catalog, monkeypatc
         Job(id=f"lora-{i:06x}", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, tags=["demo"] * (i % 2))
         for i in range(narrow.MANY_ROWS)
     ]
-    report = accounting.cost_report([accounting.figures(job, NOW) for job in jobs])
+    report = accounting.cost_report([figures(job, NOW) for job in jobs])
     prices = catalog.table().head(narrow.MANY_ROWS)
     styled = Table(title="styled", title_justify="left")
     styled.add_column("what")

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from broker.domain.figures import spend_usd
 from broker.domain.model import JobState
-from broker.models.accounting import spend_usd
 from broker.store.jobs import Store
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

@@ -22,8 +22,8 @@ from scipy.special import ndtri
 
 from broker.core.fleet import Fleet, SpeedPrior
 from broker.core.hedging import MAX_ZONES, MarketHedge
+from broker.domain.figures import spend_usd
 from broker.domain.model import Forecast, IfLate, Job, JobSpec, Offer, Option, Quote, Tier
-from broker.models.accounting import spend_usd
 from broker.models.futures import HEDGING, ON_DEMAND_NOW, Setting, simulate
 from broker.models.placement import transfer_usd
 from broker.models.risk import (

@@ -29,7 +29,7 @@ ShardedStore, and a shard's prefix carries its hash tag, `broker:{3}:`, when the
     price:{offer}, priced, refreshed, evictions   price history: see prices.py
     capacity:{zone}, capacity-zones    the spot capacity our fleet had: see capacity.py
     spot-evidence                      our agents' spot hours and preemptions per market: see evidence.py
-    figures                            ended jobs' figures, kept by their readers: see figures.py
+    figures                            the figures of every job without a run under way: see figures.py
     totals                             what the jobs without a run under way add up to: see totals.py
     bubbles:{main job}:{stage}         bubble profiles: see profiles.py
     (both event streams are capped at about STREAM_MAXLEN entries; agents send progress at most once a second)
@@ -161,6 +161,7 @@ class Store(AgentChannels):
                     self._index(pipe, job)
                     evidence.count(pipe, self._key(evidence.KEY), None, job)  # a job stored with ended runs (an import)
                     totals.count(pipe, self._key(totals.KEY), None, job)
+                    figures.track(pipe, self._key(figures.KEY), None, job)
                     self._event(pipe, job, "submitted")
                     self.wake(pipe, job.id)
                     pipe.execute()
@@ -338,6 +339,7 @@ class Store(AgentChannels):
         self._index(pipe, job)
         evidence.count(pipe, self._key(evidence.KEY), before, job)
         totals.count(pipe, self._key(totals.KEY), before, job)
+        figures.track(pipe, self._key(figures.KEY), before, job)
         self._tell_agents(pipe, before, job)
         if emit and job.state != before.state:
             self._event(pipe, job, reason or job.reason)
@@ -384,6 +386,7 @@ class Store(AgentChannels):
             for job in jobs:
                 pipe.set(self._key("job", job.id), job.model_dump_json())
                 pipe.zadd(self._key("jobs"), {job.id: job.submitted_at.timestamp()})
+                figures.track(pipe, self._key(figures.KEY), None, job)
             for event in source.events():
                 if event["job"] in copies:
                     fields = {k: v for k, v in event.items() if k != "id"}

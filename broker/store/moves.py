@@ -21,7 +21,7 @@ from datetime import datetime
 import redis
 
 from broker.domain.model import Job
-from broker.store import totals
+from broker.store import figures, totals
 from broker.store.jobs import Store
 
 MOVING, ROUTE, HANDED = "moving", "route", "handed"
@@ -74,6 +74,7 @@ def finish_move(shards: list[Store], job_id: str, source: int, target: int, lead
                 pipe.multi()
                 pipe.delete(src.key("job", job_id))
                 totals.count(pipe, src.key(totals.KEY), job, None)
+                figures.track(pipe, src.key(figures.KEY), job, None)
                 pipe.zrem(src.key("jobs"), job_id)
                 pipe.srem(src.key("active"), job_id)
                 pipe.hset(src.key(ROUTE), job_id, target)
@@ -118,6 +119,7 @@ def _land(dst: Store, job_id: str, source: int, now: datetime) -> None:
                 pipe.multi()
                 pipe.zadd(dst.key("jobs"), {job_id: job.submitted_at.timestamp()})
                 dst._index(pipe, job)
+                figures.track(pipe, dst.key(figures.KEY), None, job)  # as it is now: changes since were tracked
                 pipe.hdel(dst.key(HANDED), job_id)
                 if not landed:  # a change since the hand-over (a cancel through the route) counted from it
                     totals.count(pipe, dst.key(totals.KEY), None, Job.model_validate_json(handed) if handed else job)

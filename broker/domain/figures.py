@@ -1,0 +1,132 @@
+"""A job's figures as the readers that show every job need them (the dashboard's overview, `broker cost-report`,
+the spend chart): small enough to keep for every job a store ever ran, beside it (store/figures.py), where a parsed
+job with its quote is 7-20 KB."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from broker.domain.model import Job, JobState, Run
+
+
+def run_cost_usd(run: Run, now: datetime) -> float:
+    """An ended run at its cost, a running one up to `now`."""
+    return run.cost_usd if run.ended_at else run.offer.price_usd_per_h * run.hours(now)
+
+
+def spend_usd(job: Job, now: datetime) -> float:
+    """What the job has cost so far."""
+    return sum(run_cost_usd(r, now) for r in job.runs)
+
+
+def hours_past(deadline: datetime | None, state: JobState, end: datetime) -> float:
+    if deadline is None or state == JobState.cancelled:
+        return 0.0
+    return max(0.0, (end - deadline).total_seconds() / 3600)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpend:
+    """A run's tier, zone, span (its end: `now` while it runs) and cost."""
+
+    tier: str
+    zone: str | None
+    begin: datetime
+    end: datetime
+    cost_usd: float
+
+    @property
+    def hours(self) -> float:
+        """Billed hours, as Run.hours."""
+        return max(0.0, (self.end - self.begin).total_seconds() / 3600)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFigures:
+    """What the overview, the spend chart and the cost report need of a job: small enough to keep for every job a store
+    ever ran (a parsed job with its quote is about 20 KB), and final once the job has ended and its last run with
+    it."""
+
+    id: str
+    submitted_at: datetime
+    state: JobState
+    tags: tuple[str, ...]
+    spend_usd: float
+    on_demand_usd: float
+    budget_usd: float | None
+    deadline: datetime | None
+    finished_at: datetime | None  # a done job's last run's end
+    runs: tuple[RunSpend, ...]
+    final: bool  # ended, and its last run with it: these figures no longer change
+
+    def hours_late(self, now: datetime) -> float:
+        """As `hours_late` of the job."""
+        return hours_past(self.deadline, self.state, self.finished_at if self.state == JobState.done else now)
+
+    def to_json(self) -> str:
+        """A compact record of the figures (store/figures.py keeps them): a list, times in ISO 8601."""
+        return json.dumps(
+            [
+                self.submitted_at.isoformat(),
+                self.state.value,
+                self.tags,
+                self.spend_usd,
+                self.on_demand_usd,
+                self.budget_usd,
+                _iso(self.deadline),
+                _iso(self.finished_at),
+                [[r.tier, r.zone, r.begin.isoformat(), r.end.isoformat(), r.cost_usd] for r in self.runs],
+                self.final,
+            ]
+        )
+
+    @classmethod
+    def from_json(cls, job_id: str, text: str) -> JobFigures:
+        """The figures `to_json` recorded for the job (a record without `final` was kept only once final)."""
+        submitted, state, tags, spend, on_demand, budget, deadline, finished, runs, *final = json.loads(text)
+        at = datetime.fromisoformat
+        return cls(
+            id=job_id,
+            submitted_at=at(submitted),
+            state=JobState(state),
+            tags=tuple(tags),
+            spend_usd=spend,
+            on_demand_usd=on_demand,
+            budget_usd=budget,
+            deadline=deadline and at(deadline),
+            finished_at=finished and at(finished),
+            runs=tuple(RunSpend(tier, zone, at(begin), at(end), cost) for tier, zone, begin, end, cost in runs),
+            final=final[0] if final else True,
+        )
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at else None
+
+
+def figures(job: Job, now: datetime) -> JobFigures:
+    """The job's figures as of `now` (a run under way up to `now`)."""
+    return JobFigures(
+        id=job.id,
+        submitted_at=job.submitted_at,
+        state=job.state,
+        tags=tuple(job.tags),
+        spend_usd=spend_usd(job, now),
+        on_demand_usd=job.on_demand_usd(now),
+        budget_usd=job.spec.budget_usd,
+        deadline=job.spec.deadline,
+        finished_at=job.runs[-1].ended_at if job.state == JobState.done and job.runs else None,
+        runs=tuple(
+            RunSpend(
+                r.offer.tier.value,
+                r.offer.zone,
+                r.started_at or r.dispatched_at,
+                r.ended_at or now,
+                run_cost_usd(r, now),
+            )
+            for r in job.runs
+        ),
+        final=job.final,
+    )
