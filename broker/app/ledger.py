@@ -26,10 +26,10 @@ class Ledger:
 
     def figures(self, now: datetime) -> list[JobFigures]:
         """Each job's figures as of `now`, shard by shard in the jobs index's order (the same sums each call): the
-        ended ones' as kept, the others' records read now, and the jobs without one (a run under way) read now. Each
-        shard's index is read once, with submission times: figures
-        kept for an id stored with another time are another job's (a namespace cleared and filled again), and
-        those of an id gone from the index are dropped."""
+        ended ones' as kept, the others' records read now, and the jobs without one (a run under way) read now.
+        Each shard's index is read once, with submission times: figures kept for an id stored with another time
+        are another job's (a namespace cleared and filled again), and those of an id gone from the index are
+        dropped."""
         with self._lock:
             shown, final = [], {}
             for shard in self.store.shards:
