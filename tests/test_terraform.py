@@ -15,9 +15,10 @@ from broker.agents import terraform
 from broker.agents.terraform import MODULES, Pool, module_variables, parse_tf, pool_name, pool_values, write_pool
 from broker.app.cli.main import app
 from broker.domain.errors import BrokerError
-from broker.domain.model import Job, Tier
+from broker.domain.model import Job, JobState, Tier
 from broker.planning import get
 from broker.store.capacity import CapacityHistory, zone_of
+from broker.store.jobs import Store
 from conftest import NOW, ROOT, make_spec
 
 TF = ROOT / "infra" / "terraform"
@@ -209,12 +210,17 @@ def test_provision_plan_writes_one_pool_per_chosen_offer(store, catalog, redis_u
         store.add_job(
             Job(id=f"j{i}", spec=spec, submitted_at=quote.created_at, updated_at=quote.created_at, quote=quote)
         )
+    ended = Job(id="ended", spec=spec, submitted_at=quote.created_at, updated_at=quote.created_at, quote=quote)
+    store.add_job(ended.model_copy(update={"state": JobState.cancelled}))
+    read, real = [], Store.jobs_by_id
+    monkeypatch.setattr(Store, "jobs_by_id", lambda self, ids: read.extend(ids) or real(self, ids))
     site = tmp_path / "site.yaml"
     site.write_text(yaml.safe_dump(SITE))
     result = CliRunner().invoke(
         app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools"), "--json"]
     )
     assert result.exit_code == 0, result.output
+    assert "ended" not in read  # the queue is read, not every job the store ever ran
     [row] = json.loads(result.stdout)
     assert row["count"] == 2 and row["offer"] == quote.chosen.offer.id and "apply" in row["command"]
     assert (Path(row["dir"]) / f"{row['pool']}.auto.tfvars.json").exists()

@@ -255,6 +255,3 @@ class Broker:
 
     def get(self, job_id: str) -> Job:
         return self.store.get_job(job_id)
-
-    def jobs(self, states: set[JobState] | None = None) -> list[Job]:
-        return self.store.list_jobs(states)

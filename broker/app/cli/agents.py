@@ -89,7 +89,7 @@ def agents_provision(
             f"site: cannot read {site} ({error}); give a YAML file with aws:, gcp:, azure: sections"
         ) from None
     broker = make_broker()
-    pools = terraform.pools_from_jobs(broker.jobs())
+    pools = terraform.pools_from_jobs(broker.store.unfinished_jobs())  # the queue, not every job ever stored
     if not pools:
         if as_json:
             print_json([])
