@@ -75,6 +75,7 @@ def measure(url: str, home: Path) -> dict:
         "list_s": ["list"],
         "list_all_s": ["list", "--limit", "0"],
         "list_queued_s": ["list", "--state", "queued"],
+        "list_done_s": ["list", "--state", "done"],
         "cost_report_first_s": ["cost-report"],  # the first reader after an upgrade keeps the ended jobs' figures
         "cost_report_s": ["cost-report"],
         "submit_first_s": submit,

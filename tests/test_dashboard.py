@@ -325,8 +325,8 @@ def test_a_metrics_scrape_shows_the_overviews_figures_and_reads_only_the_jobs_wi
 
 
 def test_broker_list_of_jobs_not_yet_ended_reads_only_those(seeded, redis_url, store, monkeypatch):
-    """A store keeps every job it ever ran: `--state queued` (or running, migrating) reads the waiting and running
-    jobs from their indexes, not every job."""
+    """A store keeps every job it ever ran: `--state` reads the jobs it shows and those with a run under way (the
+    others' states are in their figures kept beside them, store/figures.py), not every job."""
     from typer.testing import CliRunner
 
     from broker.app.cli.main import app as cli
@@ -347,4 +347,4 @@ def test_broker_list_of_jobs_not_yet_ended_reads_only_those(seeded, redis_url, s
 
     assert listed("queued") == ["waiting"] and sorted(read) == ["busy", "waiting"]
     assert listed("queued", "running") == ["waiting", "busy"]  # in submission order
-    assert sorted(listed("done")) == ["late", "migrated"] and len(read) == 6  # an ended state: every job
+    assert sorted(listed("done")) == ["late", "migrated"] and sorted(read) == ["busy", "late", "migrated"]

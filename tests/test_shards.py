@@ -9,6 +9,7 @@ from redis.cluster import RedisCluster
 from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
+from broker.app.cli.jobs import newest_jobs
 from broker.app.ledger import Ledger
 from broker.app.settings import Settings
 from broker.core.broker import Broker
@@ -104,6 +105,8 @@ def test_shards_spread_over_the_cluster_and_read_back_as_one_store(cluster_url, 
     assert [e["state"] for e in store.events(jobs[5].id)] == ["queued", "cancelled"]
     assert sum(1 for e in store.events() if e["state"] == "queued") == 12
     assert len(Ledger(store).figures(NOW)) == 12
+    newest = newest_jobs(store, {JobState.queued}, 3)  # each shard's records read in its slot, merged
+    assert ([j.id for j in newest[0]], newest[1]) == ([j.id for j in jobs if j.id != cancelled.id][-3:], 11)
     for shard in store.shards:  # each job's figures kept in its shard's slot, read back there
         assert set(figures.read(shard, [j.id for j in jobs])) == {j.id for j in jobs if store.of_job(j.id) is shard}
     assert [(f.id, f.state) for f in Ledger(store).figures(NOW) if f.final] == [(cancelled.id, JobState.cancelled)]

@@ -17,13 +17,15 @@ the new job under its id.
 
 from __future__ import annotations
 
+import json
 import logging
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import redis
 
 from broker.domain.figures import figures
-from broker.domain.model import Job
+from broker.domain.model import Job, JobState
 
 if TYPE_CHECKING:
     from broker.store.jobs import Store
@@ -68,3 +70,32 @@ def keep(store: Store, records: dict[str, str]) -> None:
             store.redis.hset(store.key(KEY), mapping=dict(items[i : i + BATCH]))
     except redis.ResponseError as err:  # NOPERM, READONLY
         log.warning("store=%s figures not kept (%s)", store.url, err)
+
+
+def newest_in_states(store: Store, states: set[JobState], limit: int) -> tuple[list[Job], int] | None:
+    """The newest `limit` jobs (0: all) in `states`, oldest first, and how many there are, reading only those jobs
+    and the ones with a run under way: each shard's records say the other jobs' states (the index, the records and
+    the running jobs read in one transaction: a job has a record or a run under way, never both). None when a job
+    has neither (a store from before the records): read the jobs."""
+    ranked, found = [], {}  # found: the jobs read, those with a run under way first
+    for shard in store.shards:
+        with shard.redis.pipeline(transaction=True) as pipe:
+            pipe.zrange(shard.key("jobs"), 0, -1, withscores=True).hgetall(shard.key(KEY)).smembers(shard.key("active"))
+            index, kept, running = pipe.execute()
+        index, seen = dict(index), set()
+        for job_id, text in kept.items():
+            submitted, state = json.loads(text)[:2]
+            if index.get(job_id) == datetime.fromisoformat(submitted).timestamp():  # else another job's, left over
+                seen.add(job_id)
+                ranked += [(index[job_id], job_id, shard)] if JobState(state) in states else []
+        for job in shard.jobs_by_id(sorted(running)):
+            seen.add(job.id)
+            found[job.id] = job
+            ranked += [(index[job.id], job.id, shard)] if job.state in states and job.id in index else []
+        if not seen >= index.keys():
+            return None
+    ranked.sort(key=lambda r: r[:2])
+    shown = ranked[-limit:] if limit else ranked
+    for shard in store.shards:
+        found |= {j.id: j for j in shard.jobs_by_id([i for _, i, s in shown if s is shard and i not in found])}
+    return [found[i] for _, i, _ in shown if i in found and found[i].state in states], len(ranked)

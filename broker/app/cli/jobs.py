@@ -65,10 +65,15 @@ def list_jobs(
 
 def newest_jobs(store: Store, states: set[JobState] | None, limit: int) -> tuple[list[Job], int]:
     """The newest `limit` jobs (0: all) in submission order, and how many there are: without a state to match, only
-    those are read, and with states of jobs not yet ended only those jobs (a store keeps every job it ever ran)."""
+    those are read, and with states, only those and the jobs with a run under way (the other jobs' states are in
+    their figures kept beside them: a store keeps every job it ever ran, and may hold a long queue)."""
+    from broker.store import figures
+
     if not states:
         return (store.recent_jobs(limit) if limit else store.list_jobs()), store.job_count()
-    if any(state.terminal for state in states):
+    if (found := figures.newest_in_states(store, states, limit)) is not None:
+        return found
+    if any(state.terminal for state in states):  # a store from before the records: its jobs are read
         jobs = store.list_jobs(states)
     else:
         jobs = [job for job in store.unfinished_jobs() if job.state in states]
