@@ -85,13 +85,16 @@ def newest_in_states(store: Store, states: set[JobState], limit: int) -> tuple[l
         index, seen = dict(index), set()
         for job_id, text in kept.items():
             submitted, state = json.loads(text)[:2]
-            if index.get(job_id) == datetime.fromisoformat(submitted).timestamp():  # else another job's, left over
-                seen.add(job_id)
-                ranked += [(index[job_id], job_id, shard)] if JobState(state) in states else []
+            if index.get(job_id) != datetime.fromisoformat(submitted).timestamp():
+                continue  # another job's, left over
+            seen.add(job_id)
+            if JobState(state) in states:
+                ranked.append((index[job_id], job_id, shard))
         for job in shard.jobs_by_id(sorted(running)):
             seen.add(job.id)
             found[job.id] = job
-            ranked += [(index[job.id], job.id, shard)] if job.state in states and job.id in index else []
+            if job.state in states and job.id in index:
+                ranked.append((index[job.id], job.id, shard))
         if not seen >= index.keys():
             return None
     ranked.sort(key=lambda r: r[:2])
