@@ -17,14 +17,12 @@ the new job under its id.
 
 from __future__ import annotations
 
-import json
 import logging
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 import redis
 
-from broker.domain.figures import figures
+from broker.domain.figures import JobFigures, figures
 from broker.domain.model import Job, JobState
 
 if TYPE_CHECKING:
@@ -84,11 +82,11 @@ def newest_in_states(store: Store, states: set[JobState], limit: int) -> tuple[l
             index, kept, running = pipe.execute()
         index, seen = dict(index), set()
         for job_id, text in kept.items():
-            submitted, state = json.loads(text)[:2]
-            if index.get(job_id) != datetime.fromisoformat(submitted).timestamp():
+            kept_figures = JobFigures.from_json(job_id, text)
+            if index.get(job_id) != kept_figures.submitted_at.timestamp():
                 continue  # another job's, left over
             seen.add(job_id)
-            if JobState(state) in states:
+            if kept_figures.state in states:
                 ranked.append((index[job_id], job_id, shard))
         for job in shard.jobs_by_id(sorted(running)):
             seen.add(job.id)
