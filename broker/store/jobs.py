@@ -380,13 +380,12 @@ class Store(AgentChannels):
             if old:
                 pipe.execute_command("DEL", *(self._key("job", i) for i in old))
                 pipe.zrem(self._key("jobs"), *old)
-                pipe.hdel(self._key(figures.KEY), *old)
-            for job_id in sorted({*old, *copies}):
+            for job_id in sorted({*old, *copies}):  # each copy from what it replaces (None: nothing) to itself
                 totals.count(pipe, self._key(totals.KEY), stored.get(job_id), copies.get(job_id))
+                figures.track(pipe, self._key(figures.KEY), stored.get(job_id), copies.get(job_id))
             for job in jobs:
                 pipe.set(self._key("job", job.id), job.model_dump_json())
                 pipe.zadd(self._key("jobs"), {job.id: job.submitted_at.timestamp()})
-                figures.track(pipe, self._key(figures.KEY), None, job)
             for event in source.events():
                 if event["job"] in copies:
                     fields = {k: v for k, v in event.items() if k != "id"}
