@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from broker.domain.errors import BrokerError
 from broker.domain.figures import spend_usd
 from broker.domain.model import JobState
 from broker.store.jobs import Store
@@ -87,4 +88,10 @@ class AgentMetrics:
 
 def serve(registry: CollectorRegistry, port: int, address: str = "127.0.0.1") -> None:
     """Expose the registry at http://address:port/metrics (a daemon thread)."""
-    start_http_server(port, addr=address, registry=registry)
+    try:
+        start_http_server(port, addr=address, registry=registry)
+    except OSError as error:  # taken, or not an address of this machine: the user's to change
+        raise BrokerError(
+            f"metrics: cannot serve on {address}:{port} ({error.strerror}); "
+            "pick a free port with --metrics-port (0: off)"
+        ) from None

@@ -30,6 +30,13 @@ _said: set[str] = set()  # the notes this command put on stderr already
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON instead of tables.")
 
 
+def above_zero(value: float) -> float:
+    """An option's callback where 0 or less means nothing (a speedup, a lease): typer's `min` keeps its bound."""
+    if value <= 0:
+        raise typer.BadParameter(f"{value:g} is not above 0")
+    return value
+
+
 def user_errors(command):
     """Print a BrokerError's lines and exit 2; unexpected errors exit 1 (traceback with --debug).
 

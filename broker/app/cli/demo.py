@@ -10,6 +10,7 @@ from rich.progress import Progress
 from broker.app import render
 from broker.app.cli.common import (
     JsonOpt,
+    above_zero,
     err,
     make_broker,
     out,
@@ -28,8 +29,10 @@ def demo(
     examples: Path = typer.Option(
         None, help="Directory of example job specs (runnable ones in demo/); default: ./examples, else the project's."
     ),
-    speedup: float = typer.Option(60.0, help="Time compression: simulated seconds per wall-clock second."),
-    timeout: float = typer.Option(150.0, help="Give up after this many wall-clock seconds."),
+    speedup: float = typer.Option(
+        60.0, callback=above_zero, help="Time compression: simulated seconds per wall-clock second."
+    ),
+    timeout: float = typer.Option(150.0, callback=above_zero, help="Give up after this many wall-clock seconds."),
     bubbles: bool = typer.Option(
         False, "--bubbles", help="Instead: a fill job in a real DeepSpeed pipeline's bubbles (about 2 minutes)."
     ),

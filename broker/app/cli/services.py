@@ -8,6 +8,7 @@ import typer
 
 from broker import planning
 from broker.app.cli.common import (
+    above_zero,
     err,
     make_broker,
     out,
@@ -41,11 +42,15 @@ def agent(
         help="Preemption notices: aws, gcp, azure (optionally =URL), trace=PATH[@TICK[@job]] "
         "(@job: replayed from its first job), none.",
     ),
-    speedup: float = typer.Option(1.0, help="Time compression for trace notices."),
-    lease_s: float = typer.Option(5.0, help="Heartbeat lease; the broker moves the job when it lapses."),
+    speedup: float = typer.Option(1.0, callback=above_zero, help="Time compression for trace notices."),
+    lease_s: float = typer.Option(
+        5.0, callback=above_zero, help="Heartbeat lease; the broker moves the job when it lapses."
+    ),
     checkpoints: str | None = typer.Option(None, help="Checkpoint store URL (default BROKER_CHECKPOINTS)."),
     runs: Path | None = typer.Option(None, help="Where job logs and events go (default $BROKER_HOME/runs)."),
-    metrics_port: int = typer.Option(0, help="Serve Prometheus metrics on this loopback port (0: off)."),
+    metrics_port: int = typer.Option(
+        0, min=0, max=65535, help="Serve Prometheus metrics on this loopback port (0: off)."
+    ),
     token: str | None = typer.Option(
         None, envvar="BROKER_AGENT_TOKEN", help="Registration token (`broker agents token`)."
     ),
@@ -88,9 +93,11 @@ def agent(
 
 @user_errors
 def server(
-    speedup: float = typer.Option(1.0, help="Clock compression (demos and tests)."),
+    speedup: float = typer.Option(1.0, callback=above_zero, help="Clock compression (demos and tests)."),
     consumer: str = typer.Option(None, help="This replica's name (consumer group, planning lease); default host-pid."),
-    metrics_port: int = typer.Option(9464, help="Serve Prometheus metrics on this loopback port (0: off)."),
+    metrics_port: int = typer.Option(
+        9464, min=0, max=65535, help="Serve Prometheus metrics on this loopback port (0: off)."
+    ),
     policy: str = typer.Option(None, help="Planning policy (see `broker policies`); default BROKER_POLICY or hedge."),
     leader_lease_s: float = typer.Option(
         5.0, min=0.1, help="Planning lease: a standby replica takes over this long after the leader stops."
@@ -123,7 +130,7 @@ def server(
 
 @user_errors
 def dashboard(
-    port: int = typer.Option(8501, help="Port to serve on."),
+    port: int = typer.Option(8501, min=1, max=65535, help="Port to serve on."),
     address: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
     backtest_dir: Path | None = typer.Option(
         None, "--backtest", help="A `broker backtest --out` directory for the Backtest page."
@@ -138,6 +145,9 @@ def dashboard(
     app_path = Path(broker.__file__).resolve().parent.parent / "dashboards" / "app.py"
     if not app_path.exists():
         raise BrokerError(f"dashboard: {app_path} not found; run broker from its source checkout (pip install -e .)")
+    if backtest_dir and not backtest_dir.is_dir():
+        raise BrokerError(f"backtest: {backtest_dir} is not a directory; give a `broker backtest --out` directory")
+    can_listen(address, port)
     settings = Settings.from_env()
     env = {**os.environ, "BROKER_REDIS_URL": redis_url(settings), "BROKER_PREFIX": settings.prefix}
     if backtest_dir:
@@ -162,3 +172,20 @@ def dashboard(
     err.print(f"dashboard on http://{address}:{port} (Ctrl-C stops it)")
     err.file.flush()
     os.execve(sys.executable, argv, env)  # streamlit in this process: a SIGTERM to it stops the server, no orphan
+
+
+def can_listen(address: str, port: int) -> None:
+    """Bind and let go before Streamlit takes over the process: a port taken or an address not this machine's is
+    the user's one-line error here, not Streamlit's traceback (or its "not available" and exit 0) after exec."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            probe.bind((address, port))
+    except OSError as error:
+        raise BrokerError(
+            f"dashboard: cannot listen on {address}:{port} ({error.strerror}); "
+            "pick a free port with --port, or an address of this machine with --address"
+        ) from None

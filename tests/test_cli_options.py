@@ -1,0 +1,84 @@
+"""Options a long-running command cannot use (a taken port, an address not this machine's, a speedup of 0) are
+refused before it starts anything, in one line with exit 2, as a bad spec is."""
+
+import os
+import socket
+
+import pytest
+from test_cli import run
+
+
+@pytest.fixture
+def taken_port():
+    """A port something else listens on, on loopback."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+@pytest.fixture
+def no_exec(monkeypatch):
+    """`broker dashboard` ends by exec'ing Streamlit in its own process: here that would replace pytest's."""
+    started = []
+
+    def execve(path, argv, env):
+        started.append(argv)
+        raise SystemExit("streamlit would start here")
+
+    monkeypatch.setattr(os, "execve", execve)
+    return started
+
+
+def one_error_line(result, *words):
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert all(word in lines[0] for word in words), lines[0]
+
+
+def test_the_dashboard_on_a_taken_port_is_one_line_naming_the_option(env, taken_port, no_exec):
+    one_error_line(run("dashboard", "--port", taken_port), f"127.0.0.1:{taken_port}", "in use", "--port")
+    assert no_exec == []
+
+
+def test_the_dashboard_on_an_address_not_this_machines_is_one_line(env, no_exec):
+    one_error_line(run("dashboard", "--address", "192.0.2.7", "--port", 18_999), "192.0.2.7", "--address")
+    one_error_line(run("dashboard", "--address", "no-such-host.invalid"), "no-such-host.invalid", "--address")
+    assert no_exec == []
+
+
+def test_the_dashboard_with_a_backtest_that_is_not_a_directory_is_one_line(env, tmp_path, no_exec):
+    one_error_line(run("dashboard", "--backtest", tmp_path / "nowhere"), "nowhere", "broker backtest --out")
+    assert no_exec == []
+
+
+def test_the_dashboard_on_a_free_port_starts_streamlit_there(env, no_exec):
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    run("dashboard", "--port", port)
+    assert len(no_exec) == 1 and no_exec[0][no_exec[0].index("--server.port") + 1] == str(port)
+
+
+def test_a_server_whose_metrics_port_is_taken_is_one_line(env, taken_port):
+    one_error_line(run("server", "--metrics-port", taken_port), f"127.0.0.1:{taken_port}", "--metrics-port")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("dashboard", "--port", 70_000),
+        ("server", "--metrics-port", 70_000),
+        ("server", "--speedup", 0),
+        ("demo", "--speedup", 0),
+        ("demo", "--timeout", -1),
+        ("agent", "--id", "a1", "--offer", "aws/use1-az1/g6.xlarge/spot", "--lease-s", 0),
+        ("agent", "--id", "a1", "--offer", "aws/use1-az1/g6.xlarge/spot", "--speedup", -2),
+    ],
+    ids=lambda args: " ".join(map(str, args[:3])),
+)
+def test_an_option_out_of_its_range_is_refused_naming_it(env, args, no_exec):
+    result = run(*args)
+    assert result.exit_code == 2 and f"Invalid value for '{args[-2]}'" in result.output, result.output
+    assert no_exec == []
