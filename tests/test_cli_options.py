@@ -1,5 +1,5 @@
 """Options a long-running command cannot use (a taken port, an address not this machine's, a speedup of 0) are
-refused before it starts anything, in one line with exit 2, as a bad spec is."""
+refused before it starts anything, in one line with exit 2, as a bad spec is; a backtest's --out before its minutes."""
 
 import os
 import socket
@@ -82,3 +82,16 @@ def test_an_option_out_of_its_range_is_refused_naming_it(env, args, no_exec):
     result = run(*args)
     assert result.exit_code == 2 and f"Invalid value for '{args[-2]}'" in result.output, result.output
     assert no_exec == []
+
+
+def test_a_backtest_whose_out_cannot_be_written_is_refused_before_it_runs(env, tmp_path, monkeypatch):
+    from broker.sim import backtest
+
+    ran = []
+    monkeypatch.setattr(backtest, "run", lambda *args, **kwargs: ran.append(args))
+    a_file = tmp_path / "results.csv"
+    a_file.write_text("")
+    one_error_line(run("backtest", "--jobs", 2, "--out", a_file), "is a file", "directory")
+    one_error_line(run("backtest", "--jobs", 2, "--out", a_file / "below"), "cannot make", "directory you can write")
+    one_error_line(run("backtest", "--single-job", "--out", tmp_path / "x"), "--single-job writes no files")
+    assert ran == []

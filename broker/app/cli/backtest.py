@@ -69,7 +69,11 @@ def command(
 ) -> None:
     """Run the live core on a simulated clock and cloud over real spot traces, for every policy."""
     if single_job:
+        if out_dir:
+            raise BrokerError("out: --single-job writes no files; drop --out, or use --json for its rows")
         return _single_job(traces, stride_hours, as_json)
+    if out_dir:
+        _writable(out_dir)
     from broker.pricing.availability import MarketModel
     from broker.pricing.traces import load_traces
     from broker.sim import backtest, results  # here: the simulator's imports would slow every `broker` command
@@ -141,6 +145,20 @@ def command(
             f"wrote {out_dir}/: policies.csv, jobs.csv, spend.csv, summary.json, cost_by_policy.png, "
             "spend_over_time.png, tier_mix.png"
         )
+
+
+def _writable(directory: Path) -> None:
+    """Before the backtest's minutes, not after them: --out must be a directory this user can write."""
+    import os
+
+    if directory.exists() and not directory.is_dir():
+        raise BrokerError(f"out: {directory} is a file; give a directory (made if missing) for the backtest's files")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise BrokerError(f"out: cannot make {directory} ({error.strerror}); give a directory you can write") from None
+    if not os.access(directory, os.W_OK):
+        raise BrokerError(f"out: cannot write to {directory}; give a directory you can write")
 
 
 def _single_job(traces: Path | None, stride_h: float, as_json: bool) -> None:
