@@ -101,8 +101,10 @@ def test_list_and_cancel(env, tmp_path):
     assert again.exit_code == 2 and "already cancelled" in again.stderr
 
 
-def test_empty_list_says_what_to_do(env):
+def test_empty_list_says_what_to_do(env, tmp_path):
     assert "no jobs yet: run `broker submit" in run("list").stdout
+    run("submit", job_file(tmp_path))  # queued: none cancelled, and there is a job
+    assert run("list", "--state", "cancelled").stdout.strip() == "no cancelled jobs; `broker list` shows every state"
 
 
 BAD_INPUTS = {

@@ -60,7 +60,8 @@ def list_jobs(
     as_json: bool = JsonOpt,
 ) -> None:
     """List the newest jobs, oldest first."""
-    show_jobs(*newest_jobs(make_store(), set(state) if state else None, limit), as_json)
+    states = set(state) if state else None
+    show_jobs(*newest_jobs(make_store(), states, limit), as_json, states)
 
 
 def newest_jobs(store: Store, states: set[JobState] | None, limit: int) -> tuple[list[Job], int]:
@@ -80,10 +81,12 @@ def newest_jobs(store: Store, states: set[JobState] | None, limit: int) -> tuple
     return jobs[-limit:] if limit else jobs, len(jobs)
 
 
-def show_jobs(jobs: list[Job], total: int, as_json: bool) -> None:
+def show_jobs(jobs: list[Job], total: int, as_json: bool, states: set[JobState] | None = None) -> None:
     """The jobs table (`broker list`, and `broker status` without a job), or their JSON."""
     if as_json:
         print_json([render.job_dict(j) for j in jobs])
+    elif not jobs and states:  # there may be jobs in other states: "no jobs yet" would send the user to submit one
+        out.print(f"no {' or '.join(sorted(s.value for s in states))} jobs; `broker list` shows every state")
     elif not jobs:
         out.print("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
     else:
