@@ -1,7 +1,12 @@
 """`broker run`: a job end to end on one command, and `broker status` saying what a queued job waits for."""
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -115,3 +120,41 @@ def test_run_says_the_end_after_the_jobs_last_output(env, store, tmp_path):
     result = runner.invoke(app, ["run", str(spec_file(tmp_path))])
     assert result.exit_code == 0, result.output
     assert result.stdout.index("── done") > result.stdout.index("hello from the job")
+
+
+def processes_naming(word: str) -> list[str]:
+    """Command lines of this machine's processes that hold `word`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if word in (line := cmdline.read_bytes().replace(b"\0", b" ").decode()):
+                found.append(line)
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda signum: signum.name)
+def test_run_killed_stops_the_agent_it_started_as_ctrl_c_does(env, store, tmp_path, signum):
+    """`kill` (SIGTERM) or a closed terminal (SIGHUP) ended `broker run` at once: its local agent ran on, orphaned."""
+    path = spec_file(tmp_path, run=[sys.executable, "-c", "import time; time.sleep(300)", str(tmp_path)])
+    broker = Path(sys.executable).parent / "broker"
+    command = subprocess.Popen(
+        [str(broker), "run", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        for line in command.stdout:  # until the job runs on the agent it started
+            if "── running" in line:
+                break
+        else:
+            pytest.fail(f"`broker run` ended before its job ran: {command.stderr.read()}")
+        (job,) = store.list_jobs()
+        assert processes_naming(f"local-{job.id}")  # the agent runs its job
+        command.send_signal(signum)
+        assert command.wait(timeout=60) == 2
+        assert f"stopped following {job.id}" in command.stderr.read()
+        assert processes_naming(f"local-{job.id}") == [] and processes_naming(str(tmp_path)) == []
+    finally:
+        command.kill()

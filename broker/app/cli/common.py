@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import signal
 from typing import TYPE_CHECKING
 
 import typer
@@ -28,6 +29,22 @@ _printed = {"json": False}  # whether this command wrote its JSON document alrea
 _said: set[str] = set()  # the notes this command put on stderr already
 
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON instead of tables.")
+
+
+def stop_signals_as_ctrl_c(command):
+    """SIGTERM and SIGHUP (a `kill`, a closed terminal) end the command as Ctrl-C does, through its clean-up: the
+    local agents it started stop with it, where the default end left them running their jobs, orphaned."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        previous = {s: signal.signal(s, signal.default_int_handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+        try:
+            return command(*args, **kwargs)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    return wrapper
 
 
 def above_zero(value: float) -> float:

@@ -16,6 +16,7 @@ from broker.app.cli.common import (
     out,
     print_json,
     redis_url,
+    stop_signals_as_ctrl_c,
     store_for,
     user_errors,
 )
@@ -25,6 +26,7 @@ from broker.domain.model import Quote
 
 
 @user_errors
+@stop_signals_as_ctrl_c
 def demo(
     examples: Path = typer.Option(
         None, help="Directory of example job specs (runnable ones in demo/); default: ./examples, else the project's."

@@ -17,6 +17,7 @@ from broker.app.cli.common import (
     out,
     print_json,
     redis_url,
+    stop_signals_as_ctrl_c,
     user_errors,
 )
 from broker.app.settings import Settings
@@ -179,6 +180,7 @@ def show_output(kind: str, text: str) -> None:
 
 
 @user_errors
+@stop_signals_as_ctrl_c
 def run(
     job_file: Path = typer.Argument(..., help="The job spec (YAML)."),
     deadline: str | None = typer.Option(None, help="Overrides the spec: ISO time (2026-12-01T18:00Z) or +36h."),
