@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from broker.agents.contract import Contract
 from broker.app.cli.main import app
-from conftest import EXAMPLES, NOW
+from conftest import EXAMPLES, NOW, start_redis, stop_redis
 
 runner = CliRunner()
 
@@ -132,9 +132,8 @@ def processes_naming(word: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda signum: signum.name)
-def test_run_killed_stops_the_agent_it_started_as_ctrl_c_does(env, store, tmp_path, signum):
-    """`kill` (SIGTERM) or a closed terminal (SIGHUP) ended `broker run` at once: its local agent ran on, orphaned."""
+def running_under_run(tmp_path, **env) -> tuple[subprocess.Popen, str]:
+    """`broker run` of a job that sleeps (its argv names tmp_path), once the job runs: (the command, its job id)."""
     path = spec_file(tmp_path, run=[sys.executable, "-c", "import time; time.sleep(300)", str(tmp_path)])
     broker = Path(sys.executable).parent / "broker"
     command = subprocess.Popen(
@@ -142,19 +141,45 @@ def test_run_killed_stops_the_agent_it_started_as_ctrl_c_does(env, store, tmp_pa
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
     )
+    job_id = None
+    for line in command.stdout:  # until the job runs on the agent it started
+        job_id = job_id or (line.split()[1] if line.startswith("job ") else None)
+        if "── running" in line:
+            assert processes_naming(f"local-{job_id}") and processes_naming(str(tmp_path))  # agent and job run
+            return command, job_id
+    command.kill()
+    pytest.fail(f"`broker run` ended before its job ran: {command.stderr.read()}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda signum: signum.name)
+def test_run_killed_stops_the_agent_it_started_as_ctrl_c_does(env, tmp_path, signum):
+    """`kill` (SIGTERM) or a closed terminal (SIGHUP) ended `broker run` at once: its local agent ran on, orphaned."""
+    command, job_id = running_under_run(tmp_path)
     try:
-        for line in command.stdout:  # until the job runs on the agent it started
-            if "── running" in line:
-                break
-        else:
-            pytest.fail(f"`broker run` ended before its job ran: {command.stderr.read()}")
-        (job,) = store.list_jobs()
-        assert processes_naming(f"local-{job.id}")  # the agent runs its job
         command.send_signal(signum)
         assert command.wait(timeout=60) == 2
-        assert f"stopped following {job.id}" in command.stderr.read()
-        assert processes_naming(f"local-{job.id}") == [] and processes_naming(str(tmp_path)) == []
+        assert f"stopped following {job_id}" in command.stderr.read()
+        assert processes_naming(f"local-{job_id}") == [] and processes_naming(str(tmp_path)) == []
+    finally:
+        command.kill()
+
+
+def test_an_agent_stopped_while_redis_is_away_still_stops_its_job(tmp_path):
+    """Redis gone mid-run: `broker run` fails and stops its agent, which cannot report but still stops its job (it
+    waited for Redis, and was killed 10 s later with its job running on, orphaned)."""
+    proc, port = start_redis(tmp_path)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        command, job_id = running_under_run(
+            tmp_path, BROKER_REDIS_URL=url, BROKER_HOME=str(tmp_path / "home"), BROKER_REDIS_OUTAGE_S="2"
+        )
+    finally:
+        stop_redis(proc, port)
+    try:
+        assert command.wait(timeout=60) == 2
+        assert "error: redis: lost the connection" in command.stderr.read()  # not an internal error
+        assert processes_naming(f"local-{job_id}") == [] and processes_naming(str(tmp_path)) == []
     finally:
         command.kill()

@@ -75,6 +75,9 @@ class Agent:
             try:
                 outcome = self.step()
             except redis.ConnectionError as err:  # Redis gone for longer than the store rides out: keep the job, retry
+                notice = self.notices.check() if self.notices else None
+                if notice or self._stopping:  # unless the instance is going away: the job checkpoints all the same
+                    return self._leave_unreachable(notice)
                 log.warning("agent=%s redis unreachable (%s); retrying in 1 s", self.id, err)
                 time.sleep(1.0)
                 continue
@@ -198,12 +201,24 @@ class Agent:
             self.metrics.notices.inc()
         if self.job:
             self.contract.report(self.job.job_id, self.fence, "notice", deadline=notice.deadline if notice else None)
-            grace = self.grace_s
-            if notice:
-                left = (notice.deadline - datetime.now(UTC)).total_seconds()
-                grace = notice_grace_s(left)
-            self.job.stop(grace)
+            self.job.stop(self._grace_s(notice))
             self._end_job("preempted")
         if notice and hasattr(self.notices, "acknowledge"):
             self.notices.acknowledge(notice)
         return "preempted" if notice else "stopped"
+
+    def _leave_unreachable(self, notice) -> str:
+        """`_leave` while Redis cannot be reached: the job still checkpoints (to the checkpoint store) in its grace,
+        and nothing is reported; the lease lapses and the broker moves the job from its newest verified checkpoint.
+        Waiting for Redis instead kept a stopped agent, and its job, running for as long as Redis was away."""
+        if self.job:
+            log.warning("agent=%s redis unreachable; stopping job=%s to leave", self.id, self.job.job_id)
+            self.job.stop(self._grace_s(notice))
+            self.job, self.fence = None, None
+        return "preempted" if notice else "stopped"
+
+    def _grace_s(self, notice) -> float:
+        """How long the job has to checkpoint: the notice's lead, else the configured grace."""
+        if notice is None:
+            return self.grace_s
+        return notice_grace_s((notice.deadline - datetime.now(UTC)).total_seconds())

@@ -10,11 +10,12 @@ import shutil
 import signal
 from typing import TYPE_CHECKING
 
+import redis
 import typer
 from rich.console import Console
 
 from broker.app.settings import Settings
-from broker.domain.errors import BrokerError
+from broker.domain.errors import BrokerError, StoreUnavailableError
 
 if TYPE_CHECKING:  # the core pulls numpy, scipy and pandas: read commands (list, status) never load it
     from broker.core.broker import Broker
@@ -67,7 +68,12 @@ def user_errors(command):
         _said.clear()
         try:
             return command(*args, **kwargs)
-        except BrokerError as error:
+        except (BrokerError, redis.ConnectionError) as error:
+            if isinstance(error, redis.ConnectionError):  # Redis went away mid-command (a restart, the network)
+                error = StoreUnavailableError(
+                    f"redis: lost the connection ({error}); what was stored stays: check that Redis runs "
+                    "(`broker list` reads it back)"
+                )
             lines = str(error).splitlines()
             for line in lines:
                 err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
