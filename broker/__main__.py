@@ -1,5 +1,5 @@
 """`python -m broker` is the `broker` command."""
 
-from broker.app.cli.main import app
+from broker.app.cli.main import main
 
-app(prog_name="broker")
+main()

@@ -3,6 +3,8 @@ with one line naming the field, stores nothing, and with --json stdout holds one
 
 import json
 import re
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -39,6 +41,24 @@ def test_a_missing_job_with_json_is_a_json_error(env):
     assert result.exit_code == 2
     assert json.loads(result.stdout)["error"]["kind"] == "NotFoundError"
     assert "no job 'no-such-job'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["list", "--limit", "-3"], "Invalid value for '--limit'"),
+        (["status", "--no-such-flag"], "No such option: --no-such-flag"),
+        (["submit"], "Missing argument"),
+    ],
+)
+def test_a_usage_error_with_json_is_a_json_error_too(env, args, expect):
+    """Typer finds these before any command runs: the installed command still writes the error as JSON."""
+    broker = Path(sys.executable).parent / "broker"
+    result = subprocess.run([str(broker), *args, "--json"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    error = json.loads(result.stdout)["error"]
+    assert error["exit_code"] == 2 and expect in error["message"] and error["lines"] == [error["message"]]
+    assert expect in result.stderr  # shown as before
 
 
 def test_an_internal_error_with_json_is_a_json_error_with_exit_1(env, monkeypatch):

@@ -77,7 +77,7 @@ def user_errors(command):
             lines = str(error).splitlines()
             for line in lines:
                 err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
-            _json_error(as_json, type(error).__name__, lines, 2)
+            json_error(as_json, type(error).__name__, lines, 2)
             raise typer.Exit(2) from None
         except (typer.Exit, typer.Abort):
             raise
@@ -86,13 +86,14 @@ def user_errors(command):
                 raise
             line = f"{type(error).__name__}: {error} (rerun with --debug for the traceback)"
             err.print(f"[red]internal error:[/] {line}", highlight=False, soft_wrap=True)
-            _json_error(as_json, "InternalError", [line], 1)
+            json_error(as_json, "InternalError", [line], 1)
             raise typer.Exit(1) from None
 
     return wrapper
 
 
-def _json_error(as_json: bool, kind: str, lines: list[str], exit_code: int) -> None:
+def json_error(as_json: bool, kind: str, lines: list[str], exit_code: int) -> None:
+    """With --json, the error as the one JSON document on stdout, unless the command printed its own already."""
     if as_json and not _printed["json"]:
         print_json({"error": {"kind": kind, "message": "; ".join(lines), "lines": lines, "exit_code": exit_code}})
 

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import typer
+from typer import rich_utils
 
 from broker.app.cli import demo, jobs, services
 from broker.app.cli.acl import acl_app
 from broker.app.cli.agents import agents_app
 from broker.app.cli.backtest import backtest_command
-from broker.app.cli.common import (
-    debug_flag,
-)
+from broker.app.cli.common import debug_flag, json_error
 from broker.app.cli.layout import layout_command
 from broker.app.cli.prices import prices_app
 
@@ -49,3 +49,20 @@ app.add_typer(acl_app, name="acl")
 def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks of unexpected errors.")) -> None:
     debug_flag["on"] = debug
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+
+
+def main() -> None:
+    """The `broker` command. With --json, a usage error (an option out of range, a missing argument), which typer
+    reports before any command runs, is the JSON document on stdout too, as every other error is."""
+    if "--json" not in sys.argv[1:]:
+        app(prog_name="broker")
+        return
+    try:
+        code = app(prog_name="broker", standalone_mode=False)
+    except typer.Abort:
+        sys.exit(1)
+    except typer.TyperException as error:  # typer's click found the usage wrong: no command ran
+        json_error(True, type(error).__name__, [error.format_message()], error.exit_code)
+        rich_utils.rich_format_error(error)
+        sys.exit(error.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
