@@ -202,6 +202,7 @@ def test_env_values_are_strings_not_lists_or_mappings(value):
 def test_a_relative_workdir_is_taken_from_the_spec_files_folder(tmp_path, monkeypatch):
     folder = tmp_path / "jobs"
     folder.mkdir()
+    (tmp_path / "data").mkdir()
     data = {"name": "w", "run": "python x.py", "resources": {"accelerators": "L4"}, "work": {"gpu_hours": 1}}
     for workdir, expected in ((".", folder), ("../data", tmp_path / "data"), ("/srv/job", "/srv/job")):
         (folder / "job.yaml").write_text(yaml.safe_dump({**data, "workdir": workdir}))
@@ -209,6 +210,18 @@ def test_a_relative_workdir_is_taken_from_the_spec_files_folder(tmp_path, monkey
         assert load_spec(folder / "job.yaml", NOW).workdir == str(expected)
     (folder / "job.yaml").write_text(yaml.safe_dump(data))
     assert load_spec(folder / "job.yaml", NOW).workdir is None  # none given: the agent's own folder
+
+
+def test_a_relative_workdir_that_is_no_folder_is_refused_naming_it(tmp_path):
+    """A typo there failed every run of the job ("could not start"); an absolute one is on the agents' machines."""
+    data = {"name": "w", "run": "python x.py", "resources": {"accelerators": "L4"}, "work": {"gpu_hours": 1}}
+    (tmp_path / "a-file").write_text("")
+    for workdir in ("../no-such-folder", "a-file"):
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump({**data, "workdir": workdir}))
+        with pytest.raises(SpecError, match=f"workdir: {workdir} is no folder"):
+            load_spec(tmp_path / "job.yaml", NOW)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({**data, "workdir": "/no/such/folder/here"}))
+    assert load_spec(tmp_path / "job.yaml", NOW).workdir == "/no/such/folder/here"
 
 
 def test_run_words_and_env_values_are_the_text_as_written_not_yamls_numbers(tmp_path):

@@ -186,5 +186,11 @@ def load_spec(path: Path, now: datetime, deadline: str | None = None, budget_usd
             data["budget_usd"] = budget_usd
     spec = validate_spec(data, now, source=str(path))
     if spec.workdir is not None and not Path(spec.workdir).expanduser().is_absolute():
-        spec = spec.model_copy(update={"workdir": str((path.parent / spec.workdir).resolve())})  # as its file says
+        folder = (path.parent / spec.workdir).resolve()  # as its file says; an absolute one is the agents' to have
+        if not folder.is_dir():
+            raise SpecError(
+                f"{path}: workdir: {spec.workdir} is no folder ({folder}); fix the path (relative to the spec's "
+                "folder), or give an absolute one the agents have"
+            )
+        spec = spec.model_copy(update={"workdir": str(folder)})
     return spec
