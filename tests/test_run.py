@@ -67,7 +67,7 @@ def test_a_job_that_fails_under_run_says_so_and_exits_2(env, store, tmp_path):
     assert result.exit_code == 2, result.output
     (job,) = store.list_jobs()
     assert job.state.value == "failed" and "bad input" in result.stdout
-    assert f"{job.id} failed" in result.stderr and f"broker logs {job.id}" in result.stderr
+    assert f"{job.id} failed: failed once (exit code 3)" in result.stderr and f"broker logs {job.id}" in result.stderr
     assert "below" not in result.stderr  # the error line is the last thing it prints
     shown = runner.invoke(app, ["status", job.id, "--no-outlook"]).stdout
     assert "last output:\n  | bad input" in shown  # where the job's last lines are

@@ -121,7 +121,7 @@ def after_run(job: Job, run: Run, log_tail: list[str]) -> dict:
         if run.exit_code is None and log_tail:
             cause += f": {log_tail[-1][:200]}"
         if restarts > job.spec.max_restarts:
-            why = f"failed {restarts} times ({cause})"
+            why = f"failed {'once' if restarts == 1 else f'{restarts} times'} ({cause})"
             return {"state": JobState.failed, "reason": why, "restarts": restarts, "log_tail": log_tail}
         return {"state": JobState.queued, "reason": f"restart {restarts} after {cause}", "restarts": restarts}
     if reason in ("preempted", "lost"):
