@@ -75,30 +75,40 @@ def test_a_deposed_leader_cannot_dispatch_even_mid_round(store, catalog, tmp_pat
     assert store.get_job(job.id).fence == 0 and store.get_job(job.id).state == JobState.queued
 
 
-def test_kill_9_of_the_leading_server_process_hands_planning_to_the_standby(redis_url, store, tmp_path):
+def leading_server_process(redis_url, store, tmp_path, lease_s: float) -> subprocess.Popen:
+    """`broker server --consumer proc` as a process, once it holds the planning lease."""
     env = {**os.environ, "BROKER_REDIS_URL": redis_url, "BROKER_HOME": str(tmp_path / "home")}
+    argv = ["--consumer", "proc", "--leader-lease-s", str(lease_s), "--metrics-port", "0"]
     leader = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "broker",
-            "server",
-            "--consumer",
-            "proc",
-            "--leader-lease-s",
-            "1",
-            "--metrics-port",
-            "0",
-        ],
+        [sys.executable, "-m", "broker", "server", *argv],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    deadline = time.monotonic() + 60
+    while store.redis.get("broker:leader") != "proc":
+        if time.monotonic() > deadline or leader.poll() is not None:
+            leader.kill()
+            raise AssertionError("the server process never took the lease")
+        time.sleep(0.05)
+    return leader
+
+
+def test_sigterm_of_the_leading_server_gives_its_lease_up_at_once(redis_url, store, tmp_path):
+    """As systemd stops it: the standbys take over now, not a lease later (it ended at once, holding the lease)."""
+    leader = leading_server_process(redis_url, store, tmp_path, lease_s=60)
     try:
-        deadline = time.monotonic() + 60
-        while store.redis.get("broker:leader") != "proc":
-            assert time.monotonic() < deadline and leader.poll() is None, "the server process never took the lease"
-            time.sleep(0.05)
+        leader.send_signal(signal.SIGTERM)
+        leader.wait(timeout=30)
+        assert store.planner() is None
+    finally:
+        leader.kill()
+        leader.wait()
+
+
+def test_kill_9_of_the_leading_server_process_hands_planning_to_the_standby(redis_url, store, tmp_path):
+    leader = leading_server_process(redis_url, store, tmp_path, lease_s=1)
+    try:
         standby = BrokerServer(
             store,
             planning.get(),

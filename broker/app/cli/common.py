@@ -33,8 +33,9 @@ JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON instead of t
 
 
 def stop_signals_as_ctrl_c(command):
-    """SIGTERM and SIGHUP (a `kill`, a closed terminal) end the command as Ctrl-C does, through its clean-up: the
-    local agents it started stop with it, where the default end left them running their jobs, orphaned."""
+    """SIGTERM and SIGHUP (a `kill`, systemd, a closed terminal) end the command as Ctrl-C does, through its
+    clean-up: the local agents it started stop with it (the default end left them running their jobs, orphaned),
+    a server gives up its planning leases at once (the standbys waited out the lease)."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):

@@ -13,6 +13,7 @@ from broker.app.cli.common import (
     make_broker,
     out,
     redis_url,
+    stop_signals_as_ctrl_c,
     store_for,
     user_errors,
 )
@@ -92,6 +93,7 @@ def agent(
 
 
 @user_errors
+@stop_signals_as_ctrl_c
 def server(
     speedup: float = typer.Option(1.0, callback=above_zero, help="Clock compression (demos and tests)."),
     consumer: str = typer.Option(None, help="This replica's name (consumer group, planning lease); default host-pid."),
