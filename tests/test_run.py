@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -122,13 +123,13 @@ def test_run_says_the_end_after_the_jobs_last_output(env, store, tmp_path):
     assert result.stdout.index("── done") > result.stdout.index("hello from the job")
 
 
-def processes_naming(word: str) -> list[str]:
-    """Command lines of this machine's processes that hold `word`."""
-    found = []
+def processes_naming(word: str) -> dict[int, str]:
+    """This machine's processes whose command lines hold `word`: pid -> command line."""
+    found = {}
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         with contextlib.suppress(OSError):
             if word in (line := cmdline.read_bytes().replace(b"\0", b" ").decode()):
-                found.append(line)
+                found[int(cmdline.parent.name)] = line
     return found
 
 
@@ -147,7 +148,9 @@ def running_under_run(tmp_path, **env) -> tuple[subprocess.Popen, str]:
     for line in command.stdout:  # until the job runs on the agent it started
         job_id = job_id or (line.split()[1] if line.startswith("job ") else None)
         if "── running" in line:
-            assert processes_naming(f"local-{job_id}") and processes_naming(str(tmp_path))  # agent and job run
+            assert processes_naming(f"local-{job_id}") and processes_naming(
+                f"time.sleep(300) {tmp_path}"
+            )  # agent and job run
             return command, job_id
     command.kill()
     pytest.fail(f"`broker run` ended before its job ran: {command.stderr.read()}")
@@ -161,7 +164,7 @@ def test_run_killed_stops_the_agent_it_started_as_ctrl_c_does(env, tmp_path, sig
         command.send_signal(signum)
         assert command.wait(timeout=60) == 2
         assert f"stopped following {job_id}" in command.stderr.read()
-        assert processes_naming(f"local-{job_id}") == [] and processes_naming(str(tmp_path)) == []
+        assert processes_naming(f"local-{job_id}") == {} and processes_naming(f"time.sleep(300) {tmp_path}") == {}
     finally:
         command.kill()
 
@@ -180,6 +183,23 @@ def test_an_agent_stopped_while_redis_is_away_still_stops_its_job(tmp_path):
     try:
         assert command.wait(timeout=60) == 2
         assert "error: redis: lost the connection" in command.stderr.read()  # not an internal error
-        assert processes_naming(f"local-{job_id}") == [] and processes_naming(str(tmp_path)) == []
+        assert processes_naming(f"local-{job_id}") == {} and processes_naming(f"time.sleep(300) {tmp_path}") == {}
     finally:
         command.kill()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP], ids=lambda signum: signum.name)
+def test_an_agent_stopped_by_ctrl_c_or_a_closed_terminal_leaves_as_on_sigterm(env, tmp_path, signum):
+    """The job runs in a session of its own: an agent that ended at once on these left it running, orphaned."""
+    command, job_id = running_under_run(tmp_path)
+    try:
+        job, agent = f"time.sleep(300) {tmp_path}", f"--id local-{job_id}"
+        ((pid, _),) = processes_naming(agent).items()
+        os.kill(pid, signum)
+        deadline = time.monotonic() + 30
+        while (processes_naming(job) or processes_naming(agent)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert processes_naming(job) == {} and processes_naming(agent) == {}  # the job checkpointed, stopped
+    finally:
+        command.kill()
+        command.wait()

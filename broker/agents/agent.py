@@ -69,7 +69,8 @@ class Agent:
 
     def run(self) -> str:
         """Serve assignments until preempted or stopped; returns why it ended."""
-        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stopping", True))
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a stop, Ctrl-C, a closed terminal: the job
+            signal.signal(signum, lambda *_: setattr(self, "_stopping", True))  # (its own session) checkpoints first
         self.register()
         while True:
             try:
