@@ -18,8 +18,9 @@ from broker.core.reserve import (
     spot_start_reason,
     starts_for_reserve,
 )
-from broker.domain.errors import BrokerError, InfeasibleError
+from broker.domain.errors import BrokerError, InfeasibleError, SpecError
 from broker.domain.model import ODDS_NOISE, AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
+from broker.models.placement import unknown_exclusions
 from broker.models.risk import fits
 from broker.planning.cheapest import ALTERNATIVES
 from broker.pricing.availability import MarketModel, seen_counts
@@ -118,6 +119,8 @@ class Broker:
     def _quote(self, spec: JobSpec, agents: list[AgentInfo], explained: bool) -> Quote:
         now = self.clock.now()
         offers = self.offers(agents)
+        if unknown := unknown_exclusions(spec, offers):
+            raise SpecError(unknown)
         market = self.market_now()
         try:
             candidates = CANDIDATES if explained and market is not None else ALTERNATIVES

@@ -9,6 +9,8 @@ copy it made).
 
 from __future__ import annotations
 
+import difflib
+
 from broker.domain.jobspec import JobSpec
 from broker.domain.model import Offer
 
@@ -36,6 +38,20 @@ def placed(spec: JobSpec, offer: Offer) -> bool:
     if r.zone and offer.zone not in r.zone:
         return False
     return not {offer.cloud, offer.region, offer.zone} & set(r.exclude)
+
+
+def unknown_exclusions(spec: JobSpec, offers: list[Offer]) -> str | None:
+    """Why the job's `exclude` names a place no offer is in (a typo would leave the place it meant allowed), with the
+    nearest names; None when every name is a cloud, region or zone of some offer."""
+    if not spec.resources.exclude:
+        return None
+    known = {place for o in offers for place in (o.cloud, o.region, o.zone) if place}
+    unknown = [name for name in spec.resources.exclude if name not in known]
+    if not unknown:
+        return None
+    close = difflib.get_close_matches(unknown[0], sorted(known), n=3)
+    hint = f"did you mean {', '.join(close)}?" if close else "`broker prices` names the regions and zones"
+    return f"resources.exclude: {', '.join(unknown)} is no cloud, region or zone of any offer; {hint}"
 
 
 def where(spec: JobSpec) -> str:
