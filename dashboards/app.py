@@ -6,12 +6,14 @@ Read-only on the live store: BROKER_REDIS_URL (or the embedded server's URL, whi
 
 from __future__ import annotations
 
+import functools
 import os
 from datetime import UTC, datetime
 from pathlib import Path
 
 import altair as alt
 import pandas as pd
+import redis
 import streamlit as st
 
 from broker.app import wiring
@@ -71,7 +73,32 @@ def money(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
 
 
+def unreadable(error: Exception) -> None:
+    """Why the store cannot be read, and the fix, in one message."""
+    if isinstance(error, KeyError):
+        why = "BROKER_REDIS_URL is not set; start the dashboard with `broker dashboard`, or set it"
+    elif isinstance(error, redis.ConnectionError):
+        why = f"lost the connection to Redis ({error}); check that it runs"
+    else:
+        why = str(error)  # a BrokerError names its own fix
+    st.error(f"cannot read the store: {why}")
+
+
+def store_errors_shown(page):
+    """A page's store errors as one message: a fragment's end at Streamlit's own handler (a traceback), not main's."""
+
+    @functools.wraps(page)
+    def shown() -> None:
+        try:
+            page()
+        except (BrokerError, redis.ConnectionError) as error:  # unreachable, or gone since the page first read it
+            unreadable(error)
+
+    return shown
+
+
 @st.fragment(run_every=REFRESH_S)
+@store_errors_shown
 def overview() -> None:
     with st.spinner("reading every job once (20,000 take a few seconds); then only those not yet ended"):
         jobs = ledger().figures(now())
@@ -100,6 +127,7 @@ def overview() -> None:
 
 
 @st.fragment(run_every=REFRESH_S)
+@store_errors_shown
 def jobs_page() -> None:
     jobs, total = store().recent_jobs(JOBS_SHOWN), store().job_count()
     if not jobs:
@@ -352,8 +380,8 @@ def main() -> None:
             "Bubbles": bubbles_page,
             "Backtest": backtest_page,
         }[page]()
-    except (BrokerError, KeyError) as error:
-        st.error(f"cannot read the store: {error}; start it with `broker dashboard` or set BROKER_REDIS_URL")
+    except (BrokerError, KeyError, redis.ConnectionError) as error:
+        unreadable(error)
 
 
 main()

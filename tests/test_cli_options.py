@@ -95,3 +95,12 @@ def test_a_backtest_whose_out_cannot_be_written_is_refused_before_it_runs(env, t
     one_error_line(run("backtest", "--jobs", 2, "--out", a_file / "below"), "cannot make", "directory you can write")
     one_error_line(run("backtest", "--single-job", "--out", tmp_path / "x"), "--single-job writes no files")
     assert ran == []
+
+
+def test_the_dashboard_on_a_redis_that_cannot_be_reached_is_one_line(monkeypatch, tmp_path, no_exec):
+    from conftest import free_port
+
+    monkeypatch.setenv("BROKER_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path))
+    one_error_line(run("dashboard"), "redis: cannot reach", "BROKER_REDIS_URL")
+    assert no_exec == []  # every page would have shown it

@@ -348,3 +348,39 @@ def test_broker_list_of_jobs_not_yet_ended_reads_only_those(seeded, redis_url, s
     assert listed("queued") == ["waiting"] and sorted(read) == ["busy", "waiting"]
     assert listed("queued", "running") == ["waiting", "busy"]  # in submission order
     assert sorted(listed("done")) == ["late", "migrated"] and sorted(read) == ["busy", "late", "migrated"]
+
+
+@pytest.fixture
+def own_caches():
+    """An app keeps its store for the process, as a live dashboard does: this test's own, and none left after it."""
+    import streamlit as st
+
+    st.cache_resource.clear()
+    yield st.cache_resource.clear
+    st.cache_resource.clear()
+
+
+def test_a_store_that_cannot_be_read_is_one_message_on_each_page_not_a_traceback(monkeypatch, tmp_path, own_caches):
+    """The live pages refresh as fragments, whose errors Streamlit showed as tracebacks: Redis not there at all,
+    and Redis gone after the page first read it."""
+    from conftest import free_port, start_redis, stop_redis
+
+    proc, port = start_redis(tmp_path)
+    monkeypatch.setenv("BROKER_REDIS_URL", f"redis://127.0.0.1:{port}/0")
+    monkeypatch.setenv("BROKER_PREFIX", "broker:")
+    app = AppTest.from_file(str(APP), default_timeout=60)
+    try:
+        app.run()
+        assert not app.exception and not app.error  # an empty store: "no jobs yet"
+    finally:
+        stop_redis(proc, port)
+    for page in ("Overview", "Jobs"):  # the same store, gone
+        app.sidebar.radio[0].set_value(page).run()
+        assert not app.exception and "cannot read the store: lost the connection to Redis" in app.error[0].value
+    monkeypatch.setenv("BROKER_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    for page in ("Overview", "Jobs", "Prices and risk", "Bubbles"):  # never there: the first read fails
+        own_caches()  # not the store of the app above
+        fresh = AppTest.from_file(str(APP), default_timeout=60)
+        fresh.run()
+        fresh.sidebar.radio[0].set_value(page).run()
+        assert not fresh.exception and "cannot read the store: redis: cannot reach" in fresh.error[0].value, page

@@ -151,6 +151,7 @@ def dashboard(
         raise BrokerError(f"backtest: {backtest_dir} is not a directory; give a `broker backtest --out` directory")
     can_listen(address, port)
     settings = Settings.from_env()
+    store_for(settings)  # a Redis that cannot be reached is one line here, not a traceback in every page
     env = {**os.environ, "BROKER_REDIS_URL": redis_url(settings), "BROKER_PREFIX": settings.prefix}
     if backtest_dir:
         env["BROKER_BACKTEST_DIR"] = str(backtest_dir.resolve())
