@@ -3,9 +3,11 @@
 import contextlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -203,3 +205,27 @@ def test_an_agent_stopped_by_ctrl_c_or_a_closed_terminal_leaves_as_on_sigterm(en
     finally:
         command.kill()
         command.wait()
+
+
+def test_logs_follow_of_a_queued_job_says_what_it_waits_for_and_ends_with_it(env, tmp_path):
+    """It printed nothing while the job waited (no server here), so a user could not tell a wait from a hang."""
+    job_id = json.loads(runner.invoke(app, ["submit", str(spec_file(tmp_path)), "--json"]).stdout)["job"]
+    broker = Path(sys.executable).parent / "broker"
+    follow = subprocess.Popen(
+        [str(broker), "logs", job_id, "--follow"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in follow.stdout], daemon=True).start()
+    try:
+        assert [lines.get(timeout=30), lines.get(timeout=30)] == [
+            "── queued\n",
+            "── waiting: no broker server is running: start `broker server` (or use `broker run JOB.yaml`)\n",
+        ]
+        assert runner.invoke(app, ["cancel", job_id]).exit_code == 0
+        assert follow.wait(timeout=30) == 0
+        assert lines.get(timeout=5).startswith("── cancelled") and "it never ran" in lines.get(timeout=5)
+    finally:
+        follow.kill()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from broker.agents.provision import LocalProvisioner
 from broker.core.waiting import waiting_for
 from broker.domain.errors import BrokerError
-from broker.domain.model import Job, Offer, Quote, Tier
+from broker.domain.model import Job, JobState, Offer, Quote, Tier
 from broker.store.jobs import Store
 from broker.store.shards import agent_id_in
 
@@ -46,6 +46,31 @@ class LogFollower:
         return entries
 
 
+class StateTeller:
+    """Says a followed job's state and what it waits for, each once when it changes (`broker run`, `broker logs
+    --follow`): a queued job with no server or agent says so instead of printing nothing."""
+
+    def __init__(self, store: Store, planning_here: bool = False):
+        self.store, self.planning_here = store, planning_here
+        self.state: JobState | None = None
+        self.waiting: str | None = None
+
+    def tell(self, job: Job, show: Callable[[str, str], None]) -> None:
+        """Before the job's new output: a new state (an end is said after the output, by `ended`) and a new reason
+        to wait."""
+        if job.state != self.state and not job.state.terminal:
+            show("state", self.said(job))
+        self.state = job.state
+        waiting = waiting_for(self.store, job, planning_here=self.planning_here)
+        if waiting and waiting != self.waiting:
+            show("state", f"waiting: {waiting}")
+        self.waiting = waiting
+
+    @staticmethod
+    def said(job: Job) -> str:
+        return job.state.value + (f" ({job.reason})" if job.reason else "")
+
+
 def local_offer(quote: Quote) -> Offer:
     """The offer a local agent stands for: the quote's choice, or its cheapest cloud alternative when the choice is
     a pipeline bubble (bubbles come from training jobs, not from a process started here)."""
@@ -70,23 +95,16 @@ def run_job(
         provisioner.start(agent_id, offer)
         show("state", f"started local agent {agent_id} for {offer.id}")
         wait_for_agents(store, [agent_id], AGENT_START_S, provisioner.run_root)
-    follower, state, waiting = LogFollower(broker.store, job.id), None, None
+    follower, teller = LogFollower(broker.store, job.id), StateTeller(store, planning_here=True)
     while True:
         server.round(block_ms=int(poll_s * 1000))
         current = broker.store.get_job(job.id)  # wherever it is (a sharded job may move: core/rehoming.py)
         ended = current.state.terminal  # read before the output: what was sent before the end is read below
-        changed, state = current.state != state, current.state
-        said = f"{state.value}" + (f" ({current.reason})" if current.reason else "")
-        if changed and not ended:
-            show("state", said)
-        now_waiting = waiting_for(store, current, planning_here=True)
-        if now_waiting and now_waiting != waiting:
-            show("state", f"waiting: {now_waiting}")
-        waiting = now_waiting
+        teller.tell(current, show)
         for kind, text in follower.read(current):
             show(kind, text)
         if ended:  # the end is said after the job's last output, which was sent before it
-            show("state", said)
+            show("state", teller.said(current))
             return current
 
 

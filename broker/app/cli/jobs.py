@@ -154,18 +154,22 @@ def logs(
     """The job's output, run by run, as its agents sent it; --follow streams it until the job ends."""
     import time
 
-    from broker.app.run import LogFollower
+    from broker.app.run import LogFollower, StateTeller
 
     store = make_store()
-    follower = LogFollower(store, job_id)
+    follower, teller = LogFollower(store, job_id), StateTeller(store)
     while True:
         job = store.get_job(job_id)
         ended = job.state.terminal  # read before the output: what was sent before the end is read below
+        if follow and not ended:
+            teller.tell(job, show_output)
         for kind, text in follower.read(job):
             show_output(kind, text)
         if not follow or ended:
             break
         time.sleep(0.5)
+    if follow and teller.state is not None:  # followed from before its end: the end too
+        show_output("state", teller.said(job))
     if not follower.lines:
         why = "its agents sent no output" if job.runs else "it never ran" if ended else "it has not run yet"
         out.print(f"no output from {job.id} ({job.state.value}): {why}")
