@@ -229,3 +229,24 @@ def test_logs_follow_of_a_queued_job_says_what_it_waits_for_and_ends_with_it(env
         assert lines.get(timeout=5).startswith("── cancelled") and "it never ran" in lines.get(timeout=5)
     finally:
         follow.kill()
+
+
+def test_run_starts_a_local_agent_unless_an_idle_one_fits_the_job(env, store, catalog):
+    from broker import planning
+    from broker.app.run import idle_agent_fits
+    from broker.domain.model import AgentInfo, Job
+    from conftest import make_spec
+
+    spec = make_spec(name="l4", resources={"accelerators": ["L4:1"]})
+    quote = planning.get().quote(spec, catalog.offers, NOW)
+    job = Job(id="l4-1", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote)
+    assert not idle_agent_fits(store, job)  # none registered
+
+    def idle(agent_id, accelerator):
+        offer = next(o for o in catalog.offers if o.accelerator == accelerator and o.accelerator_count == 1)
+        store.register_agent(AgentInfo(id=agent_id, offer=offer, host="h", pid=1, registered_at=NOW), 60_000)
+
+    idle("a100-1", "A100")
+    assert not idle_agent_fits(store, job)  # idle, but the job asks for an L4
+    idle("l4-agent", "L4")
+    assert idle_agent_fits(store, job)

@@ -89,7 +89,7 @@ def run_job(
     """Drive `job` to its end: start a local agent if no idle one is registered, run server rounds (standing by
     while another replica plans), and `show(kind, text)` each state change ("state") and output line."""
     store = broker.store.of_job(job.id)  # its shard: the server given plans it there, on that shard's agents
-    if not any(a.job is None for a in store.working_agents()):
+    if not idle_agent_fits(store, job):
         agent_id = agent_id_in(f"local-{job.id}", broker.store.shards.index(store), len(broker.store.shards))
         offer = local_offer(job.quote)
         provisioner.start(agent_id, offer)
@@ -106,6 +106,14 @@ def run_job(
         if ended:  # the end is said after the job's last output, which was sent before it
             show("state", teller.said(current))
             return current
+
+
+def idle_agent_fits(store: Store, job: Job) -> bool:
+    """Whether an idle registered agent can run the job: else `broker run` starts one (an idle agent of another
+    shape, left by an earlier command, kept it from starting one, and the job waited for an agent that fits)."""
+    from broker.models.risk import fits  # numpy and scipy: only here
+
+    return any(a.job is None and fits(job.spec, a.offer) for a in store.working_agents())
 
 
 def wait_for_agents(store: Store, agent_ids: list[str], timeout_s: float, logs: Path) -> None:
