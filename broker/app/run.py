@@ -1,6 +1,6 @@
 """`broker run`: one job end to end, as `sky launch` does it. The job is submitted; a server replica hosted here
 plans it (a standby while another server holds the planning lease); a local agent for its chosen offer is started
-when no idle agent is registered; its state changes and output are followed until it ends.
+unless an idle registered agent fits it; its state changes and output are followed until it ends.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def run_job(
     show: Callable[[str, str], None],
     poll_s: float = 0.2,
 ) -> Job:
-    """Drive `job` to its end: start a local agent if no idle one is registered, run server rounds (standing by
+    """Drive `job` to its end: start a local agent unless an idle one fits the job, run server rounds (standing by
     while another replica plans), and `show(kind, text)` each state change ("state") and output line."""
     store = broker.store.of_job(job.id)  # its shard: the server given plans it there, on that shard's agents
     if not idle_agent_fits(store, job):

@@ -191,7 +191,7 @@ def run(
     budget: float | None = typer.Option(None, help="Overrides the spec: budget in USD."),
 ) -> None:
     """Submit a job and see it through: plan it here (a standby while a `broker server` plans), start a local
-    agent for its chosen offer if no idle agent is registered, and stream its state and output until it ends."""
+    agent for its chosen offer unless an idle registered one fits it, and stream its state and output until it ends."""
     import os
     import socket
 
