@@ -79,13 +79,18 @@ def memory_fits(spec: JobSpec, offer: Offer) -> bool:
     res = spec.resources
     if res.gpu_memory_gb and offer.gpu_memory_gb < res.gpu_memory_gb:
         return False
-    if spec.transformer is not None and not math.isfinite(
-        exclusive_hours_on(spec, offer.accelerator, offer.accelerator_count)
-    ):
-        return False  # no layout of the model fits in these GPUs' memory
+    if not model_fits(spec, offer):
+        return False
     if res.cpus and (offer.vcpus or 0) < res.cpus:
         return False
     return not (res.memory_gb and (offer.memory_gb or 0) < res.memory_gb)
+
+
+def model_fits(spec: JobSpec, offer: Offer) -> bool:
+    """Whether a job with a `transformer:` model has a parallel layout that fits in the offer's GPUs' memory."""
+    return spec.transformer is None or math.isfinite(
+        exclusive_hours_on(spec, offer.accelerator, offer.accelerator_count)
+    )
 
 
 def exclusive_hours_on(spec: JobSpec, accelerator: str, count: int) -> float:

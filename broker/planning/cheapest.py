@@ -10,7 +10,7 @@ from broker.domain.errors import InfeasibleError
 from broker.domain.model import JobSpec, Offer, Option, Quote, Tier
 from broker.domain.plan import Plan, Unplaced
 from broker.models.placement import where
-from broker.models.risk import allowed_tiers, evaluate, fits, memory_fits, shape_fits
+from broker.models.risk import allowed_tiers, evaluate, fits, memory_fits, model_fits, shape_fits
 from broker.planning import register
 from broker.planning.option_table import PlanItem
 
@@ -51,6 +51,12 @@ def no_offer_fits(spec: JobSpec, offers: list[Offer]) -> str:
         )
         return f"tiers: no {wanted} offer in {', '.join(sorted(t.value for t in tiers))}{bubbles}; it comes as {have}"
     sized = [o for o in tiered if memory_fits(spec, o)]
+    if not sized and spec.transformer is not None and not any(model_fits(spec, o) for o in tiered):
+        most = max(o.gpu_memory_gb for o in tiered)
+        return (
+            f"transformer: no layout of the model fits in the memory of {wanted} (at most {most:g} GB a GPU); "
+            "allow more or larger GPUs, or a higher zero_stage (`broker layout` shows each shape)"
+        )
     if not sized:
         most = max(tiered, key=lambda o: (o.gpu_memory_gb, o.memory_gb or 0, o.vcpus or 0))
         has = f"{most.gpu_memory_gb:g} GB a GPU, {most.memory_gb or 0:g} GB, {most.vcpus or 0:g} vCPUs"
