@@ -22,6 +22,22 @@ def test_prices_with_an_unknown_gpu_suggests_names(env):
     assert result.exit_code == 2 and "did you mean H100" in result.stderr
 
 
+def test_prices_in_a_cloud_or_region_with_no_prices_is_one_line_with_the_nearest_names(env):
+    """A typo printed an empty table ("0 of 0 instance prices"), as if there were no GPUs there."""
+    for command in (["prices"], ["prices", "risk"]):
+        result = run(*command, "--region", "us-eats-1")
+        assert (
+            result.exit_code == 2
+            and "--region: no prices in region 'us-eats-1'; did you mean us-east-1" in result.stderr
+        )
+        result = run(*command, "--cloud", "oracle")
+        assert (
+            result.exit_code == 2
+            and "--cloud: no prices in cloud 'oracle'; there are aws, azure, gcp\n" in result.stderr
+        )
+    assert run("prices", "--cloud", "AWS", "--region", "us-east-1").exit_code == 0
+
+
 def test_prices_risk_shows_lambda_its_band_and_the_evidence(env):
     rows = json.loads(run("prices", "risk", "--gpu", "V100", "--cloud", "aws", "--limit", "0", "--json").stdout)
     traced = [r for r in rows if r["instance_type"] == "p3.2xlarge" and r["region"] == "us-east-1"]

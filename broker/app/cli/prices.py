@@ -20,6 +20,20 @@ Region = typer.Option(None, help="Only this region.")
 Limit = typer.Option(20, min=0, help="Rows to show (0 for all).")
 
 
+def known_place(catalog, cloud: str | None, region: str | None) -> None:
+    """A --cloud or --region that names no row of the catalog is a typo: one line with the nearest names, not an
+    empty table."""
+    import difflib
+
+    for option, value, column in (("--cloud", cloud and cloud.lower(), "cloud"), ("--region", region, "region")):
+        names = sorted(set(catalog.rows[column]))
+        if value is not None and value not in names:
+            close = difflib.get_close_matches(value, names, n=3)
+            more = ", ..." if len(names) > 6 else ""
+            hint = f"did you mean {', '.join(close)}?" if close else f"there are {', '.join(names[:6])}{more}"
+            raise BrokerError(f"{option}: no prices in {column} {value!r}; {hint}")
+
+
 @prices_app.callback(invoke_without_command=True)
 @user_errors
 def prices(
@@ -38,6 +52,7 @@ def prices(
     if ctx.invoked_subcommand:
         return
     catalog = make_broker(live=True).catalog  # refreshed prices and their age
+    known_place(catalog, cloud, region)
     rows = catalog.table(gpu=lookup(gpu).name if gpu else None, cloud=cloud, region=region, spot_only=spot)
     shown = rows.head(limit) if limit else rows
     print_json(render_prices.prices_records(shown)) if as_json else out.print(
@@ -60,6 +75,7 @@ def risk(
     from broker.app import render_prices
 
     broker = make_broker(live=True)  # preemptions our agents saw count as evidence
+    known_place(broker.catalog, cloud, region)
     rows = broker.catalog.table(gpu=lookup(gpu).name if gpu else None, cloud=cloud, region=region, spot_only=True)
     rows = rows.drop_duplicates(["cloud", "region", "instance_type"])
     records = []
