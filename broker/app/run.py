@@ -56,8 +56,8 @@ class StateTeller:
         self.waiting: str | None = None
 
     def tell(self, job: Job, show: Callable[[str, str], None]) -> None:
-        """Before the job's new output: a new state (an end is said after the output, by `ended`) and a new reason
-        to wait."""
+        """Before the job's new output: a new state (not an end: the caller says it with `said`, after the job's
+        last output) and a new reason to wait."""
         if job.state != self.state and not job.state.terminal:
             show("state", self.said(job))
         self.state = job.state
