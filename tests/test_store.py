@@ -208,3 +208,29 @@ def test_parsed_jobs_are_kept_by_text_the_newest_only(catalog):
     assert parsed.get(texts[1]) is jobs[1]  # kept: not parsed again
     assert parsed.get(texts[0]) == jobs[0] and parsed.get(texts[0]) is not jobs[0]  # gone: parsed afresh
     assert list(parsed.jobs) == [texts[1], texts[0]]  # a read makes it the newest
+
+
+def test_a_run_whose_first_lines_the_log_cap_dropped_says_so(redis_url, catalog, monkeypatch):
+    """An agent's log stream keeps about LOG_MAXLEN batches: a long run's output read back lacked its beginning,
+    and nothing said so."""
+    from datetime import UTC, datetime, timedelta
+
+    from broker.app.run import LogFollower
+    from broker.store import agents
+
+    monkeypatch.setattr(agents, "LOG_MAXLEN", 10)
+    store = Store(redis_url)
+    started = datetime.now(UTC) - timedelta(seconds=1)
+    job = new_job(catalog, "long")
+    run = Run(fence=1, agent="spot-a", offer=job.quote.chosen.offer, dispatched_at=started, started_at=started)
+    job = job.model_copy(update={"runs": [run]})
+    store.add_job(job)
+    store.append_log("spot-a", job.id, 1, ["the first line"])
+    (kind, header), line = LogFollower(store, job.id).read(job)
+    assert kind == "run" and "may be gone" not in header and line == ("out", "the first line")
+    for i in range(300):
+        store.append_log("spot-a", job.id, 1, [f"line {i}"])
+    (kind, header), *lines = LogFollower(store, job.id).read(job)
+    assert "its first lines may be gone here" in header and ("out", "the first line") not in lines
+    assert lines[-1] == ("out", "line 299")
+    assert not store.log_trimmed_after("spot-a", datetime.now(UTC))  # a run starting now has lost nothing

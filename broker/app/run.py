@@ -14,6 +14,7 @@ from broker.agents.provision import LocalProvisioner
 from broker.core.waiting import waiting_for
 from broker.domain.errors import BrokerError
 from broker.domain.model import Job, JobState, Offer, Quote, Tier
+from broker.store.agents import LOG_MAXLEN
 from broker.store.jobs import Store
 from broker.store.shards import agent_id_in
 
@@ -38,6 +39,9 @@ class LogFollower:
             if run.fence not in self.read_to:
                 where = f"{run.offer.tier.value} {run.offer.cloud} {run.offer.instance_type}"
                 started = f", started {run.started_at:%H:%M:%S} UTC" if run.started_at else ""
+                if self.store.log_trimmed_after(run.agent, run.started_at or run.dispatched_at):
+                    started += f"; its first lines may be gone here (the store keeps about {LOG_MAXLEN:,} batches of"
+                    started += " an agent's output): the agent's own log file keeps them"
                 entries.append(("run", f"run {run.fence} on {run.agent} ({where}){started}"))
                 self.read_to[run.fence] = "0"
             self.read_to[run.fence], lines = self.store.read_log(run.agent, job.id, run.fence, self.read_to[run.fence])

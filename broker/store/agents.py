@@ -10,6 +10,7 @@ import json
 import logging
 import secrets
 import time
+from datetime import datetime
 
 import redis
 
@@ -188,6 +189,17 @@ class AgentChannels:
         if lines:
             fields = {"job": job_id, "fence": fence, "lines": "\n".join(lines)}
             self.redis.xadd(self._key("log", agent_id), fields, maxlen=LOG_MAXLEN, approximate=True)
+
+    def log_trimmed_after(self, agent_id: str, since: datetime) -> bool:
+        """Whether the agent's log stream, capped at about LOG_MAXLEN batches, dropped batches newer than `since`:
+        a run that started then may lack its first lines there (the agent's own log file keeps them all)."""
+        try:
+            info = self.redis.xinfo_stream(self._key("log", agent_id))
+        except redis.ResponseError:  # nothing logged yet
+            return False
+        first = info.get("first-entry")
+        trimmed = int(info.get("entries-added") or 0) > int(info.get("length") or 0)  # Redis 7 counts the added
+        return trimmed and first is not None and int(str(first[0]).split("-")[0]) > since.timestamp() * 1000
 
     def read_log(self, agent_id: str, job_id: str, fence: int, after: str = "0") -> tuple[str, list[str]]:
         """Output lines of one run (the job's `fence` on this agent) logged after the entry id `after`; returns the

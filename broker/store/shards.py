@@ -138,6 +138,9 @@ class ShardedStore:
     def read_log(self, agent_id: str, job_id: str, fence: int, after: str = "0") -> tuple[str, list[str]]:
         return self.of_agent(agent_id).read_log(agent_id, job_id, fence, after)
 
+    def log_trimmed_after(self, agent_id: str, since: datetime) -> bool:
+        return self.of_agent(agent_id).log_trimmed_after(agent_id, since)
+
     # -- all shards -------------------------------------------------------------------------
 
     def list_jobs(self, states: set[JobState] | None = None, limit: int | None = None) -> list[Job]:
