@@ -189,3 +189,16 @@ def test_watcher_specs():
     assert watcher("none") is None
     with pytest.raises(ValueError, match="unknown source 'ibm'"):
         watcher("ibm")
+
+
+def test_watcher_specs_that_cannot_work_are_refused_before_the_agent_starts(tmp_path):
+    """A missing trace file and a metadata URL without a scheme were internal errors (one when the agent polled)."""
+    with pytest.raises(ValueError, match="no trace file"):
+        watcher(f"trace={tmp_path / 'no-such.json'}")
+    trace = tmp_path / "t.json"
+    trace.write_text("{}")
+    with pytest.raises(ValueError, match="the tick after @ is a whole number"):
+        watcher(f"trace={trace}@soon")
+    with pytest.raises(ValueError, match="'169.254.169.254' is no URL; give aws=http://"):
+        watcher("aws=169.254.169.254")
+    assert watcher("azure=https://example.test").url.startswith("https://example.test/metadata/")

@@ -204,8 +204,14 @@ def watcher(spec: str, speedup: float = 1.0):
         tick, _, anchor = at.partition("@")
         if anchor not in ("", "job"):
             raise ValueError(f"notices: {spec!r}; after the tick only @job is known (replay from the first job)")
+        if not Path(path).is_file():
+            raise ValueError(f"notices: no trace file {path!r}; give a trace JSON (Can't Be Late's format)")
+        if tick and not tick.isdigit():
+            raise ValueError(f"notices: {spec!r}; the tick after @ is a whole number (the trace's tick to start at)")
         return TraceNotices(Path(path), int(tick or 0), speedup, from_job=anchor == "job")
     classes = {"aws": AwsSpotNotices, "gcp": GcpPreemptionNotices, "azure": AzureScheduledEvents}
     if kind not in classes:
         raise ValueError(f"notices: unknown source {spec!r}; use aws, gcp, azure, trace=PATH[@TICK[@job]] or none")
+    if arg and not arg.startswith(("http://", "https://")):
+        raise ValueError(f"notices: {arg!r} is no URL; give {kind}=http://HOST[:PORT] (its metadata service) or {kind}")
     return classes[kind](arg) if arg else classes[kind]()
