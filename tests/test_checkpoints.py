@@ -127,3 +127,22 @@ def test_a_full_disk_mid_save_fails_that_save_cleanly_and_the_job_goes_on(small_
     newest, skipped = store.latest_verified("full-disk")
     assert newest.step == 1 and skipped == []
     assert sorted(p.name for p in (small_disk / "full-disk").iterdir()) == ["step-000000000001"]  # no partial step 2
+
+
+def test_a_root_that_cannot_hold_checkpoints_is_one_line_at_an_agents_start(env, tmp_path):
+    """Saves failed only in the agent's first job (a scheme not known, its package missing, a folder not makeable);
+    `broker server` ended in an internal error."""
+    from test_cli import run
+
+    from broker.agents.checkpoints import CheckpointError
+
+    with pytest.raises(CheckpointError, match="foo://x cannot be used here \\(Protocol not known: foo\\)"):
+        CheckpointStore("foo://x")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(CheckpointError, match="cannot make .*a-file/ck"):
+        CheckpointStore(str(tmp_path / "a-file" / "ck")).ensure_root()
+    CheckpointStore(str(tmp_path / "new" / "ck")).ensure_root()
+    assert (tmp_path / "new" / "ck").is_dir()
+    unknown_offer = "gcp/nowhere/g2-standard-4/spot"  # refused after the checkpoints' check: without it, a failure
+    result = run("agent", "--id", "a1", "--offer", unknown_offer, "--checkpoints", str(tmp_path / "a-file" / "ck"))
+    assert result.exit_code == 2 and "error: checkpoints: cannot make" in result.stderr  # (not an agent that runs)

@@ -68,9 +68,26 @@ class CheckpointStore:
     """Checkpoints of many jobs under one root URL."""
 
     def __init__(self, root: str, keep: int = 3):
-        self.fs, self.root = fsspec.core.url_to_fs(str(root))
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(str(root))
+        except (ValueError, ImportError) as error:  # an unknown scheme, or its filesystem's package not installed
+            raise CheckpointError(
+                f"checkpoints: {root} cannot be used here ({error}); give a path, or s3://, gs://, az:// with "
+                "s3fs, gcsfs or adlfs installed"
+            ) from None
         self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         self.keep = keep
+
+    def ensure_root(self) -> None:
+        """Make a local root now (a bucket is the cloud's to have): a folder that cannot be made is the user's one
+        line at an agent's start, not a failed save in its first job."""
+        if self.protocol in ("file", "local"):
+            try:
+                self.fs.makedirs(self.root, exist_ok=True)
+            except OSError as error:
+                raise CheckpointError(
+                    f"checkpoints: cannot make {self.root} ({error.strerror}); give a folder this agent can write"
+                ) from None
 
     def url(self, path: str) -> str:
         return path if self.protocol in ("file", "local") else f"{self.protocol}://{path.lstrip('/')}"

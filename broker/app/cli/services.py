@@ -60,9 +60,11 @@ def agent(
     import redis
 
     from broker.agents.agent import Agent
+    from broker.agents.checkpoints import CheckpointStore
     from broker.agents.notices import watcher
 
     settings = Settings.from_env()
+    CheckpointStore(checkpoints or settings.checkpoints).ensure_root()  # where its jobs will save, usable here
     try:
         # the newest prices and the hazard with every piece of evidence the store has; as a daemon it rides out a
         # Redis restart (an agent started while Redis was down for a few seconds used to exit at once)
