@@ -1,5 +1,6 @@
-"""Options a long-running command cannot use (a taken port, an address not this machine's, a speedup of 0) are
-refused before it starts anything, in one line with exit 2, as a bad spec is; a backtest's --out before its minutes."""
+"""Options and settings a command cannot use (a taken port, an address not this machine's, a speedup of 0, a
+BROKER_HOME that cannot be made) are refused before it starts anything, in one line with exit 2, as a bad spec is;
+a backtest's --out before its minutes."""
 
 import os
 import socket
@@ -104,3 +105,16 @@ def test_the_dashboard_on_a_redis_that_cannot_be_reached_is_one_line(monkeypatch
     monkeypatch.setenv("BROKER_HOME", str(tmp_path))
     one_error_line(run("dashboard"), "redis: cannot reach", "BROKER_REDIS_URL")
     assert no_exec == []  # every page would have shown it
+
+
+def test_a_broker_home_that_cannot_be_made_is_one_line(monkeypatch, tmp_path):
+    """Every command that starts the private redis-server ended in an internal error (FileNotFoundError)."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.delenv("BROKER_REDIS_URL", raising=False)
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "a-file" / "home"))
+    one_error_line(run("list"), "BROKER_HOME: cannot make", "a folder you can write")
+
+
+def test_a_prices_dir_without_the_snapshots_is_one_line(env, monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_PRICES_DIR", str(tmp_path))
+    one_error_line(run("prices"), f"BROKER_PRICES_DIR: {tmp_path} lacks aws_gpu_vms.csv", "or unset it")

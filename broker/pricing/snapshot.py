@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from broker.domain.accelerators import ACCELERATORS
+from broker.domain.errors import BrokerError
 
 COLUMNS = [
     "cloud",
@@ -144,5 +145,11 @@ LOADERS = {"aws": load_aws, "gcp": load_gcp, "azure": load_azure}
 def load_snapshot(directory: Path | None = None) -> pd.DataFrame:
     """All three clouds' snapshot rows from `directory` (default: the packaged copy)."""
     directory = Path(directory) if directory else packaged_dir()
+    missing = [name for name in FILES.values() if not (directory / name).is_file()]
+    if missing:
+        raise BrokerError(
+            f"BROKER_PRICES_DIR: {directory} lacks {', '.join(missing)}; point it at a folder of the clouds' "
+            "snapshot CSVs (as broker/pricing/data), or unset it"
+        )
     frames = [LOADERS[cloud](directory / name) for cloud, name in FILES.items()]
     return pd.concat(frames, ignore_index=True)

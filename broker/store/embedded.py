@@ -68,7 +68,13 @@ def _alive(port: int) -> bool:
 
 @contextmanager
 def _locked(data_dir: Path):
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # BROKER_HOME somewhere this user cannot write
+        raise StoreUnavailableError(
+            f"BROKER_HOME: cannot make {data_dir} for the private redis-server ({error.strerror}); set BROKER_HOME "
+            "to a folder you can write, or BROKER_REDIS_URL to a Redis"
+        ) from None
     with open(data_dir / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two commands starting at once start one server
         yield
