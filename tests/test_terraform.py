@@ -300,6 +300,23 @@ def test_deprovision_of_an_unknown_pool_is_refused(tmp_path):
     assert result.exit_code == 2 and f"pool: no Terraform root at {tmp_path / 'nope'}" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "text, expect",
+    [
+        (": : :\n", "not valid YAML at line 1, column 1: expected <block end>, but found ':'"),  # was five lines
+        ("[1, 2]\n", "site: not a section of name: value"),  # was an internal error
+        ("aws: [1, 2]\n", "site.aws: not a section of name: value"),
+        ("broker_package_url: x\n", "site.broker_package_url: not a section of name: value under aws:"),  # ignored
+    ],
+)
+def test_a_site_file_of_the_wrong_form_is_one_line(env, tmp_path, text, expect):
+    site = tmp_path / "site.yaml"
+    site.write_text(text)
+    result = CliRunner().invoke(app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools")])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and expect in lines[0], result.output
+
+
 def write_pending_jobs_and_site(store, catalog, tmp_path, count=1):
     spec = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 1})
     quote = get().quote(spec, catalog.offers, NOW)

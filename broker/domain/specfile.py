@@ -150,6 +150,13 @@ def validate_spec(data: Any, now: datetime, source: str = "spec") -> JobSpec:
     return spec
 
 
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML parser's error in one line: where, and what (its own message spans several)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return f"not valid YAML{where}: {getattr(err, 'problem', None) or 'invalid syntax'}"
+
+
 def load_spec(path: Path, now: datetime, deadline: str | None = None, budget_usd: float | None = None) -> JobSpec:
     """Read and validate a job spec file; `deadline` and `budget_usd` override the file's values. A relative
     `workdir` is taken from the file's folder, wherever the command runs."""
@@ -175,10 +182,7 @@ def load_spec(path: Path, now: datetime, deadline: str | None = None, budget_usd
     except RecursionError:
         raise SpecError(f"{path}: nested too deep; a job spec is a few levels of mappings") from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or "invalid syntax"
-        raise SpecError(f"{path}: not valid YAML{where}: {problem}; fix the syntax") from None
+        raise SpecError(f"{path}: {yaml_problem(err)}; fix the syntax") from None
     if isinstance(data, dict):
         if deadline is not None:
             data["deadline"] = deadline

@@ -81,13 +81,20 @@ def agents_provision(
     import yaml
 
     from broker.agents import terraform, tokens
+    from broker.domain.specfile import yaml_problem
 
     try:
         site_values = yaml.safe_load(site.read_text()) or {}
     except (OSError, yaml.YAMLError) as error:
+        why = yaml_problem(error) if isinstance(error, yaml.YAMLError) else error
         raise BrokerError(
-            f"site: cannot read {site} ({error}); give a YAML file with aws:, gcp:, azure: sections"
+            f"site: cannot read {site} ({why}); give a YAML file with aws:, gcp:, azure: sections"
         ) from None
+    sections = site_values.items() if isinstance(site_values, dict) else [("", site_values)]
+    for cloud, values in sections:  # a section the pools never read, or not a mapping, is a mistake to say now
+        if cloud not in ("", *terraform.MODULES) or not isinstance(values, dict):
+            where = f"site.{cloud}" if cloud else "site"
+            raise BrokerError(f"{where}: not a section of name: value under aws:, gcp: or azure: ({site}); fix it")
     broker = make_broker()
     pools = terraform.pools_from_jobs(broker.store.unfinished_jobs())  # the queue, not every job ever stored
     if not pools:
