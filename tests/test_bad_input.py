@@ -61,6 +61,14 @@ def test_a_usage_error_with_json_is_a_json_error_too(env, args, expect):
     assert expect in result.stderr  # shown as before
 
 
+def test_debug_after_the_command_is_taken_as_the_hint_says(env):
+    """ "rerun with --debug" is read as `broker list --debug`: typer refused it (no such option: it is broker's own)."""
+    broker = Path(sys.executable).parent / "broker"
+    for argv in (["list", "--debug"], ["--debug", "list"], ["list", "--debug", "--json"]):
+        result = subprocess.run([str(broker), *argv], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0 and "No such option" not in result.stderr, (argv, result.stderr)
+
+
 def test_an_internal_error_with_json_is_a_json_error_with_exit_1(env, monkeypatch):
     from broker.store.jobs import Store
 

@@ -53,12 +53,16 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks of 
 
 def main() -> None:
     """The `broker` command. With --json, a usage error (an option out of range, a missing argument), which typer
-    reports before any command runs, is the JSON document on stdout too, as every other error is."""
-    if "--json" not in sys.argv[1:]:
-        app(prog_name="broker")
+    reports before any command runs, is the JSON document on stdout too, as every other error is. --debug counts
+    wherever it is: "rerun with --debug" is read as `broker list --debug`, which typer refused (no such option)."""
+    args = sys.argv[1:]
+    if "--debug" in args[1:]:
+        args = ["--debug", *(arg for arg in args if arg != "--debug")]
+    if "--json" not in args:
+        app(args=args, prog_name="broker")
         return
     try:
-        code = app(prog_name="broker", standalone_mode=False)
+        code = app(args=args, prog_name="broker", standalone_mode=False)
     except typer.Abort:
         sys.exit(1)
     except typer.TyperException as error:  # typer's click found the usage wrong: no command ran
