@@ -31,3 +31,10 @@ def test_every_help_at_80_columns_shows_its_text_whole():
     for path in commands(get_command(app), []):
         shown = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "80"}).stdout
         assert "…" not in shown, (path, shown)
+
+
+def test_version_prints_the_installed_packages_version():
+    from importlib.metadata import version
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout == f"broker {version('broker')}\n"

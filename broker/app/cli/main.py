@@ -45,8 +45,19 @@ app.add_typer(agents_app, name="agents")
 app.add_typer(acl_app, name="acl")
 
 
+def _version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        typer.echo(f"broker {version('broker')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks of unexpected errors.")) -> None:
+def _main(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of unexpected errors."),
+    _: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
     debug_flag["on"] = debug
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s %(message)s")
 
