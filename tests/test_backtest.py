@@ -1,8 +1,15 @@
 """The backtest: the live core on a simulated clock and cloud over real traces, every baseline, the bound."""
 
+import contextlib
 import json
 import math
+import signal
+import subprocess
+import sys
+import time
 from datetime import UTC, datetime
+from pathlib import Path
+from subprocess import DEVNULL
 
 import numpy as np
 import pytest
@@ -333,3 +340,33 @@ def test_jobs_run_at_their_true_speed_which_the_quote_does_not_know(market, redi
         planned_h = exclusive_hours(job.spec, run.offer) + restart_hours(job.spec)
         real_h = exclusive_hours(job.spec, run.offer) / speed[job.id] + restart_hours(job.spec)
         assert run.hours(run.ended_at) == pytest.approx(real_h, rel=1e-3) != pytest.approx(planned_h, rel=1e-3)
+
+
+def scratch_servers() -> dict[int, int]:
+    """The running redis-servers of backtests (embedded.scratch: each in a broker-redis- temporary folder): pid ->
+    parent pid."""
+    found = {}
+    for cwd in Path("/proc").glob("[0-9]*/cwd"):
+        with contextlib.suppress(OSError):
+            if cwd.readlink().name.startswith("broker-redis-"):
+                found[int(cwd.parent.name)] = int((cwd.parent / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    return found
+
+
+def test_a_killed_backtest_stops_its_scratch_redis_server():
+    """A `kill` ended the backtest at once: its scratch redis-server ran on, its parent gone."""
+    broker = Path(sys.executable).parent / "broker"
+    command = subprocess.Popen([str(broker), "backtest", "--jobs", "40"], stdout=DEVNULL, stderr=DEVNULL)
+    try:
+        deadline, its_own = time.monotonic() + 60, set()
+        while not its_own:  # the backtest's own (other backtests may run beside this test)
+            assert time.monotonic() < deadline and command.poll() is None, "the backtest started no redis-server"
+            its_own = {pid for pid, parent in scratch_servers().items() if parent == command.pid}
+            time.sleep(0.1)
+        command.send_signal(signal.SIGTERM)
+        # as on Ctrl-C (130); an interrupt inside pydantic's serializer comes back as its error: an internal one (1)
+        assert command.wait(timeout=60) in (130, 1)
+        assert its_own & set(scratch_servers()) == set()
+    finally:
+        command.kill()
+        command.wait()

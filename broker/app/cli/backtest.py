@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from broker.app import render_figures as figures
-from broker.app.cli.common import JsonOpt, err, out, print_json, user_errors
+from broker.app.cli.common import JsonOpt, err, out, print_json, stop_signals_as_ctrl_c, user_errors
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
 from broker.store import embedded
@@ -178,4 +178,4 @@ def _single_job(traces: Path | None, stride_h: float, as_json: bool) -> None:
     out.print(figures.figures_table(rows, figures.SINGLE_JOB_COLUMNS, title, note, optional))
 
 
-backtest_command = user_errors(command)
+backtest_command = user_errors(stop_signals_as_ctrl_c(command))  # a kill stops its scratch redis-server too

@@ -35,7 +35,8 @@ JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON instead of t
 def stop_signals_as_ctrl_c(command):
     """SIGTERM and SIGHUP (a `kill`, systemd, a closed terminal) end the command as Ctrl-C does, through its
     clean-up: the local agents it started stop with it (the default end left them running their jobs, orphaned),
-    a server gives up its planning leases at once (the standbys waited out the lease)."""
+    a server gives up its planning leases at once (the standbys waited out the lease), a backtest's scratch
+    redis-server stops (it ran on, its parent gone)."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
