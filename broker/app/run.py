@@ -39,10 +39,14 @@ class LogFollower:
             if run.fence not in self.read_to:
                 where = f"{run.offer.tier.value} {run.offer.cloud} {run.offer.instance_type}"
                 started = f", started {run.started_at:%H:%M:%S} UTC" if run.started_at else ""
-                if self.store.log_trimmed_after(run.agent, run.started_at or run.dispatched_at):
-                    started += f"; its first lines may be gone here (the store keeps about {LOG_MAXLEN:,} batches of"
-                    started += " an agent's output): the agent's own log file keeps them"
-                entries.append(("run", f"run {run.fence} on {run.agent} ({where}){started}"))
+                trimmed = self.store.log_trimmed_after(run.agent, run.started_at or run.dispatched_at)
+                gone = (
+                    f"; its first lines may be gone here (the store keeps about {LOG_MAXLEN:,} batches of an agent's "
+                    "output): the agent's own log file keeps them"
+                    if trimmed
+                    else ""
+                )
+                entries.append(("run", f"run {run.fence} on {run.agent} ({where}){started}{gone}"))
                 self.read_to[run.fence] = "0"
             self.read_to[run.fence], lines = self.store.read_log(run.agent, job.id, run.fence, self.read_to[run.fence])
             entries += [("out", line) for line in lines]
