@@ -135,8 +135,14 @@ def processes_naming(word: str) -> dict[int, str]:
     return found
 
 
+def sleeping(tmp_path) -> str:
+    """What the command line of running_under_run's job holds: nothing else on the machine does."""
+    return f"time.sleep(300) {tmp_path}"
+
+
 def running_under_run(tmp_path, **env) -> tuple[subprocess.Popen, str]:
-    """`broker run` of a job that sleeps (its argv names tmp_path), once the job runs: (the command, its job id)."""
+    """`broker run` of a job that sleeps (its argv names tmp_path), once the job runs: (the command, its job id).
+    A command that has not got there in 120 s is killed, and the test fails rather than hangs."""
     path = spec_file(tmp_path, run=[sys.executable, "-c", "import time; time.sleep(300)", str(tmp_path)])
     broker = Path(sys.executable).parent / "broker"
     command = subprocess.Popen(
@@ -146,16 +152,18 @@ def running_under_run(tmp_path, **env) -> tuple[subprocess.Popen, str]:
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
     )
-    job_id = None
-    for line in command.stdout:  # until the job runs on the agent it started
-        job_id = job_id or (line.split()[1] if line.startswith("job ") else None)
-        if "── running" in line:
-            assert processes_naming(f"local-{job_id}") and processes_naming(
-                f"time.sleep(300) {tmp_path}"
-            )  # agent and job run
-            return command, job_id
+    job_id, stuck = None, threading.Timer(120, command.kill)
+    stuck.start()
+    try:
+        for line in command.stdout:  # until the job runs on the agent it started
+            job_id = job_id or (line.split()[1] if line.startswith("job ") else None)
+            if "── running" in line:
+                assert processes_naming(f"local-{job_id}") and processes_naming(sleeping(tmp_path))  # both run
+                return command, job_id
+    finally:
+        stuck.cancel()
     command.kill()
-    pytest.fail(f"`broker run` ended before its job ran: {command.stderr.read()}")
+    pytest.fail(f"`broker run` ended (or was killed after 120 s) before its job ran: {command.stderr.read()}")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda signum: signum.name)
@@ -166,7 +174,7 @@ def test_run_killed_stops_the_agent_it_started_as_ctrl_c_does(env, tmp_path, sig
         command.send_signal(signum)
         assert command.wait(timeout=60) == 2
         assert f"stopped following {job_id}" in command.stderr.read()
-        assert processes_naming(f"local-{job_id}") == {} and processes_naming(f"time.sleep(300) {tmp_path}") == {}
+        assert processes_naming(f"local-{job_id}") == {} and processes_naming(sleeping(tmp_path)) == {}
     finally:
         command.kill()
 
@@ -185,7 +193,7 @@ def test_an_agent_stopped_while_redis_is_away_still_stops_its_job(tmp_path):
     try:
         assert command.wait(timeout=60) == 2
         assert "error: redis: lost the connection" in command.stderr.read()  # not an internal error
-        assert processes_naming(f"local-{job_id}") == {} and processes_naming(f"time.sleep(300) {tmp_path}") == {}
+        assert processes_naming(f"local-{job_id}") == {} and processes_naming(sleeping(tmp_path)) == {}
     finally:
         command.kill()
 
@@ -195,7 +203,7 @@ def test_an_agent_stopped_by_ctrl_c_or_a_closed_terminal_leaves_as_on_sigterm(en
     """The job runs in a session of its own: an agent that ended at once on these left it running, orphaned."""
     command, job_id = running_under_run(tmp_path)
     try:
-        job, agent = f"time.sleep(300) {tmp_path}", f"--id local-{job_id}"
+        job, agent = sleeping(tmp_path), f"--id local-{job_id}"
         ((pid, _),) = processes_naming(agent).items()
         os.kill(pid, signum)
         deadline = time.monotonic() + 30
