@@ -15,6 +15,7 @@ from broker.domain.model import AgentInfo
 from conftest import make_spec
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
+SECRET = "a-secret-of-24-characters"  # BROKER_AGENT_SECRET takes 16 or more
 
 
 def test_a_token_admits_its_agent_until_it_expires_and_nobody_else():
@@ -55,7 +56,11 @@ def test_cli_issues_tokens_only_with_the_brokers_secret(monkeypatch):
     monkeypatch.delenv("BROKER_AGENT_SECRET", raising=False)
     refused = runner.invoke(app, ["agents", "token", "--id", "spot-a"])
     assert refused.exit_code == 2 and "BROKER_AGENT_SECRET" in refused.output
-    monkeypatch.setenv("BROKER_AGENT_SECRET", "s3cret")
+    monkeypatch.setenv("BROKER_AGENT_SECRET", "s3cret")  # a few guesses find it
+    short = runner.invoke(app, ["agents", "token", "--id", "spot-a"])
+    assert short.exit_code == 2 and "BROKER_AGENT_SECRET: 6 characters is too short" in short.stderr
+    assert "s3cret" not in short.output
+    monkeypatch.setenv("BROKER_AGENT_SECRET", SECRET)
     token = runner.invoke(app, ["agents", "token", "--id", "spot-a", "--ttl-hours", "2"]).stdout.strip()
-    assert refusal("s3cret", "spot-a", token, datetime.now(UTC)) is None
-    assert refusal("s3cret", "spot-a", token, datetime.now(UTC) + timedelta(hours=3)) is not None
+    assert refusal(SECRET, "spot-a", token, datetime.now(UTC)) is None
+    assert refusal(SECRET, "spot-a", token, datetime.now(UTC) + timedelta(hours=3)) is not None

@@ -71,7 +71,7 @@ def test_a_pool_token_admits_the_pools_agents_only():
 
 def test_provision_with_the_brokers_secret_writes_each_pools_token(store, catalog, redis_url, monkeypatch, tmp_path):
     monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
-    monkeypatch.setenv("BROKER_AGENT_SECRET", "s3cret")
+    monkeypatch.setenv("BROKER_AGENT_SECRET", "a-secret-of-24-characters")
     _, site = write_pending_jobs_and_site(store, catalog, tmp_path)
     result = CliRunner().invoke(
         app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools"), "--json"]
@@ -79,7 +79,10 @@ def test_provision_with_the_brokers_secret_writes_each_pools_token(store, catalo
     assert result.exit_code == 0, result.output
     [row] = json.loads(result.stdout)
     tfvars = json.loads((tmp_path / "pools" / row["pool"] / f"{row['pool']}.auto.tfvars.json").read_text())
-    assert tokens.refusal("s3cret", f"{row['pool']}.ip-10-1-2-3", tfvars["registration_token"], NOW) is None
+    assert (
+        tokens.refusal("a-secret-of-24-characters", f"{row['pool']}.ip-10-1-2-3", tfvars["registration_token"], NOW)
+        is None
+    )
     monkeypatch.delenv("BROKER_AGENT_SECRET")
     again = CliRunner().invoke(app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "p2")])
     assert again.exit_code == 0 and "BROKER_AGENT_SECRET is not set" in again.stderr

@@ -10,6 +10,8 @@ from pathlib import Path
 from broker.domain.errors import BrokerError
 from broker.planning import DEFAULT_POLICY, FILL_ORDERS
 
+MIN_SECRET_CHARS = 16  # BROKER_AGENT_SECRET's least length (`openssl rand -hex 32` gives 64)
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -47,7 +49,7 @@ class Settings:
             prefix=env.get("BROKER_PREFIX", "broker:"),
             shards=_shards(env),
             round_budget_usd=_positive(env, "BROKER_ROUND_BUDGET_USD"),
-            agent_secret=env.get("BROKER_AGENT_SECRET") or None,
+            agent_secret=_agent_secret(env),
             redis_outage_s=_positive(env, "BROKER_REDIS_OUTAGE_S", "seconds", 120) or 120.0,
             fill_order=_fill_order(env),
         )
@@ -58,6 +60,17 @@ def _shards(env: Mapping[str, str]) -> int:
     if not text.isdigit() or int(text) < 1:
         raise BrokerError(f"BROKER_SHARDS: {text!r} is not a shard count; set a whole number like 4, or unset it")
     return int(text)
+
+
+def _agent_secret(env: Mapping[str, str]) -> str | None:
+    """The key that signs agents' registration tokens (HMAC-SHA256): one a few guesses find admits any agent."""
+    secret = env.get("BROKER_AGENT_SECRET") or None
+    if secret is not None and len(secret) < MIN_SECRET_CHARS:
+        raise BrokerError(
+            f"BROKER_AGENT_SECRET: {len(secret)} characters is too short to sign agents' tokens; set "
+            f"{MIN_SECRET_CHARS} or more random ones (`openssl rand -hex 32`), or unset it"
+        )
+    return secret
 
 
 def _fill_order(env: Mapping[str, str]) -> str | None:
