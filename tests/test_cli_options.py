@@ -88,6 +88,8 @@ def test_a_server_whose_metrics_port_is_taken_is_one_line(env, taken_port):
         ("demo", "--timeout", -1),
         ("agent", "--id", "a1", "--offer", "aws/use1-az1/g6.xlarge/spot", "--lease-s", 0),
         ("agent", "--id", "a1", "--offer", "aws/use1-az1/g6.xlarge/spot", "--speedup", -2),
+        ("agent", "--offer", "aws/use1-az1/g6.xlarge/spot", "--id", "../../elsewhere"),  # names keys and files
+        ("agents", "token", "--id", "an agent"),
     ],
     ids=lambda args: " ".join(map(str, args[:3])),
 )

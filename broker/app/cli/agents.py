@@ -10,6 +10,7 @@ import typer
 
 from broker.app.cli.common import (
     JsonOpt,
+    agent_id_checked,
     err,
     make_broker,
     make_store,
@@ -133,7 +134,7 @@ def agents_provision(
 @agents_app.command("token")
 @user_errors
 def agents_token(
-    agent_id: str = typer.Option(..., "--id", help="The agent the token is for."),
+    agent_id: str = typer.Option(..., "--id", callback=agent_id_checked, help="The agent the token is for."),
     ttl_hours: float = typer.Option(24.0, help="Hours until the token expires."),
 ) -> None:
     """Print a registration token for one agent (needs BROKER_AGENT_SECRET, the broker's secret)."""

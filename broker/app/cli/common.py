@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 import signal
 from typing import TYPE_CHECKING
@@ -54,6 +55,16 @@ def above_zero(value: float) -> float:
     """An option's callback where 0 or less means nothing (a speedup, a lease): typer's `min` keeps its bound."""
     if value <= 0:
         raise typer.BadParameter(f"{value:g} is not above 0")
+    return value
+
+
+def agent_id_checked(value: str) -> str:
+    """An option's callback for an agent's id: it names keys, log files and tokens (a pool's are `<pool>.<host>`)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", value):
+        raise typer.BadParameter(
+            f"{value!r} is not an agent id; use up to 200 letters, digits, '.', '_' or '-', starting with a letter or "
+            "digit"
+        )
     return value
 
 

@@ -9,6 +9,7 @@ import typer
 from broker import planning
 from broker.app.cli.common import (
     above_zero,
+    agent_id_checked,
     err,
     make_broker,
     out,
@@ -34,7 +35,7 @@ def stop() -> None:
 
 @user_errors
 def agent(
-    agent_id: str = typer.Option(..., "--id", help="This agent's unique name."),
+    agent_id: str = typer.Option(..., "--id", callback=agent_id_checked, help="This agent's unique name."),
     offer_id: str = typer.Option(
         ..., "--offer", help="The offer this instance is (cloud/zone/type/tier, see `broker prices`)."
     ),
