@@ -6,6 +6,7 @@ types live in jobspec.py and are imported from here too.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import Enum
 
@@ -346,6 +347,19 @@ class Job(BaseModel):
     def unfit_zones(self) -> list[str]:
         """Where a run was handed back as unfit: the bubbles whose windows none of its configurations fits."""
         return sorted({r.offer.zone for r in self.runs if r.end_reason == "unfit"})
+
+
+AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # a pool's agents are <pool>.<host>; no glob, ':' or '/'
+
+
+def agent_id_problem(agent_id: str) -> str | None:
+    """Why `agent_id` cannot name an agent (it names Redis keys, ACL users and key patterns, log files, tokens)."""
+    if AGENT_ID.fullmatch(agent_id):
+        return None
+    return (
+        f"{agent_id!r} is not an agent id; use up to 200 letters, digits, '.', '_' or '-', starting with a letter or "
+        "digit"
+    )
 
 
 class AgentInfo(BaseModel):

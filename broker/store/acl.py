@@ -17,6 +17,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from broker.domain.errors import BrokerError
+from broker.domain.model import agent_id_problem
 from broker.store.connection import with_credentials
 from broker.store.shards import connect
 
@@ -81,7 +82,8 @@ def create_user(admin_url: str, user: str, rules: list[str], password: str | Non
 
 
 def agent_user(admin_url: str, prefix: str, agent_id: str, password: str | None = None) -> str:
-    _plain(agent_id, "--id")
+    if problem := agent_id_problem(agent_id):  # the rule `broker agent --id` keeps: a pool's ids pass both
+        raise BrokerError(f"--id: {problem}")
     return create_user(admin_url, f"agent-{agent_id}", agent_rules(prefix, agent_id), password)
 
 

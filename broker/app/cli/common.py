@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import shutil
 import signal
 from typing import TYPE_CHECKING
@@ -59,12 +58,11 @@ def above_zero(value: float) -> float:
 
 
 def agent_id_checked(value: str) -> str:
-    """An option's callback for an agent's id: it names keys, log files and tokens (a pool's are `<pool>.<host>`)."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", value):
-        raise typer.BadParameter(
-            f"{value!r} is not an agent id; use up to 200 letters, digits, '.', '_' or '-', starting with a letter or "
-            "digit"
-        )
+    """An option's callback for an agent's id (domain/model.py's rule)."""
+    from broker.domain.model import agent_id_problem
+
+    if problem := agent_id_problem(value):
+        raise typer.BadParameter(problem)
     return value
 
 
