@@ -20,6 +20,7 @@ from broker.agents.contract import Contract, Verdict
 from broker.agents.notices import watches_cloud
 from broker.agents.runner import JobProcess
 from broker.domain.model import Offer, notice_grace_s
+from broker.store.connection import give_up_waiting_when
 from broker.store.jobs import Store
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class Agent:
         self._progress_sent = 0.0
         self._output_sent = 0.0
         self._notice_polled = 0.0
+        self._notice = None  # the preemption notice, once one came
 
     def register(self) -> None:
         self.contract.register(self.offer, self.lease_ms, token=self.token, on_cloud=watches_cloud(self.notices))
@@ -71,14 +73,14 @@ class Agent:
         """Serve assignments until preempted or stopped; returns why it ended."""
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a stop, Ctrl-C, a closed terminal: the job
             signal.signal(signum, lambda *_: setattr(self, "_stopping", True))  # (its own session) checkpoints first
+        give_up_waiting_when(self.store.redis, self._going_away)  # not for the whole outage the store rides out
         self.register()
         while True:
             try:
                 outcome = self.step()
             except redis.ConnectionError as err:  # Redis gone for longer than the store rides out: keep the job, retry
-                notice = self.notices.check() if self.notices else None
-                if notice or self._stopping:  # unless the instance is going away: the job checkpoints all the same
-                    return self._leave_unreachable(notice)
+                if self._going_away():  # unless the instance is going away: the job checkpoints all the same
+                    return self._leave_unreachable(self._notice)
                 log.warning("agent=%s redis unreachable (%s); retrying in 1 s", self.id, err)
                 time.sleep(1.0)
                 continue
@@ -95,12 +97,8 @@ class Agent:
                 self.register()
             if self.job:
                 self._check_ownership()
-        notice = None
-        if self.notices and time.monotonic() - self._notice_polled >= NOTICE_POLL_S:
-            self._notice_polled = time.monotonic()
-            notice = self.notices.check()
-        if notice or self._stopping:
-            return self._leave(notice)
+        if self._going_away():
+            return self._leave(self._notice)
         if self.job:
             self._forward()
             code = self.job.poll()
@@ -191,6 +189,15 @@ class Agent:
         tail = self.job.log_tail() if reason == "failed" else []
         self.contract.exited(self.job.job_id, self.fence, reason, code=code, log_tail=tail)
         self.job, self.fence = None, None
+
+    def _going_away(self) -> bool:
+        """Whether the instance is going away: stopped, or a notice seen (the metadata service asked at most once per
+        NOTICE_POLL_S). Also asked between the store's retries while Redis is away, so an outage does not keep a
+        noticed job running past its notice's lead, nor a stopped agent waiting."""
+        if self._notice is None and self.notices and time.monotonic() - self._notice_polled >= NOTICE_POLL_S:
+            self._notice_polled = time.monotonic()
+            self._notice = self.notices.check()
+        return self._stopping or self._notice is not None
 
     def _leave(self, notice) -> str:
         """The instance is going away: take no more work, checkpoint the job within the notice's lead, report.
