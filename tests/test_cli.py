@@ -144,8 +144,13 @@ def test_oversized_or_non_yaml_files_are_refused(env, tmp_path):
 
 
 def test_bad_deadline_flag_is_refused(env, tmp_path):
+    """The option is named, not the file, which says something else (it named the file's deadline: field)."""
     result = run("submit", job_file(tmp_path), "--deadline", "tomorrow")
-    assert result.exit_code == 2 and "deadline: 'tomorrow' is not a time" in result.stderr
+    assert result.exit_code == 2 and result.stderr.startswith("error: --deadline: 'tomorrow' is not a time")
+    result = run("submit", job_file(tmp_path), "--deadline", "2020-01-01T00:00Z")
+    assert result.exit_code == 2 and result.stderr.startswith("error: --deadline: 2020-01-01 00:00 UTC is in the past")
+    result = run("submit", job_file(tmp_path), "--budget", "0")
+    assert result.exit_code == 2 and result.stderr.startswith("error: --budget: 0.0 is out of range")
 
 
 def test_demo_runs_the_product_end_to_end_with_a_migration(env, monkeypatch, tmp_path):

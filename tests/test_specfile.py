@@ -37,6 +37,14 @@ def test_relative_deadline_counts_from_now():
     assert make_spec(deadline="+36h").deadline == NOW + timedelta(hours=36)
     assert make_spec(deadline="+90m").deadline == NOW + timedelta(minutes=90)
     assert make_spec(deadline="+2d").deadline == NOW + timedelta(days=2)
+    assert make_spec(deadline="+1w").deadline == NOW + timedelta(days=7)
+    assert make_spec(deadline="+1h30m").deadline == NOW + timedelta(minutes=90)
+    assert make_spec(deadline="+1d 12h").deadline == NOW + timedelta(hours=36)
+
+
+def test_a_relative_deadline_without_its_plus_says_what_it_likely_meant():
+    with pytest.raises(SpecError, match=r"deadline: '36h' is not a time; did you mean \+36h \(from now\)\?"):
+        make_spec(deadline="36h")
 
 
 def test_iso_deadline_without_offset_is_utc():
@@ -164,7 +172,7 @@ def test_an_infinite_budget_in_the_file_or_the_flag_is_refused(tmp_path, budget)
     path = write(tmp_path, "name: j\nrun: python t.py\nresources: {accelerators: A100:1}\nwork: {gpu_hours: 2}\n")
     with pytest.raises(
         SpecError,
-        match="budget_usd: .*(is not a finite number; give a finite number|is out of range; give a number above 0)",
+        match="^--budget: .*(is not a finite number; give a finite number|is out of range; give a number above 0)",
     ):
         load_spec(path, NOW, budget_usd=float(budget.replace(".inf", "inf")))
     inline = write(tmp_path, path.read_text() + f"budget_usd: {budget}\n", "inline.yaml")

@@ -202,16 +202,21 @@ class TransformerSpec(_Spec):
         return self
 
 
+UNIT_S = {"m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}  # a relative deadline's units, in seconds
+
+
 def parse_deadline(value: Any, now: datetime) -> datetime:
-    """An ISO-8601 time, or a time relative to `now` such as `+36h`, `+90m`, `+2d`."""
+    """An ISO-8601 time, or a time relative to `now` such as `+36h`, `+90m`, `+2d`, `+1w` or `+1h30m`."""
     if isinstance(value, datetime):
         when = value
     else:
         text = str(value).strip()
-        relative = re.fullmatch(r"\+(\d+(?:\.\d+)?)\s*([mhd])", text)
+        relative = re.fullmatch(r"(\+?)(\s*\d+(?:\.\d+)?\s*[wdhm])+", text)
+        if relative and not relative.group(1):
+            raise ValueError(f"{text!r} is not a time; did you mean +{text} (from now)?")
         if relative:
-            unit = {"m": 60.0, "h": 3600.0, "d": 86400.0}[relative.group(2)]
-            seconds = float(relative.group(1)) * unit
+            parts = re.findall(r"(\d+(?:\.\d+)?)\s*([wdhm])", text)
+            seconds = sum(float(amount) * UNIT_S[unit] for amount, unit in parts)
             if seconds > MAX_DEADLINE_DAYS * 86400:
                 raise ValueError(
                     f"{text!r} is more than {MAX_DEADLINE_DAYS} days ahead; give a nearer deadline or none"
@@ -220,7 +225,7 @@ def parse_deadline(value: Any, now: datetime) -> datetime:
         try:
             when = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
-            raise ValueError(f"{text!r} is not a time; use ISO 8601 (2026-12-01T18:00Z) or +36h") from None
+            raise ValueError(f"{text!r} is not a time; use ISO 8601 (2026-12-01T18:00Z), +36h or +1d12h") from None
     when = when if when.tzinfo else when.replace(tzinfo=UTC)
     if when - now > timedelta(days=MAX_DEADLINE_DAYS):
         raise ValueError(f"{when:%Y-%m-%d} is more than {MAX_DEADLINE_DAYS} days ahead; give a nearer deadline or none")

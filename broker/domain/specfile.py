@@ -135,18 +135,26 @@ def _message(error: dict) -> str:
     return f"{_path(loc)}: {error['msg']}"
 
 
-def validate_spec(data: Any, now: datetime, source: str = "spec") -> JobSpec:
-    """A JobSpec from parsed YAML, or a SpecError with one line per problem."""
+def validate_spec(data: Any, now: datetime, source: str = "spec", options: dict[str, str] | None = None) -> JobSpec:
+    """A JobSpec from parsed YAML, or a SpecError with one line per problem. `options`: the fields a command-line
+    option set (field -> option, e.g. deadline -> --deadline), whose problems name the option, not the file."""
     if not isinstance(data, dict):
         raise SpecError(f"{source}: a job spec is a YAML mapping (name:, run:, resources:, work:, ...)")
+    options = options or {}
+
+    def said(error: dict) -> str:
+        loc = tuple(error["loc"])
+        if loc[:1] and loc[0] in options:
+            return _message({**error, "loc": (options[loc[0]], *loc[1:])})
+        return f"{source}: {_message(error)}"
+
     try:
         spec = JobSpec.model_validate(data, context={"now": now})
     except ValidationError as err:
-        raise SpecError("\n".join(f"{source}: {_message(e)}" for e in err.errors())) from None
+        raise SpecError("\n".join(said(e) for e in err.errors())) from None
     if spec.deadline is not None and spec.deadline <= now:
-        raise SpecError(
-            f"{source}: deadline: {spec.deadline:%Y-%m-%d %H:%M} UTC is in the past; give a future time or +36h"
-        )
+        where = options["deadline"] if "deadline" in options else f"{source}: deadline"
+        raise SpecError(f"{where}: {spec.deadline:%Y-%m-%d %H:%M} UTC is in the past; give a future time or +36h")
     return spec
 
 
@@ -155,6 +163,9 @@ def yaml_problem(err: yaml.YAMLError) -> str:
     mark = getattr(err, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
     return f"not valid YAML{where}: {getattr(err, 'problem', None) or 'invalid syntax'}"
+
+
+OPTIONS = {"deadline": "--deadline", "budget_usd": "--budget"}  # the spec's fields that `submit` and `run` override
 
 
 def load_spec(path: Path, now: datetime, deadline: str | None = None, budget_usd: float | None = None) -> JobSpec:
@@ -183,12 +194,11 @@ def load_spec(path: Path, now: datetime, deadline: str | None = None, budget_usd
         raise SpecError(f"{path}: nested too deep; a job spec is a few levels of mappings") from None
     except yaml.YAMLError as err:
         raise SpecError(f"{path}: {yaml_problem(err)}; fix the syntax") from None
+    given = {"deadline": deadline, "budget_usd": budget_usd}
+    options = {field: OPTIONS[field] for field, value in given.items() if value is not None}
     if isinstance(data, dict):
-        if deadline is not None:
-            data["deadline"] = deadline
-        if budget_usd is not None:
-            data["budget_usd"] = budget_usd
-    spec = validate_spec(data, now, source=str(path))
+        data.update({field: given[field] for field in options})
+    spec = validate_spec(data, now, source=str(path), options=options)
     if spec.workdir is not None and not Path(spec.workdir).expanduser().is_absolute():
         folder = (path.parent / spec.workdir).resolve()  # as its file says; an absolute one is the agents' to have
         if not folder.is_dir():

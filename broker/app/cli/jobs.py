@@ -34,7 +34,9 @@ JobLimit = typer.Option(50, min=0, help="The newest jobs to show (0 for all).")
 @user_errors
 def submit(
     job_file: Path = typer.Argument(..., help="The job spec (YAML)."),
-    deadline: str | None = typer.Option(None, help="Overrides the spec: ISO time (2026-12-01T18:00Z) or +36h."),
+    deadline: str | None = typer.Option(
+        None, help="Overrides the spec: ISO time (2026-12-01T18:00Z), or from now: +36h, +1d12h, +1w."
+    ),
     budget: float | None = typer.Option(None, help="Overrides the spec: budget in USD."),
     quote_only: bool = typer.Option(False, "--quote", help="Print the quote; store nothing."),
     as_json: bool = JsonOpt,
@@ -187,7 +189,9 @@ def show_output(kind: str, text: str) -> None:
 @stop_signals_as_ctrl_c
 def run(
     job_file: Path = typer.Argument(..., help="The job spec (YAML)."),
-    deadline: str | None = typer.Option(None, help="Overrides the spec: ISO time (2026-12-01T18:00Z) or +36h."),
+    deadline: str | None = typer.Option(
+        None, help="Overrides the spec: ISO time (2026-12-01T18:00Z), or from now: +36h, +1d12h, +1w."
+    ),
     budget: float | None = typer.Option(None, help="Overrides the spec: budget in USD."),
 ) -> None:
     """Submit a job and see it through: plan it here (a standby while a `broker server` plans), start a local
