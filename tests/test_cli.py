@@ -101,6 +101,19 @@ def test_list_and_cancel(env, tmp_path):
     assert again.exit_code == 2 and "already cancelled" in again.stderr
 
 
+def test_a_job_is_named_by_the_start_of_its_id_when_no_other_id_begins_so(env, tmp_path):
+    """A user types the name they gave (`broker status demo-train`); the id adds a random suffix, so it was 'no job'."""
+    first = json.loads(run("submit", job_file(tmp_path, name="alpha"), "--json").stdout)["job"]
+    second = json.loads(run("submit", job_file(tmp_path, name="alpha-two"), "--json").stdout)["job"]
+    assert json.loads(run("status", "alpha-t", "--json", "--no-outlook").stdout)["id"] == second
+    ambiguous = run("logs", "alpha")
+    assert ambiguous.exit_code == 2
+    assert f"'alpha' begins 2 jobs' ids ({first}, {second}); give more of the one you mean" in ambiguous.stderr
+    assert run("cancel", first[:-2]).stdout.strip() == f"{first} cancelled"
+    assert json.loads(run("status", first, "--json").stdout)["state"] == "cancelled"  # an id is itself
+    assert "no job 'beta'" in run("status", "beta").stderr
+
+
 def test_empty_list_says_what_to_do(env, tmp_path):
     assert "no jobs yet: run `broker submit" in run("list").stdout
     run("submit", job_file(tmp_path))  # queued: none cancelled, and there is a job

@@ -23,7 +23,7 @@ from datetime import datetime
 import redis
 from redis.cluster import RedisCluster
 
-from broker.domain.errors import BrokerError, StoreUnavailableError
+from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableError
 from broker.domain.model import AgentInfo, Job, JobState
 from broker.store.connection import patient_retry, redact_url
 from broker.store.jobs import DEFAULT_PREFIX, Store
@@ -119,6 +119,21 @@ class ShardedStore:
 
     def get_job(self, job_id: str) -> Job:
         return self.of_job(job_id).get_job(job_id)
+
+    def job_id_for(self, given: str) -> str:
+        """The id of the job a user named: the id itself, or the one job whose id starts with it (its name without
+        the random suffix, say). Several such jobs, or none, is a one-line error that says what to give."""
+        home = self.of_job(given)
+        if home.redis.exists(home.key("job", given)):
+            return given
+        found = sorted({job_id for s in self.shards for job_id in s.redis.zrange(s.key("jobs"), 0, -1)})
+        ids = [job_id for job_id in found if job_id.startswith(given)]
+        if len(ids) == 1:
+            return ids[0]
+        if ids:
+            shown = ", ".join(ids[:4]) + (f" and {len(ids) - 4} more" if len(ids) > 4 else "")
+            raise NotFoundError(f"job: {given!r} begins {len(ids)} jobs' ids ({shown}); give more of the one you mean")
+        raise NotFoundError(f"job: no job {given!r}; `broker list` shows the ids")
 
     def update_job(self, job_id: str, change, also=None, reason=None, emit=True, leader=None) -> Job | None:
         return self.of_job(job_id).update_job(job_id, change, also, reason, emit, leader)

@@ -98,7 +98,9 @@ def show_jobs(jobs: list[Job], total: int, as_json: bool, states: set[JobState] 
 
 @user_errors
 def status(
-    job_id: str | None = typer.Argument(None, help="The job id (see `broker list`); none: every job, as a table."),
+    job_id: str | None = typer.Argument(
+        None, help="The job id, or its start if no other id begins so (see `broker list`); none: every job."
+    ),
     as_json: bool = JsonOpt,
     outlook: bool = typer.Option(
         True,
@@ -117,6 +119,7 @@ def status(
         if jobs and not as_json:
             out.print("one job's quote, runs and events: `broker status JOB`", highlight=False)
         return
+    job_id = store.job_id_for(job_id)
     job = store.get_job(job_id)
     events = store.events(job_id)
     waiting = waiting_for(store, job)
@@ -150,7 +153,7 @@ def status(
 
 @user_errors
 def logs(
-    job_id: str = typer.Argument(..., help="The job id (see `broker list`)."),
+    job_id: str = typer.Argument(..., help="The job id, or its start if no other id begins so."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new output until the job ends."),
 ) -> None:
     """The job's output, run by run, as its agents sent it; --follow streams it until the job ends."""
@@ -159,6 +162,7 @@ def logs(
     from broker.app.run import LogFollower, StateTeller
 
     store = make_store()
+    job_id = store.job_id_for(job_id)
     follower, teller = LogFollower(store, job_id), StateTeller(store)
     while True:
         job = store.get_job(job_id)
@@ -251,9 +255,13 @@ def cost_report(limit: int = JobLimit, as_json: bool = JsonOpt) -> None:
 
 
 @user_errors
-def cancel(job_id: str = typer.Argument(..., help="The job id."), as_json: bool = JsonOpt) -> None:
+def cancel(
+    job_id: str = typer.Argument(..., help="The job id, or its start if no other id begins so."),
+    as_json: bool = JsonOpt,
+) -> None:
     """Cancel a job that has not finished."""
-    job = make_broker().cancel(job_id)
+    broker = make_broker()
+    job = broker.cancel(broker.store.job_id_for(job_id))
     if as_json:
         print_json(render.job_dict(job))
     else:
