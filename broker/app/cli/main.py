@@ -8,7 +8,7 @@ import sys
 import typer
 from typer import rich_utils
 
-from broker.app.cli import demo, jobs, services
+from broker.app.cli import check, demo, jobs, services
 from broker.app.cli.acl import acl_app
 from broker.app.cli.agents import agents_app
 from broker.app.cli.backtest import backtest_command
@@ -38,6 +38,7 @@ app.command()(services.server)
 app.command()(services.agent)
 app.command()(services.dashboard)
 app.command()(services.stop)
+app.command()(check.check)
 app.command("backtest")(backtest_command)
 app.command("layout")(layout_command)
 app.add_typer(prices_app, name="prices")

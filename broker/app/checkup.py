@@ -1,0 +1,156 @@
+"""`broker check`: what this machine's broker is set up to do, as `sky check` says which clouds it may use.
+
+One finding a part (the store, a server, agents, prices, each cloud's credentials, the checkpoint store, the agents'
+secret, terraform), each ok, a note (works, but less than it could) or a problem (a command will fail), with what
+to do. It reads and asks nothing it need not: no price is fetched and no job changes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+
+from broker.app.settings import Settings
+from broker.domain.errors import BrokerError
+
+OK, NOTE, PROBLEM = "ok", "note", "problem"
+CLOUDS = ("aws", "gcp", "azure")
+
+
+@dataclass(frozen=True)
+class Finding:
+    part: str
+    status: str  # ok, note or problem
+    detail: str  # what was found, and for a note or a problem what to do
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def checkup(settings: Settings) -> list[Finding]:
+    """Every part's finding, the store's first: without it the server, agents and prices are not looked at."""
+    from broker.app.wiring import store_for
+
+    try:
+        store = store_for(settings)
+    except BrokerError as error:
+        store, findings = None, [Finding("redis", PROBLEM, str(error))]
+    else:
+        findings = [_redis(store, settings), _server(store), _agents(store)]
+    findings.append(_prices(store))
+    findings += [_credentials(cloud) for cloud in CLOUDS]
+    return findings + [_checkpoints(settings), _secret(settings), _terraform()]
+
+
+def _redis(store, settings: Settings) -> Finding:
+    where = "BROKER_REDIS_URL" if settings.redis_url else f"embedded, data in {settings.home / 'redis'}"
+    info = store.redis.info("server")
+    version = info.get("redis_version", "?") if isinstance(info, dict) else "?"
+    try:
+        durable = store.redis.config_get("appendonly").get("appendonly") == "yes"
+    except Exception:  # managed Redis often forbids CONFIG: its durability is its own to say
+        durable = None
+    jobs = store.job_count()
+    detail = f"{store.url}, redis {version} ({where}); {jobs} job{'s' * (jobs != 1)}"
+    if durable is False:
+        return Finding("redis", NOTE, f"{detail}; appendonly is off: a restart loses what was not saved; turn it on")
+    return Finding("redis", OK, detail + ("" if durable else "; CONFIG not allowed: durability is the host's"))
+
+
+def _server(store) -> Finding:
+    planners = [shard.planner() for shard in store.shards]
+    if not any(planners):
+        return Finding(
+            "server",
+            NOTE,
+            "no broker server is running: queued jobs wait; start `broker server` (`broker run` hosts one)",
+        )
+    shards = f" ({sum(map(bool, planners))} of {len(planners)} shards)" if len(planners) > 1 else ""
+    return Finding("server", OK, f"planned by {', '.join(sorted({p for p in planners if p}))}{shards}")
+
+
+def _agents(store) -> Finding:
+    registered, working = len(store.agents_with_leases()), store.working_agents()
+    if not working:
+        gone = f" ({registered} registered, their leases lapsed or leaving)" if registered else ""
+        return Finding(
+            "agents", NOTE, f"none working{gone}: start one (`broker agent`, `broker agents provision`, `broker run`)"
+        )
+    busy = sum(1 for agent in working if agent.job)
+    return Finding("agents", OK, f"{len(working)} working, {busy} running a job")
+
+
+def _prices(store) -> Finding:
+    from broker.store.prices import PriceHistory
+
+    refreshed = PriceHistory(store).refreshed() if store is not None else {}
+    if not refreshed:
+        return Finding(
+            "prices", NOTE, "the snapshot's only: `broker prices refresh` records live prices where credentials allow"
+        )
+    now = datetime.now(UTC)
+    ages = ", ".join(f"{source} {_age(now - at)} ago" for source, at in sorted(refreshed.items()))
+    return Finding("prices", OK, f"refreshed: {ages}")
+
+
+def _age(delta) -> str:
+    hours = delta.total_seconds() / 3600
+    return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.0f} h" if hours < 48 else f"{hours / 24:.0f} days"
+
+
+def _credentials(cloud: str) -> Finding:
+    """Whether the cloud's SDK finds credentials the way `broker prices refresh` and the agents' notices use them."""
+    if cloud == "azure":
+        if os.environ.get("AZURE_SUBSCRIPTION_ID"):
+            return Finding(cloud, OK, "AZURE_SUBSCRIPTION_ID set: azure-identity's chain signs in at a refresh")
+        return Finding(
+            cloud,
+            NOTE,
+            "prices need no credentials; set AZURE_SUBSCRIPTION_ID (and sign in) for shapes and eviction bands",
+        )
+    from broker.domain.errors import SourceUnavailable
+
+    try:
+        if cloud == "aws":
+            from broker.pricing.aws import AwsPrices
+
+            AwsPrices([]).check()
+        else:
+            from broker.pricing.gcp import GcpPrices
+
+            GcpPrices([]).check()
+    except SourceUnavailable as error:
+        said = str(error).removeprefix(f"{cloud}: ").replace("keeping the snapshot prices", "the snapshot's are used")
+        return Finding(cloud, NOTE, said)
+    return Finding(cloud, OK, "credentials found: `broker prices refresh` reads live prices")
+
+
+def _checkpoints(settings: Settings) -> Finding:
+    from broker.agents.checkpoints import CheckpointStore
+
+    try:
+        CheckpointStore(settings.checkpoints).ensure_root()
+    except BrokerError as error:
+        return Finding("checkpoints", PROBLEM, f"{error} (BROKER_CHECKPOINTS)")
+    return Finding("checkpoints", OK, f"{settings.checkpoints} (BROKER_CHECKPOINTS)")
+
+
+def _secret(settings: Settings) -> Finding:
+    if settings.agent_secret:
+        return Finding("agent secret", OK, "set: an agent registers with a token (`broker agents token`)")
+    return Finding(
+        "agent secret",
+        NOTE,
+        "BROKER_AGENT_SECRET not set: any agent that reaches Redis registers; set it (16+ characters) before agents "
+        "run on other machines",
+    )
+
+
+def _terraform() -> Finding:
+    from broker.agents.terraform import terraform_binary
+
+    binary = terraform_binary()
+    if binary is None:
+        return Finding("terraform", NOTE, "not on PATH: `broker agents provision --apply` needs it (--plan does not)")
+    return Finding("terraform", OK, binary)

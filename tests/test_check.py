@@ -1,0 +1,83 @@
+"""`broker check`: each part's finding from the real store, the real SDKs' credential chains and the filesystem."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from broker.agents.contract import Contract
+from broker.app.cli.main import app
+from broker.pricing.catalog import PriceCatalog
+from broker.store.jobs import Store
+from conftest import free_port
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def no_clouds(env, monkeypatch, tmp_path):
+    """No cloud credentials anywhere the SDKs look (env, files, metadata servers)."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ROLE_ARN"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "AZURE_SUBSCRIPTION_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    monkeypatch.delenv("BROKER_AGENT_SECRET", raising=False)
+    return env
+
+
+def findings(*args) -> tuple[int, dict[str, dict]]:
+    result = runner.invoke(app, ["check", "--json", *args])
+    return result.exit_code, {row["part"]: row for row in json.loads(result.stdout)}
+
+
+def test_a_new_machine_is_told_what_works_and_what_to_set_up(no_clouds):
+    code, found = findings()
+    assert code == 0  # notes only
+    assert found["redis"]["status"] == "ok" and "BROKER_REDIS_URL" in found["redis"]["detail"]
+    assert found["server"]["status"] == "note" and "start `broker server`" in found["server"]["detail"]
+    assert found["agents"]["status"] == "note" and found["prices"]["status"] == "note"
+    assert found["aws"]["status"] == "note" and "no credentials in boto3's chain" in found["aws"]["detail"]
+    assert found["gcp"]["status"] == "note" and "google-auth" in found["gcp"]["detail"]
+    assert found["azure"]["status"] == "note" and found["agent secret"]["status"] == "note"
+    assert found["checkpoints"]["status"] == "ok"
+
+
+def test_credentials_a_server_and_an_agent_are_found(no_clouds, monkeypatch, tmp_path):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEEXAMPLE00")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret" * 6)
+    adc = tmp_path / "adc.json"  # gcloud's application-default login writes this kind of file
+    adc.write_text(
+        json.dumps({"type": "authorized_user", "client_id": "c", "client_secret": "s", "refresh_token": "r"})
+    )
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "my-project")
+    monkeypatch.setenv("BROKER_AGENT_SECRET", "s" * 16)
+    store = Store(no_clouds)
+    store.lead("server-a", 60_000)
+    Contract(store, "a1").register(PriceCatalog.from_snapshot().offers[0], 60_000)
+    code, found = findings()
+    assert code == 0
+    assert found["aws"]["status"] == found["gcp"]["status"] == "ok"
+    assert found["server"] == {"part": "server", "status": "ok", "detail": "planned by server-a"}
+    assert found["agents"] == {"part": "agents", "status": "ok", "detail": "1 working, 0 running a job"}
+    assert found["agent secret"]["status"] == "ok"
+
+
+def test_an_unreachable_redis_and_an_unwritable_checkpoint_store_are_problems(no_clouds, monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("BROKER_CHECKPOINTS", str(blocker / "checkpoints"))  # under a file: cannot be made
+    monkeypatch.setenv("BROKER_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    code, found = findings()
+    assert code == 2
+    assert found["redis"]["status"] == "problem" and "cannot reach" in found["redis"]["detail"]
+    assert "server" not in found  # not looked at without a store
+    assert found["checkpoints"]["status"] == "problem" and "cannot make" in found["checkpoints"]["detail"]
+    assert found["aws"]["status"] == "note"  # the rest is still told
+    shown = runner.invoke(app, ["check"])
+    assert shown.exit_code == 2 and "problem redis" in " ".join(shown.stdout.split())
