@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
+from urllib.parse import urlsplit
 
 import pandas as pd
 
@@ -32,6 +33,16 @@ def one_line(error: Exception, limit: int = 240) -> str:
     """An SDK's error in one line (requests' ConnectionError spans three, with the pool's repr)."""
     text = " ".join(str(error).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def failure(error: Exception) -> str:
+    """What went wrong, in one line: a host that did not answer is named (requests' error is the pool's repr)."""
+    import requests
+
+    request = getattr(error, "request", None)
+    if isinstance(error, requests.ConnectionError) and request is not None and request.url:
+        return f"cannot reach {urlsplit(request.url).hostname}: check the network (a proxy: HTTPS_PROXY)"
+    return f"{type(error).__name__}: {one_line(error)}"
 
 
 def refresh(
@@ -57,7 +68,7 @@ def refresh(
         except Exception as err:  # network, API errors, malformed pages: the previous prices stay
             report.update(
                 status="failed",
-                message=f"{source.cloud}: {type(err).__name__}: {one_line(err)}; the previous prices stay",
+                message=f"{source.cloud}: {failure(err)}; the previous prices stay",
             )
         else:
             skipped = Counter(getattr(source, "skipped", {}))
