@@ -61,10 +61,19 @@ def job_id() -> str:
     return os.environ.get("BROKER_JOB_ID", "local")
 
 
+_NOT_UNDER_AN_AGENT = "BROKER_CHECKPOINT_DIR is not set (an agent sets it; export it to keep them when run by hand)"
+
+
+class _Local:
+    """Run by hand (no agent): whether save() said once that it keeps nothing."""
+
+    told = False
+
+
 def _store() -> tuple[CheckpointStore, str]:
     directory = os.environ.get("BROKER_CHECKPOINT_DIR")
     if not directory:
-        raise CheckpointError("BROKER_CHECKPOINT_DIR: not set; the agent sets it (or export it to run locally)")
+        raise CheckpointError(f"{_NOT_UNDER_AN_AGENT}; give it to resume from BROKER_RESUME_FROM")
     return CheckpointStore(posixpath.dirname(directory.rstrip("/"))), posixpath.basename(directory.rstrip("/"))
 
 
@@ -98,7 +107,13 @@ def save(state: Any, step: int) -> Manifest | None:
     """torch.save the state as checkpoint `step`, publish it with its manifest, and report it.
 
     None when the save failed (a full disk, an unreachable store): the failure is reported with its
-    reason, the previous checkpoint stays the one to resume from, and the job may go on."""
+    reason, the previous checkpoint stays the one to resume from, and the job may go on. None, said once, when
+    the job runs by hand (no BROKER_CHECKPOINT_DIR): a script tried before it is submitted runs to its end."""
+    if not os.environ.get("BROKER_CHECKPOINT_DIR"):  # run by hand, not by an agent: the job runs on, unsaved
+        if not _Local.told:
+            print(f"broker: {_NOT_UNDER_AN_AGENT}: checkpoints are not saved", file=sys.stderr, flush=True)
+            _Local.told = True
+        return None
     store, job = _store()
     request = os.environ.get("BROKER_CHECKPOINT_REQUEST")
     if request:  # this save answers it (a request made while it is written stays for the next)

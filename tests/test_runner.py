@@ -106,6 +106,24 @@ def test_job_sees_the_contract_environment(tmp_path):
     assert job.log_tail() == ["job-7 /tmp/ckpt/job-7/step-1 x"]
 
 
+def test_a_job_run_by_hand_runs_to_its_end_saving_nothing_and_says_so_once(tmp_path):
+    """A user tries their script before submitting it: its first save raised, since no agent set
+    BROKER_CHECKPOINT_DIR, and the script died there."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
+    env |= {"STEPS": "6", "CKPT_EVERY": "2", "OUTPUT": str(tmp_path / "final.pt")}
+    script = Path(__file__).parents[1] / "examples" / "jobs" / "train_mlp.py"
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and (tmp_path / "final.pt").exists(), done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("broker: ")]
+    assert said == [
+        "broker: BROKER_CHECKPOINT_DIR is not set (an agent sets it; export it to keep them when run by "
+        "hand): checkpoints are not saved"
+    ]  # three saves, one note
+
+
 def test_argv_is_not_run_through_a_shell_unless_asked(tmp_path):
     plain = JobProcess(make_spec(run=["echo", "$HOME", "a;b"]), "j", "/tmp/c/j", tmp_path / "a")
     plain.start()
