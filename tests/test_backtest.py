@@ -364,8 +364,7 @@ def test_a_killed_backtest_stops_its_scratch_redis_server():
             its_own = {pid for pid, parent in scratch_servers().items() if parent == command.pid}
             time.sleep(0.1)
         command.send_signal(signal.SIGTERM)
-        # as on Ctrl-C (130); an interrupt inside pydantic's serializer comes back as its error: an internal one (1)
-        assert command.wait(timeout=60) in (130, 1)
+        assert command.wait(timeout=60) == 130  # as on Ctrl-C, wherever the signal lands (pydantic's serializer too)
         assert its_own & set(scratch_servers()) == set()
     finally:
         command.kill()

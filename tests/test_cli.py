@@ -403,3 +403,28 @@ def test_logs_of_a_job_that_never_ran_says_so_not_that_it_has_not_yet(env, tmp_p
     assert "it has not run yet" in run("logs", job).stdout  # queued: it may still
     run("cancel", job)
     assert "no output from" in run("logs", job).stdout and "it never ran" in run("logs", job).stdout
+
+
+def test_a_stop_that_lands_inside_pydantics_serializer_is_still_a_stop():
+    """pydantic's serializer made the KeyboardInterrupt its own error: a killed `broker backtest` exited 1 with an
+    internal error instead of 130."""
+    import os
+    import signal
+
+    from pydantic import BaseModel, field_serializer
+
+    from broker.app.cli.common import stop_signals_as_ctrl_c
+
+    class Stopped(BaseModel):
+        x: int = 1
+
+        @field_serializer("x")
+        def _stop_here(self, value):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs here, inside the serializer
+            return value
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        stop_signals_as_ctrl_c(Stopped().model_dump_json)()
+    assert signal.getsignal(signal.SIGTERM) is before  # put back

@@ -36,13 +36,24 @@ def stop_signals_as_ctrl_c(command):
     """SIGTERM and SIGHUP (a `kill`, systemd, a closed terminal) end the command as Ctrl-C does, through its
     clean-up: the local agents it started stop with it (the default end left them running their jobs, orphaned),
     a server gives up its planning leases at once (the standbys waited out the lease), a backtest's scratch
-    redis-server stops (it ran on, its parent gone)."""
+    redis-server stops (it ran on, its parent gone). A stop that lands inside a library which makes the
+    KeyboardInterrupt its own error (pydantic's serializer) still ends as a stop, not as an internal error."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
-        previous = {s: signal.signal(s, signal.default_int_handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+        stopped = []
+
+        def stop(signum, frame):
+            stopped.append(signum)
+            raise KeyboardInterrupt
+
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             return command(*args, **kwargs)
+        except Exception as error:
+            if stopped:
+                raise KeyboardInterrupt from error
+            raise
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
