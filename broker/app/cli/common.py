@@ -50,6 +50,8 @@ def stop_signals_as_ctrl_c(command):
         previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             return command(*args, **kwargs)
+        except (typer.Exit, typer.Abort, BrokerError):  # the command's own end after the stop (`broker run`'s)
+            raise
         except Exception as error:
             if stopped:
                 raise KeyboardInterrupt from error
