@@ -81,3 +81,18 @@ def test_an_unreachable_redis_and_an_unwritable_checkpoint_store_are_problems(no
     assert found["aws"]["status"] == "note"  # the rest is still told
     shown = runner.invoke(app, ["check"])
     assert shown.exit_code == 2 and "problem redis" in " ".join(shown.stdout.split())
+
+
+def test_a_shard_without_a_server_is_a_note(no_clouds, monkeypatch):
+    from broker.store.shards import ShardedStore
+
+    monkeypatch.setenv("BROKER_SHARDS", "2")
+    store = ShardedStore(no_clouds, count=2)
+    store.shards[0].lead("server-a", 60_000)
+    assert findings()[1]["server"] == {
+        "part": "server",
+        "status": "note",
+        "detail": "planned by server-a; shard 1 of 2 has no server: restart one",
+    }
+    store.shards[1].lead("server-a", 60_000)
+    assert findings()[1]["server"]["status"] == "ok"

@@ -66,8 +66,11 @@ def _server(store) -> Finding:
             NOTE,
             "no broker server is running: queued jobs wait; start `broker server` (`broker run` hosts one)",
         )
-    shards = f" ({sum(map(bool, planners))} of {len(planners)} shards)" if len(planners) > 1 else ""
-    return Finding("server", OK, f"planned by {', '.join(sorted({p for p in planners if p}))}{shards}")
+    by = f"planned by {', '.join(sorted({p for p in planners if p}))}"
+    idle = [str(i) for i, planner in enumerate(planners) if not planner]
+    if idle:  # a replica plans every shard whose lease it can take: these have none, and their jobs wait
+        return Finding("server", NOTE, f"{by}; shard {', '.join(idle)} of {len(planners)} has no server: restart one")
+    return Finding("server", OK, by)
 
 
 def _agents(store) -> Finding:
