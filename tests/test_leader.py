@@ -83,7 +83,7 @@ def leading_server_process(redis_url, store, tmp_path, lease_s: float) -> subpro
         [sys.executable, "-m", "broker", "server", *argv],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=(tmp_path / "server.err").open("w"),  # a file: a pipe nobody reads could fill and stop the server
     )
     deadline = time.monotonic() + 60
     while store.redis.get("broker:leader") != "proc":
@@ -101,6 +101,8 @@ def test_sigterm_of_the_leading_server_gives_its_lease_up_at_once(redis_url, sto
         leader.send_signal(signal.SIGTERM)
         leader.wait(timeout=30)
         assert store.planner() is None
+        said = (tmp_path / "server.err").read_text().splitlines()
+        assert said[-1] == "broker server proc stopped; its planning leases are given up"
     finally:
         leader.kill()
         leader.wait()

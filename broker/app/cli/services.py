@@ -131,6 +131,7 @@ def server(
         loop.serve()
     except KeyboardInterrupt:
         loop.stop()  # the other replicas take its shards now, not after a lease
+        err.print(f"broker server {consumer} stopped; its planning leases are given up")
 
 
 @user_errors
