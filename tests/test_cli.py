@@ -156,6 +156,13 @@ def test_oversized_or_non_yaml_files_are_refused(env, tmp_path):
     assert stored_keys(env) == []
 
 
+def test_submit_notes_input_where_no_offer_of_its_cloud_is(env, tmp_path):
+    data = {"url": "s3://b/x", "region": "us-eas-1", "size_gb": 200}
+    result = run("submit", job_file(tmp_path, data=data), "--quote", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["stored"] is False  # the JSON document stays whole
+    assert "note: data.region: no aws offer is in us-eas-1 (did you mean us-east-1" in result.stderr
+
+
 def test_bad_deadline_flag_is_refused(env, tmp_path):
     """The option is named, not the file, which says something else (it named the file's deadline: field)."""
     result = run("submit", job_file(tmp_path), "--deadline", "tomorrow")

@@ -4,7 +4,7 @@ import pytest
 
 from broker import planning
 from broker.domain.errors import InfeasibleError, SpecError
-from broker.models.placement import INTER_REGION_USD_PER_GB, INTERNET_USD_PER_GB, transfer_usd
+from broker.models.placement import INTER_REGION_USD_PER_GB, INTERNET_USD_PER_GB, data_region_note, transfer_usd
 from broker.models.risk import evaluate
 from broker.planning.option_table import PlanItem
 from conftest import NOW, make_spec
@@ -80,6 +80,20 @@ def test_data_far_away_costs_its_transfer_and_pulls_the_job_to_it(catalog):
     plain = evaluate(make_spec(deadline="+48h", resources=L4), free, NOW)
     assert evaluate(spec, free, NOW).expected_cost_usd == pytest.approx(plain.expected_cost_usd + 60.0)
     assert quote(catalog, resources=L4, data=data).chosen.offer.region == home.region
+
+
+def test_data_where_no_offer_of_its_cloud_is_gets_a_note_with_the_nearest_regions(catalog):
+    """A typo (us-eas-1) had every offer pay to move the input, silently; a real region with no GPU offer is a note
+    too, not a refusal (its spelling cannot tell it from a typo)."""
+    note = data_region_note(make_spec(data={"url": "s3://b/x", "region": "us-eas-1", "size_gb": 200}), catalog.offers)
+    assert note.startswith("data.region: no aws offer is in us-eas-1 (did you mean us-east-1")
+    assert note.endswith("so every offer pays to move its 200 GB from there")
+    far = data_region_note(make_spec(data={"cloud": "azure", "region": "westeurope", "size_gb": 5}), catalog.offers)
+    assert far == "data.region: no azure offer is in westeurope, so every offer pays to move its 5 GB from there"
+    assert (
+        data_region_note(make_spec(data={"cloud": "gcp", "region": "us-east1", "size_gb": 5}), catalog.offers) is None
+    )
+    assert data_region_note(make_spec(), catalog.offers) is None
 
 
 def test_the_planner_places_only_where_a_job_may_run(catalog):

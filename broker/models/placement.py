@@ -54,6 +54,21 @@ def unknown_exclusions(spec: JobSpec, offers: list[Offer]) -> str | None:
     return f"resources.exclude: {', '.join(unknown)} is no cloud, region or zone of any offer; {hint}"
 
 
+def data_region_note(spec: JobSpec, offers: list[Offer]) -> str | None:
+    """A note when the job's input is in a region where no offer of its cloud is: every offer then pays to move it,
+    as a typo would have them do (a region with no GPU offer is real too, so this is a note, not a refusal)."""
+    data = spec.data
+    regions = sorted({o.region for o in offers if o.cloud == getattr(data, "cloud", None) and o.region})
+    if data is None or data.region in regions:
+        return None
+    close = difflib.get_close_matches(data.region, regions, n=2, cutoff=0.8)  # westeurope is not westus
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    return (
+        f"data.region: no {data.cloud} offer is in {data.region}{hint}, so every offer pays to move its "
+        f"{data.size_gb:g} GB from there"
+    )
+
+
 def where(spec: JobSpec) -> str:
     """The job's placement in words ("" when it has none), for messages."""
     r = spec.resources

@@ -12,6 +12,7 @@ from broker import planning
 from broker.app import render
 from broker.app.cli.common import (
     JsonOpt,
+    err,
     make_broker,
     make_store,
     out,
@@ -22,10 +23,11 @@ from broker.app.cli.common import (
 )
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
-from broker.domain.model import Job, JobState
+from broker.domain.model import Job, JobSpec, JobState
 from broker.domain.specfile import load_spec
 
 if TYPE_CHECKING:
+    from broker.core.broker import Broker
     from broker.store.jobs import Store
 
 JobLimit = typer.Option(50, min=0, help="The newest jobs to show (0 for all).")
@@ -44,6 +46,7 @@ def submit(
     """Quote a job and store it (queued); --quote only prices it."""
     broker = make_broker(with_store=not quote_only, live=not quote_only)
     spec = load_spec(job_file, broker.clock.now(), deadline=deadline, budget_usd=budget)
+    note_data_region(spec, broker)
     if quote_only:
         quote, job_id = broker.quote(spec), None
     else:
@@ -54,6 +57,14 @@ def submit(
         return
     title = f"job {job_id} queued" if job_id else f"quote for {spec.name} (not stored)"
     out.print(render.quote_table(quote, title))
+
+
+def note_data_region(spec: JobSpec, broker: Broker) -> None:
+    """Say (on stderr, beside a JSON document too) when the job's input is where no offer of its cloud is."""
+    from broker.models.placement import data_region_note
+
+    if note := data_region_note(spec, broker.catalog.offers):
+        err.print(f"[yellow]note:[/] {note}", highlight=False)
 
 
 @user_errors
@@ -211,6 +222,7 @@ def run(
     settings = Settings.from_env()
     broker = make_broker(live=True)
     spec = load_spec(job_file, broker.clock.now(), deadline=deadline, budget_usd=budget)
+    note_data_region(spec, broker)
     job = broker.submit(spec)
     out.print(render.quote_table(job.quote, f"job {job.id} queued"))
     server = wiring.make_server(broker, f"run-{socket.gethostname()}-{os.getpid()}", shard=broker.store.of_job(job.id))
