@@ -118,7 +118,18 @@ def test_cli_import_of_a_file_of_another_shape_says_what_shape_it_must_have(redi
     csv, tsv = tmp_path / "prices.csv", tmp_path / "spot.tsv"
     csv.write_text("zone,price\nuse1-az1,0.41\n")
     tsv.write_text("use1-az1\tp3.2xlarge\tLinux/UNIX\tfree\t2025-07-01T00:00:00Z\n")
-    for path, shape in ((csv, "is not a catalog CSV with the columns InstanceType"), (tsv, "is not an AWS spot")):
+    ragged, yml = tmp_path / "ragged.csv", tmp_path / "job.yaml"  # pandas' error for a ragged CSV spans two lines
+    ragged.write_text("name: job\nrun: python t.py\nx: 1\ny: [a, b, c]\n")
+    yml.write_text("name: job\n")
+    shapes = (
+        (csv, "is not a catalog CSV with the columns InstanceType"),
+        (tsv, "is not an AWS spot"),
+        (ragged, "is not a catalog CSV with the columns InstanceType"),
+        (yml, "job.yaml is neither an AWS spot price history (.tsv) nor a catalog (.csv)"),
+    )
+    for path, shape in shapes:
         result = runner.invoke(app, ["prices", "import", str(path), "--at", "2025-07-01"])
         assert result.exit_code == 2 and shape in result.output and "internal error" not in result.output
         assert len(result.output.strip().splitlines()) == 1
+    result = runner.invoke(app, ["prices", "import", str(csv), "--at", "yesterday"])
+    assert result.exit_code == 2 and result.output.startswith("error: --at: 'yesterday' is not a time")

@@ -125,22 +125,31 @@ def import_prices(
     import pandas as pd
 
     from broker.pricing.points import points_from_rows, points_from_spot_tsv
+    from broker.pricing.refresh import one_line
     from broker.pricing.snapshot import AWS_COLUMNS, load_aws
     from broker.store.prices import PriceHistory
 
     if not path.is_file():
         raise BrokerError(f"path: no file {path}; give an AWS spot price history .tsv or a catalog .csv")
+    if path.suffix not in (".tsv", ".csv"):
+        raise BrokerError(
+            f"path: {path.name} is neither an AWS spot price history (.tsv) nor a catalog (.csv); give one of those"
+        )
     if path.suffix != ".tsv" and at is None:
         raise BrokerError(f"--at: {path.name} has no times in it; say when its prices were seen, e.g. --at 2025-06-01")
+    try:
+        seen = parse_deadline(at, datetime.now(UTC)) if at is not None else None
+    except ValueError as error:
+        raise BrokerError(f"--at: {error}") from None
     tsv = "an AWS spot price history .tsv (az_id, type, product, usd, time)"
     kind = tsv if path.suffix == ".tsv" else f"a catalog CSV with the columns {', '.join(AWS_COLUMNS)}"
     try:  # a file of another shape fails its parse somewhere: the user is told what shape it must have
         if path.suffix == ".tsv":
             points = points_from_spot_tsv(path)
         else:
-            points = points_from_rows(load_aws(path), parse_deadline(at, datetime.now(UTC)))
+            points = points_from_rows(load_aws(path), seen)
     except (KeyError, ValueError, TypeError, pd.errors.ParserError) as error:
-        raise BrokerError(f"path: {path.name} is not {kind} ({type(error).__name__}: {error})") from None
+        raise BrokerError(f"path: {path.name} is not {kind} ({type(error).__name__}: {one_line(error)})") from None
     prices = PriceHistory(make_broker().store)
     appended = prices.record(points)
     prices.mark_refreshed(f"file:{path.name}", datetime.now(UTC))
