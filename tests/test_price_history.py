@@ -95,8 +95,14 @@ def test_cli_import_and_history_with_a_sparkline(redis_url, monkeypatch, tmp_pat
     console.print(history_table(series, datetime.now(UTC)))
     narrow = console.export_text()  # 80 columns: the offer, its last change and price whole; the rest as it fits
     assert "…" not in narrow and "aws/use1-az1/p3.2xlarge/spot" in narrow and "0.4700" in narrow, narrow
-    missing = runner.invoke(app, ["prices", "history", "--instance", "p9.huge"])
+    missing = runner.invoke(app, ["prices", "history", "--instance", "g6.xlarge"])  # in the catalog, not recorded
     assert missing.exit_code == 2 and "broker prices refresh" in missing.output
+    typo = runner.invoke(app, ["prices", "history", "--instance", "p3.2xlargee"])
+    assert typo.exit_code == 2 and "no instance type 'p3.2xlargee'" in typo.output and "p3.2xlarge" in typo.output
+    assert runner.invoke(app, ["prices", "history", "--instance", "p3.2xlarge", "--tier", "spott"]).exit_code == 2
+    for where, found in (("use1-az1", True), ("us-east-1", True), ("eu-west-1", False)):  # a zone, or its region
+        result = runner.invoke(app, ["prices", "history", "--instance", "p3.2xlarge", "--zone", where, "--json"])
+        assert (result.exit_code == 0) == found, (where, result.output)
 
 
 def test_cli_refresh_without_credentials_keeps_the_snapshot_and_says_so(redis_url, monkeypatch, tmp_path):

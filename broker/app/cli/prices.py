@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -172,15 +173,27 @@ def price_history(
     from broker.app import render_prices
     from broker.store.prices import PriceHistory
 
-    prices = PriceHistory(make_broker().store)
+    if tier not in ("spot", "on_demand"):
+        raise BrokerError(f"--tier: {tier!r} is not a tier with prices; give spot or on_demand")
+    broker = make_broker()
+    prices = PriceHistory(broker.store)
+    recorded = prices.offers()
+    types = set(broker.catalog.rows["instance_type"]) | {o.split("/")[2] for o in recorded}
+    if instance not in types:
+        close = difflib.get_close_matches(instance, sorted(types), n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else "`broker prices` lists them"
+        raise BrokerError(f"--instance: no instance type {instance!r} in the catalog or the history; {hint}")
+    region_of = {o.zone: o.region for o in broker.catalog.offers}
     wanted = [
         o
-        for o in prices.offers()
-        if o.split("/")[2] == instance and o.endswith(f"/{tier}") and (zone is None or o.split("/")[1] == zone)
+        for o in recorded
+        if o.split("/")[2] == instance
+        and o.endswith(f"/{tier}")
+        and (zone is None or zone in (o.split("/")[1], region_of.get(o.split("/")[1])))
     ]
     if not wanted:
         raise BrokerError(
-            f"instance: no recorded {tier} prices for {instance}{' in ' + zone if zone else ''}; "
+            f"--instance: no recorded {tier} prices for {instance}{' in ' + zone if zone else ''}; "
             "run `broker prices refresh` or `broker prices import FILE`"
         )
     series = {o: prices.series(o) for o in wanted}
