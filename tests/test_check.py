@@ -1,6 +1,7 @@
 """`broker check`: each part's finding from the real store, the real SDKs' credential chains and the filesystem."""
 
 import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from typer.testing import CliRunner
@@ -9,6 +10,7 @@ from broker.agents.contract import Contract
 from broker.app.cli.main import app
 from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
+from broker.store.prices import PriceHistory
 from conftest import free_port
 
 runner = CliRunner()
@@ -60,12 +62,14 @@ def test_credentials_a_server_and_an_agent_are_found(no_clouds, monkeypatch, tmp
     store = Store(no_clouds)
     store.lead("server-a", 60_000)
     Contract(store, "a1").register(PriceCatalog.from_snapshot().offers[0], 60_000)
+    PriceHistory(store).mark_refreshed("aws", datetime.now(UTC) - timedelta(hours=3))
     code, found = findings()
     assert code == 0
     assert found["aws"]["status"] == found["gcp"]["status"] == "ok"
     assert found["server"] == {"part": "server", "status": "ok", "detail": "planned by server-a"}
     assert found["agents"] == {"part": "agents", "status": "ok", "detail": "1 working, 0 running a job"}
     assert found["agent secret"]["status"] == "ok"
+    assert found["prices"] == {"part": "prices", "status": "ok", "detail": "refreshed: aws 3.0 h ago"}
 
 
 def test_an_unreachable_redis_and_an_unwritable_checkpoint_store_are_problems(no_clouds, monkeypatch, tmp_path):

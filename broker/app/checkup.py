@@ -11,6 +11,8 @@ import os
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
+import redis
+
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
 
@@ -49,7 +51,7 @@ def _redis(store, settings: Settings) -> Finding:
     version = info.get("redis_version", "?") if isinstance(info, dict) else "?"
     try:
         durable = store.redis.config_get("appendonly").get("appendonly") == "yes"
-    except Exception:  # managed Redis often forbids CONFIG: its durability is its own to say
+    except redis.ResponseError:  # managed Redis often forbids CONFIG: its durability is its own to say
         durable = None
     jobs = store.job_count()
     detail = f"{store.url}, redis {version} ({where}); {jobs} job{'s' * (jobs != 1)}"
@@ -85,6 +87,7 @@ def _agents(store) -> Finding:
 
 
 def _prices(store) -> Finding:
+    from broker.app.render import relative
     from broker.store.prices import PriceHistory
 
     refreshed = PriceHistory(store).refreshed() if store is not None else {}
@@ -93,13 +96,8 @@ def _prices(store) -> Finding:
             "prices", NOTE, "the snapshot's only: `broker prices refresh` records live prices where credentials allow"
         )
     now = datetime.now(UTC)
-    ages = ", ".join(f"{source} {_age(now - at)} ago" for source, at in sorted(refreshed.items()))
+    ages = ", ".join(f"{source} {relative(at, now)}" for source, at in sorted(refreshed.items()))
     return Finding("prices", OK, f"refreshed: {ages}")
-
-
-def _age(delta) -> str:
-    hours = delta.total_seconds() / 3600
-    return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.0f} h" if hours < 48 else f"{hours / 24:.0f} days"
 
 
 def _credentials(cloud: str) -> Finding:
