@@ -55,22 +55,28 @@ def zones_of(series: list[SpotSeries], od_price: float) -> Zones:
     )
 
 
+def planned(zones: Zones, hedge: Hedge, tick_h: float) -> Hedge:
+    """The hedge view with cost-to-go's moves for the longest deadline, priced at the cheapest zone: the moves
+    depend on the time left, not on the clock, so one table serves every deadline (it was solved for each)."""
+    return hedge.planned(int(round(max(DEADLINES_H) / tick_h)), zones.spot_prices[0], zones.od_price, RESTART_H)
+
+
 def play(
     zones: Zones, starts: np.ndarray, window_h: float, tick_h: float, hedge: Hedge
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Each rule's cost per start, on-demand's and the omniscient bound's; and where each missed the deadline."""
+    """Each rule's cost per start, on-demand's and the omniscient bound's; and where each missed the deadline.
+    `hedge`: the view with cost-to-go's table (`planned`)."""
     ticks = int(round(window_h / tick_h))
     available = np.stack([zones.available[:, s : s + ticks] for s in starts], axis=1)  # zones x starts x ticks
     out: dict[str, np.ndarray] = {}
     missed = {}
-    planned = hedge.planned(ticks, zones.spot_prices[0], zones.od_price, RESTART_H)  # priced at the cheapest zone
     for rule in RULES:
         setting = Setting(
             WORK_H, WORK_H, zones.spot_prices, zones.od_price, RESTART_H, 0.0, None, window_h, rule, keeps_progress=True
         )
         if rule == "cost-to-go":  # its moves keep the one changeover a preemption needs: the net only backs them up
             setting = replace(setting, net_changeovers=1)
-        result = simulate(setting, available, tick_h, {"hedge": hedge, "cost-to-go": planned}.get(rule))
+        result = simulate(setting, available, tick_h, hedge if rule in ("hedge", "cost-to-go") else None)
         out[rule] = result.cost_usd
         missed[rule] = result.finish_h > window_h + 1e-9
     out["on-demand"] = np.full(len(starts), (WORK_H + RESTART_H) * zones.od_price)
@@ -93,15 +99,15 @@ def run(traces: Path, fit_share: float = 0.5, stride_h: float = 6.0, prices_dir:
     everything = zones_of(market.spot, od_price)
     ticks = everything.available.shape[1]
     first = math.ceil(ticks * fit_share)
+    alone_zones = [zones_of([s], od_price) for s in market.spot]
+    alone_views = [planned(z, hedge_for(model, [s.offer], tick_h), tick_h) for z, s in zip(alone_zones, market.spot)]
+    together_view = planned(everything, hedge_for(model, [s.offer for s in market.spot], tick_h), tick_h)
     rows = []
     for window_h in DEADLINES_H:
         starts = np.arange(first, ticks - int(round(max(DEADLINES_H) / tick_h)), int(round(stride_h / tick_h)))
-        single = [
-            play(zones_of([s], od_price), starts, window_h, tick_h, hedge_for(model, [s.offer], tick_h))
-            for s in market.spot
-        ]
+        single = [play(z, starts, window_h, tick_h, view) for z, view in zip(alone_zones, alone_views)]
         alone = tuple({k: np.concatenate([r[i][k] for r in single]) for k in single[0][i]} for i in (0, 1))
-        together = play(everything, starts, window_h, tick_h, hedge_for(model, [s.offer for s in market.spot], tick_h))
+        together = play(everything, starts, window_h, tick_h, together_view)
         baseline = float(np.mean(alone[0]["uniform"]))
         for setting, (costs, missed) in (("1 zone", alone), (f"{len(market.spot)} zones", together)):
             bound = float(np.mean(costs["omniscient"]))
