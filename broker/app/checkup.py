@@ -122,8 +122,7 @@ def _credentials(cloud: str) -> Finding:
 
             GcpPrices([]).check()
     except SourceUnavailable as error:
-        said = str(error).removeprefix(f"{cloud}: ").replace("keeping the snapshot prices", "the snapshot's are used")
-        return Finding(cloud, NOTE, said)
+        return Finding(cloud, NOTE, str(error).removeprefix(f"{cloud}: "))  # the source's own line, as refresh says it
     return Finding(cloud, OK, "credentials found: `broker prices refresh` reads live prices")
 
 
