@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# The CLI prints 200 columns wide when its output is not a terminal; pytest-xdist's workers set COLUMNS=80, which
+# would wrap the lines the tests read. Set before broker's console is imported, and inherited by the CLIs tests spawn.
+os.environ["COLUMNS"] = "200"
+
 import shutil
 import socket
 import subprocess

@@ -1,6 +1,7 @@
 """Can't Be Late's single-job setting: the exact bound, the hedge rule, and the mode on held-out traces."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -75,10 +76,21 @@ def test_the_single_job_mode_on_held_out_traces_bounds_every_rule_and_misses_not
             assert r["vs_uniform_zone_range_pct"] is None
 
 
-def test_broker_backtest_single_job_prints_the_rows_as_json():
-    result = CliRunner().invoke(app, ["backtest", "--single-job", "--stride-hours", "96", "--json"])
+def test_broker_backtest_single_job_prints_the_rows_as_json(tmp_path):
+    """The command on traces of its own (two zones of the packaged set: the mode's figures are the test above's)."""
+    traces = tmp_path / "traces"
+    (traces / "aws-02-15-2023").mkdir(parents=True)
+    for name in ("us-east-1a_v100_1.json", "us-west-2c_v100_1.json"):
+        shutil.copy(PACKAGED_TRACES / "aws-02-15-2023" / name, traces / "aws-02-15-2023" / name)
+    result = CliRunner().invoke(
+        app, ["backtest", "--single-job", "--traces", str(traces), "--stride-hours", "96", "--json"]
+    )
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
+    assert body["traces"] == str(traces)
+    assert {(r["setting"], r["deadline_h"]) for r in body["rows"]} == {
+        (s, d) for s in ("1 zone", "2 zones") for d in single_job.DEADLINES_H
+    }
     assert {r["policy"] for r in body["rows"]} == {
         "greedy",
         "uniform",
