@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -50,6 +51,40 @@ def test_preempted_job_migrates_and_finishes_with_identical_weights(system, tmp_
         assert all(run.started_at <= at <= run.ended_at for at in times) and times == sorted(times)
     assert done.cost_usd == pytest.approx(sum(r.offer.price_usd_per_h * r.hours(r.ended_at) for r in done.runs))
     assert_same_weights(torch.load(tmp_path / "final.pt"), uninterrupted)
+
+
+SLOW_SAVE = """
+import time
+from broker import sdk
+state = sdk.restore()
+for step in range(state["step"] if state else 0, 150):
+    sdk.progress(step + 1, 150)
+    if sdk.should_stop():
+        time.sleep(5)  # a large model's save, longer than the agent's lease (3 s)
+        sdk.save({"step": step + 1}, step=step + 1)
+        raise SystemExit(0)
+    time.sleep(0.02)
+"""
+
+
+def test_a_noticed_job_whose_save_outlasts_the_lease_moves_from_that_save(system):
+    """The agent renews its lease while the job saves. It did not, so the broker took the run for lost mid-save
+    and moved the job from an older checkpoint (here none) while the save went on."""
+    notice, ended = Switch(), []
+    spot = system.agent("spot-a", notices=notice)
+    system.agent("ondemand-a")
+    job = system.broker.submit(l4_spec("slow-save", SLOW_SAVE))
+    on_its_own = threading.Thread(target=lambda: ended.append(next(o for o in iter(spot.step, "") if o)))
+    on_its_own.start()  # the agent turns in its own thread, as its own process would, while the server goes on
+    system.drive(lambda: progressed(system, job.id, 20), silent=("spot-a",))
+    notice.fire()
+    system.drive(lambda: system.job(job.id).state == JobState.done, silent=("spot-a",))
+    on_its_own.join(timeout=30)
+    done = system.job(job.id)
+    assert ended == ["preempted"]
+    assert [(r.agent, r.end_reason) for r in done.runs] == [("spot-a", "preempted"), ("ondemand-a", "finished")]
+    first, second = done.runs
+    assert first.checkpoint_step >= 20 and second.resume_from == first.checkpoint_url
 
 
 def test_the_deadline_guard_moves_a_job_falling_behind_from_spot_to_on_demand(system, tmp_path, uninterrupted):

@@ -183,7 +183,7 @@ class Agent:
         if self.job is None:
             return
         if self.job.poll() is None:
-            self.job.kill() if kill else self.job.stop(self.grace_s)
+            self.job.kill() if kill else self._stop_job(self.grace_s)
         self._forward(flush=True)
         code = self.job.poll() if code is None else code
         tail = self.job.log_tail() if reason == "failed" else []
@@ -199,17 +199,28 @@ class Agent:
             self._notice = self.notices.check()
         return self._stopping or self._notice is not None
 
+    def _stop_job(self, grace_s: float) -> None:
+        """Stop the job within `grace_s`, renewing the lease and forwarding its events while it saves: a save longer
+        than the lease had the broker take the run for lost and move the job from an older checkpoint meanwhile."""
+
+        def keep_lease() -> None:
+            self.contract.renew(self.lease_ms)
+            self._forward()
+
+        self.job.stop(grace_s, tick=keep_lease, tick_s=self.heartbeat_s)
+
     def _leave(self, notice) -> str:
         """The instance is going away: take no more work, checkpoint the job within the notice's lead, report.
 
-        The lease is left to lapse, not deleted, so the broker applies the exit report first.
+        The lease is not deleted: it lapses once the agent has reported the job's exit and left, so the broker
+        applies the exit report first.
         """
         self.contract.leave()
         if notice and self.metrics:
             self.metrics.notices.inc()
         if self.job:
             self.contract.report(self.job.job_id, self.fence, "notice", deadline=notice.deadline if notice else None)
-            self.job.stop(self._grace_s(notice))
+            self._stop_job(self._grace_s(notice))
             self._end_job("preempted")
         if notice and hasattr(self.notices, "acknowledge"):
             self.notices.acknowledge(notice)

@@ -66,6 +66,7 @@ class Contract:
         self._started: set[tuple[str, int]] = set()  # (job, fence) this agent started: never twice
         self._asked: dict[str, tuple[int, str]] = {}  # job -> (fence, request) of the checkpoint last acted on
         self._may_hold = True  # assignments read but maybe not acked (a restart, a failed start): read them first
+        self._leaving = False  # once the instance is going away, a renewed lease stays marked leaving
 
     def register(
         self,
@@ -96,11 +97,14 @@ class Contract:
             log.info("agent=%s offers speed=%.3f", self.id, offer.speed_factor)
 
     def renew(self, lease_ms: int) -> bool:
-        """Extend the lease; False when it had lapsed (the broker may have moved this agent's job)."""
-        return self.store.renew_lease(self.id, lease_ms)
+        """Extend the lease (still leaving, once `leave` said so); False when it had lapsed (the broker may have
+        moved this agent's job)."""
+        return self.store.renew_lease(self.id, lease_ms, leaving=self._leaving)
 
     def leave(self) -> None:
-        """The instance is going away: no new work. The lease is left to lapse, so the exit report comes first."""
+        """The instance is going away: no new work. The lease lapses once the agent stops renewing it, after its job's
+        exit report."""
+        self._leaving = True
         self.store.mark_leaving(self.id)
 
     def remove(self) -> None:

@@ -15,7 +15,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from broker.domain.model import JobSpec
@@ -114,16 +116,26 @@ class JobProcess:
         """Ask the job to checkpoint at its next step and run on (sdk.should_save turns True; save() clears it)."""
         self.checkpoint_request.touch()
 
-    def stop(self, grace_s: float = DEFAULT_GRACE_S) -> int:
-        """SIGTERM the job's process group, SIGKILL it after `grace_s`; returns the exit code."""
+    def stop(
+        self, grace_s: float = DEFAULT_GRACE_S, tick: Callable[[], None] | None = None, tick_s: float = 1.0
+    ) -> int:
+        """SIGTERM the job's process group, SIGKILL it after `grace_s`; returns the exit code. `tick` is called every
+        `tick_s` while the job saves: its agent keeps its lease and forwards the job's events meanwhile."""
         if self.proc is None:
             raise RuntimeError("stop() before start()")
         if self.proc.poll() is None:
             self._signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
+            deadline = time.monotonic() + grace_s
+            while self.proc.poll() is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.kill()
+                    break
+                try:
+                    self.proc.wait(timeout=min(left, tick_s))
+                except subprocess.TimeoutExpired:
+                    if tick:
+                        tick()
         return self.proc.wait()
 
     def kill(self) -> None:

@@ -87,7 +87,7 @@ class FillAgent:
         self._owned = self._saved = self._reported = self._published = self._polled = 0.0
         self._leaving = threading.Event()  # asked: take no new job
         self._left = threading.Event()  # done: the lease says "leaving" and no heartbeat will undo it
-        self._lease = threading.Lock()  # a heartbeat never lands between the mark "leaving" and the exit
+        self._lease = threading.Lock()  # a heartbeat's renewal never lands inside the mark "leaving" (or the exit)
         self._lapsed = threading.Event()  # a heartbeat found the lease gone: the serving thread starts afresh
         self._stopped = threading.Event()
         self._turned = time.monotonic()  # the serving thread's last turn: a hung one lets the lease lapse
@@ -145,11 +145,12 @@ class FillAgent:
     def _heartbeat(self) -> None:
         """The lease, renewed on a thread of its own: starting or restarting a fill process (a torch import) can
         outlast the lease on a busy machine, and the serving thread waits for it meanwhile. A serving thread that
-        has not turned for longer than a process may take to start is hung: the lease lapses, the job moves."""
+        has not turned for longer than a process may take to start is hung: the lease lapses, the job moves. Once
+        leaving, the renewed lease stays marked so (the contract's), until the job's hand-back is reported."""
         while not self._stopped.wait(self.lease_ms / 4000):
             with self._lease:
                 hung = time.monotonic() - self._turned > START_TIMEOUT_S + self.lease_ms / 1000
-                if self._stopped.is_set() or self._leaving.is_set() or hung:
+                if self._stopped.is_set() or hung:
                     continue
                 if not self.contract.renew(self.lease_ms):
                     self._lapsed.set()

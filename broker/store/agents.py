@@ -86,9 +86,10 @@ class AgentChannels:
 
         return self.redis.transaction(replace, key, value_from_callable=True)
 
-    def renew_lease(self, agent_id: str, lease_ms: int) -> bool:
-        """Extend the agent's lease; False if it had already expired (the broker may have moved its job)."""
-        return bool(self.redis.set(self._key("lease", agent_id), 1, px=lease_ms, xx=True))
+    def renew_lease(self, agent_id: str, lease_ms: int, leaving: bool = False) -> bool:
+        """Extend the agent's lease (marked leaving, as `mark_leaving`, when it is going away); False if it had
+        already expired (the broker may have moved its job)."""
+        return bool(self.redis.set(self._key("lease", agent_id), "leaving" if leaving else 1, px=lease_ms, xx=True))
 
     def lease_alive(self, agent_id: str) -> bool:
         return bool(self.redis.exists(self._key("lease", agent_id)))
