@@ -87,6 +87,17 @@ def test_a_noticed_job_whose_save_outlasts_the_lease_moves_from_that_save(system
     assert first.checkpoint_step >= 20 and second.resume_from == first.checkpoint_url
 
 
+def test_a_job_whose_setup_outlasts_the_lease_runs_once(system):
+    """The spec's setup (a pip install, a download) runs in the job's process, the agent turning meanwhile. It ran
+    inside the agent's turn, so a setup longer than the lease (3 s) had the broker take each run for lost."""
+    system.agent("spot-a")
+    job = system.broker.submit(l4_spec("slow-setup", "print('ran')", setup="sleep 5 && echo set up"))
+    system.drive(lambda: system.job(job.id).state.terminal, timeout_s=40)
+    done = system.job(job.id)
+    assert done.state == JobState.done and [(r.agent, r.end_reason) for r in done.runs] == [("spot-a", "finished")]
+    assert system.store.read_log("spot-a", job.id, done.runs[0].fence)[1] == ["set up", "ran"]
+
+
 def test_the_deadline_guard_moves_a_job_falling_behind_from_spot_to_on_demand(system, tmp_path, uninterrupted):
     system.agent("spot-a")
     system.agent("ondemand-a")

@@ -4,7 +4,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from broker.agents.checkpoints import CheckpointStore
@@ -146,11 +145,19 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
     assert time.monotonic() - started < 5
 
 
-def test_failed_setup_stops_the_start(tmp_path):
-    job = JobProcess(make_spec(setup="exit 3"), "j", "/tmp/c/j", tmp_path)
-    with pytest.raises(OSError, match="setup exited with 3"):
-        job.start()
-    assert job.proc is None
+def test_a_failed_setup_ends_the_job_with_its_code_and_says_so(tmp_path):
+    job = JobProcess(make_spec(run=["echo", "ran"], setup="echo installing; exit 3"), "j", "/tmp/c/j", tmp_path)
+    job.start()
+    assert job.wait(timeout=10) == 3
+    assert job.log_tail() == ["installing", "broker: setup exited with 3"]  # the job itself never ran
+
+
+def test_the_setup_runs_where_the_job_does_with_its_env_then_the_job_with_its_argv(tmp_path):
+    spec = make_spec(run=["echo", "$HOME", "a;b"], setup='echo "setup in $PWD with $GREETING"', workdir=str(tmp_path))
+    job = JobProcess(spec.model_copy(update={"env": {"GREETING": "hi"}}), "j", "/tmp/c/j", tmp_path / "run")
+    job.start()
+    assert job.wait(timeout=10) == 0
+    assert job.log_tail() == [f"setup in {tmp_path} with hi", "$HOME a;b"]
 
 
 def test_the_agents_own_broker_settings_never_reach_the_job(tmp_path, monkeypatch):

@@ -1,8 +1,8 @@
 """The job contract on the agent side: start a job as a process, read its events, stop it politely.
 
 The job runs in its own process group (so `torchrun` and its workers all get the signal),
-with its argv (bash only when the spec says `shell: true`), the spec's env and the
-BROKER_* variables of `broker.sdk`. Stopping sends SIGTERM ("checkpoint now and exit"),
+with its argv (bash only when the spec says `shell: true`; the spec's setup first, in the same process), the
+spec's env and the BROKER_* variables of `broker.sdk`. Stopping sends SIGTERM ("checkpoint now and exit"),
 waits the grace period, then SIGKILLs the group. A checkpoint without a stop is asked for with a
 file (BROKER_CHECKPOINT_REQUEST), not a signal: a job that does not use the SDK ignores a file,
 where a signal it does not handle would kill it.
@@ -25,9 +25,15 @@ from broker.domain.model import JobSpec
 DEFAULT_GRACE_S = 30.0
 
 
+# The spec's setup runs first in the job's own process (bash, then exec of the job): the agent goes on turning
+# (lease, notices, a stop) through a setup of minutes, which inside its turn outlasted the lease.
+SETUP_THEN_RUN = 'bash -c "$0" || { code=$?; echo "broker: setup exited with $code" >&2; exit $code; }; exec "$@"'
+
+
 def job_argv(spec: JobSpec) -> list[str]:
-    """The argv that runs the spec: its own argv, or bash -c for `shell: true`."""
-    return ["bash", "-c", spec.run[0]] if spec.shell else list(spec.run)
+    """The argv that runs the spec: its own argv, or bash -c for `shell: true`; after its setup, if any."""
+    argv = ["bash", "-c", spec.run[0]] if spec.shell else list(spec.run)
+    return ["bash", "-c", SETUP_THEN_RUN, spec.setup, *argv] if spec.setup else argv
 
 
 class JobProcess:
@@ -73,16 +79,10 @@ class JobProcess:
         return os.path.expanduser(self.spec.workdir) if self.spec.workdir else None
 
     def start(self) -> None:
-        """Run the spec's setup (if any), then start the job; raises OSError if it cannot start."""
+        """Start the job (its setup first, in its process); raises OSError if it cannot start."""
         self.events_file.touch()
         log = open(self.log_file, "ab")
         try:
-            if self.spec.setup:
-                done = subprocess.run(
-                    ["bash", "-c", self.spec.setup], cwd=self.cwd, env=self.env, stdout=log, stderr=log
-                )
-                if done.returncode != 0:
-                    raise OSError(f"setup exited with {done.returncode}")
             self.proc = subprocess.Popen(
                 job_argv(self.spec),
                 cwd=self.cwd,
