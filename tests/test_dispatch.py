@@ -180,6 +180,26 @@ def test_an_agent_killed_mid_job_loses_its_lease_and_the_job_resumes_elsewhere(s
     assert_same_weights(torch.load(tmp_path / "final.pt"), uninterrupted)
 
 
+def test_a_round_goes_on_while_the_checkpoint_to_resume_from_is_hashed(system, tmp_path, monkeypatch):
+    """The round hashed that checkpoint inline, about 1 s a GB on a local disk: a large one held every dispatch."""
+    spot = system.agent("spot-a")
+    job = system.broker.submit(train_spec(OUTPUT=str(tmp_path / "final.pt"), STEP_SLEEP_S="0.03"))
+    system.drive(lambda: progressed(system, job.id, 15))
+    spot.job.kill()  # the instance vanished: the job goes back, to resume from its checkpoint at step 10 or later
+    system.drive(lambda: system.job(job.id).pending and not system.store.agents(), silent={"spot-a"})
+    hashed, verify = threading.Event(), system.server.checkpoints.verify
+    monkeypatch.setattr(system.server.checkpoints, "verify", lambda manifest: (hashed.wait(), verify(manifest))[1])
+    system.agent("ondemand-a")
+    dispatching = threading.Thread(target=system.server.dispatch)
+    dispatching.start()
+    dispatching.join(timeout=20)
+    hashed.set()
+    assert not dispatching.is_alive() and system.job(job.id).pending  # it waits, the round does not
+    system.drive(lambda: system.job(job.id).state == JobState.done, silent={"spot-a"})
+    resumed = system.job(job.id).runs[-1]
+    assert resumed.agent == "ondemand-a" and resumed.resume_from.endswith(("step-000000000010", "step-000000000020"))
+
+
 def test_a_failing_job_is_retried_then_failed_with_its_last_lines(system):
     system.agent("spot-a")
     spec = l4_spec("crash", "print('loading'); print('boom: bad input'); raise SystemExit(3)", max_restarts=1)

@@ -71,7 +71,9 @@ def test_a_deposed_leader_cannot_dispatch_even_mid_round(store, catalog, tmp_pat
     time.sleep(LEASE_S * 1.2)
     assert b.lead()  # a's lease lapsed (a long pause) and b took over
     agent = store.agents()[0]
-    assert a._assign([(store.get_job(job.id), agent)]) == []  # a still thinks it plans: the fence refuses the write
+    assert (
+        a._assign([(store.get_job(job.id), agent)], hash_wait_s=None) == []
+    )  # a still thinks it plans: the fence refuses the write
     assert store.get_job(job.id).fence == 0 and store.get_job(job.id).state == JobState.queued
 
 

@@ -17,6 +17,8 @@ import hashlib
 import json
 import logging
 import posixpath
+import threading
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
+HASHING_AT_ONCE = 2  # jobs whose checkpoints a server hashes at once, on threads beside its rounds
 
 
 class CheckpointError(BrokerError):
@@ -77,6 +80,9 @@ class CheckpointStore:
             ) from None
         self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         self.keep = keep
+        self._lock = threading.Lock()
+        self._looking: dict[str, Future] = {}  # job -> its latest_verified, hashing on a thread
+        self._hashers = threading.Semaphore(HASHING_AT_ONCE)
 
     def ensure_root(self) -> None:
         """Make a local root now (a bucket is the cloud's to have): a folder that cannot be made is the user's one
@@ -201,6 +207,31 @@ class CheckpointStore:
             skipped.append(f"step {manifest.step}: {problem}")
             log.warning("checkpoint=skipped job=%s step=%d reason=%r", job_id, manifest.step, problem)
         return None, skipped
+
+    def latest_verified_soon(self, job_id: str, wait_s: float | None) -> tuple[Manifest | None, list[str]] | None:
+        """latest_verified, hashed on a thread: None while it goes on past `wait_s` (ask again later; None waits to
+        the end). A server's round hashed gigabytes inline (about 1 s a GB on a local disk), dispatching nothing."""
+        with self._lock:
+            future = self._looking.get(job_id)
+            if future is None:
+                future = self._looking[job_id] = Future()
+                threading.Thread(target=self._look, args=(job_id, future), daemon=True, name="checkpoint-hash").start()
+        try:
+            result = future.result(timeout=wait_s)
+        except TimeoutError:
+            return None
+        finally:
+            with self._lock:
+                if future.done() and self._looking.get(job_id) is future:
+                    del self._looking[job_id]
+        return result
+
+    def _look(self, job_id: str, future: Future) -> None:
+        with self._hashers:
+            try:
+                future.set_result(self.latest_verified(job_id))
+            except BaseException as error:  # the caller's, as if it had hashed inline
+                future.set_exception(error)
 
     def _prune(self, job_id: str) -> None:
         """Keep the newest `keep` published checkpoints; drop everything older, partial ones included."""

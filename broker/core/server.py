@@ -37,6 +37,7 @@ PLAN_PAGE = 1000  # pending jobs planned per round at most, most urgent first
 # deep queue costs a round only what its idle agents need, and a job far down that fits an idle agent still runs
 PLAN_PAGE_PER_AGENT, PLAN_PAGE_MIN = 2, 16
 GUARD_EVERY_S = 1.0
+HASH_WAIT_S = 0.1  # a round waits this long, all jobs together, for their checkpoints' hashes; the rest go next round
 PRICES_EVERY_S = 60.0  # the catalog changes when prices are refreshed or our agents see preemptions
 RECOVER_EVERY_S = 5.0  # how often a replica claims dead replicas' reports (they are claimable after 30 s idle)
 
@@ -119,7 +120,7 @@ class BrokerServer:
             pass
         self.reclaim_lost()
         self.guard()
-        return self.dispatch()
+        return self.dispatch(hash_wait_s=None)
 
     def fold_reports(self, block_ms: int | None) -> int:
         """Apply one batch of agent reports (all their jobs in one transaction), then ack them; returns how many.
@@ -218,8 +219,9 @@ class BrokerServer:
 
     # -- dispatch -------------------------------------------------------------------------
 
-    def dispatch(self) -> list[tuple[str, str]]:
-        """Plan the most urgent pending jobs onto idle agents with the policy; returns (job, agent) pairs.
+    def dispatch(self, hash_wait_s: float | None = HASH_WAIT_S) -> list[tuple[str, str]]:
+        """Plan the most urgent pending jobs onto idle agents with the policy; returns (job, agent) pairs. A job
+        whose checkpoint to resume from is still hashing past `hash_wait_s` waits for a later round (None: waits).
 
         A job the policy cannot place within its own deadline or budget still runs where it finishes first
         (it is late or over either way); one that lacks capacity, or the round's budget, waits for the next round.
@@ -239,7 +241,7 @@ class BrokerServer:
                 break
             pairs += self._plan_page(jobs, by_offer)
             start, page = start + len(jobs), page * 2
-        return self._assign(pairs)
+        return self._assign(pairs, hash_wait_s)
 
     def _plan_page(self, jobs: list[Job], by_offer: dict[str, list[AgentInfo]]) -> list[tuple[Job, AgentInfo]]:
         """Plan one page of pending jobs onto the agents still idle (taken from `by_offer` as they are given)."""
@@ -324,22 +326,34 @@ class BrokerServer:
             option = min(self.policy.options(spec, offers, self.clock.now()), key=lambda o: o.expected_finish)
         return by_offer[option.offer.id]
 
-    def _assign(self, pairs: list[tuple[Job, AgentInfo]]) -> list[tuple[str, str]]:
+    def _assign(self, pairs: list[tuple[Job, AgentInfo]], hash_wait_s: float | None) -> list[tuple[str, str]]:
         """Dispatch each job to its agent, all in one store transaction fenced by the planning lease; returns the
-        (job, agent) pairs that were assigned (a job someone else moved meanwhile is not)."""
-        now = self.clock.now()
-        assigned = self.store.update_jobs(
-            [self._dispatching(job, agent, now) for job, agent in pairs], leader=self.consumer
-        )
+        (job, agent) pairs that were assigned (a job someone else moved meanwhile, or whose checkpoint is still
+        hashing, is not)."""
+        now, ends = self.clock.now(), None if hash_wait_s is None else time.monotonic() + hash_wait_s
+        changes, ready = [], []
+        for job, agent in pairs:
+            if not job.runs:  # never ran: no checkpoint to resume from
+                found = None, []
+            else:
+                wait_s = None if ends is None else max(0.0, ends - time.monotonic())
+                found = self.checkpoints.latest_verified_soon(job.id, wait_s)
+            if found is None:
+                log.info("job=%s waits for its checkpoint's hash", job.id)
+                continue
+            changes.append(self._dispatching(job, agent, now, *found))
+            ready.append((job, agent))
+        assigned = self.store.update_jobs(changes, leader=self.consumer)
+        pairs = ready
         done = [(job, agent) for job, agent in pairs if assigned.get(job.id) is not None]
         if self.metrics:
             moved = sum(1 for job, _ in done if job.runs and job.runs[-1].end_reason in ("preempted", "lost", "moved"))
             self.metrics.migrations.inc(moved)
         return [(job.id, agent.id) for job, agent in done]
 
-    def _dispatching(self, job: Job, agent: AgentInfo, now) -> tuple:
-        """(job id, change, also) that start a new run of the job on the agent, for Store.update_jobs."""
-        latest, skipped = self.checkpoints.latest_verified(job.id)
+    def _dispatching(self, job: Job, agent: AgentInfo, now, latest, skipped: list[str]) -> tuple:
+        """(job id, change, also) that start a new run of the job on the agent from its newest verified checkpoint
+        (`latest`, CheckpointStore.latest_verified's, with the newer ones `skipped`), for Store.update_jobs."""
         for line in skipped:
             log.warning("job=%s checkpoint skipped: %s", job.id, line)
         fence = job.fence + 1
