@@ -339,7 +339,7 @@ class BrokerServer:
                 wait_s = None if ends is None else max(0.0, ends - time.monotonic())
                 found = self.checkpoints.latest_verified_soon(job.id, wait_s)
             if found is None:
-                log.info("job=%s waits for its checkpoint's hash", job.id)
+                log.debug("job=%s waits for its checkpoint's hash", job.id)  # each round it waits
                 continue
             changes.append(self._dispatching(job, agent, now, *found))
             ready.append((job, agent))
