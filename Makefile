@@ -38,10 +38,10 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# One pytest worker per core (pytest-xdist), each with its own redis-server; a file's tests stay on one worker,
-# so a module's fixture (a backtest, a trained pipeline) is computed once.
+# One pytest worker per core, 8 at most (pytest-xdist), each with its own redis-server; a file's tests stay on one
+# worker, so a module's fixture (a backtest, a trained pipeline) is computed once.
 test: lint browser
-	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile
+	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 8 --dist loadfile
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
