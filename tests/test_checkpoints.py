@@ -1,6 +1,7 @@
 """Checkpoints: published with a manifest written last; only verified ones count."""
 
 import hashlib
+import threading
 
 import pytest
 
@@ -78,6 +79,18 @@ def test_the_manifest_is_the_last_file_written(store, tmp_path, monkeypatch):
     )
     store.publish("job-a", 1, files(tmp_path, "c1", **{"x": b"1", "y": b"2"}))
     assert order[:2] == ["x", "y"] and order[-1].startswith(MANIFEST)
+
+
+def test_a_hash_left_waiting_is_not_the_answer_once_the_job_ran_again(store, tmp_path, monkeypatch):
+    """A dispatch that stopped waiting left its hash behind; the job, dispatched later, saved a newer checkpoint."""
+    store.publish("job-a", 10, files(tmp_path, "c1", **{"state.pt": b"one"}))
+    hashed, verify = threading.Event(), store.verify
+    monkeypatch.setattr(store, "verify", lambda manifest: (hashed.wait(), verify(manifest))[1])
+    assert store.latest_verified_soon("job-a", fence=1, wait_s=0.0) is None  # still hashing: ask again later
+    hashed.set()
+    store.publish("job-a", 20, files(tmp_path, "c2", **{"state.pt": b"two"}))  # the job ran again (fence 2), saved
+    latest, _ = store.latest_verified_soon("job-a", fence=2, wait_s=None)
+    assert latest.step == 20
 
 
 def test_no_checkpoints_means_none(store):

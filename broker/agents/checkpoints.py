@@ -81,7 +81,7 @@ class CheckpointStore:
         self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         self.keep = keep
         self._lock = threading.Lock()
-        self._looking: dict[str, Future] = {}  # job -> its latest_verified, hashing on a thread
+        self._looking: dict[str, tuple[int, Future]] = {}  # job -> (fence, its latest_verified hashing on a thread)
         self._hashers = threading.Semaphore(HASHING_AT_ONCE)
 
     def ensure_root(self) -> None:
@@ -208,13 +208,17 @@ class CheckpointStore:
             log.warning("checkpoint=skipped job=%s step=%d reason=%r", job_id, manifest.step, problem)
         return None, skipped
 
-    def latest_verified_soon(self, job_id: str, wait_s: float | None) -> tuple[Manifest | None, list[str]] | None:
+    def latest_verified_soon(
+        self, job_id: str, fence: int, wait_s: float | None
+    ) -> tuple[Manifest | None, list[str]] | None:
         """latest_verified, hashed on a thread: None while it goes on past `wait_s` (ask again later; None waits to
-        the end). A server's round hashed gigabytes inline (about 1 s a GB on a local disk), dispatching nothing."""
+        the end). A server's round hashed gigabytes inline (about 1 s a GB on a local disk), dispatching nothing.
+        A hash started for an older `fence` of the job (it ran since, and may have saved) is not the answer."""
         with self._lock:
-            future = self._looking.get(job_id)
-            if future is None:
-                future = self._looking[job_id] = Future()
+            started, future = self._looking.get(job_id, (None, None))
+            if future is None or started != fence:
+                future = Future()
+                self._looking[job_id] = (fence, future)
                 threading.Thread(target=self._look, args=(job_id, future), daemon=True, name="checkpoint-hash").start()
         try:
             result = future.result(timeout=wait_s)
@@ -222,7 +226,7 @@ class CheckpointStore:
             return None
         finally:
             with self._lock:
-                if future.done() and self._looking.get(job_id) is future:
+                if future.done() and self._looking.get(job_id, (None, None))[1] is future:
                     del self._looking[job_id]
         return result
 

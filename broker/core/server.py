@@ -337,15 +337,14 @@ class BrokerServer:
                 found = None, []
             else:
                 wait_s = None if ends is None else max(0.0, ends - time.monotonic())
-                found = self.checkpoints.latest_verified_soon(job.id, wait_s)
+                found = self.checkpoints.latest_verified_soon(job.id, job.fence, wait_s)
             if found is None:
                 log.debug("job=%s waits for its checkpoint's hash", job.id)  # each round it waits
                 continue
             changes.append(self._dispatching(job, agent, now, *found))
             ready.append((job, agent))
         assigned = self.store.update_jobs(changes, leader=self.consumer)
-        pairs = ready
-        done = [(job, agent) for job, agent in pairs if assigned.get(job.id) is not None]
+        done = [(job, agent) for job, agent in ready if assigned.get(job.id) is not None]
         if self.metrics:
             moved = sum(1 for job, _ in done if job.runs and job.runs[-1].end_reason in ("preempted", "lost", "moved"))
             self.metrics.migrations.inc(moved)
