@@ -52,7 +52,7 @@ def test_run_sees_the_example_fine_tune_through_on_a_local_agent(env, store):
     assert job.runs[0].offer.id == job.quote.chosen.offer.id  # the local agent stands for the quote's choice
     for shown in ("started local agent", "running", "step 400/400", "fine-tune done", f"{job.id} done: $"):
         assert shown in result.stdout
-    assert store.working_agents() == []  # the agent it started has left (its lease lapses after its exit report)
+    assert store.agents_with_leases() == []  # the agent it started has stopped, and is not listed as lapsed
 
 
 def test_run_sees_the_example_batch_inference_through_from_its_checkpointed_cursor(env, store):

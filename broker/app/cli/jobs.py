@@ -242,6 +242,8 @@ def run(
         ) from None
     finally:
         provisioner.stop_all()
+    for agent_id in provisioner.agents:  # stopped after its job ended: not left behind as a lapsed agent
+        broker.store.of_job(job.id).remove_agent(agent_id)
     if job.state != JobState.done:
         raise BrokerError(f"{job.id} {job.state.value}: {job.reason or 'no reason recorded'}; `broker logs {job.id}`")
     base = job.on_demand_usd(job.updated_at)
