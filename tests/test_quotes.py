@@ -320,3 +320,24 @@ def test_a_quotes_alternatives_are_the_best_by_their_futures_and_listed_by_what_
     costs = [o.forecast.cost_p50_usd for o in listed]
     assert costs == sorted(costs) and all(o.forecast.p_meet_deadline > 0.99 for o in listed)
     assert listed[2].forecast.cost_p50_usd > on_demand.price_usd_per_h * 4  # a seldom zone pays for on-demand
+
+
+def test_a_capped_jobs_futures_that_would_pass_its_budget_end_there_unfinished():
+    """`if_over_budget: stop` (core/budget.py): a future that would spend past the budget is stopped at it, so it
+    costs the budget and does not finish; under `run` (the default) it finishes, over the budget."""
+    from broker.domain.model import IfOverBudget
+
+    flaky = MarketModel.fit([trace("us-east-1a", [1] * 3 + [0] * 9, 300)])
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+
+    def quoted(**update):
+        spec = _quote_spec(18.0).model_copy(update=update)
+        return Broker(None, OfferBook(offers), planning.get("costslo"), SimulatedClock(NOW), flaky).quote(spec)
+
+    budget = quoted(budget_usd=None).forecast.cost_p50_usd  # half the futures cost more
+    runs_on = quoted(budget_usd=budget).forecast
+    capped = quoted(budget_usd=budget, if_over_budget=IfOverBudget.stop).forecast
+    assert 0.3 < runs_on.p_within_budget < 0.7 and runs_on.cost_p90_usd > budget
+    assert capped.cost_p90_usd <= budget + 1e-6  # none spends past it
+    assert capped.p_meet_deadline <= capped.p_within_budget  # a future stopped at the budget does not finish
+    assert capped.p_meet_deadline < runs_on.p_meet_deadline - 0.2

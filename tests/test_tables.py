@@ -165,3 +165,34 @@ def test_a_long_table_prints_line_for_line_as_rich_prints_it(catalog, monkeypatc
                 monkeypatch.setattr(narrow, "MANY_ROWS", 10**9)
                 assert fast == printed(make(), width, colour), (name, width, colour)
                 monkeypatch.undo()
+
+
+def test_what_a_job_spent_counts_its_run_under_way_up_to_now(catalog):
+    """`broker list` and `broker status` said "spent $0.00" of a job hours into its first run (ended runs only)."""
+    from datetime import timedelta
+
+    from broker.app import render
+    from broker.domain.model import IfOverBudget, Job, Run
+    from broker.planning import get
+
+    spec = load_spec(EXAMPLES / "finetune-lora.yaml", NOW)
+    quote = get("costslo").quote(spec, catalog.offers, NOW)
+    offer = quote.chosen.offer
+    run = Run(fence=1, agent="a", offer=offer, dispatched_at=NOW, started_at=NOW)
+    job = Job(id="j", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote, runs=[run])
+    later = NOW + timedelta(hours=2)
+    spent = f"${2 * offer.price_usd_per_h:,.2f}"
+    text = render.job_times(job, later)
+    assert (
+        f"spent ${2 * offer.price_usd_per_h:,.4f}" in text
+        and f"of ${spec.budget_usd:,.2f}" in text
+        and "stops there" not in text
+    )
+    capped = job.model_copy(update={"spec": spec.model_copy(update={"if_over_budget": IfOverBudget.stop})})
+    assert "(stops there: if_over_budget)" in render.job_times(capped, later)
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(render.jobs_table([job], now=later))
+    row = next(line.split() for line in console.export_text().splitlines() if line.startswith("j "))
+    assert spent in row

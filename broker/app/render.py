@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from rich.console import Group
@@ -10,7 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.app.narrow import Fitted, narrow_safe
-from broker.domain.model import Forecast, Job, Option, Quote, Tier
+from broker.domain.figures import spend_usd
+from broker.domain.model import Forecast, IfOverBudget, Job, Option, Quote, Tier
 
 if TYPE_CHECKING:  # pandas costs a read command a third of a second: imported where a table needs it
     import pandas as pd
@@ -194,9 +195,10 @@ def policies_table(rows: list[dict]) -> Table:
     return table
 
 
-def jobs_table(jobs: list[Job], total: int | None = None) -> Fitted:
-    """Jobs with where they run (or were quoted to run), the quote and what they spent so far; `total`: how many
-    there are, when these are the newest of them."""
+def jobs_table(jobs: list[Job], total: int | None = None, now: datetime | None = None) -> Fitted:
+    """Jobs with where they run (or were quoted to run), the quote and what they spent up to `now` (a run under way
+    too; None: the time of the call); `total`: how many there are, when these are the newest of them."""
+    now = now or datetime.now(UTC)
     table = Table(title=shown_of(len(jobs), total), title_justify="left")
     for col in ("id", "state", "tier", "offer", "gpus", "quote", "spent", "budget", "runs", "deadline UTC"):
         table.add_column(col, justify="right" if col in ("quote", "spent", "budget", "runs") else "left")
@@ -210,7 +212,7 @@ def jobs_table(jobs: list[Job], total: int | None = None) -> Fitted:
             f"{offer.cloud} {offer.instance_type} {offer.zone or offer.region}",
             f"{offer.accelerator_count}x {offer.accelerator}",
             _money(job.quote.cost_usd),
-            _money(job.cost_usd),
+            _money(spend_usd(job, now)),
             _money(job.spec.budget_usd),
             str(len(job.runs)),
             when(job.spec.deadline),
@@ -322,7 +324,9 @@ def job_times(job: Job, now: datetime) -> str:
     parts = [f"submitted {moment(job.submitted_at, now, job)}"]
     parts.append(f"deadline {moment(deadline, now, job)}" if deadline else "no deadline")
     budget = job.spec.budget_usd
-    parts.append(f"spent ${job.cost_usd:,.4f}" + (f" of {_money(budget)}" if budget else " (no budget)"))
+    capped = " (stops there: if_over_budget)" if job.spec.if_over_budget == IfOverBudget.stop else ""
+    spent = f"spent ${spend_usd(job, now):,.4f}"  # a run under way up to now: a job hours in had spent "$0"
+    parts.append(spent + (f" of {_money(budget)}{capped}" if budget else " (no budget)"))
     return " · ".join(parts)
 
 

@@ -23,7 +23,7 @@ from scipy.special import ndtri
 from broker.core.fleet import Fleet, SpeedPrior
 from broker.core.hedging import MAX_ZONES, MarketHedge
 from broker.domain.figures import spend_usd
-from broker.domain.model import Forecast, IfLate, Job, JobSpec, Offer, Option, Quote, Tier
+from broker.domain.model import Forecast, IfLate, IfOverBudget, Job, JobSpec, Offer, Option, Quote, Tier
 from broker.models.futures import HEDGING, ON_DEMAND_NOW, Setting, simulate
 from broker.models.placement import transfer_usd
 from broker.models.risk import (
@@ -272,8 +272,10 @@ def _with_speed(forecast: Forecast, evidence: str, speed: np.ndarray, sigma: flo
 
 def _summary(spec, now, cost, finish, spot_h, od_h, rule, zones, zone_models) -> Forecast:
     window = window_hours(spec, now)
-    met = finish <= window + 1e-9 if math.isfinite(window) else np.isfinite(finish)
     within = cost <= spec.budget_usd + 1e-9 if spec.budget_usd is not None else np.ones_like(cost, dtype=bool)
+    if spec.if_over_budget == IfOverBudget.stop:  # a future over the budget ends there, unfinished (core/budget.py)
+        cost, finish = np.minimum(cost, spec.budget_usd), np.where(within, finish, math.inf)
+    met = finish <= window + 1e-9 if math.isfinite(window) else np.isfinite(finish)
 
     def when(q: float) -> datetime | None:
         h = float(np.percentile(finish, q, method="higher"))  # no interpolation between inf and a number

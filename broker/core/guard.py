@@ -34,17 +34,19 @@ class DeadlineGuard:
         self._waits_for_spot = getattr(policy, "leaves_on_demand_to_wait", None)  # a rule that waits off on-demand
         self._wanted_ids: set[str] | None = None
 
-    def moves(self, now: datetime, idle: list[AgentInfo], pass_h: float = 0.0) -> list[str]:
+    def moves(
+        self, now: datetime, idle: list[AgentInfo], pass_h: float = 0.0, active: list[Job] | None = None
+    ) -> list[str]:
         """A spot or bubble job falling behind its deadline is asked to checkpoint and move to on-demand now; under
         a rule that leaves on-demand (Uniform Progress once far enough ahead, ep(t + 2d); hedge when spot is worth
         its changeovers) a job on on-demand is asked back to spot when one of the `idle` agents fits it and no
         pending job does, or, with none to go to, back to the queue where the rule waits for spot
         (leaves_on_demand_to_wait); a job on spot that a preemption before the next pass (in `pass_h`) would put past
         the safety net is asked for a checkpoint, and one within a pass of the net goes to on-demand. Returns the ids
-        of the jobs it moved."""
+        of the jobs it moved. `active`: the jobs with a run under way, when read already (else read here)."""
         moved = []  # the idle agents to go to: bubbles (free) first, then the cheapest spot
         spot_idle = sorted((a for a in idle if a.offer.tier != Tier.on_demand), key=lambda a: a.offer.price_usd_per_h)
-        for job in self.store.active_jobs():
+        for job in self.store.active_jobs() if active is None else active:
             run, baseline = job.current_run, job.quote.on_demand_baseline
             if (
                 run is None

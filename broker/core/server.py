@@ -20,6 +20,7 @@ import redis
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.tokens import refusal
+from broker.core.budget import stop_over_budget
 from broker.core.guard import DeadlineGuard
 from broker.core.reports import end_run, fold, folding
 from broker.domain.errors import InfeasibleError
@@ -294,16 +295,22 @@ class BrokerServer:
         return False
 
     def guard(self) -> list[str]:
-        """The deadline guard's moves between rounds (core/guard.py), as the leader only; the ids of the jobs moved."""
-        if not getattr(self.policy, "deadline_guard", True) or not self.lead():
-            return []  # baselines without deadlines (SkyPilot's), or a standby replica
-        rule_moves = hasattr(self.policy, "leaves_on_demand")  # the rule may take jobs off on-demand or to a zone
+        """The deadline guard's moves between rounds (core/guard.py), as the leader only, after the budget cap's
+        stops (core/budget.py, under every policy); the ids of the jobs moved or stopped."""
+        if not self.lead():
+            return []  # a standby replica
         now, before = self.clock.now(), self._guarded_at
         self._guarded_at = now
         if before is not None and now > before:  # a pass at the same time (a backtest's tick) is not a shorter one
             self._pass_h = (now - before).total_seconds() / 3600  # what a run does before the guard looks again
-        return DeadlineGuard(self.store, self.policy, self.consumer).moves(
-            now, self._idle_agents() if rule_moves else [], self._pass_h
+        active = self.store.active_jobs()
+        stopped = stop_over_budget(self.store, active, now, self._pass_h, self.consumer)
+        if not getattr(self.policy, "deadline_guard", True):
+            return stopped  # baselines without deadlines (SkyPilot's)
+        rule_moves = hasattr(self.policy, "leaves_on_demand")  # the rule may take jobs off on-demand or to a zone
+        running = [j for j in active if j.id not in stopped]
+        return stopped + DeadlineGuard(self.store, self.policy, self.consumer).moves(
+            now, self._idle_agents() if rule_moves else [], self._pass_h, running
         )
 
     def _idle_agents(self) -> list[AgentInfo]:

@@ -38,6 +38,13 @@ class IfLate(str, Enum):
     soonest = "soonest"  # on-demand to the end, as Can't Be Late's safety net
 
 
+class IfOverBudget(str, Enum):
+    """What a job does once what it spent reaches its budget (`budget_usd`)."""
+
+    run = "run"  # runs on to the end: the budget steers the plan and warns, it does not stop the job
+    stop = "stop"  # checkpoints and ends failed, a guard pass's spend past the budget at most (core/budget.py)
+
+
 MAX_GPU_HOURS = 1e6  # a million A100-hours: far past any job a broker of small jobs takes, far from float trouble
 MAX_BUDGET_USD = 1e9
 MAX_DEADLINE_DAYS = 366  # deadlines further out are typos (+99999999h), and overflow datetimes
@@ -248,6 +255,7 @@ class JobSpec(_Spec):
     deadline_probability: float = Field(0.95, gt=0, lt=1)
     if_late: IfLate = IfLate.cheapest
     budget_usd: float | None = Field(None, gt=0, le=MAX_BUDGET_USD, description="leave it out for no budget")
+    if_over_budget: IfOverBudget = IfOverBudget.run
     tiers: list[Tier] = Field(default_factory=lambda: list(Tier), min_length=1)
     fill: bool = False
     fill_task: str | None = None  # module:Class of its FillTask: it can run inside pipeline bubbles
@@ -301,6 +309,12 @@ class JobSpec(_Spec):
     def _fill_task_counts_steps(self) -> JobSpec:
         if self.fill_task and not (self.fill and self.work.steps):
             raise ValueError("fill_task needs fill: true and work.steps (the executor counts steps), e.g. steps: 600")
+        return self
+
+    @model_validator(mode="after")
+    def _a_cap_has_a_budget(self) -> JobSpec:
+        if self.if_over_budget == IfOverBudget.stop and self.budget_usd is None:
+            raise ValueError("if_over_budget: stop needs budget_usd (or --budget), e.g. budget_usd: 40")
         return self
 
     @model_validator(mode="after")

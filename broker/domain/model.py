@@ -16,6 +16,7 @@ from broker.domain.jobspec import (  # noqa: F401  (re-exported: the domain's ty
     AcceleratorOption,
     CheckpointSpec,
     IfLate,
+    IfOverBudget,
     JobSpec,
     Resources,
     Tier,

@@ -1,0 +1,41 @@
+"""The budget cap (core/budget.py), with a real agent and job over a real Redis: `if_over_budget: stop` ends a job
+once its spend would pass its budget before the guard looks again; `run` (the default) lets it run on."""
+
+from datetime import timedelta
+
+import pytest
+
+from broker.core.budget import over_budget
+from broker.core.clock import ManualClock
+from broker.domain.figures import spend_usd
+from broker.domain.model import IfOverBudget, JobState
+from conftest import train_spec
+
+
+def test_a_capped_job_is_stopped_at_its_budget_and_its_run_closed_with_a_checkpoint(system, tmp_path):
+    system.agent("ondemand-a")
+    spec = train_spec(STEPS="2000", CKPT_EVERY="100000", STEP_SLEEP_S="0.03", OUTPUT=str(tmp_path / "final.pt"))
+    job = system.broker.submit(spec.model_copy(update={"budget_usd": 2.0, "if_over_budget": IfOverBudget.stop}))
+    system.drive(lambda: (run := system.job(job.id).current_run) is not None and run.progress_done >= 5)
+    assert system.server.guard() == []  # cents spent: it runs on
+    running = system.job(job.id)
+    price = running.current_run.offer.price_usd_per_h
+    pass_h = 0.05
+    reached = running.current_run.started_at + timedelta(hours=2.0 / price)
+    before = reached - timedelta(hours=pass_h + 0.01)
+    assert not over_budget(running, before, pass_h) and over_budget(running, before + timedelta(hours=0.02), pass_h)
+    uncapped = running.model_copy(update={"spec": running.spec.model_copy(update={"if_over_budget": "run"})})
+    assert not over_budget(uncapped, reached + timedelta(hours=10), pass_h)  # `run`: never stopped
+
+    system.server.clock = ManualClock(reached)  # its run has spent the budget
+    assert system.server.guard() == [job.id]
+    stopped = system.job(job.id)
+    assert stopped.state == JobState.failed and stopped.reason.startswith("budget spent: $2.00 of $2.00")
+    system.drive(lambda: system.job(job.id).current_run is None)  # the agent stops the job and reports its exit
+    ended = system.job(job.id)
+    (run,) = ended.runs
+    assert ended.state == JobState.failed and run.end_reason == "fenced"
+    assert run.checkpoint_url is not None and run.checkpoint_step >= 5  # saved on the stop: resumable work kept
+    assert spend_usd(ended, reached) == run.cost_usd == pytest.approx(2.0)  # ended on the clock that stopped it
+    assert system.store.working_agents()[0].job is None  # the agent is free for other work
+    assert system.server.guard() == []  # ended: nothing more to stop
