@@ -36,7 +36,7 @@ def stop_over_budget(store: Store, active: list[Job], now: datetime, pass_h: flo
             continue
         why = (
             f"budget spent: ${spend_usd(job, now):.2f} of ${job.spec.budget_usd:.2f} (if_over_budget: stop); "
-            f"its newest checkpoint is kept"
+            f"its checkpoints stay in the checkpoint store"
         )
 
         def fail(current: Job, fence=job.fence, why=why) -> Job | None:
