@@ -341,3 +341,11 @@ def test_a_capped_jobs_futures_that_would_pass_its_budget_end_there_unfinished()
     assert capped.cost_p90_usd <= budget + 1e-6  # none spends past it
     assert capped.p_meet_deadline <= capped.p_within_budget  # a future stopped at the budget does not finish
     assert capped.p_meet_deadline < runs_on.p_meet_deadline - 0.2
+    assert capped.budget_capped and not runs_on.budget_capped and runs_on.budget_at_odds is None
+    assert not capped.over_budget  # a capped job does not overrun: its quote falls short of the odds instead
+    raised = quoted(budget_usd=capped.budget_at_odds, if_over_budget=IfOverBudget.stop)
+    assert raised.forecast.p_meet_deadline >= raised.deadline_probability  # the budget it was told to raise to
+    from broker.app import render
+
+    told = render.short_of_odds(quoted(budget_usd=budget, if_over_budget=IfOverBudget.stop))
+    assert f"raise --budget to ${capped.budget_at_odds:,.2f} for the odds asked" in told

@@ -147,6 +147,12 @@ def _hours_to(at: datetime, since: datetime) -> float:
 def short_of_odds(quote: Quote) -> str:
     """The warning for a quote whose futures meet the deadline less often than asked, and what would."""
     f, asked = quote.forecast, quote.deadline_probability
+    if f.p_within_budget < asked and f.budget_at_odds is not None:  # the budget cap stops the futures it needs
+        return (
+            f"[yellow]P(meet deadline) {f.p_meet_deadline:.2f} is below the {asked:.2f} asked[/]: the budget cap "
+            f"(if_over_budget: stop) ends {1 - f.p_within_budget:.0%} of the futures unfinished; raise --budget to "
+            f"{_money(f.budget_at_odds)} for the odds asked"
+        )
     by = f"by {when(f.finish_at_odds)} UTC" if f.finish_at_odds else "not within the horizon"
     return (
         f"[yellow]P(meet deadline) {f.p_meet_deadline:.2f} is below the {asked:.2f} asked[/]: the futures finish "

@@ -273,7 +273,12 @@ def _with_speed(forecast: Forecast, evidence: str, speed: np.ndarray, sigma: flo
 def _summary(spec, now, cost, finish, spot_h, od_h, rule, zones, zone_models) -> Forecast:
     window = window_hours(spec, now)
     within = cost <= spec.budget_usd + 1e-9 if spec.budget_usd is not None else np.ones_like(cost, dtype=bool)
-    if spec.if_over_budget == IfOverBudget.stop:  # a future over the budget ends there, unfinished (core/budget.py)
+    capped = spec.if_over_budget == IfOverBudget.stop
+    budget_at_odds = None
+    if capped:  # a future over the budget ends there, unfinished (core/budget.py)
+        met = finish <= window + 1e-9 if math.isfinite(window) else np.isfinite(finish)
+        needed = float(np.percentile(np.where(met, cost, math.inf), 100 * spec.deadline_probability, method="higher"))
+        budget_at_odds = round(needed, 2) if math.isfinite(needed) else None
         cost, finish = np.minimum(cost, spec.budget_usd), np.where(within, finish, math.inf)
     met = finish <= window + 1e-9 if math.isfinite(window) else np.isfinite(finish)
 
@@ -298,6 +303,8 @@ def _summary(spec, now, cost, finish, spot_h, od_h, rule, zones, zone_models) ->
         finish_at_odds=when(100 * spec.deadline_probability) if math.isfinite(window) else None,
         p_meet_deadline=round(float(met.mean()), 4),
         p_within_budget=round(float(within.mean()), 4),
+        budget_capped=capped,
+        budget_at_odds=budget_at_odds,
         spot_share=round(share, 4),
         evidence=zone_models[0].evidence if zone_models else "",
     )

@@ -110,6 +110,11 @@ class Forecast(BaseModel):
     finish_at_odds: datetime | None = None
     p_meet_deadline: float
     p_within_budget: float
+    # the spec's `if_over_budget: stop`: a future over the budget ends there unfinished, at the budget's cost
+    budget_capped: bool = False
+    # capped, the least budget with which the futures finish by the deadline at the odds asked (None: not capped, or
+    # no budget does): what a quote the cap falls short tells the user to raise it to
+    budget_at_odds: float | None = None
     spot_share: float  # mean share of the job's instance hours on spot
     evidence: str  # what the market model of its zones rests on
     # the log sd of the job's true speed over the estimate the futures were sampled with; the deadline guard keeps
@@ -127,7 +132,7 @@ class Forecast(BaseModel):
     def over_budget(self) -> bool:
         """Whether more of the futures cost more than the budget than keep it (the money model admits an option
         whose expected cost is within it)."""
-        return self.p_within_budget < 0.5
+        return self.p_within_budget < 0.5 and not self.budget_capped  # capped: short of odds, not over
 
 
 class Option(BaseModel):
