@@ -347,5 +347,7 @@ def test_a_capped_jobs_futures_that_would_pass_its_budget_end_there_unfinished()
     assert raised.forecast.p_meet_deadline >= raised.deadline_probability  # the budget it was told to raise to
     from broker.app import render
 
-    told = render.short_of_odds(quoted(budget_usd=budget, if_over_budget=IfOverBudget.stop))
-    assert f"raise --budget to ${capped.budget_at_odds:,.2f} for the odds asked" in told
+    quote = quoted(budget_usd=budget, if_over_budget=IfOverBudget.stop)
+    assert f"raise --budget to ${capped.budget_at_odds:,.2f} for the odds asked" in render.short_of_odds(quote)
+    baseline = quote.on_demand_baseline.forecast  # what the savings are against: on-demand run to its end
+    assert not baseline.budget_capped and baseline.cost_p50_usd > budget + 1  # capped, it would stop at the budget

@@ -19,7 +19,19 @@ from broker.core.reserve import (
     starts_for_reserve,
 )
 from broker.domain.errors import BrokerError, InfeasibleError, SpecError
-from broker.domain.model import ODDS_NOISE, AgentInfo, Forecast, Job, JobSpec, JobState, Offer, Option, Quote, Tier
+from broker.domain.model import (
+    ODDS_NOISE,
+    AgentInfo,
+    Forecast,
+    IfOverBudget,
+    Job,
+    JobSpec,
+    JobState,
+    Offer,
+    Option,
+    Quote,
+    Tier,
+)
 from broker.models.placement import unknown_exclusions
 from broker.models.risk import fits
 from broker.planning.cheapest import ALTERNATIVES
@@ -141,11 +153,12 @@ class Broker:
             futures: int = FUTURES,
             alone=False,
             baseline: Option | None = None,
+            as_spec: JobSpec = spec,
         ) -> Forecast:
             baseline = baseline or quote.on_demand_baseline
             played = quote.model_copy(update={"chosen": option, "on_demand_baseline": baseline})
             return forecast(
-                spec,
+                as_spec,
                 played,
                 [option.offer] if alone else offers,  # alone: launched and relaunched there only
                 market,
@@ -183,8 +196,12 @@ class Broker:
                 note += spot_start_note(on_spot, reserved)
         update: dict = {"forecast": played.model_copy(update={"evidence": played.evidence + note})}
         baseline = quote.on_demand_baseline
-        if baseline is not None:  # no market randomness there: only the speed's (cheap)
-            update["on_demand_baseline"] = baseline.model_copy(update={"forecast": simulated(baseline)})
+        if baseline is not None:  # no market randomness there: only the speed's (cheap); run to its end whatever
+            # the budget cap, as what the savings are against
+            uncapped = spec.model_copy(update={"if_over_budget": IfOverBudget.run})
+            update["on_demand_baseline"] = baseline.model_copy(
+                update={"forecast": simulated(baseline, as_spec=uncapped)}
+            )
         if explained:  # each on its own offer and fallback, not placed by the rule's zones: among
             # them all the rule would start each where it starts the chosen one, and every row would read the same
             alternatives = [
