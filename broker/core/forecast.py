@@ -272,15 +272,14 @@ def _with_speed(forecast: Forecast, evidence: str, speed: np.ndarray, sigma: flo
 
 def _summary(spec, now, cost, finish, spot_h, od_h, rule, zones, zone_models) -> Forecast:
     window = window_hours(spec, now)
+    met = finish <= window + 1e-9 if math.isfinite(window) else np.isfinite(finish)
     within = cost <= spec.budget_usd + 1e-9 if spec.budget_usd is not None else np.ones_like(cost, dtype=bool)
     capped = spec.if_over_budget == IfOverBudget.stop
     budget_at_odds = None
     if capped:  # a future over the budget ends there, unfinished (core/budget.py)
-        met = finish <= window + 1e-9 if math.isfinite(window) else np.isfinite(finish)
         needed = float(np.percentile(np.where(met, cost, math.inf), 100 * spec.deadline_probability, method="higher"))
-        budget_at_odds = round(needed, 2) if math.isfinite(needed) else None
-        cost, finish = np.minimum(cost, spec.budget_usd), np.where(within, finish, math.inf)
-    met = finish <= window + 1e-9 if math.isfinite(window) else np.isfinite(finish)
+        budget_at_odds = math.ceil(needed * 100) / 100 if math.isfinite(needed) else None  # to the cent above
+        cost, finish, met = np.minimum(cost, spec.budget_usd), np.where(within, finish, math.inf), met & within
 
     def when(q: float) -> datetime | None:
         h = float(np.percentile(finish, q, method="higher"))  # no interpolation between inf and a number
