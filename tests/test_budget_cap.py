@@ -39,3 +39,19 @@ def test_a_capped_job_is_stopped_at_its_budget_and_its_run_closed_with_a_checkpo
     assert spend_usd(ended, reached) == run.cost_usd == pytest.approx(2.0)  # ended on the clock that stopped it
     assert system.store.working_agents()[0].job is None  # the agent is free for other work
     assert system.server.guard() == []  # ended: nothing more to stop
+
+
+def test_a_capped_job_whose_budget_is_raised_runs_on_to_the_new_one(system, tmp_path):
+    system.agent("ondemand-a")
+    spec = train_spec(STEPS="2000", CKPT_EVERY="100000", STEP_SLEEP_S="0.03", OUTPUT=str(tmp_path / "final.pt"))
+    job = system.broker.submit(spec.model_copy(update={"budget_usd": 2.0, "if_over_budget": IfOverBudget.stop}))
+    system.drive(lambda: (run := system.job(job.id).current_run) is not None and run.progress_done >= 5)
+    run = system.job(job.id).current_run
+    reached = run.started_at + timedelta(hours=2.0 / run.offer.price_usd_per_h)
+    system.broker.amend(job.id, budget_usd=4.0)  # told its outlook overruns, the user raises it
+    system.server.clock = ManualClock(reached)
+    assert system.server.guard() == [] and system.job(job.id).state == JobState.running
+    system.server.clock = ManualClock(run.started_at + timedelta(hours=4.0 / run.offer.price_usd_per_h))
+    assert system.server.guard() == [job.id]
+    assert system.job(job.id).reason.startswith("budget spent: $4.00 of $4.00")
+    system.drive(lambda: system.job(job.id).current_run is None)

@@ -273,5 +273,32 @@ class Broker:
         """Cancel a job that has not ended."""
         return self.store.set_state(job_id, JobState.cancelled, self.clock.now(), reason="cancelled by user")
 
+    def amend(self, job_id: str, deadline: str | None = None, budget_usd: float | None = None) -> Job:
+        """Give a job that has not ended another deadline or budget (validated as `submit` validates them, with
+        the same one-line errors): the planner, the deadline guard, the budget cap and the job's outlook read them
+        from the next round; its quote stays the one it was given at submit. The change is an event of the job."""
+        from broker.domain.specfile import OPTIONS, validate_spec
+
+        now = self.clock.now()
+        given = {f: v for f, v in (("deadline", deadline), ("budget_usd", budget_usd)) if v is not None}
+        if not given:
+            raise BrokerError("amend: nothing to change; give --deadline or --budget")
+
+        def change(job: Job) -> Job:
+            if job.state.terminal:
+                raise BrokerError(f"job: {job.id} is already {job.state.value}; nothing to change")
+            data = {**job.spec.model_dump(mode="json", exclude_none=True), **given}
+            options = {field: OPTIONS[field] for field in given}
+            # a deadline kept as it was is checked as at its submission (it may have passed since: a late job)
+            spec = validate_spec(data, now if deadline else job.submitted_at, f"job {job.id}", options)
+            return job.model_copy(update={"spec": spec, "updated_at": now})
+
+        def event(pipe, job: Job) -> None:
+            said = [f"deadline {job.spec.deadline:%Y-%m-%d %H:%M} UTC" if deadline else ""]
+            said.append(f"budget ${job.spec.budget_usd:,.2f}" if budget_usd else "")
+            self.store.of_job(job.id).event(pipe, job.id, job.state, now, "amended: " + ", ".join(w for w in said if w))
+
+        return self.store.update_job(job_id, change, also=event)
+
     def get(self, job_id: str) -> Job:
         return self.store.get_job(job_id)

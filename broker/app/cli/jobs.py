@@ -283,6 +283,23 @@ def cancel(
 
 
 @user_errors
+def amend(
+    job_id: str = typer.Argument(..., help="The job id, or its start if no other id begins so."),
+    deadline: str | None = typer.Option(None, help="The new deadline: ISO time (2026-12-01T18:00Z), or +36h from now."),
+    budget: float | None = typer.Option(None, help="The new budget in USD."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Give a job that has not ended another deadline or budget: planning, the deadline guard, the budget cap and its
+    outlook use them from the next round (its quote stays the one made at submit)."""
+    broker = make_broker()
+    job = broker.amend(broker.store.job_id_for(job_id), deadline=deadline, budget_usd=budget)
+    if as_json:
+        print_json(render.job_dict(job))
+    else:
+        out.print(f"{job.id} amended: {render.job_times(job, datetime.now(UTC))}", highlight=False)
+
+
+@user_errors
 def list_policies(as_json: bool = JsonOpt) -> None:
     """The planning policies by name; choose one with BROKER_POLICY or `broker server --policy`."""
     active = Settings.from_env().policy
