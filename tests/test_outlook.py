@@ -1,7 +1,7 @@
 """A job's outlook (Broker.outlook): its quote made again from where it stands, the work left at its measured speed
 after what it has spent, so a user who looks again once the job has run learns what the quote could not know."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from test_market_model import NOW, _offer, trace
@@ -11,7 +11,7 @@ from broker import planning
 from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
 from broker.core.forecast import Underway, forecast
-from broker.domain.model import JobState
+from broker.domain.model import IfOverBudget, JobState
 from broker.models.risk import exclusive_hours, restart_hours
 from broker.pricing.availability import MarketModel
 from broker.sim.market import OfferBook
@@ -124,3 +124,15 @@ def test_status_warns_when_the_outlook_falls_below_the_odds_asked():
     assert slow.p_within_budget < 0.5 <= on_time.p_within_budget
     assert "over budget likely: P(within budget)" in outlook_line(slow, 0.95)
     assert "over budget" not in outlook_line(on_time, 0.95)
+    # and what would do: the budget 9 in 10 futures keep, the deadline they meet at the odds asked (to the minute up)
+    told = outlook_line(slow, 0.95, "train-1")
+    budget = float(told.split("`broker amend train-1 --budget ")[1].split("`")[0])
+    assert slow.cost_p90_usd <= budget < slow.cost_p90_usd + 0.01
+    deadline = datetime.fromisoformat(told.split("`broker amend train-1 --deadline ")[1].split("`")[0])
+    assert slow.finish_at_odds <= deadline < slow.finish_at_odds + timedelta(minutes=1)
+    # under the budget cap a slow job's futures stop at the budget: raising it is what would do
+    capped = spec.model_copy(update={"if_over_budget": IfOverBudget.stop})
+    stopped = forecast(capped, quote, offers, model, "greedy", NOW, underway=Underway(0.9, 0.7, 2.0, 1.0))
+    assert stopped.p_meet_deadline == 0 and stopped.budget_at_odds > spec.budget_usd
+    told = outlook_line(stopped, 0.95, "train-1")
+    assert f"`broker amend train-1 --budget {stopped.budget_at_odds:.2f}` for the odds asked" in told

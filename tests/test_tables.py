@@ -88,7 +88,7 @@ def test_the_demos_summaries_keep_job_ids_whole_at_80_columns():
     """The demo's last line says to look its jobs up (`broker status JOB`): the ids must print whole."""
     from rich.console import Console
 
-    from broker.app import render
+    from broker.app import render_demo
 
     job = {"state": "done", "cost_usd": 0.0818, "on_demand_cost_usd": 0.3, "migrations": 1, "work_lost_s": 0.0}
     summary = {"speedup": 60.0, "savings_pct": 73.0, "cost_usd": 0.1344, "on_demand_cost_usd": 0.49}
@@ -104,8 +104,8 @@ def test_the_demos_summaries_keep_job_ids_whole_at_80_columns():
         run | {"agent": "ondemand-t4", "tier": "on_demand", "resume_from": "/tmp/x/points/fill-mlp-0efa50/r2/4000"},
     ]
     console = Console(width=80, record=True)
-    console.print(render.run_summary(summary))
-    console.print(render.bubbles_summary(bubbles))
+    console.print(render_demo.run_summary(summary))
+    console.print(render_demo.bubbles_summary(bubbles))
     text = console.export_text()
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
     for shown in ("demo-train-mlp-95d23f", "demo-batch-infer-dd6780", "demo-llm-stage-2", "$0.0818", "$0.3000"):

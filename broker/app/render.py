@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from rich.console import Group
 from rich.table import Table
-from rich.text import Text
 
 from broker.app.narrow import Fitted, narrow_safe
 from broker.domain.figures import spend_usd
@@ -169,15 +168,34 @@ def over_budget(f) -> str:
     )
 
 
-def outlook_line(f, asked: float) -> str:
+def outlook_line(f, asked: float, job_id: str = "JOB") -> str:
     """A job's outlook in a line, warned in yellow when its odds of meeting the deadline fell below those asked, or
-    when more of its futures overrun the budget than keep it."""
+    when more of its futures overrun the budget than keep it, with the `broker amend` that would do (the budget 9 in
+    10 futures keep; the deadline, or under the budget cap the budget, that its futures meet at the odds asked)."""
     line = f"[bold]outlook now[/], from where it stands: {forecast_line(f)}"
     if f.over_budget:
-        line = f"[yellow]over budget likely: P(within budget) {f.p_within_budget:.2f}[/]\n" + line
+        line = (
+            f"[yellow]over budget likely: P(within budget) {f.p_within_budget:.2f}[/]; `broker amend {job_id} "
+            f"--budget {_cents_up(f.cost_p90_usd)}` keeps 9 in 10 of its futures within it\n" + line
+        )
     if f.p_meet_deadline < asked:
-        line = f"[yellow]at risk: P(meet deadline) {f.p_meet_deadline:.2f}, below the {asked:.2f} asked[/]\n" + line
+        fix = ""
+        if f.budget_at_odds is not None and f.p_within_budget < asked:  # the cap stops the futures it needs
+            fix = f"; `broker amend {job_id} --budget {_cents_up(f.budget_at_odds)}` for the odds asked"
+        elif f.finish_at_odds is not None:
+            fix = f"; `broker amend {job_id} --deadline {_minute_up(f.finish_at_odds)}` for the odds asked"
+        line = (
+            f"[yellow]at risk: P(meet deadline) {f.p_meet_deadline:.2f}, below the {asked:.2f} asked[/]{fix}\n" + line
+        )
     return line
+
+
+def _cents_up(usd: float) -> str:
+    return f"{math.ceil(usd * 100 - 1e-9) / 100:.2f}"
+
+
+def _minute_up(at: datetime) -> str:
+    return f"{datetime.fromtimestamp(60 * math.ceil(at.timestamp() / 60), UTC):%Y-%m-%dT%H:%MZ}"
 
 
 def forecast_line(f) -> str:
@@ -341,50 +359,3 @@ def job_dict(job: Job, events: list[dict] | None = None) -> dict:
     if events is not None:
         out["events"] = events
     return out
-
-
-def run_summary(summary: dict) -> Fitted:
-    """The demo's end-to-end result: per job its tiers, cost, on-demand cost, migrations, work lost (the job ids
-    whole: the demo's last line tells the user to look them up)."""
-    table = Table(title=f"demo run (clock x{summary['speedup']:g})", title_justify="left", caption_justify="left")
-    for col in ("job", "state", "runs (tier@agent)", "cost", "on-demand", "migrations", "work lost"):
-        table.add_column(col, justify="right" if col in ("cost", "on-demand", "migrations", "work lost") else "left")
-    for row in summary["jobs"]:
-        table.add_row(
-            row["id"],
-            row["state"],
-            " -> ".join(f"{t}@{a}" for t, a in zip(row["tiers"], row["agents"])),
-            f"${row['cost_usd']:,.4f}",
-            f"${row['on_demand_cost_usd']:,.4f}",
-            str(row["migrations"]),
-            f"{row['work_lost_s']:.0f} s",
-        )
-    if summary["savings_pct"] is not None:
-        table.caption = (
-            f"total ${summary['cost_usd']:,.4f} vs ${summary['on_demand_cost_usd']:,.4f} on on-demand: "
-            f"{summary['savings_pct']:.0f}% saved (times and costs on the compressed clock)"
-        )
-    return narrow_safe(table, "runs (tier@agent)", optional=("work lost", "migrations"))
-
-
-def bubbles_summary(summary: dict) -> Group:
-    """`broker demo --bubbles`: the main job's stages, and the fill job's runs from bubbles to elsewhere (title and
-    note as lines of their own: the table is narrow, and a title or caption wraps at its width)."""
-    job = summary["fill_job"]
-    cost = f"${job['cost_usd']:,.4f} vs ${job['on_demand_cost_usd']:,.4f} on on-demand"
-    title = f"fill job {job['id']} ({job['state']}): {cost}"
-    table = Table()
-    for col in ("run on", "tier", "end", "step", "resumed from", "seconds"):
-        table.add_column(col, justify="right" if col in ("step", "seconds") else "left")
-    for run in job["runs"]:
-        table.add_row(
-            run["agent"],
-            run["tier"],
-            str(run["end"]),
-            str(run["checkpoint_step"]),
-            (run["resume_from"] or "-")[-40:],
-            str(run["seconds"]),
-        )
-    stages = ", ".join(f"stage {s['stage']}: {100 * s['bubble_fraction']:.0f}% idle" for s in summary["stages"])
-    note = f"main job {summary['main_job']} ({stages}, measured on this machine); step: the run's last checkpoint"
-    return Group(Text(title), narrow_safe(table, "resumed from", optional=("resumed from",)), Text(note))

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.progress import Progress
 
-from broker.app import render
+from broker.app import render, render_demo
 from broker.app.cli.common import (
     JsonOpt,
     above_zero,
@@ -81,7 +81,7 @@ def demo(
     if as_json:
         print_json({"quotes": quotes, **summary})
     else:
-        out.print(render.run_summary(summary))
+        out.print(render_demo.run_summary(summary))
         out.print("its jobs, tagged demo: `broker list`, `broker status JOB`, `broker logs JOB`, `broker dashboard`")
     if summary["unfinished"]:
         first = next(r for r in summary["jobs"] if r["state"] != "done")
@@ -135,7 +135,7 @@ def demo_bubbles(examples: Path, timeout: float, as_json: bool) -> None:
     if as_json:
         print_json(summary)
     else:
-        out.print(render.bubbles_summary(summary))
+        out.print(render_demo.bubbles_summary(summary))
     job = summary["fill_job"]
     if job["state"] != "done":
         raise BrokerError(f"demo: the fill job {job['id']} did not finish ({job['state']}); `broker status` shows why")

@@ -148,7 +148,7 @@ def status(
         out.print(f"[yellow]waiting:[/] {waiting}", highlight=False)
     out.print(render.quote_table(job.quote, f"quote at {job.quote.created_at:%Y-%m-%d %H:%M} UTC"))
     if ahead is not None:
-        out.print(render.outlook_line(ahead, job.spec.deadline_probability), highlight=False)
+        out.print(render.outlook_line(ahead, job.spec.deadline_probability, job.id), highlight=False)
     if job.runs:
         out.print(render.runs_table(job))
     if job.log_tail:
