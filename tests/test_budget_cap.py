@@ -8,7 +8,7 @@ import pytest
 from broker.core.budget import over_budget
 from broker.core.clock import ManualClock
 from broker.domain.figures import spend_usd
-from broker.domain.model import IfOverBudget, JobState
+from broker.domain.model import IfOverBudget, JobState, Run
 from conftest import train_spec
 
 
@@ -55,3 +55,22 @@ def test_a_capped_job_whose_budget_is_raised_runs_on_to_the_new_one(system, tmp_
     assert system.server.guard() == [job.id]
     assert system.job(job.id).reason.startswith("budget spent: $4.00 of $4.00")
     system.drive(lambda: system.job(job.id).current_run is None)
+
+
+def test_a_capped_job_back_in_the_queue_with_its_budget_spent_is_not_started_again(system):
+    """A run lost past the budget (its cost runs until the lease lapses) puts the job back in the queue spent."""
+    agent = system.agent("ondemand-a")
+    spec = train_spec().model_copy(update={"budget_usd": 1.0, "if_over_budget": IfOverBudget.stop})
+    job = system.broker.submit(spec)
+    now = system.server.clock.now()
+    lost = Run(fence=1, agent="gone", offer=agent.offer, dispatched_at=now, started_at=now, ended_at=now)
+    lost = lost.model_copy(update={"end_reason": "lost", "cost_usd": 1.05})
+    back = {"state": JobState.migrating, "fence": 1, "runs": [lost]}
+    system.store.update_job(job.id, lambda j: j.model_copy(update=back))
+    assert system.store.get_job(job.id).pending
+    assert system.server.dispatch() == []
+    ended = system.job(job.id)
+    assert ended.state == JobState.failed and ended.reason.startswith("budget spent: $1.05 of $1.00")
+    assert len(ended.runs) == 1  # not started again
+    uncapped = system.broker.submit(train_spec())  # the agent is free for the others
+    assert system.server.dispatch() == [(uncapped.id, "ondemand-a")]

@@ -2,7 +2,8 @@
 
 Checked on the guard's pass, for every policy, by the leading replica: a running job is stopped when the pass to
 come would take its spend past the budget (what it spent so far, and its offer's price over one more pass), so it
-ends at most a pass and its save past it. Ending the job is a state change, as a cancel is: the agent sees its run
+ends at most a pass and its save past it; and when it is planned, so a job back in the queue with its budget spent
+(a run lost past it) is not started again. Ending the job is a state change, as a cancel is: the agent sees its run
 fenced, stops the job (which saves on the stop signal) and reports the exit, which closes the run at its cost.
 """
 
@@ -27,11 +28,11 @@ def over_budget(job: Job, now: datetime, pass_h: float) -> bool:
     return spend_usd(job, now) + ahead >= job.spec.budget_usd
 
 
-def stop_over_budget(store: Store, active: list[Job], now: datetime, pass_h: float, leader: str) -> list[str]:
-    """End failed every job of `active` (those with a run under way) over its budget (over_budget); the ids of
-    those ended."""
+def stop_over_budget(store: Store, jobs: list[Job], now: datetime, pass_h: float, leader: str) -> list[str]:
+    """End failed every one of `jobs` (those with a run under way, or those waiting to be planned) over its budget
+    (over_budget); the ids of those ended."""
     stopped = []
-    for job in active:
+    for job in jobs:
         if not over_budget(job, now, pass_h):
             continue
         why = (

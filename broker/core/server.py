@@ -245,7 +245,10 @@ class BrokerServer:
         return self._assign(pairs, hash_wait_s)
 
     def _plan_page(self, jobs: list[Job], by_offer: dict[str, list[AgentInfo]]) -> list[tuple[Job, AgentInfo]]:
-        """Plan one page of pending jobs onto the agents still idle (taken from `by_offer` as they are given)."""
+        """Plan one page of pending jobs onto the agents still idle (taken from `by_offer` as they are given); a
+        capped job that spent its budget before it came back (a run lost past it) ends here, not on a new run."""
+        spent = set(stop_over_budget(self.store, jobs, self.clock.now(), 0.0, self.consumer))
+        jobs = [j for j in jobs if j.id not in spent]
         left = {offer_id: group for offer_id, group in by_offer.items() if group}
         newest = self.newest_offers()
         offers = [newest.get(offer_id, group[0].offer) for offer_id, group in left.items()]
