@@ -21,6 +21,7 @@ from broker.app.ledger import Ledger
 from broker.app.settings import Settings
 from broker.core.broker import Broker
 from broker.domain.errors import BrokerError
+from broker.domain.model import IfOverBudget
 from broker.models import accounting
 from broker.planning import DEFAULT_POLICY
 from broker.pricing.catalog import PriceCatalog
@@ -140,7 +141,10 @@ def jobs_page() -> None:
     job = next(j for j in jobs if j.id == chosen)
     cols = st.columns(4)
     cols[0].metric("Quoted", money(job.quote.cost_usd))
-    cols[1].metric("Realised so far", money(accounting.spend_usd(job, now())))
+    budget = job.spec.budget_usd
+    capped = " (stops there)" if job.spec.if_over_budget == IfOverBudget.stop else ""
+    of = f"of the {money(budget)} budget{capped}" if budget else None
+    cols[1].metric("Realised so far", money(accounting.spend_usd(job, now())), delta=of, delta_color="off")
     cols[2].metric("Migrations", job.migrations)
     asked = job.quote.deadline_probability
     short = f"{job.quote.p_meet_deadline - asked:+.2f} vs the {asked:.2f} asked" if job.quote.short_of_odds else None
