@@ -351,3 +351,35 @@ def test_a_capped_jobs_futures_that_would_pass_its_budget_end_there_unfinished()
     assert f"raise --budget to ${capped.budget_at_odds:,.2f} for the odds asked" in render.short_of_odds(quote)
     baseline = quote.on_demand_baseline.forecast  # what the savings are against: on-demand run to its end
     assert not baseline.budget_capped and baseline.cost_p50_usd > budget + 1  # capped, it would stop at the budget
+
+
+def test_the_likeliest_cost_is_where_the_futures_crowd_and_never_a_wider_miss_than_the_median():
+    """Futures in three humps (spot held: about $100; a move to on-demand midway: $200; on-demand soon: $300): the
+    median lands on the thin middle hump, half the futures 50% off it; the likeliest cost is the middle of their
+    narrowest half, which no point quote beats in the futures' median miss. One hump alone: near its median."""
+    import numpy as np
+
+    from broker.core.forecast import likeliest
+
+    rng = np.random.default_rng(0)
+    humps = np.concatenate([rng.normal(100, 2, 400), rng.normal(200, 4, 200), rng.normal(300, 6, 400)])
+    q, e = likeliest(humps)
+    assert np.median(np.abs(humps / q - 1)) == pytest.approx(e, abs=1e-3)  # half the futures within e of it
+    misses = {at: np.median(np.abs(humps / at - 1)) for at in (np.median(humps), *np.linspace(80, 320, 49))}
+    assert all(e <= miss + 1e-9 for miss in misses.values())
+    assert e < 0.25 and misses[np.median(humps)] > 0.45
+    one = rng.lognormal(np.log(50), 0.1, 1001)
+    q, e = likeliest(one)
+    assert q == pytest.approx(np.median(one), rel=0.02) and e == pytest.approx(0.067, abs=0.01)
+
+
+def test_the_forecast_line_names_the_likeliest_cost_only_where_it_is_away_from_the_median():
+    from broker.app.render import forecast_line
+
+    flaky = MarketModel.fit([trace("us-east-1a", [1] * 3 + [0] * 9, 300)])
+    f = _quote(flaky, 18.0).forecast
+    assert f.cost_likely_usd is not None and f.cost_likely_spread_pct <= f.cost_spread_pct + 1e-6
+    near = f.model_copy(update={"cost_likely_usd": f.cost_p50_usd * 1.02})
+    away = f.model_copy(update={"cost_likely_usd": f.cost_p50_usd * 0.7, "cost_likely_spread_pct": 3.0})
+    assert "most near" not in forecast_line(near)
+    assert f"most near ${f.cost_p50_usd * 0.7:,.2f} (half within 3%)" in forecast_line(away)

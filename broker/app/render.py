@@ -199,12 +199,16 @@ def _minute_up(at: datetime) -> str:
 
 
 def forecast_line(f) -> str:
-    """The quote's forecast in a line: cost and finish percentiles and the odds, over how many futures."""
+    """The quote's forecast in a line: cost and finish percentiles and the odds, over how many futures; where the
+    futures crowd away from their median (in humps: spot held, on-demand early), the cost most of them lie near."""
     finish = " - ".join(when(t) if t else "after the horizon" for t in (f.finish_p50, f.finish_p90))
+    likely = ""
+    if f.cost_likely_usd is not None and f.cost_p50_usd > 0 and abs(f.cost_likely_usd / f.cost_p50_usd - 1) >= 0.05:
+        likely = f"; most near {_money(f.cost_likely_usd)} (half within {f.cost_likely_spread_pct:.0f}%)"
     return (
         f"forecast over {f.futures:,} futures ({f.rule}): cost p10/p50/p90 {_money(f.cost_p10_usd)} / "
         f"{_money(f.cost_p50_usd)} / {_money(f.cost_p90_usd)} (half the futures within {f.cost_spread_pct:.0f}% of "
-        f"p50); finish p50-p90 {finish}; "
+        f"p50{likely}); finish p50-p90 {finish}; "
         f"P(meet deadline) {f.p_meet_deadline:.2f}, P(within budget) {f.p_within_budget:.2f}; "
         f"{f.spot_share:.0%} on spot; market: {f.evidence}"
     )

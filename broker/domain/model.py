@@ -103,6 +103,10 @@ class Forecast(BaseModel):
     cost_p90_usd: float
     cost_mean_usd: float
     cost_spread_pct: float = 0.0  # median |cost / p50 - 1| over the futures: the miss to expect were the model right
+    # the cost half the futures lie closest to: the middle of their narrowest half (relative width), where the
+    # median miss over the futures is least (core/forecast.likeliest); None: a forecast made before it was kept
+    cost_likely_usd: float | None = None
+    cost_likely_spread_pct: float | None = None  # median |cost / cost_likely - 1| over the futures
     finish_p50: datetime | None  # None: later than the futures' horizon
     finish_p90: datetime | None
     # when the futures finish with the odds the spec asked for (its deadline_probability quantile; None: later than

@@ -47,7 +47,7 @@ def job_rows(jobs: list[Job], end, outlooks: dict | None = None) -> list[dict]:
                 "quoted_after_h": round((at - first).total_seconds() / 3600, 3),
                 **(
                     {f"quoted_{q}_usd": getattr(forecast, f"cost_{q}_usd") for q in ("p10", "p90")}
-                    | {"quoted_spread_pct": forecast.cost_spread_pct}
+                    | {"quoted_spread_pct": forecast.cost_spread_pct, "quoted_likely_usd": forecast.cost_likely_usd}
                     if forecast
                     else {}
                 ),
