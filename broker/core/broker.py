@@ -294,9 +294,9 @@ class Broker:
             return job.model_copy(update={"spec": spec, "updated_at": now})
 
         def event(pipe, job: Job) -> None:
-            said = [f"deadline {job.spec.deadline:%Y-%m-%d %H:%M} UTC" if deadline else ""]
-            said.append(f"budget ${job.spec.budget_usd:,.2f}" if budget_usd else "")
-            self.store.of_job(job.id).event(pipe, job.id, job.state, now, "amended: " + ", ".join(w for w in said if w))
+            said = [f"deadline {job.spec.deadline:%Y-%m-%d %H:%M} UTC"] if "deadline" in given else []
+            said += [f"budget ${job.spec.budget_usd:,.2f}"] if "budget_usd" in given else []
+            self.store.of_job(job.id).event(pipe, job.id, job.state, now, "amended: " + ", ".join(said))
 
         return self.store.update_job(job_id, change, also=event)
 
