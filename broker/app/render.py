@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -11,6 +10,7 @@ from rich.table import Table
 from broker.app.narrow import Fitted, narrow_safe
 from broker.domain.figures import spend_usd
 from broker.domain.model import Forecast, IfOverBudget, Job, Option, Quote, Tier
+from broker.domain.rounding import up_to_cent, up_to_minute
 
 if TYPE_CHECKING:  # pandas costs a read command a third of a second: imported where a table needs it
     import pandas as pd
@@ -149,8 +149,8 @@ def short_of_odds(quote: Quote) -> str:
     if f.p_within_budget < asked and f.budget_at_odds is not None:  # the budget cap stops the futures it needs
         return (
             f"[yellow]P(meet deadline) {f.p_meet_deadline:.2f} is below the {asked:.2f} asked[/]: the budget cap "
-            f"(if_over_budget: stop) ends {1 - f.p_within_budget:.0%} of the futures unfinished; raise --budget to "
-            f"{_money(f.budget_at_odds)} for the odds asked"
+            f"(if_over_budget: stop) ends {1 - f.p_within_budget:.0%} of the futures unfinished; "
+            f"raise --budget to {_money(f.budget_at_odds)} for the odds asked"
         )
     by = f"by {when(f.finish_at_odds)} UTC" if f.finish_at_odds else "not within the horizon"
     return (
@@ -176,26 +176,19 @@ def outlook_line(f, asked: float, job_id: str = "JOB") -> str:
     if f.over_budget:
         line = (
             f"[yellow]over budget likely: P(within budget) {f.p_within_budget:.2f}[/]; `broker amend {job_id} "
-            f"--budget {_cents_up(f.cost_p90_usd)}` keeps 9 in 10 of its futures within it\n" + line
+            f"--budget {up_to_cent(f.cost_p90_usd):.2f}` keeps 9 in 10 of its futures within it\n" + line
         )
     if f.p_meet_deadline < asked:
         fix = ""
         if f.budget_at_odds is not None and f.p_within_budget < asked:  # the cap stops the futures it needs
-            fix = f"; `broker amend {job_id} --budget {_cents_up(f.budget_at_odds)}` for the odds asked"
+            fix = f"; `broker amend {job_id} --budget {f.budget_at_odds:.2f}` for the odds asked"
         elif f.finish_at_odds is not None:
-            fix = f"; `broker amend {job_id} --deadline {_minute_up(f.finish_at_odds)}` for the odds asked"
+            at = up_to_minute(f.finish_at_odds)
+            fix = f"; `broker amend {job_id} --deadline {at:%Y-%m-%dT%H:%MZ}` for the odds asked"
         line = (
             f"[yellow]at risk: P(meet deadline) {f.p_meet_deadline:.2f}, below the {asked:.2f} asked[/]{fix}\n" + line
         )
     return line
-
-
-def _cents_up(usd: float) -> str:
-    return f"{math.ceil(usd * 100 - 1e-9) / 100:.2f}"
-
-
-def _minute_up(at: datetime) -> str:
-    return f"{datetime.fromtimestamp(60 * math.ceil(at.timestamp() / 60), UTC):%Y-%m-%dT%H:%MZ}"
 
 
 def forecast_line(f) -> str:

@@ -24,6 +24,7 @@ from broker.core.fleet import Fleet, SpeedPrior
 from broker.core.hedging import MAX_ZONES, MarketHedge
 from broker.domain.figures import spend_usd
 from broker.domain.model import Forecast, IfLate, IfOverBudget, Job, JobSpec, Offer, Option, Quote, Tier
+from broker.domain.rounding import up_to_cent
 from broker.models.futures import HEDGING, ON_DEMAND_NOW, Setting, simulate
 from broker.models.placement import transfer_usd
 from broker.models.risk import (
@@ -278,7 +279,7 @@ def _summary(spec, now, cost, finish, spot_h, od_h, rule, zones, zone_models) ->
     budget_at_odds = None
     if capped:  # a future over the budget ends there, unfinished (core/budget.py)
         needed = float(np.percentile(np.where(met, cost, math.inf), 100 * spec.deadline_probability, method="higher"))
-        budget_at_odds = math.ceil(needed * 100) / 100 if math.isfinite(needed) else None  # to the cent above
+        budget_at_odds = up_to_cent(needed) if math.isfinite(needed) else None
         cost, finish, met = np.minimum(cost, spec.budget_usd), np.where(within, finish, math.inf), met & within
 
     def when(q: float) -> datetime | None:

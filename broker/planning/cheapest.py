@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import difflib
 import math
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from broker.domain.errors import InfeasibleError
 from broker.domain.model import JobSpec, Offer, Option, Quote, Tier
 from broker.domain.plan import Plan, Unplaced
+from broker.domain.rounding import up_to_cent, up_to_minute
 from broker.models.placement import where
 from broker.models.risk import allowed_tiers, evaluate, fits, memory_fits, model_fits, shape_fits
 from broker.planning import register
@@ -176,7 +177,7 @@ def _fix(on_time: list[Option], affordable: list[Option]) -> str:
 
 def _up_to_cent(usd: float) -> str:
     """A cost as a budget that admits it: rounded up (a budget of the cost rounded down refused it again)."""
-    return f"${math.ceil(usd * 100) / 100:,.2f}"
+    return f"${up_to_cent(usd):,.2f}"
 
 
 def raise_budget_to(usd: float) -> str:
@@ -187,5 +188,4 @@ def raise_budget_to(usd: float) -> str:
 def move_deadline_to(at: datetime) -> str:
     """The deadline fix, to the next minute (the flag takes minutes); "or later": spot at the asked odds may need
     more time than the option that finishes first."""
-    at = (at + timedelta(seconds=59)).replace(second=0, microsecond=0)
-    return f"move --deadline to {at:%Y-%m-%dT%H:%MZ} or later"
+    return f"move --deadline to {up_to_minute(at):%Y-%m-%dT%H:%MZ} or later"
