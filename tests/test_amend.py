@@ -9,6 +9,7 @@ from test_cli import job_file, run
 from broker import planning
 from broker.core.broker import Broker
 from broker.core.clock import ManualClock
+from broker.domain.model import JobState, Run
 from conftest import NOW, make_spec
 
 
@@ -51,3 +52,27 @@ def test_a_late_jobs_budget_can_be_raised_its_past_deadline_kept(store, catalog)
     clock.advance(hours=30)  # its deadline passed: it is late
     amended = broker.amend(job.id, budget_usd=150)
     assert amended.spec.budget_usd == 150 and amended.spec.deadline == job.spec.deadline
+
+
+def test_amend_resumes_a_job_the_budget_cap_stopped_only_with_more_than_it_spent(env, store, tmp_path):
+    job_id = json.loads(run("submit", job_file(tmp_path), "--json").stdout)["job"]
+    job = store.get_job(job_id)
+    offer = job.quote.chosen.offer
+    spent = Run(fence=1, agent="a", offer=offer, dispatched_at=NOW, started_at=NOW, ended_at=NOW, cost_usd=5.0)
+    spent = spent.model_copy(update={"end_reason": "fenced", "checkpoint_url": "file:///ckpt/1", "checkpoint_step": 9})
+    stop = {"state": JobState.failed, "fence": 1, "runs": [spent], "reason": "budget spent: $5.00 of $5.00"}
+    store.update_job(job_id, lambda j: j.model_copy(update={**stop, "stopped_at_budget": True}))
+    failed = store.get_job(job_id)
+    for args, said in (
+        (("--deadline", "+30h"), f"{job_id} is already failed; nothing to change; give --budget above what it spent"),
+        (("--budget", "5"), f"--budget: $5.00 is not above the $5.00 job {job_id} has spent; give more to resume it"),
+    ):
+        result = run("amend", job_id, *args)
+        assert result.exit_code == 2 and said in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert store.get_job(job_id) == failed
+    result = run("amend", job_id, "--budget", "30")
+    assert result.exit_code == 0 and "amended and queued again (resumed: budget raised to $30.00" in result.stdout
+    assert store.get_job(job_id).pending and store.pending_count() == 1  # back in the planner's queue
+    store.update_job(job_id, lambda j: j.model_copy(update={**stop, "stopped_at_budget": False}))  # failed otherwise
+    result = run("amend", job_id, "--budget", "50")
+    assert result.exit_code == 2 and result.stderr.strip().endswith(f"{job_id} is already failed; nothing to change")

@@ -276,7 +276,9 @@ class Broker:
     def amend(self, job_id: str, deadline: str | None = None, budget_usd: float | None = None) -> Job:
         """Give a job that has not ended another deadline or budget (validated as `submit` validates them, with
         the same one-line errors): the planner, the deadline guard, the budget cap and the job's outlook read them
-        from the next round; its quote stays the one it was given at submit. The change is an event of the job."""
+        from the next round; its quote stays the one it was given at submit. The change is an event of the job.
+        A job the budget cap stopped is not over: a larger budget puts it back in the queue (budget.resumed)."""
+        from broker.core.budget import resumed
         from broker.domain.specfile import OPTIONS, validate_spec
 
         now = self.clock.now()
@@ -285,12 +287,15 @@ class Broker:
             raise BrokerError("amend: nothing to change; give --deadline or --budget")
 
         def change(job: Job) -> Job:
-            if job.state.terminal:
-                raise BrokerError(f"job: {job.id} is already {job.state.value}; nothing to change")
+            if job.state.terminal and not (job.stopped_at_budget and budget_usd is not None):
+                fix = "; give --budget above what it spent to resume it" if job.stopped_at_budget else ""
+                raise BrokerError(f"job: {job.id} is already {job.state.value}; nothing to change{fix}")
             data = {**job.spec.model_dump(mode="json", exclude_none=True), **given}
             options = {field: OPTIONS[field] for field in given}
             # a deadline kept as it was is checked as at its submission (it may have passed since: a late job)
             spec = validate_spec(data, now if deadline else job.submitted_at, f"job {job.id}", options)
+            if job.state.terminal:
+                return resumed(job, spec, now)
             return job.model_copy(update={"spec": spec, "updated_at": now})
 
         def event(pipe, job: Job) -> None:

@@ -20,7 +20,7 @@ import redis
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.tokens import refusal
-from broker.core.budget import stop_over_budget
+from broker.core.budget import fallback_option, stop_over_budget
 from broker.core.guard import DeadlineGuard
 from broker.core.reports import end_run, fold, folding
 from broker.domain.errors import InfeasibleError
@@ -332,8 +332,8 @@ class BrokerServer:
         offers = [a.offer for a in by_offer.values()]
         try:
             option = self.policy.quote(spec, offers, self.clock.now()).chosen
-        except InfeasibleError:  # late or over budget already: run it where it finishes first
-            option = min(self.policy.options(spec, offers, self.clock.now()), key=lambda o: o.expected_finish)
+        except InfeasibleError as refused:  # late or over budget already
+            option = fallback_option(spec, refused, self.policy.options(spec, offers, self.clock.now()))
         return by_offer[option.offer.id]
 
     def _assign(self, pairs: list[tuple[Job, AgentInfo]], hash_wait_s: float | None) -> list[tuple[str, str]]:

@@ -297,6 +297,7 @@ class Job(BaseModel):
     restarts: int = 0
     pinned_tier: Tier | None = None  # set by the deadline guard: dispatch only to this tier
     move_requested: bool = False  # the guard asked the agent to checkpoint and give the job back
+    stopped_at_budget: bool = False  # failed by the budget cap (core/budget.py): a larger budget resumes it
     runs: list[Run] = []
     log_tail: list[str] = []
     tags: list[str] = []  # "demo": a copy of a demo's job, shown beside the user's own

@@ -290,13 +290,17 @@ def amend(
     as_json: bool = JsonOpt,
 ) -> None:
     """Give a job that has not ended another deadline or budget: planning, the deadline guard, the budget cap and its
-    outlook use them from the next round (its quote stays the one made at submit)."""
+    outlook use them from the next round (its quote stays the one made at submit). A job the budget cap stopped
+    resumes from its checkpoint when given a larger budget."""
     broker = make_broker()
-    job = broker.amend(broker.store.job_id_for(job_id), deadline=deadline, budget_usd=budget)
+    job_id = broker.store.job_id_for(job_id)
+    was = broker.get(job_id).state
+    job = broker.amend(job_id, deadline=deadline, budget_usd=budget)
     if as_json:
         print_json(render.job_dict(job))
     else:
-        out.print(f"{job.id} amended: {render.job_times(job, datetime.now(UTC))}", highlight=False)
+        said = f"amended and {job.state.value} again ({job.reason})" if job.state != was else "amended"
+        out.print(f"{job.id} {said}: {render.job_times(job, datetime.now(UTC))}", highlight=False)
 
 
 @user_errors
