@@ -11,10 +11,11 @@ the mean quote error, and checks the issue's goals. With `--idle-first`, pools t
 instances first (the bounds' world, where a pool's instances are interchangeable): the difference from a run without
 it is what the random victims of the traces' shrinking pools cost each policy. A spot instance taken back gives its
 cloud's notice and the agents checkpoint on it (as live agents do); with `--no-notices` a preemption loses the work
-since the newest periodic checkpoint instead (the world before 2026-11-26).
+since the newest periodic checkpoint instead (the world before 2026-11-26). `--if-late extend` (or `soonest`) gives
+every job of the mix that spec choice instead of its default, `cheapest`.
 
     python bench/cost.py --json [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
-        [--idle-first] [--no-notices]
+        [--idle-first] [--no-notices] [--if-late cheapest|soonest|extend]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from broker.domain.errors import BrokerError
+from broker.domain.model import IfLate
 from broker.planning import DEFAULT_POLICY
 from broker.pricing.availability import MarketModel
 from broker.pricing.traces import load_traces
@@ -83,6 +85,7 @@ def one(
     idle_first: bool = False,
     notices: bool = True,
     repeats: float = 0.0,
+    if_late: IfLate | None = None,
 ) -> dict:
     """One backtest, its market model fitted on `fit`; its rows, or why the directory has no GPU offers."""
     try:
@@ -91,6 +94,8 @@ def one(
     except BrokerError as err:
         return {"traces": directory, "seed": seed, "skipped": str(err)}
     arrivals = backtest_workload(market, seed, jobs, repeats=repeats)
+    if if_late is not None:
+        arrivals = [replace(a, spec=a.spec.model_copy(update={"if_late": if_late})) for a in arrivals]
     with embedded.scratch() as url:
         result = backtest.run(market, arrivals, POLICIES, seed, url, model=model)
     bound_status = sorted({b.status for b in result.bound.values()})
@@ -189,6 +194,7 @@ def main() -> None:
         "--no-notices", action="store_true", help="no preemption notice: the work since the checkpoint is lost"
     )
     parser.add_argument("--repeats", type=float, default=0.0, help="share of jobs that are an earlier one run again")
+    parser.add_argument("--if-late", choices=[i.value for i in IfLate], help="every job's if_late (default: its own)")
     args = parser.parse_args()
     gpu = gpu_directories_or_exit(parser, args.traces)
     tasks = [(str(d), s, [f for f in gpu if f != str(d)]) for d in leaf_directories(args.traces) for s in args.seeds]
@@ -198,6 +204,7 @@ def main() -> None:
         task = bar.add_task("backtests", total=len(tasks))
         directories, seeds, fits = zip(*tasks)
         flags = [args.idle_first] * len(tasks), [not args.no_notices] * len(tasks), [args.repeats] * len(tasks)
+        flags += ([IfLate(args.if_late) if args.if_late else None] * len(tasks),)
         for run in pool.map(one, directories, seeds, [args.jobs] * len(tasks), fits, *flags):
             runs.append(run)
             bar.advance(task)
@@ -208,6 +215,7 @@ def main() -> None:
         "idle_first": args.idle_first,
         "notices": not args.no_notices,
         "repeats": args.repeats,
+        "if_late": args.if_late,
     }
     body["policies"] = table
     body["goals"] = goals(table)

@@ -170,7 +170,14 @@ def test_a_quote_chosen_on_demand_runs_on_spot_while_in_time_under_a_policy_that
     soonest = spec.model_copy(update={"deadline": late, "if_late": "soonest"})
     assert forecast(soonest, on_demand, offers, model, "hedge", NOW, spot_while_in_time=True).spot_share == 0.0
     cheapest = spec.model_copy(update={"deadline": late, "if_late": "cheapest"})  # a lost deadline: spot if any
-    assert forecast(cheapest, on_demand, offers, model, "hedge", NOW, spot_while_in_time=True).spot_share > 0.5
+    played = forecast(cheapest, on_demand, offers, model, "hedge", NOW, spot_while_in_time=True)
+    assert played.spot_share > 0.5
+    late = NOW + timedelta(hours=on_demand.chosen.expected_wall_h * 0.7)  # lost, and in time in twice the window
+    extend, cheapest = (spec.model_copy(update={"deadline": late, "if_late": i}) for i in ("extend", "cheapest"))
+    second = forecast(extend, on_demand, offers, model, "hedge", NOW, spot_while_in_time=True)
+    played = forecast(cheapest, on_demand, offers, model, "hedge", NOW, spot_while_in_time=True)
+    assert second.spot_share > 0.5 and second.p_meet_deadline < 0.1  # P(meet) is still the deadline's
+    assert late < second.finish_p50 <= NOW + 2 * (late - NOW) and second.finish_p50 != played.finish_p50
     assert planning.get("hedge").spot_while_in_time and not hasattr(planning.get("costslo"), "spot_while_in_time")
 
 

@@ -288,6 +288,29 @@ def test_lost_deadlines_run_cheapest_are_planned_after_the_jobs_that_can_still_m
     plan = UniformProgress().plan([soonest, ahead], [spot, od], {spot.id: 2}, NOW)
     assert plan.assignments == {"soonest": od.id, "ahead": spot.id}  # Can't Be Late's net
 
+    extend = PlanItem("extend", make_spec(work={"gpu_hours": 10}, deadline="+8h", if_late="extend"))
+    plan = UniformProgress().plan([extend, ahead], [spot, od], {spot.id: 1}, NOW)
+    assert plan.assignments == {"ahead": spot.id} and plan.unplaced == {"extend": "waiting for spot"}
+
+
+def test_a_lost_deadline_with_if_late_extend_runs_to_a_second_window_by_the_rule():
+    """30 h of on-demand work, 24 h to the deadline: lost. `extend` gives it 48 h from submit, in which it is ahead
+    of its pace at the start (it waits for spot, where `cheapest` takes on-demand) and behind later (on-demand)."""
+    first = Progress(30.0, 0.0, 0.0, 24.0, D, cheapest_if_late=True, extends=True)
+    second = first.in_window(None)
+    assert (second.window_h, second.extended) == (48.0, True) and second.in_window(None) == second
+    assert decide(second, on=None, spot_available=False) == Move.wait
+    assert decide(replace(first, extends=False), on=None, spot_available=False) == Move.on_demand  # cheapest
+    behind = replace(first, elapsed_h=20.0, done_h=5.0).in_window(None)  # ep(20) = 12.5 h: behind
+    assert behind.extended and decide(behind, on=None, spot_available=False) == Move.on_demand
+    assert decide(behind, on=None, spot_available=True) == Move.spot  # spot is taken whenever there is some
+    in_time = Progress(20.0, 0.0, 0.0, 24.0, D, cheapest_if_late=True, extends=True)
+    assert in_time.in_window(None) == in_time  # not lost: its own window
+    lost_again = replace(first, elapsed_h=40.0, done_h=20.0).in_window(None)  # 10 h left, 8 h to the second end
+    assert lost_again.runs_cheapest(None) and decide(lost_again, on=None, spot_available=False) == Move.on_demand
+    on_od = Progress(30.0, 6.0, 0.0, 24.0, D, cheapest_if_late=True, extends=True)  # 24 h left in 24 h: on it
+    assert not on_od.in_window(Tier.on_demand).extended and on_od.in_window(None).extended  # a changeover short
+
 
 @pytest.mark.parametrize("name, done", [("uniform-progress", 50), ("hedge", 150)])
 def test_a_job_on_on_demand_yields_idle_spot_to_a_job_that_waits(redis_url, catalog, tmp_path, name, done):

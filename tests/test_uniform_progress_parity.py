@@ -15,7 +15,7 @@ from broker.planning.uniform_progress import Move, Progress, decide
 D = 0.2  # changeover delay (hours), as in the paper's evaluation
 
 
-def simulate(trace: list[bool], total_h=48.0, window_h=72.0, step_h=0.1, cheapest_if_late=False):
+def simulate(trace: list[bool], total_h=48.0, window_h=72.0, step_h=0.1, cheapest_if_late=False, extends=False):
     """Run one job under the guard on an availability trace; returns (finish hour or None, spot hours, od hours)."""
     on, done, busy, spot_h, od_h = None, 0.0, 0, 0.0, 0.0
     for step, available in enumerate(trace):
@@ -24,7 +24,8 @@ def simulate(trace: list[bool], total_h=48.0, window_h=72.0, step_h=0.1, cheapes
             return t, spot_h, od_h
         if on == Tier.spot and not available:
             on = None  # preempted
-        move = decide(Progress(total_h, done, t, window_h, D, cheapest_if_late), on, available)
+        progress = Progress(total_h, done, t, window_h, D, cheapest_if_late or extends, extends=extends)
+        move = decide(progress.in_window(on), on, available)
         target = {Move.spot: Tier.spot, Move.on_demand: Tier.on_demand, Move.wait: None}[move]
         if target != on:
             on = target
@@ -87,6 +88,29 @@ def test_quotes_simulate_a_lost_deadline_run_cheapest_as_the_server_runs_it():
     assert out.od_h[0] - od_h == pytest.approx(out.finish_h[0] - 40.0, abs=1e-6) and out.finish_h[0] > 40.0
     soonest = futures.simulate(replace(cheapest, cheapest_if_late=False), available, 0.1)
     assert soonest.spot_h[0] == 0 and out.cost_usd[0] < soonest.cost_usd[0] and soonest.finish_h[0] < out.finish_h[0]
+
+
+def test_quotes_simulate_a_lost_deadline_run_to_its_second_window_as_the_server_runs_it():
+    """`if_late: extend`: 30 h of work in 24 h, lost from the start, so the rule runs it to a second window (48 h):
+    ahead of that pace it waits for spot, the same in the futures as in decide(); run cheapest it is never idle
+    (on-demand whenever spot is gone)."""
+    rng = random.Random(11)
+    trace, available = [], True
+    for _ in range(480):
+        if rng.random() < rng.choice([0.02, 0.1, 0.3]):
+            available = not available
+        trace.append(available)
+    finish, spot_h, od_h = simulate(trace, total_h=30.0, window_h=24.0, extends=True)
+    assert finish is not None and 30.0 < finish <= 48.0 and spot_h > 5 and od_h > 1
+    available = np.array(trace, dtype=bool)[None, None, :]
+    setting = Setting(30.0, 30.0, (1.0,), 3.0, D, 0.0, None, 24.0, "uniform", True, cheapest_if_late=True)
+    extended = futures.simulate(replace(setting, late_window_h=48.0), available, 0.1)
+    assert (extended.finish_h[0], extended.spot_h[0], extended.od_h[0]) == pytest.approx(
+        (finish, spot_h, od_h), abs=1e-6
+    )
+    cheapest = futures.simulate(setting, available, 0.1)
+    idle_h = [o.finish_h[0] - o.spot_h[0] - o.od_h[0] for o in (extended, cheapest)]
+    assert idle_h[0] > 1.0 and idle_h[1] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_with_spot_always_there_the_guard_never_pays_on_demand():

@@ -60,12 +60,15 @@ class Underway:
     run_h: float
     spent_usd: float
     on: Offer | None = None
+    submitted_at: datetime | None = None  # when it came: its window's length (if_late: extend's second window)
 
     @classmethod
     def of(cls, job: Job, now: datetime) -> Underway:
         run = job.current_run
         on = run.offer if run is not None and run.started_at is not None else None
-        return cls(work_left(job), measured_speed(job), job.productive_hours(now), spend_usd(job, now), on)
+        return cls(
+            work_left(job), measured_speed(job), job.productive_hours(now), spend_usd(job, now), on, job.submitted_at
+        )
 
     def running_on(self, zones: list[Offer]) -> int | None:
         """Where the futures find it (Setting.running_on): on-demand, one of their zones, or nowhere."""
@@ -187,7 +190,10 @@ def forecast(
     zones = zones or zones_for(spec, chosen, offers, ceiling)
     played = chosen if chosen in zones else zones[0]  # the offer whose speed and hazard the futures are told in
     tick_h = model.tick_h
-    horizon_h = window if math.isfinite(window) else NO_DEADLINE_H
+    second_h = None  # if_late: extend: where a lost deadline's second window ends, from now (the first's length on)
+    if spec.if_late == IfLate.extend and math.isfinite(window):
+        second_h = window + window_hours(spec, underway.submitted_at if underway and underway.submitted_at else now)
+    horizon_h = second_h if second_h is not None else window if math.isfinite(window) else NO_DEADLINE_H
     ticks = max(1, math.ceil(horizon_h / tick_h))
     zone_models = [model.for_offer(o) for o in zones]
     slots = fleet.slots(zones) if fleet else None
@@ -216,7 +222,8 @@ def forecast(
         notice_h=notice_loss_h(spec, played),  # the agents checkpoint on the cloud's notice
         window_h=window,
         rule=rule if fallback is not None else "spot-only",
-        cheapest_if_late=spec.if_late == IfLate.cheapest,
+        cheapest_if_late=spec.if_late in (IfLate.cheapest, IfLate.extend),
+        late_window_h=second_h,
         zone_pace=tuple(exclusive_hours(spec, o) / work_h for o in zones),
         running_on=underway.running_on(zones) if underway else None,
         pass_h=pass_h,

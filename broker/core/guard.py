@@ -66,7 +66,8 @@ class DeadlineGuard:
                 continue
             pin, spot_agent, because = decided
             left_h, window_h = progress.total_h - progress.done_h, progress.window_h - progress.elapsed_h
-            why = f"deadline guard: {left_h:.1f} h of work left, deadline in {window_h:.1f} h{because}"
+            until = "its second window ends" if progress.extended else "deadline"  # if_late: extend, its deadline lost
+            why = f"deadline guard: {left_h:.1f} h of work left, {until} in {window_h:.1f} h{because}"
 
             def request(current: Job, fence=job.fence, why=why, pin=pin) -> Job | None:
                 if current.fence != fence or current.current_run is None or current.move_requested:
@@ -113,7 +114,9 @@ class DeadlineGuard:
         if on.tier == Tier.on_demand:
             because = f"; back to spot ({self.policy.name}'s rule)"
             if progress.runs_cheapest(on.tier):
-                because = "; the deadline is lost: back to spot no waiting job needs (if_late: cheapest)"
+                because = (
+                    f"; the deadline is lost: back to spot no waiting job needs (if_late: {item.spec.if_late.value})"
+                )
             agent = self._return_to(item, progress, on, planned, spot_idle, now)
             if agent:
                 return None, agent, because

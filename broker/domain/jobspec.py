@@ -36,6 +36,9 @@ class IfLate(str, Enum):
 
     cheapest = "cheapest"  # spot that no job still in time is waiting for, on-demand when there is none
     soonest = "soonest"  # on-demand to the end, as Can't Be Late's safety net
+    # a second window as long as the first (to the deadline plus the time from submit to it), run to by the policy's
+    # rule as the first was (waiting for spot when ahead), after the jobs still in time; lost too: cheapest
+    extend = "extend"
 
 
 class IfOverBudget(str, Enum):

@@ -13,6 +13,8 @@ from the market model for a quote or cut from the traces for a backtest, the way
   it: `Setting.changeover_h`): on-demand to the end; with
   `cheapest_if_late` (the spec's `if_late: cheapest`) a lost deadline (even on-demand from now misses it) runs
   cheapest instead: spot whenever a zone has a slot, on-demand while none has, left for spot as the rule leaves it;
+  with `late_window_h` (the spec's `if_late: extend`) a lost deadline gets its second window instead, the rule run
+  to it as to the first (each future's own window from the tick it lost the first), and cheapest once that is lost;
 - near the net, a run on spot that a preemption would put past it (the work since its last checkpoint is more
   than the slack left) checkpoints now, pays the write and runs on (planning/uniform_progress.checkpoint_due, the
   live guard's request); within the guard's pass of the net (a tick; the live pass where the cloud's notice
@@ -70,6 +72,8 @@ class Setting:
     # a preemption loses at most this: the job checkpoints on the cloud's notice (risk.notice_loss_h); None: no notice
     notice_h: float | None = None
     cheapest_if_late: bool = False  # a lost deadline runs cheapest, not on on-demand to the end
+    # if_late: extend: where a lost deadline's second window ends (hours from now; the horizon), run to by the rule
+    late_window_h: float | None = None
     net_changeovers: int = 2  # the safety net keeps this many changeovers (Can't Be Late's 2d; cost-to-go keeps 1)
     # per zone, its exclusive hours over work_h's (a bubble or a slower GPU: more than 1); empty: all 1
     zone_pace: tuple[float, ...] = ()
@@ -139,6 +143,7 @@ def simulate(
     finish = np.full(n, math.inf)
     writes = 1 + (s.checkpoint_h / s.interval_h if s.interval_h else 0.0)  # wall hours per hour of spot progress
     guard = s.rule != "spot-only" and math.isfinite(s.window_h)
+    window = np.full(n, s.window_h)  # each future's: the first, or the second once it lost the first (late_window_h)
     pass_h = s.pass_h if s.pass_h is not None and s.notice_h is not None else tick_h  # the guard's pass
     idx = np.arange(n)
     for t in range(ticks):
@@ -154,23 +159,24 @@ def simulate(
         state = np.where(lost, WAIT, state)
         waited = np.where(state == WAIT, waited + 1, 0)  # ticks idle, as the live rule counts from idle_since
         believed_h, unsure = s.believed_od_h(run_h)
+        if guard and s.late_window_h is not None:
+            window = np.where(_lost(s, window, now, done, believed_h, state), s.late_window_h, window)
         left_h = (1 - done) * believed_h * (1 + unsure)  # the on-demand work left the rule keeps time for
-        slack = s.window_h - now - left_h - 2 * s.counted_h  # what it can lose beyond that and the net's 2d
+        slack = window - now - left_h - 2 * s.counted_h  # what it can lose beyond that and the net's 2d
         if guard:
             margin = s.net_changeovers * s.counted_h
             # off on-demand the net keeps the guard's pass more: a preemption before it looks again (Progress.pass_h);
             # a waiting job also the restart a start on spot pays before its first step (Progress.start_h)
             exposed = np.where(state == OD, 0.0, pass_h + np.where(state == WAIT, s.restart_h, 0.0))
             exposed = exposed if not s.keeps_progress else 0.0
-            held = (state != DONE) & (s.window_h - now < left_h + margin + exposed - TIE_H)
-            net = held & (s.window_h - now < (1 - done) * believed_h + margin + exposed - TIE_H)
+            held = (state != DONE) & (window - now < left_h + margin + exposed - TIE_H)
+            net = held & (window - now < (1 - done) * believed_h + margin + exposed - TIE_H)
             # within the net only by the reserve for a speed not yet measured: on-demand until it is measured, then
             # the rule may leave (the live guard pins it there only while its Progress says so)
             reserved = held & ~net
             late = np.zeros(n, dtype=bool)
             if s.cheapest_if_late:  # lost even on on-demand: runs cheapest below, not on on-demand to the end
-                changeover = np.where(state == OD, 0.0, s.counted_h)
-                late = net & (s.window_h - now < (1 - done) * believed_h + changeover - TIE_H)
+                late = net & _lost(s, window, now, done, believed_h, state)
                 net &= ~late
             # on-demand to the end: a running job is checkpointed first, a waiting one resumes from its checkpoint
             kept = np.where(state == WAIT, saved, done)
@@ -181,20 +187,21 @@ def simulate(
             state = np.where(net, DONE, state)
             if not s.keeps_progress:  # near the net, a checkpoint now keeps a preemption from crossing it
                 unsaved_h = (done - saved) * believed_h
-                margin_h = s.window_h - now - left_h - margin
+                margin_h = window - now - left_h - margin
                 due = (state == SPOT) & (margin_h >= pass_h - TIE_H) & (margin_h < unsaved_h + pass_h - TIE_H)
                 due &= unsaved_h > s.checkpoint_h
                 saved = np.where(due, done, saved)
                 dead = np.where(due, dead + s.checkpoint_h, dead)
             if s.rule == "cost-to-go":
                 ages = np.where(any_up, up_age, down_age) - 1
-                moves = _planned_moves(s, hedge, now, tick_h, done, dead, state, any_up, up.any(axis=0), ages)
+                moves = _planned_moves(s, hedge, now, tick_h, window, done, dead, state, any_up, up.any(axis=0), ages)
                 to_od, leave_od, hold = moves
             else:
                 to_od, leave_od = _rule_moves(
                     s,
                     hedge,
                     now,
+                    window,
                     done,
                     slack,
                     state,
@@ -267,7 +274,7 @@ def simulate(
 
 
 def _rule_moves(
-    s: Setting, hedge: Hedge | None, now, done, slack, state, any_up, market_up, waited, zone, prices, pass_h
+    s: Setting, hedge: Hedge | None, now, window, done, slack, state, any_up, market_up, waited, zone, prices, pass_h
 ):
     """(to on-demand, leave on-demand) per future under the rule, after the safety net. `slack`: hours the job can
     still lose beyond the on-demand work the rule keeps time for and the net's 2d; `any_up`: a slot free for
@@ -278,9 +285,9 @@ def _rule_moves(
 
     # on on-demand past ep(t + 2d): back to spot, or, with none free, to wait for it (Can't Be Late's rule;
     # planning/uniform_progress.leaves_on_demand_to_wait)
-    ahead = (state == OD) & ~_behind(s, now + 2 * s.counted_h, done)
+    ahead = (state == OD) & ~_behind(s, now + 2 * s.counted_h, window, done)
     if s.rule == "uniform":
-        return idle & _behind(s, now, done), ahead
+        return idle & _behind(s, now, window, done), ahead
     if s.rule != "hedge":
         return nothing, nothing
     longest_wait = hedge.longest_wait(slack, (1 - done) * s.work_h, s.counted_h, _zone_up(hedge, zone))
@@ -290,7 +297,7 @@ def _rule_moves(
     # as Uniform Progress, where it would then wait: a queue, or a gap it waits out a tick of at least, counted from
     # the leave (planning/hedge.leaves_on_demand_to_wait)
     waits = ahead & ~any_up & (market_up | (longest_wait >= 1))
-    return (queued & _behind(s, now, done)) | (idle & ~market_up & (waited > longest_wait)), back | waits
+    return (queued & _behind(s, now, window, done)) | (idle & ~market_up & (waited > longest_wait)), back | waits
 
 
 def _cheapest_moves(s: Setting, hedge: Hedge | None, late, state, any_up, zone, prices, to_od, leave_od):
@@ -303,13 +310,23 @@ def _cheapest_moves(s: Setting, hedge: Hedge | None, late, state, any_up, zone, 
     return to_od, np.where(late, back if s.rule != "greedy" else False, leave_od)
 
 
-def _behind(s: Setting, at_h: float, done: np.ndarray) -> np.ndarray:
-    """done < ep(at): behind Uniform Progress's line, as planning/uniform_progress.decide has it."""
-    expected = min(1.0, at_h / s.window_h) if s.window_h > 0 else 1.0
+def _behind(s: Setting, at_h: float, window: np.ndarray, done: np.ndarray) -> np.ndarray:
+    """done < ep(at): behind Uniform Progress's line to each future's `window`, as planning/uniform_progress.decide
+    has it."""
+    expected = np.where(window > 0, np.minimum(1.0, at_h / np.maximum(window, TIE_H)), 1.0)
     return done * s.od_work_h < expected * s.od_work_h - TIE_H
 
 
-def _planned_moves(s: Setting, hedge: Hedge, now: float, tick_h: float, done, dead, state, any_up, market_up, ages):
+def _lost(s: Setting, window: np.ndarray, now: float, done, believed_h, state) -> np.ndarray:
+    """Per future, whether even on-demand from now (after a changeover, unless on it) misses `window`
+    (uniform_progress.Progress.lost)."""
+    changeover = np.where(state == OD, 0.0, s.counted_h)
+    return (state != DONE) & (window - now < (1 - done) * believed_h + changeover - TIE_H)
+
+
+def _planned_moves(
+    s: Setting, hedge: Hedge, now: float, tick_h: float, window, done, dead, state, any_up, market_up, ages
+):
     """(to on-demand, leave on-demand, hold) per future, from the cost-to-go moves: the state is the ticks left, the
     work left in spot ticks (with the changeover still to pay), a slot free or not and for how long, and the tier.
     In a queue (capacity there, held by other jobs) it takes Uniform Progress's move, as hedge does."""
@@ -317,10 +334,10 @@ def _planned_moves(s: Setting, hedge: Hedge, now: float, tick_h: float, done, de
     on = np.select([state == SPOT, state == OD], [MOVE_SPOT, MOVE_OD], IDLE)
     paying = np.where(state == OD, od_speed, 1.0) * np.where((state == SPOT) | (state == OD), dead, 0.0)
     work = ((1 - done) * s.work_h + paying) / tick_h
-    move = hedge.plan.move(round((s.window_h - now) / tick_h), work, any_up, ages, on)
+    move = hedge.plan.move(np.round((window - now) / tick_h), work, any_up, ages, on)
     idle = state == WAIT
     to_od = (idle | (state == SPOT)) & (move == MOVE_OD)
-    to_od = np.where(idle & ~any_up & market_up, _behind(s, now, done), to_od)
+    to_od = np.where(idle & ~any_up & market_up, _behind(s, now, window, done), to_od)
     return to_od, (state == OD) & any_up & (move == MOVE_SPOT), idle & any_up & (move == IDLE)
 
 

@@ -18,8 +18,10 @@ Bubbles count as spot here: cheap capacity that can vanish. Pure: state and time
 
 Once a deadline is lost (even on-demand from now finishes after it), the paper's net keeps the job on on-demand to
 finish soonest. A job whose spec says `if_late: cheapest` (the default) runs cheapest instead: it stays on spot, takes
-spot that no job still in time waits for, and pays on-demand only while there is none, never idle. Such jobs are
-planned last, so they never take the slot of a job that can still make its deadline.
+spot that no job still in time waits for, and pays on-demand only while there is none, never idle. With `if_late:
+extend` it gets a second window as long as the first and runs to it by the rule, waiting for spot while ahead
+(bench/results/cost.md: its bill for twice the lateness). Such jobs are planned last, so they never take the slot
+of a job that can still make its deadline.
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import Enum
 
-from broker.domain.model import IfLate, JobSpec, Offer, Option, Tier
+from broker.domain.model import IfLate, JobSpec, Offer, Option, Tier, tier_of
 from broker.domain.plan import Plan, Unplaced
 from broker.models.placement import transfer_usd
 from broker.models.risk import (
@@ -67,7 +69,9 @@ class Progress:
     elapsed_h: float
     window_h: float
     changeover_h: float
-    cheapest_if_late: bool = False  # the spec's `if_late: cheapest`
+    cheapest_if_late: bool = False  # the spec's `if_late: cheapest` (or `extend`, in its second window)
+    extends: bool = False  # the spec's `if_late: extend`: a lost deadline gets a second window (in_window)
+    extended: bool = False  # `window_h` is that second window
     # the time until the guard looks again: what a run on spot (or a start there) may lose to a preemption before it
     # can be asked for a checkpoint or moved, so the net off on-demand keeps that much more
     pass_h: float = 0.0
@@ -94,6 +98,17 @@ class Progress:
     def runs_cheapest(self, on: Tier | None) -> bool:
         """Whether the job now runs cheapest, not soonest: its deadline is lost and its spec says so."""
         return self.cheapest_if_late and self.lost(on)
+
+    def in_window(self, on: Tier | None) -> Progress:
+        """The Progress the rule decides by where the job runs (`on`): with `extends` and its deadline lost, the
+        second window, as long again as the first (lost in turn, it runs cheapest)."""
+        if self.extends and not self.extended and self.lost(on):
+            return replace(self, window_h=2 * self.window_h, extended=True)
+        return self
+
+    def planned_last(self) -> bool:
+        """Whether its deadline is lost (run cheapest, or to its second window): planned after the jobs in time."""
+        return self.extended or self.runs_cheapest(None)
 
     def expected_done_h(self, at_h: float) -> float:
         """ep(t): the work a job progressing uniformly to its deadline has done at time t."""
@@ -136,20 +151,23 @@ def checkpoint_due(p: Progress, unsaved_h: float, checkpoint_h: float, notice_h:
 
 
 def progress_of(item: PlanItem, on_demand_h: float, submitted_at: datetime, now: datetime) -> Progress:
-    """A job's Progress, with its work measured on the on-demand offer it would fall back to."""
-    window = window_hours(item.spec, submitted_at)
-    return Progress(
+    """A job's Progress, with its work measured on the on-demand offer it would fall back to. With `if_late:
+    extend`, once even on-demand from where it runs now would miss the deadline, the window is the second one (twice
+    the first, from submit), lost in turn run cheapest."""
+    progress = Progress(
         total_h=on_demand_h,
         done_h=on_demand_h * (1 - item.remaining),
         unsure_h=on_demand_h * item.remaining * item.unsure,
         elapsed_h=(now - submitted_at).total_seconds() / 3600,
-        window_h=window,
+        window_h=window_hours(item.spec, submitted_at),
         changeover_h=changeover_hours(item.spec),
-        cheapest_if_late=item.spec.if_late == IfLate.cheapest,
+        cheapest_if_late=item.spec.if_late in (IfLate.cheapest, IfLate.extend),
+        extends=item.spec.if_late == IfLate.extend,
         pass_h=item.pass_h,
         measures_on_spot=item.measures_on_spot,
         start_h=restart_hours(item.spec),
     )
+    return progress.in_window(tier_of(item.current) if item.current else None)
 
 
 def spot_in_time(
@@ -275,7 +293,7 @@ class UniformProgress(CheapestFeasible):
     spot_while_in_time = True
 
     def plan(self, items: list[PlanItem], offers: list[Offer], capacity: dict[str, int], now: datetime) -> Plan:
-        """Place each job (in the given order, lost deadlines run cheapest last) on the cheapest fitting spot offer,
+        """Place each job (in the given order, lost deadlines last) on the cheapest fitting spot offer,
         or on-demand when behind."""
         left = {o.id: capacity.get(o.id, 10**9) for o in offers}
         plan = Plan(policy=self.name)
@@ -284,11 +302,11 @@ class UniformProgress(CheapestFeasible):
             if fit_key(item.spec) not in fit_by_kind:
                 fit_by_kind[fit_key(item.spec)] = [o for o in offers if fits(item.spec, o)]
 
-        def cheapest_now(item: PlanItem) -> bool:
+        def late(item: PlanItem) -> bool:
             progress = progress_on(item, fit_by_kind[fit_key(item.spec)], now)
-            return progress is not None and progress.runs_cheapest(None)
+            return progress is not None and progress.planned_last()
 
-        for item in sorted(items, key=cheapest_now):  # stable: the given order otherwise
+        for item in sorted(items, key=late):  # stable: the given order otherwise
             fitting = [o for o in fit_by_kind[fit_key(item.spec)] if left[o.id] > 0]
             od = [o for o in fitting if o.tier == Tier.on_demand]
             progress = progress_on(item, fitting, now)
