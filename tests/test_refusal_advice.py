@@ -13,7 +13,7 @@ from broker.app import render
 from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
 from broker.domain.errors import InfeasibleError
-from broker.domain.jobspec import JobSpec
+from broker.domain.jobspec import IfOverBudget, JobSpec
 from broker.pricing.availability import MarketModel
 from broker.sim.market import OfferBook
 
@@ -57,6 +57,8 @@ def test_the_budget_a_refused_job_is_told_is_kept_by_most_of_its_futures():
         r"raise --budget to \$(\S+) \(its futures cost that or less 9 times in 10; \$(\S+) covers", message
     )
     assert told and float(told[1]) > float(told[2]), message
+    capped = spec.model_copy(update={"if_over_budget": IfOverBudget.stop})  # quoted at budget enough: no cap there
+    assert _refusal(broker, capped) == message
     quote = broker.quote(spec.model_copy(update={"budget_usd": float(told[1])}))
     assert quote.chosen.within_budget and quote.forecast.p_within_budget >= 0.85, quote.forecast.p_within_budget
     at_expected = broker.quote(spec.model_copy(update={"budget_usd": float(told[2])}))

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from broker.domain.errors import InfeasibleError
-from broker.domain.model import JobSpec, Quote
+from broker.domain.model import IfOverBudget, JobSpec, Quote
 from broker.planning.cheapest import move_deadline_to, raise_budget_to
 
 DEADLINE_STEP = timedelta(minutes=5)  # how near the deadline told is to the earliest one that holds
@@ -23,7 +23,8 @@ def told_by_futures(
     which the quote meets the asked odds within the budget (where none does, the job is not told to move it)."""
     told = str(error)
     if error.dearer is not None:  # with budget enough the job is quoted on the cheapest option in time
-        p90 = quote(spec.model_copy(update={"budget_usd": None})).forecast.cost_p90_usd
+        enough = {"budget_usd": None, "if_over_budget": IfOverBudget.run}  # no budget: nothing to cap at
+        p90 = quote(spec.model_copy(update=enough)).forecast.cost_p90_usd
         expected = raise_budget_to(error.dearer.expected_cost_usd)
         if p90 > error.dearer.expected_cost_usd:
             covers = expected.removeprefix("raise --budget to ")
