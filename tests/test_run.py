@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from broker.agents.contract import Contract
 from broker.app.cli.main import app
+from broker.domain.model import JobState
 from conftest import EXAMPLES, NOW, start_redis, stop_redis
 
 runner = CliRunner()
@@ -125,6 +126,24 @@ def test_run_says_the_end_after_the_jobs_last_output(env, store, tmp_path):
     assert result.stdout.index("── done") > result.stdout.index("hello from the job")
 
 
+def test_run_given_a_submitted_jobs_id_sees_that_job_through(env, store, tmp_path):
+    """A job submitted with no server and no agent (or left by a `broker run` stopped with Ctrl-C, or resumed by
+    `broker amend --budget`) is taken up by `broker run JOB`: no second job, its own run and output."""
+    job_id = json.loads(runner.invoke(app, ["submit", str(spec_file(tmp_path)), "--json"]).stdout)["job"]
+    refused = runner.invoke(app, ["run", job_id, "--budget", "30"])
+    assert (
+        refused.exit_code == 2 and f"--budget: {job_id} is submitted already; `broker amend {job_id}`" in refused.stderr
+    )
+    result = runner.invoke(app, ["run", job_id[:-3]])  # its start, as other commands take it
+    assert result.exit_code == 0, result.output
+    assert f"seeing {job_id} through: queued" in result.stdout and "hello from the job" in result.stdout
+    assert [j.id for j in store.list_jobs()] == [job_id] and store.get_job(job_id).state == JobState.done
+    again = runner.invoke(app, ["run", job_id])
+    assert again.exit_code == 2 and f"job: {job_id} is already done; nothing to run" in again.stderr
+    missing = runner.invoke(app, ["run", str(tmp_path / "nothing.yaml")])
+    assert missing.exit_code == 2 and "nothing.yaml" in missing.stderr  # neither a file nor a job: the file's error
+
+
 def processes_naming(word: str) -> dict[int, str]:
     """This machine's processes whose command lines hold `word`: pid -> command line."""
     found = {}
@@ -140,10 +159,10 @@ def sleeping(tmp_path) -> str:
     return f"time.sleep(300) {tmp_path}"
 
 
-def running_under_run(tmp_path, **env) -> tuple[subprocess.Popen, str]:
+def running_under_run(tmp_path, program="import time; time.sleep(300)", **env) -> tuple[subprocess.Popen, str]:
     """`broker run` of a job that sleeps (its argv names tmp_path), once the job runs: (the command, its job id).
     A command that has not got there in 120 s is killed, and the test fails rather than hangs."""
-    path = spec_file(tmp_path, run=[sys.executable, "-c", "import time; time.sleep(300)", str(tmp_path)])
+    path = spec_file(tmp_path, run=[sys.executable, "-c", program, str(tmp_path)])
     broker = Path(sys.executable).parent / "broker"
     command = subprocess.Popen(
         [str(broker), "run", str(path)],
@@ -164,6 +183,21 @@ def running_under_run(tmp_path, **env) -> tuple[subprocess.Popen, str]:
         stuck.cancel()
     command.kill()
     pytest.fail(f"`broker run` ended (or was killed after 120 s) before its job ran: {command.stderr.read()}")
+
+
+def test_a_job_cancelled_under_run_has_its_run_closed_before_run_exits(env, store, tmp_path):
+    """`broker run` ended as soon as its job did: the agent's exit, which closes the run with its cost and its
+    checkpoint, came after and no server was left to fold it. The run stayed under way, its spend counting up, and a
+    job the budget cap stopped could never be resumed ("still stopping"). This job takes 3 s to stop, as a save."""
+    saves = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: (time.sleep(3), sys.exit(0)))"
+    command, job_id = running_under_run(tmp_path, program=f"{saves}; time.sleep(300)")
+    try:
+        assert runner.invoke(app, ["cancel", job_id]).exit_code == 0
+        assert command.wait(timeout=90) == 2
+        (ran,) = store.get_job(job_id).runs
+        assert ran.ended_at is not None and ran.end_reason in ("fenced", "cancelled"), ran
+    finally:
+        command.kill()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda signum: signum.name)
@@ -230,7 +264,7 @@ def test_logs_follow_of_a_queued_job_says_what_it_waits_for_and_ends_with_it(env
     try:
         assert [lines.get(timeout=30), lines.get(timeout=30)] == [
             "── queued\n",
-            "── waiting: no broker server is running: start `broker server` (or use `broker run JOB.yaml`)\n",
+            f"── waiting: no broker server is running: start `broker server` (or `broker run {job_id}`)\n",
         ]
         assert runner.invoke(app, ["cancel", job_id]).exit_code == 0
         assert follow.wait(timeout=30) == 0

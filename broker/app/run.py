@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from broker.agents.provision import LocalProvisioner
+from broker.agents.runner import DEFAULT_GRACE_S
 from broker.core.waiting import waiting_for
 from broker.domain.errors import BrokerError
 from broker.domain.model import Job, JobState, Offer, Quote, Tier
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from broker.core.broker import Broker
 
 AGENT_START_S = 60.0  # a local agent imports torch and the SDKs before it registers
+# a job ended under way (cancelled, stopped at its budget) is followed until its agent's exit closes the run: the
+# stop signal's grace, a checkpoint's save, and a margin (run_job; the run's cost and checkpoint are counted then)
+CLOSE_S = DEFAULT_GRACE_S + 15.0
 
 
 class LogFollower:
@@ -104,6 +108,7 @@ def run_job(
         show("state", f"started local agent {agent_id} for {offer.id}")
         wait_for_agents(store, [agent_id], AGENT_START_S, provisioner.run_root)
     follower, teller = LogFollower(broker.store, job.id), StateTeller(store, planning_here=True)
+    closing_until = None
     while True:
         server.round(block_ms=int(poll_s * 1000))
         current = broker.store.get_job(job.id)  # wherever it is (a sharded job may move: core/rehoming.py)
@@ -111,6 +116,10 @@ def run_job(
         teller.tell(current, show)
         for kind, text in follower.read(current):
             show(kind, text)
+        if ended and current.current_run is not None:  # stopped under way (a cancel, the budget cap)
+            closing_until = closing_until or time.monotonic() + CLOSE_S
+            if time.monotonic() < closing_until:  # its agent saves and reports the exit: this replica folds it
+                continue
         if ended:  # the end is said after the job's last output, which was sent before it
             show("state", teller.said(current))
             return current

@@ -16,7 +16,7 @@ def waiting_for(store: Store, job: Job, planning_here: bool = False) -> str | No
     shards = store.shards
     store = store.of_job(job.id)  # its shard's server plans it, on its shard's agents
     if store.planner() is None and not planning_here:
-        return "no broker server is running: start `broker server` (or use `broker run JOB.yaml`)"
+        return f"no broker server is running: start `broker server` (or `broker run {job.id}`)"
     agents = store.working_agents()
     if not agents and len(shards) == 1:
         return "no agent is registered: start one (`broker agent`, `broker agents provision`, `broker run`)"

@@ -22,7 +22,7 @@ from broker.app.cli.common import (
     user_errors,
 )
 from broker.app.settings import Settings
-from broker.domain.errors import BrokerError
+from broker.domain.errors import BrokerError, NotFoundError
 from broker.domain.model import Job, JobSpec, JobState
 from broker.domain.specfile import load_spec
 
@@ -203,14 +203,15 @@ def show_output(kind: str, text: str) -> None:
 @user_errors
 @stop_signals_as_ctrl_c
 def run(
-    job_file: Path = typer.Argument(..., help="The job spec (YAML)."),
+    job_file: str = typer.Argument(..., help="The job spec (YAML), or the id of a job not ended to see through."),
     deadline: str | None = typer.Option(
         None, help="Overrides the spec: ISO time (2026-12-01T18:00Z), or from now: +36h, +1d12h, +1w."
     ),
     budget: float | None = typer.Option(None, help="Overrides the spec: budget in USD."),
 ) -> None:
     """Submit a job and see it through: plan it here (a standby while a `broker server` plans), start a local
-    agent for its chosen offer unless an idle registered one fits it, and stream its state and output until it ends."""
+    agent for its chosen offer unless an idle registered one fits it, and stream its state and output until it ends.
+    Given a job's id instead, see that job through (one left after Ctrl-C, or resumed by `broker amend --budget`)."""
     import os
     import socket
 
@@ -221,10 +222,14 @@ def run(
 
     settings = Settings.from_env()
     broker = make_broker(live=True)
-    spec = load_spec(job_file, broker.clock.now(), deadline=deadline, budget_usd=budget)
-    note_data_region(spec, broker)
-    job = broker.submit(spec)
-    out.print(render.quote_table(job.quote, f"job {job.id} queued"))
+    job = submitted_job(broker, job_file, deadline, budget)
+    if job is None:
+        spec = load_spec(Path(job_file), broker.clock.now(), deadline=deadline, budget_usd=budget)
+        note_data_region(spec, broker)
+        job = broker.submit(spec)
+        out.print(render.quote_table(job.quote, f"job {job.id} queued"))
+    else:
+        out.print(f"seeing {job.id} through: {job.state.value}" + (f" ({job.reason})" if job.reason else ""))
     server = wiring.make_server(broker, f"run-{socket.gethostname()}-{os.getpid()}", shard=broker.store.of_job(job.id))
     provisioner = LocalProvisioner(
         redis_url(settings),
@@ -238,7 +243,7 @@ def run(
     except KeyboardInterrupt:
         raise BrokerError(
             f"stopped following {job.id}; the agent started here checkpoints its work and leaves, and the job waits "
-            f"for a server and an agent (`broker status {job.id}` says which)"
+            f"for a server and an agent (`broker status {job.id}` says which; `broker run {job.id}` takes it up)"
         ) from None
     finally:
         provisioner.stop_all()
@@ -249,6 +254,24 @@ def run(
     base = job.on_demand_usd(job.updated_at)
     saved = f", {savings_pct(job.cost_usd, base):.0f}% less than on-demand (${base:.4f})" if base else ""
     out.print(f"{job.id} done: ${job.cost_usd:.4f}{saved}")
+
+
+def submitted_job(broker, given: str, deadline: str | None, budget: float | None) -> Job | None:
+    """The job not ended that `broker run` is given by its id (or the start of it), or None where `given` is a file
+    or names no job (then read as a spec file, with that file's errors). Refused in one line: a job that ended (one
+    the budget cap stopped is told how to resume it), and a deadline or budget given with it (amend changes them)."""
+    if Path(given).exists():
+        return None
+    try:
+        job = broker.get(broker.store.job_id_for(given))
+    except NotFoundError:
+        return None
+    if deadline is not None or budget is not None:
+        raise BrokerError(f"--deadline/--budget: {job.id} is submitted already; `broker amend {job.id}` changes them")
+    if job.state.terminal:
+        fix = f"; `broker amend {job.id} --budget` with more resumes it" if job.stopped_at_budget else ""
+        raise BrokerError(f"job: {job.id} is already {job.state.value}; nothing to run{fix}")
+    return job
 
 
 @user_errors
