@@ -200,6 +200,23 @@ def test_a_job_cancelled_under_run_has_its_run_closed_before_run_exits(env, stor
         command.kill()
 
 
+def test_run_of_a_job_running_already_follows_it_without_starting_an_agent(env, store, tmp_path):
+    command, job_id = running_under_run(tmp_path)
+    broker = Path(sys.executable).parent / "broker"
+    follower = subprocess.Popen(
+        [str(broker), "run", job_id], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    try:
+        assert follower.stdout.readline().startswith(f"seeing {job_id} through: running")
+        assert runner.invoke(app, ["cancel", job_id]).exit_code == 0
+        assert follower.wait(timeout=90) == 2 and command.wait(timeout=90) == 2
+        assert "started local agent" not in follower.stdout.read()
+        assert [a.id for a in store.agents()] == []  # the one agent, `broker run`'s first, stopped and unregistered
+    finally:
+        follower.kill()
+        command.kill()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda signum: signum.name)
 def test_run_killed_stops_the_agent_it_started_as_ctrl_c_does(env, tmp_path, signum):
     """`kill` (SIGTERM) or a closed terminal (SIGHUP) ended `broker run` at once: its local agent ran on, orphaned."""

@@ -98,10 +98,11 @@ def run_job(
     show: Callable[[str, str], None],
     poll_s: float = 0.2,
 ) -> Job:
-    """Drive `job` to its end: start a local agent unless an idle one fits the job, run server rounds (standing by
-    while another replica plans), and `show(kind, text)` each state change ("state") and output line."""
+    """Drive `job` to its end: start a local agent unless an idle one fits the job (or it runs already), run server
+    rounds (standing by while another replica plans), and `show(kind, text)` each state change ("state") and output
+    line."""
     store = broker.store.of_job(job.id)  # its shard: the server given plans it there, on that shard's agents
-    if not idle_agent_fits(store, job):
+    if job.pending and not idle_agent_fits(store, job):  # one running already (`broker run JOB`) is followed
         agent_id = agent_id_in(f"local-{job.id}", broker.store.shards.index(store), len(broker.store.shards))
         offer = local_offer(job.quote)
         provisioner.start(agent_id, offer)
