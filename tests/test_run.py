@@ -217,6 +217,31 @@ def test_run_of_a_job_running_already_follows_it_without_starting_an_agent(env, 
         command.kill()
 
 
+def test_a_job_left_by_ctrl_c_is_taken_up_by_run_with_its_id_without_its_earlier_output(env, store, tmp_path):
+    command, job_id = running_under_run(tmp_path, program="print('hello', flush=True); import time; time.sleep(300)")
+    broker = Path(sys.executable).parent / "broker"
+    try:
+        command.send_signal(signal.SIGINT)
+        assert command.wait(timeout=60) == 2 and f"`broker run {job_id}` takes it up" in command.stderr.read()
+        assert store.get_job(job_id).pending  # its agent's exit folded: back in the queue, not running on no agent
+        again = subprocess.Popen(
+            [str(broker), "run", job_id], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        seen = []
+        for line in again.stdout:
+            seen.append(line)
+            if line.startswith("hello"):
+                break
+        assert runner.invoke(app, ["cancel", job_id]).exit_code == 0
+        assert again.wait(timeout=90) == 2
+        said = "".join(seen)
+        assert f"1 earlier run(s) ended: `broker logs {job_id}` has their output" in said
+        assert said.count("hello") == 1 and "── run 2 on" in said and "── run 1 on" not in said
+        assert [r.fence for r in store.get_job(job_id).runs] == [1, 2]
+    finally:
+        command.kill()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda signum: signum.name)
 def test_run_killed_stops_the_agent_it_started_as_ctrl_c_does(env, tmp_path, signum):
     """`kill` (SIGTERM) or a closed terminal (SIGHUP) ended `broker run` at once: its local agent ran on, orphaned."""

@@ -29,10 +29,11 @@ CLOSE_S = DEFAULT_GRACE_S + 15.0
 
 
 class LogFollower:
-    """Reads a job's output run by run from its agents' log streams, each line once."""
+    """Reads a job's output run by run from its agents' log streams, each line once; runs up to fence `after` are
+    left out (seen through again, a job's ended runs are history: `broker logs` has them)."""
 
-    def __init__(self, store: Store, job_id: str):
-        self.store, self.job_id = store, job_id
+    def __init__(self, store: Store, job_id: str, after: int = 0):
+        self.store, self.job_id, self.after = store, job_id, after
         self.read_to: dict[int, str] = {}  # run's fence -> the newest log entry read
         self.lines = 0
 
@@ -40,6 +41,8 @@ class LogFollower:
         """New ("run", header) and ("out", line) entries since the last call."""
         entries = []
         for run in job.runs:
+            if run.fence <= self.after:
+                continue
             if run.fence not in self.read_to:
                 where = f"{run.offer.tier.value} {run.offer.cloud} {run.offer.instance_type}"
                 started = f", started {run.started_at:%H:%M:%S} UTC" if run.started_at else ""
@@ -98,21 +101,31 @@ def run_job(
     show: Callable[[str, str], None],
     poll_s: float = 0.2,
 ) -> Job:
-    """Drive `job` to its end: start a local agent unless an idle one fits the job (or it runs already), run server
-    rounds (standing by while another replica plans), and `show(kind, text)` each state change ("state") and output
-    line."""
+    """Drive `job` to its end: start a local agent once it waits and no idle one fits it (one running already,
+    `broker run JOB`, is followed), run server rounds (standing by while another replica plans), and `show(kind,
+    text)` each state change ("state") and output line."""
     store = broker.store.of_job(job.id)  # its shard: the server given plans it there, on that shard's agents
-    if job.pending and not idle_agent_fits(store, job):  # one running already (`broker run JOB`) is followed
+
+    def agent_for(current: Job) -> None:
+        if provisioner.agents or not current.pending or idle_agent_fits(store, current):
+            return
         agent_id = agent_id_in(f"local-{job.id}", broker.store.shards.index(store), len(broker.store.shards))
         offer = local_offer(job.quote)
         provisioner.start(agent_id, offer)
         show("state", f"started local agent {agent_id} for {offer.id}")
         wait_for_agents(store, [agent_id], AGENT_START_S, provisioner.run_root)
-    follower, teller = LogFollower(broker.store, job.id), StateTeller(store, planning_here=True)
+
+    agent_for(job)
+    history = [r.fence for r in job.runs if r.ended_at is not None]  # a job taken up again (`broker run JOB`)
+    if history:
+        show("state", f"{len(history)} earlier run(s) ended: `broker logs {job.id}` has their output")
+    follower = LogFollower(broker.store, job.id, after=max(history, default=0))
+    teller = StateTeller(store, planning_here=True)
     closing_until = None
     while True:
         server.round(block_ms=int(poll_s * 1000))
         current = broker.store.get_job(job.id)  # wherever it is (a sharded job may move: core/rehoming.py)
+        agent_for(current)  # back in the queue (its agent gone): one of ours
         ended = current.state.terminal  # read before the output: what was sent before the end is read below
         teller.tell(current, show)
         for kind, text in follower.read(current):
@@ -124,6 +137,15 @@ def run_job(
         if ended:  # the end is said after the job's last output, which was sent before it
             show("state", teller.said(current))
             return current
+
+
+def fold_exit(broker: Broker, server, job_id: str, timeout_s: float = CLOSE_S, poll_s: float = 0.2) -> Job:
+    """Server rounds until the job's run under way has closed (its agent, stopped, reported the exit) or `timeout_s`
+    passed: `broker run` stopped with Ctrl-C leaves the job back in the queue, not shown running on a gone agent."""
+    until = time.monotonic() + timeout_s
+    while (current := broker.store.get_job(job_id)).current_run is not None and time.monotonic() < until:
+        server.round(block_ms=int(poll_s * 1000))
+    return current
 
 
 def idle_agent_fits(store: Store, job: Job) -> bool:

@@ -217,7 +217,7 @@ def run(
 
     from broker.agents.provision import LocalProvisioner
     from broker.app import wiring
-    from broker.app.run import run_job
+    from broker.app.run import fold_exit, run_job
     from broker.models.accounting import savings_pct
 
     settings = Settings.from_env()
@@ -241,6 +241,8 @@ def run(
     try:
         job = run_job(broker, server, provisioner, job, show_output)
     except KeyboardInterrupt:
+        provisioner.stop_all()  # each agent checkpoints its job and reports the exit, which is folded here
+        fold_exit(broker, server, job.id)
         raise BrokerError(
             f"stopped following {job.id}; the agent started here checkpoints its work and leaves, and the job waits "
             f"for a server and an agent (`broker status {job.id}` says which; `broker run {job.id}` takes it up)"
