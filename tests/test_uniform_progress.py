@@ -342,6 +342,8 @@ def test_a_job_on_on_demand_yields_idle_spot_to_a_job_that_waits(redis_url, cata
         ("hedge", 50, True, True, "cheapest"),
         ("hedge", 50, False, False, "cheapest"),
         ("uniform-progress", 150, True, False, "cheapest"),  # behind but not lost: the rule as before
+        ("hedge", 50, True, True, "extend"),  # lost: its second window, in which spot is worth it
+        ("hedge", 150, True, True, "extend"),  # not lost: its own window, as before
     ],
 )
 def test_the_guard_takes_a_job_back_from_on_demand_to_spot_by_the_policys_rule(
@@ -371,6 +373,7 @@ def test_the_guard_takes_a_job_back_from_on_demand_to_spot_by_the_policys_rule(
     if back:
         lost = done == 50 and if_late == "cheapest"
         assert ("if_late: cheapest" if lost else f"back to spot ({name}'s rule)") in job.reason
+        assert ("its second window ends in" in job.reason) == (done == 50 and if_late == "extend"), job.reason
         on_demand.exited("j", assignment.fence, "moved", at=clock.now().timestamp())
         assert server.step() == [("j", "spot")]  # re-dispatched to the idle spot agent
 
