@@ -237,5 +237,5 @@ def test_a_job_in_a_shard_without_an_agent_that_fits_says_so_and_whether_another
         make_spec(name="a100"), job_id=next(j for j in (f"a-{i}" for i in range(99)) if shard_of(j, SHARDS) == 1)
     )
     assert waiting_for(store, a100).endswith(
-        "nor does any other: start one (`broker agent`, `broker agents provision`, `broker run`)"
+        f"nor does any other: start one (`broker agent`, `broker agents provision`, `broker run {a100.id}`)"
     )

@@ -19,7 +19,7 @@ def waiting_for(store: Store, job: Job, planning_here: bool = False) -> str | No
         return f"no broker server is running: start `broker server` (or `broker run {job.id}`)"
     agents = store.working_agents()
     if not agents and len(shards) == 1:
-        return "no agent is registered: start one (`broker agent`, `broker agents provision`, `broker run`)"
+        return f"no agent is registered: start one (`broker agent`, `broker agents provision`, `broker run {job.id}`)"
     from broker.models.risk import fits  # numpy and scipy: only once there are agents to match
 
     fitting = [a for a in agents if fits(job.spec, a.offer)]
@@ -48,4 +48,4 @@ def _not_in_its_shard(shards: list[Store], own: Store, job: Job, fits) -> str:
     where = f"its shard ({index} of {len(shards)}, BROKER_SHARDS) has no agent that fits it"
     if elsewhere:
         return f"{where}; {elsewhere} in other shards do: the server moves it to one within {REHOME_EVERY_S:.0f} s"
-    return f"{where}, nor does any other: start one (`broker agent`, `broker agents provision`, `broker run`)"
+    return f"{where}, nor does any other: start one (`broker agent`, `broker agents provision`, `broker run {job.id}`)"
