@@ -190,6 +190,10 @@ def test_what_a_job_spent_counts_its_run_under_way_up_to_now(catalog):
     )
     capped = job.model_copy(update={"spec": spec.model_copy(update={"if_over_budget": IfOverBudget.stop})})
     assert "(stops there: if_over_budget)" in render.job_times(capped, later)
+    extends = job.model_copy(update={"spec": spec.model_copy(update={"if_late": "extend"})})
+    second = spec.deadline + (spec.deadline - NOW)
+    assert f", if lost on to {second:%Y-%m-%d %H:%M} UTC" in render.job_times(extends, later)
+    assert "if lost" not in text
     from rich.console import Console
 
     console = Console(width=200, record=True)

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from broker.app.narrow import Fitted, narrow_safe
 from broker.domain.figures import spend_usd
-from broker.domain.model import Forecast, IfOverBudget, Job, Option, Quote, Tier
+from broker.domain.model import Forecast, IfLate, IfOverBudget, Job, Option, Quote, Tier
 from broker.domain.rounding import up_to_cent, up_to_minute
 
 if TYPE_CHECKING:  # pandas costs a read command a third of a second: imported where a table needs it
@@ -344,6 +344,8 @@ def job_times(job: Job, now: datetime) -> str:
     deadline = job.spec.deadline
     parts = [f"submitted {moment(job.submitted_at, now, job)}"]
     parts.append(f"deadline {moment(deadline, now, job)}" if deadline else "no deadline")
+    if deadline and job.spec.if_late == IfLate.extend:  # its second window (planning/uniform_progress.Progress)
+        parts[-1] += f", if lost on to {moment(deadline + (deadline - job.submitted_at), now, job)} (if_late: extend)"
     budget = job.spec.budget_usd
     capped = " (stops there: if_over_budget)" if job.spec.if_over_budget == IfOverBudget.stop else ""
     spent = f"spent ${spend_usd(job, now):,.4f}"  # a run under way up to now: a job hours in had spent "$0"
