@@ -258,7 +258,7 @@ def run(
     out.print(f"{job.id} done: ${job.cost_usd:.4f}{saved}")
 
 
-def submitted_job(broker, given: str, deadline: str | None, budget: float | None) -> Job | None:
+def submitted_job(broker: Broker, given: str, deadline: str | None, budget: float | None) -> Job | None:
     """The job not ended that `broker run` is given by its id (or the start of it), or None where `given` is a file
     or names no job (then read as a spec file, with that file's errors). Refused in one line: a job that ended (one
     the budget cap stopped is told how to resume it), and a deadline or budget given with it (amend changes them)."""
