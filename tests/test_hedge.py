@@ -7,8 +7,9 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+from test_guard_returns import run_an_hour
 from test_market_model import trace
-from test_uniform_progress import offer, run_an_hour
+from test_uniform_progress import offer
 
 from broker import planning
 from broker.agents.checkpoints import CheckpointStore
