@@ -334,3 +334,28 @@ def test_run_starts_a_local_agent_unless_an_idle_one_fits_the_job(env, store, ca
     assert not idle_agent_fits(store, job)  # idle, but the job asks for an L4
     idle("l4-agent", "L4")
     assert idle_agent_fits(store, job)
+
+
+def test_run_of_a_waiting_job_whose_agent_another_run_starts_starts_none(env, store, tmp_path):
+    """Two `broker run JOB` of one waiting job both started agent local-JOB: the second's record took the first's
+    report key, and the agent running the job had its reports refused. The first to claim the id starts it."""
+    job_id = json.loads(runner.invoke(app, ["submit", str(spec_file(tmp_path)), "--json"]).stdout)["job"]
+    agent = f"local-{job_id}"
+    assert store.claim_agent_start(agent, 60_000)  # another `broker run` is starting it
+    assert not store.claim_agent_start(agent, 60_000)
+    broker = Path(sys.executable).parent / "broker"
+    second = subprocess.Popen(
+        [str(broker), "run", job_id], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    try:
+        lines = [second.stdout.readline() for _ in range(2)]
+        assert lines[1] == f"── waiting: another `broker run` starts agent {agent} for it\n", lines
+        time.sleep(2)  # rounds go on: it still starts none
+        assert processes_naming(f"--id {agent}") == {}
+        store.release_agent_start(agent)  # that start failed: this one starts it
+        assert second.wait(timeout=120) == 0
+        rest = second.stdout.read()
+        assert f"started local agent {agent}" in rest and "hello from the job" in rest
+        assert store.get_job(job_id).state == JobState.done and store.claim_agent_start(agent, 1)  # released
+    finally:
+        second.kill()

@@ -110,11 +110,20 @@ def run_job(
         if provisioner.agents or not current.pending or idle_agent_fits(store, current):
             return
         agent_id = agent_id_in(f"local-{job.id}", broker.store.shards.index(store), len(broker.store.shards))
-        offer = local_offer(job.quote)
-        provisioner.start(agent_id, offer)
-        show("state", f"started local agent {agent_id} for {offer.id}")
-        wait_for_agents(store, [agent_id], AGENT_START_S, provisioner.run_root)
+        if not store.claim_agent_start(agent_id, int(AGENT_START_S * 1000)):
+            if not told_starting:  # another `broker run` of this job: its agent serves it once registered
+                show("state", f"waiting: another `broker run` starts agent {agent_id} for it")
+                told_starting.append(agent_id)
+            return
+        try:
+            offer = local_offer(job.quote)
+            provisioner.start(agent_id, offer)
+            show("state", f"started local agent {agent_id} for {offer.id}")
+            wait_for_agents(store, [agent_id], AGENT_START_S, provisioner.run_root)
+        finally:
+            store.release_agent_start(agent_id)
 
+    told_starting: list[str] = []  # said once
     agent_for(job)
     history = [r.fence for r in job.runs if r.ended_at is not None]  # a job taken up again (`broker run JOB`)
     if history:

@@ -8,6 +8,7 @@ import functools
 import hmac
 import json
 import logging
+import os
 import secrets
 import time
 from datetime import datetime
@@ -90,6 +91,15 @@ class AgentChannels:
         """Extend the agent's lease (marked leaving, as `mark_leaving`, when it is going away); False if it had
         already expired (the broker may have moved its job)."""
         return bool(self.redis.set(self._key("lease", agent_id), "leaving" if leaving else 1, px=lease_ms, xx=True))
+
+    def claim_agent_start(self, agent_id: str, ttl_ms: int) -> bool:
+        """Whether this process may start agent `agent_id`: False while another holds the claim (two `broker run JOB`
+        of one waiting job started one id twice, the second's record taking the first's). Held until the agent has
+        registered (release_agent_start), or `ttl_ms` if its starter dies first."""
+        return bool(self.redis.set(self._key("starting", agent_id), os.getpid(), nx=True, px=ttl_ms))
+
+    def release_agent_start(self, agent_id: str) -> None:
+        self.redis.delete(self._key("starting", agent_id))
 
     def lease_alive(self, agent_id: str) -> bool:
         return bool(self.redis.exists(self._key("lease", agent_id)))

@@ -13,6 +13,7 @@ ShardedStore, and a shard's prefix carries its hash tag, `broker:{3}:`, when the
     {p}agents            SET     registered agent ids
     {p}lease:{id}        STRING  present while the agent's heartbeat lease is alive (PX expiry);
                                  "leaving" once its instance is going away (no new work)
+    {p}starting:{id}     STRING  a local agent being started under this id (`broker run`; PX expiry)
     {p}assign:{id}       STREAM  assignments to one agent: job, fence, run, resume_from, spec (JSON); group "agent"
     {p}own:{agent}:{job} STRING  what an agent may know of a job it was given (JSON: fence, mine, started,
                                  move, checkpoint (when asked for one), terminal), rewritten with every change
