@@ -289,7 +289,10 @@ def test_agents_list_shows_each_agent_its_offer_job_and_lease(env, store, catalo
         ("leaving-3", offers[2], 60_000),
         ("local-4", offers[0], 60_000),
     ):
-        Contract(store, name).register(offer, lease_ms, host="h", pid=1, at=NOW, on_cloud=name != "local-4")
+        local = name == "local-4"
+        Contract(store, name).register(
+            offer, lease_ms, host="h", pid=1, at=NOW, on_cloud=not local, for_job="j-1" if local else None
+        )
     store.mark_leaving("leaving-3")
     time.sleep(0.01)  # gone-2's lease of 1 ms has lapsed
     rows = {r["id"]: r for r in json.loads(run("agents", "list", "--json").stdout)}
@@ -303,7 +306,8 @@ def test_agents_list_shows_each_agent_its_offer_job_and_lease(env, store, catalo
     assert run("agents").stdout == run("agents", "list").stdout  # alone, it lists them
     alone = [{k: v for k, v in r.items() if k != "age_h"} for r in json.loads(run("agents", "--json").stdout)]
     assert alone == [{k: v for k, v in r.items() if k != "age_h"} for r in rows.values()]  # --json alone too
-    assert "(local)" in next(line for line in run("agents").stdout.splitlines() if line.startswith("local-4"))
+    local = next(line for line in run("agents").stdout.splitlines() if line.startswith("local-4"))
+    assert "(local)" in local and "- (for j-1 alone)" in local and rows["local-4"]["for_job"] == "j-1"
 
 
 def test_the_command_loads_no_numeric_library_until_a_command_prices():

@@ -314,3 +314,23 @@ def test_broker_logs_prints_each_runs_output_and_follows_a_running_job(system, r
     assert shown.exit_code == 0 and "run 1 on spot-a (spot" in shown.stdout
     assert [line for line in shown.stdout.splitlines() if line.startswith("line ")] == expected
     assert "no output" in CliRunner().invoke(app, ["logs", system.broker.submit(quick_spec()).id]).stdout
+
+
+def test_an_agent_started_for_one_job_runs_that_job_and_no_other(redis_url, tmp_path, catalog):
+    """`broker run JOB` starts its local agent for JOB: planned like any agent, it went to a more urgent queued job,
+    and JOB waited behind it (for hours, behind a long one)."""
+    from broker.agents.contract import Contract
+    from broker.core.waiting import waiting_for
+
+    system = System(redis_url, tmp_path, catalog)
+    system.server.policy = planning.get("cheapest")
+    other = system.broker.submit(l4_spec("other", "pass", priority=5))  # first in the queue
+    mine = system.broker.submit(l4_spec("mine", "pass"))
+    Contract(system.store, "for-mine").register(system.offers["spot-a"], 60_000, for_job=mine.id)
+    assert system.server.dispatch() == [(mine.id, "for-mine")]
+    Contract(system.store, "for-gone").register(system.offers["spot-a"], 60_000, for_job="a-job-not-waiting")
+    assert system.server.dispatch() == []  # `other` still waits: that agent takes no other job
+    said = waiting_for(system.store, system.store.get_job(other.id))
+    assert said == "the agents that fit it were started for other jobs (`broker run`), and take no other"
+    Contract(system.store, "anyone").register(system.offers["spot-a"], 60_000)
+    assert system.server.dispatch() == [(other.id, "anyone")]

@@ -359,3 +359,14 @@ def test_run_of_a_waiting_job_whose_agent_another_run_starts_starts_none(env, st
         assert store.get_job(job_id).state == JobState.done and store.claim_agent_start(agent, 1)  # released
     finally:
         second.kill()
+
+
+def test_run_runs_its_job_on_the_agent_it_starts_not_a_job_queued_before(env, store, tmp_path):
+    """The agent `broker run` started was planned like any other: a more urgent queued job took it first, and the
+    user's job waited behind it ("every agent that fits it is busy"), for as long as that one ran."""
+    first = spec_file(tmp_path, name="queued-first", priority=5)
+    other = json.loads(runner.invoke(app, ["submit", str(first), "--json"]).stdout)["job"]
+    result = runner.invoke(app, ["run", str(spec_file(tmp_path))])
+    assert result.exit_code == 0, result.output
+    assert "hello from the job" in result.stdout and "busy" not in result.stdout
+    assert store.get_job(other).state == JobState.queued  # left to a server and agents of its own

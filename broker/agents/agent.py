@@ -47,8 +47,10 @@ class Agent:
         grace_s: float = 30.0,
         metrics=None,
         token: str | None = None,
+        for_job: str | None = None,
     ):
         self.store, self.id, self.offer, self.token = store, agent_id, offer, token
+        self.for_job = for_job  # started for this job alone (`broker run`)
         self.checkpoint_root = checkpoint_root.rstrip("/")
         self.run_root = Path(run_root)
         self.notices = notices
@@ -66,7 +68,9 @@ class Agent:
         self._notice = None  # the preemption notice, once one came
 
     def register(self) -> None:
-        self.contract.register(self.offer, self.lease_ms, token=self.token, on_cloud=watches_cloud(self.notices))
+        self.contract.register(
+            self.offer, self.lease_ms, token=self.token, on_cloud=watches_cloud(self.notices), for_job=self.for_job
+        )
         self._last_beat = time.monotonic()
 
     def run(self) -> str:

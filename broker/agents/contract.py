@@ -77,6 +77,7 @@ class Contract:
         pid: int | None = None,
         at: datetime | None = None,
         on_cloud: bool = True,
+        for_job: str | None = None,
     ) -> None:
         info = AgentInfo(
             id=self.id,
@@ -86,6 +87,7 @@ class Contract:
             registered_at=at or datetime.now(UTC),
             token=token,
             on_cloud=on_cloud,
+            for_job=for_job,
         )
         self.store.register_agent(info, lease_ms)
         self._may_hold = True

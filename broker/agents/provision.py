@@ -31,8 +31,9 @@ class LocalProvisioner:
         self.speedup, self.lease_s = speedup, lease_s
         self.agents: dict[str, subprocess.Popen] = {}
 
-    def start(self, agent_id: str, offer: Offer, notices: str = "none") -> subprocess.Popen:
-        """Start an agent standing for an instance of `offer`; `notices` as for `broker agent --notices`."""
+    def start(self, agent_id: str, offer: Offer, notices: str = "none", for_job: str | None = None) -> subprocess.Popen:
+        """Start an agent standing for an instance of `offer`; `notices` as for `broker agent --notices`; `for_job`:
+        it runs that job alone (`broker run`)."""
         self.run_root.mkdir(parents=True, exist_ok=True)
         log = open(self.run_root / f"agent-{agent_id}.log", "ab")
         argv = [
@@ -54,6 +55,7 @@ class LocalProvisioner:
             self.checkpoint_root,
             "--runs",
             str(self.run_root),
+            *(["--for-job", for_job] if for_job else []),
         ]
         env = {
             **os.environ,

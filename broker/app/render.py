@@ -285,6 +285,7 @@ def agent_rows(agents: list, leases: dict[str, str | None], now: datetime) -> li
                 "lease": "lapsed" if lease is None else ("leaving" if lease == "leaving" else "alive"),
                 "host": agent.host,
                 "on_cloud": agent.on_cloud,  # False: a local stand-in for the offer (no market evidence)
+                "for_job": agent.for_job,  # started for this job alone (`broker run`)
             }
         )
     return rows
@@ -298,7 +299,8 @@ def agents_table(rows: list[dict]) -> Fitted:
         age = duration(r["age_h"])
         offer = r["offer"].replace("/", " ")  # breakable at its parts: the numbers beside it stay whole
         tier = r["tier"] if r["on_cloud"] else f"{r['tier']} (local)"
-        table.add_row(r["id"], tier, offer, f"{r['usd_per_h']:,.4f}", r["job"] or "-", age, r["lease"])
+        job = r["job"] or (f"- (for {r['for_job']} alone)" if r["for_job"] else "-")
+        table.add_row(r["id"], tier, offer, f"{r['usd_per_h']:,.4f}", job, age, r["lease"])
     return narrow_safe(table, "offer", optional=("$/h", "age", "tier", "offer"))
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from broker.agents.provision import LocalProvisioner
 from broker.agents.runner import DEFAULT_GRACE_S
+from broker.core.reserved import may_take
 from broker.core.waiting import waiting_for
 from broker.domain.errors import BrokerError
 from broker.domain.model import Job, JobState, Offer, Quote, Tier
@@ -117,7 +118,7 @@ def run_job(
             return
         try:
             offer = local_offer(job.quote)
-            provisioner.start(agent_id, offer)
+            provisioner.start(agent_id, offer, for_job=job.id)  # no other queued job takes it
             show("state", f"started local agent {agent_id} for {offer.id}")
             wait_for_agents(store, [agent_id], AGENT_START_S, provisioner.run_root)
         finally:
@@ -162,7 +163,7 @@ def idle_agent_fits(store: Store, job: Job) -> bool:
     shape, left by an earlier command, kept it from starting one, and the job waited for an agent that fits)."""
     from broker.models.risk import fits  # numpy and scipy: only here
 
-    return any(a.job is None and fits(job.spec, a.offer) for a in store.working_agents())
+    return any(a.job is None and may_take(a, job.id) and fits(job.spec, a.offer) for a in store.working_agents())
 
 
 def wait_for_agents(store: Store, agent_ids: list[str], timeout_s: float, logs: Path) -> None:

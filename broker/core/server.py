@@ -23,6 +23,7 @@ from broker.agents.tokens import refusal
 from broker.core.budget import fallback_option, stop_over_budget
 from broker.core.guard import DeadlineGuard
 from broker.core.reports import end_run, fold, folding
+from broker.core.reserved import reserved_pairs
 from broker.domain.errors import InfeasibleError
 from broker.domain.model import AgentInfo, Job, JobSpec, JobState, Offer, Run
 from broker.models.risk import fits
@@ -229,18 +230,19 @@ class BrokerServer:
         """
         if not self.lead() or not self.store.pending_count():  # nothing waits: no need to read the agents
             return []
-        idle = self._idle_agents()
-        if not idle:
+        pairs, idle = reserved_pairs(self.store, self._idle_agents(), self.clock.now(), self.consumer)
+        if not pairs and not idle:
             return []
+        taken = {job.id for job, _ in pairs}
         by_offer: dict[str, list[AgentInfo]] = {}
         for agent in idle:
             by_offer.setdefault(agent.offer.id, []).append(agent)
-        pairs, start, page = [], 0, max(PLAN_PAGE_MIN, PLAN_PAGE_PER_AGENT * len(idle))
+        start, page = 0, max(PLAN_PAGE_MIN, PLAN_PAGE_PER_AGENT * len(idle))
         while start < PLAN_PAGE and any(by_offer.values()):
             jobs = self.store.pending_jobs(start, min(page, PLAN_PAGE - start))  # most urgent first
             if not jobs:
                 break
-            pairs += self._plan_page(jobs, by_offer)
+            pairs += self._plan_page([j for j in jobs if j.id not in taken], by_offer)
             start, page = start + len(jobs), page * 2
         return self._assign(pairs, hash_wait_s)
 
@@ -313,7 +315,7 @@ class BrokerServer:
         rule_moves = hasattr(self.policy, "leaves_on_demand")  # the rule may take jobs off on-demand or to a zone
         running = [j for j in active if j.id not in stopped]
         return stopped + DeadlineGuard(self.store, self.policy, self.consumer).moves(
-            now, self._idle_agents() if rule_moves else [], self._pass_h, running
+            now, [a for a in self._idle_agents() if a.for_job is None] if rule_moves else [], self._pass_h, running
         )
 
     def _idle_agents(self) -> list[AgentInfo]:

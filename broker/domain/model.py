@@ -389,5 +389,6 @@ class AgentInfo(BaseModel):
     # (`broker run`, the demo, an agent without a cloud's notices), whose runs and uptime are no market evidence
     on_cloud: bool = True
     report_key: str | None = None  # a secret of this agent process: its reports carry it (Store.report)
+    for_job: str | None = None  # started for this job alone (`broker run`): no other job is planned on it
     job: str | None = None
     fence: int | None = None

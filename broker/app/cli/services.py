@@ -56,6 +56,7 @@ def agent(
     token: str | None = typer.Option(
         None, envvar="BROKER_AGENT_TOKEN", help="Registration token (`broker agents token`)."
     ),
+    for_job: str | None = typer.Option(None, help="Run this job alone (`broker run` starts its agents so)."),
 ) -> None:
     """Run the agent of one instance: take assignments, run jobs, report, checkpoint on notices."""
     import redis
@@ -91,6 +92,7 @@ def agent(
         lease_s=lease_s,
         metrics=metrics,
         token=token,
+        for_job=for_job,
     )
     err.print(f"agent {agent_id} ended: {worker.run()}")
 
