@@ -334,3 +334,17 @@ def test_an_agent_started_for_one_job_runs_that_job_and_no_other(redis_url, tmp_
     assert said == "the agents that fit it were started for other jobs (`broker run`), and take no other"
     Contract(system.store, "anyone").register(system.offers["spot-a"], 60_000)
     assert system.server.dispatch() == [(other.id, "anyone")]
+
+
+def test_an_agent_started_for_a_job_the_guard_pinned_elsewhere_waits_for_one_that_fits(redis_url, tmp_path, catalog):
+    """A job the guard moved to on-demand is not given back to the spot agent started for it (it went there at
+    once, and the guard moved it again): an on-demand agent started for it takes it."""
+    from broker.agents.contract import Contract
+
+    system = System(redis_url, tmp_path, catalog)
+    job = system.broker.submit(l4_spec("pinned", "pass"))
+    system.store.update_job(job.id, lambda j: j.model_copy(update={"pinned_tier": Tier.on_demand}))
+    Contract(system.store, "spot-for-it").register(system.offers["spot-a"], 60_000, for_job=job.id)
+    assert system.server.dispatch() == []
+    Contract(system.store, "od-for-it").register(system.offers["ondemand-a"], 60_000, for_job=job.id)
+    assert system.server.dispatch() == [(job.id, "od-for-it")]

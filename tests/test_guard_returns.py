@@ -145,3 +145,20 @@ def test_a_job_on_on_demand_ahead_of_its_pace_goes_back_to_wait_for_spot_none_is
     job = store.get_job("j")
     assert job.move_requested == waits and job.pinned_tier is None
     assert ("queued to wait for spot" in job.reason) == waits
+
+
+def test_the_guard_takes_a_job_back_to_spot_only_on_an_agent_that_may_take_it(redis_url, catalog, tmp_path):
+    """An idle spot agent started for another job (`broker run`) runs that job alone: a job sent back to spot for it
+    would wait in the queue (Uniform Progress does so knowingly, below); one started for this job takes it back, a
+    waiting job it does not take notwithstanding."""
+    policy = planning.get("uniform-progress")
+    for agent, said in (("another", "queued to wait for spot"), ("j", "back to spot (uniform-progress's rule)")):
+        store, clock = Store(redis_url, prefix=f"return-for-{agent}:"), SimulatedClock(NOW)
+        server, on_demand, assignment, spot = an_hour_on_demand(store, catalog, policy, clock, tmp_path, 900)
+        Contract(store, f"for-{agent}").register(spot, 10**10, host="test", pid=0, at=clock.now(), for_job=agent)
+        waiting = make_spec(resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 2}, deadline="+48h")
+        Broker(store, catalog, policy, clock).submit(waiting, job_id="w")  # it fits the agent, which takes it not
+        server.step()
+        assert said in store.get_job("j").reason
+    on_demand.exited("j", assignment.fence, "moved", at=clock.now().timestamp())
+    assert server.step() == [("j", "for-j")]

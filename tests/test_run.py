@@ -370,3 +370,17 @@ def test_run_runs_its_job_on_the_agent_it_starts_not_a_job_queued_before(env, st
     assert result.exit_code == 0, result.output
     assert "hello from the job" in result.stdout and "busy" not in result.stdout
     assert store.get_job(other).state == JobState.queued  # left to a server and agents of its own
+
+
+def test_run_of_a_job_the_guard_moved_to_on_demand_starts_an_on_demand_agent(env, store, tmp_path):
+    """`broker run` started one agent, for the quote's spot choice: a job the guard then pinned to on-demand went back
+    to it (and was moved again), or, planned like any, waited for an on-demand agent no one would start."""
+    from broker.domain.model import Tier
+
+    job_id = json.loads(runner.invoke(app, ["submit", str(spec_file(tmp_path)), "--json"]).stdout)["job"]
+    assert store.get_job(job_id).quote.chosen.offer.tier == Tier.spot
+    store.update_job(job_id, lambda j: j.model_copy(update={"pinned_tier": Tier.on_demand}))  # as the guard does
+    result = runner.invoke(app, ["run", job_id])
+    assert result.exit_code == 0, result.output
+    (ran,) = store.get_job(job_id).runs
+    assert ran.offer.tier == Tier.on_demand and ran.agent == f"local-{job_id}" and "hello from the job" in result.stdout

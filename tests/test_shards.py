@@ -200,7 +200,10 @@ def test_a_new_job_goes_to_a_shard_with_agents_it_fits_and_runs_there(redis_url,
     store = ShardedStore(redis_url, "broker:", SHARDS)
     name = next(n for n in (f"agent-{i}" for i in range(100)) if shard_of(n, SHARDS) == 2)
     root = str(tmp_path / "ckpt")
-    agent = Agent(store.of_agent(name), name, l4_on_demand(catalog), root, tmp_path / "runs", heartbeat_s=0.2)
+    # a lease that outlasts the submits below on a busy machine (it lapsed: jobs hashed to any shard)
+    agent = Agent(
+        store.of_agent(name), name, l4_on_demand(catalog), root, tmp_path / "runs", heartbeat_s=0.2, lease_s=60
+    )
     agent.register()
     broker = Broker(store, catalog, planning.get(), SystemClock())
     l4 = make_spec(run=["true"], resources={"accelerators": ["L4:1"]}, work={"gpu_hours": 0.01})

@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING
 
 from broker.agents.provision import LocalProvisioner
 from broker.agents.runner import DEFAULT_GRACE_S
-from broker.core.reserved import may_take
 from broker.core.waiting import waiting_for
 from broker.domain.errors import BrokerError
-from broker.domain.model import Job, JobState, Offer, Quote, Tier
+from broker.domain.model import Job, JobSpec, JobState, Offer, Quote, Tier
 from broker.store.agents import LOG_MAXLEN
 from broker.store.jobs import Store
 from broker.store.shards import agent_id_in
@@ -87,11 +86,17 @@ class StateTeller:
         return job.state.value + (f" ({job.reason})" if job.reason else "")
 
 
-def local_offer(quote: Quote) -> Offer:
-    """The offer a local agent stands for: the quote's choice, or its cheapest cloud alternative when the choice is
-    a pipeline bubble (bubbles come from training jobs, not from a process started here)."""
+def local_offer(quote: Quote, spec: JobSpec) -> Offer | None:
+    """The offer a local agent stands for: the first of the quote's choice, its alternatives and their on-demand
+    fallbacks that fits the job as the planner sees it (`spec`: the guard's pinned tier) and is no pipeline bubble
+    (bubbles come from training jobs, not from a process started here)."""
+    from broker.models.risk import fits  # numpy and scipy: only here
+
     options = [quote.chosen, *quote.alternatives]
-    return next((o.offer for o in options if o.offer.tier != Tier.bubble), quote.chosen.fallback or quote.chosen.offer)
+    offers = [o.offer for o in options] + [o.fallback for o in options if o.fallback]
+    if quote.on_demand_baseline:
+        offers.append(quote.on_demand_baseline.offer)
+    return next((o for o in offers if o.tier != Tier.bubble and fits(spec, o)), None)
 
 
 def run_job(
@@ -105,26 +110,41 @@ def run_job(
     """Drive `job` to its end: start a local agent once it waits and no idle one fits it (one running already,
     `broker run JOB`, is followed), run server rounds (standing by while another replica plans), and `show(kind,
     text)` each state change ("state") and output line."""
+    from broker.models.risk import fits  # numpy and scipy: only here
+    from broker.planning.option_table import PlanItem
+
     store = broker.store.of_job(job.id)  # its shard: the server given plans it there, on that shard's agents
 
+    started: dict[str, Offer] = {}  # the local agents this command started, by id
+    told_starting: list[str] = []  # that another command starts ours: said once
+
     def agent_for(current: Job) -> None:
-        if provisioner.agents or not current.pending or idle_agent_fits(store, current):
+        """Start a local agent for the job once it waits and none of ours, nor an idle registered one, fits it as
+        the planner sees it: a job the guard moved to on-demand gets an on-demand one (it waited for none)."""
+        if not current.pending:
             return
-        agent_id = agent_id_in(f"local-{job.id}", broker.store.shards.index(store), len(broker.store.shards))
+        spec = PlanItem.from_job(current).spec  # the guard's pinned tier, zones it did not fit
+        ours = [o for a, o in started.items() if provisioner.agents[a].poll() is None]
+        if any(fits(spec, o) for o in ours) or idle_agent_fits(store, current, spec):
+            return
+        offer = local_offer(current.quote, spec)
+        if offer is None:
+            return
+        name = f"local-{job.id}" + (f"-{offer.tier.value}" if started else "")
+        agent_id = agent_id_in(name, broker.store.shards.index(store), len(broker.store.shards))
         if not store.claim_agent_start(agent_id, int(AGENT_START_S * 1000)):
             if not told_starting:  # another `broker run` of this job: its agent serves it once registered
                 show("state", f"waiting: another `broker run` starts agent {agent_id} for it")
                 told_starting.append(agent_id)
             return
         try:
-            offer = local_offer(job.quote)
             provisioner.start(agent_id, offer, for_job=job.id)  # no other queued job takes it
+            started[agent_id] = offer
             show("state", f"started local agent {agent_id} for {offer.id}")
             wait_for_agents(store, [agent_id], AGENT_START_S, provisioner.run_root)
         finally:
             store.release_agent_start(agent_id)
 
-    told_starting: list[str] = []  # said once
     agent_for(job)
     history = [r.fence for r in job.runs if r.ended_at is not None]  # a job taken up again (`broker run JOB`)
     if history:
@@ -158,12 +178,14 @@ def fold_exit(broker: Broker, server, job_id: str, timeout_s: float = CLOSE_S, p
     return current
 
 
-def idle_agent_fits(store: Store, job: Job) -> bool:
-    """Whether an idle registered agent can run the job: else `broker run` starts one (an idle agent of another
-    shape, left by an earlier command, kept it from starting one, and the job waited for an agent that fits)."""
+def idle_agent_fits(store: Store, job: Job, spec: JobSpec | None = None) -> bool:
+    """Whether an idle registered agent can run the job (`spec`: as the planner sees it; the job's own when None):
+    else `broker run` starts one (an idle agent of another shape, left by an earlier command, kept it from starting
+    one, and the job waited for an agent that fits)."""
     from broker.models.risk import fits  # numpy and scipy: only here
 
-    return any(a.job is None and may_take(a, job.id) and fits(job.spec, a.offer) for a in store.working_agents())
+    spec = spec or job.spec
+    return any(a.job is None and a.may_take(job.id) and fits(spec, a.offer) for a in store.working_agents())
 
 
 def wait_for_agents(store: Store, agent_ids: list[str], timeout_s: float, logs: Path) -> None:

@@ -127,7 +127,8 @@ class DeadlineGuard:
                     f"; ahead of its pace, no spot free: queued to wait for spot ({self.policy.name}'s rule)",
                 )
         elif on.tier == Tier.spot:
-            agent = _cheapest_idle(item, [a for a in spot_idle if a.offer.tier == Tier.spot], as_fast_as=on)
+            zones = [a for a in spot_idle if a.offer.tier == Tier.spot and a.may_take(item.id)]
+            agent = _cheapest_idle(item, zones, as_fast_as=on)
             if agent and self.policy.moves_zone(item, progress, on, agent.offer):
                 where = agent.offer.zone or agent.offer.region
                 return None, agent, f"; to a cheaper zone, {where} ({self.policy.name}'s rule)"
@@ -137,7 +138,11 @@ class DeadlineGuard:
         """The cheapest idle spot agent no pending job fits, if the policy's rule leaves on-demand for it (a waiting
         job would take it first: on-demand again, a changeover lost). The pending jobs are read only once some
         agent would do, not on every pass that sees idle spot."""
-        candidates = [a for a in spot_idle if fits(item.spec, a.offer) and as_fast(item.spec, a.offer, planned)]
+        candidates = [
+            a
+            for a in spot_idle
+            if a.may_take(item.id) and fits(item.spec, a.offer) and as_fast(item.spec, a.offer, planned)
+        ]
 
         def leaves(agent: AgentInfo) -> bool:
             return self.policy.leaves_on_demand(item, progress, agent.offer, on, now)
@@ -150,11 +155,17 @@ class DeadlineGuard:
         return agent if agent is first or (agent and leaves(agent)) else None
 
     def _wanted(self, idle: list[AgentInfo]) -> set[str]:
-        """The idle agents some pending job fits (pending jobs read once a pass, when a return first asks; one spec
-        per shape that `fits` reads)."""
+        """The idle agents some pending job fits and may take (pending jobs read once a pass, when a return first
+        asks; one spec per shape that `fits` reads; an agent started for one job is wanted by that job alone)."""
         if self._wanted_ids is None:
-            shapes = {fit_key(job.spec): job.spec for job in self.store.pending_jobs(0, PENDING_READ)}
-            self._wanted_ids = {a.id for a in idle if any(fits(spec, a.offer) for spec in shapes.values())}
+            pending = self.store.pending_jobs(0, PENDING_READ)
+            shapes = {fit_key(job.spec): job.spec for job in pending}
+            waiting = {job.id for job in pending}
+            self._wanted_ids = {
+                a.id
+                for a in idle
+                if a.for_job in waiting or (a.for_job is None and any(fits(spec, a.offer) for spec in shapes.values()))
+            }
         return self._wanted_ids
 
 

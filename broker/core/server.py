@@ -315,7 +315,7 @@ class BrokerServer:
         rule_moves = hasattr(self.policy, "leaves_on_demand")  # the rule may take jobs off on-demand or to a zone
         running = [j for j in active if j.id not in stopped]
         return stopped + DeadlineGuard(self.store, self.policy, self.consumer).moves(
-            now, [a for a in self._idle_agents() if a.for_job is None] if rule_moves else [], self._pass_h, running
+            now, self._idle_agents() if rule_moves else [], self._pass_h, running
         )
 
     def _idle_agents(self) -> list[AgentInfo]:

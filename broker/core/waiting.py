@@ -4,7 +4,6 @@ planner's own reason. `broker status` and `broker run` say it; it reads the stor
 
 from __future__ import annotations
 
-from broker.core.reserved import may_take
 from broker.domain.model import Job, JobState
 from broker.store.jobs import Store
 
@@ -32,7 +31,7 @@ def waiting_for(store: Store, job: Job, planning_here: bool = False) -> str | No
     given = next((a for a in agents if a.job == job.id), None)
     if given is not None:  # dispatched: queued until the agent reports that the job's process started
         return f"starting on {given.id}"
-    fitting = [a for a in fitting if may_take(a, job.id)]
+    fitting = [a for a in fitting if a.may_take(job.id)]
     if not fitting:
         return "the agents that fit it were started for other jobs (`broker run`), and take no other"
     if all(a.job for a in fitting):

@@ -392,3 +392,7 @@ class AgentInfo(BaseModel):
     for_job: str | None = None  # started for this job alone (`broker run`): no other job is planned on it
     job: str | None = None
     fence: int | None = None
+
+    def may_take(self, job_id: str) -> bool:
+        """Whether it may run the job at all: it was started for no job, or for this one (core/reserved.py)."""
+        return self.for_job in (None, job_id)
