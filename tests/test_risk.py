@@ -17,6 +17,7 @@ from broker.models.risk import (
     exclusive_hours,
     fits,
     poisson_cdf,
+    unfit,
     young_interval_h,
 )
 from conftest import NOW, make_spec
@@ -66,6 +67,33 @@ def test_fits_checks_tier_shape_and_memory():
     assert not fits(spec, offer("A100", gpu_memory_gb=80, count=2))
     assert not fits(spec, offer("A100", gpu_memory_gb=80, tier=Tier.on_demand))
     assert not fits(spec, offer("A100", gpu_memory_gb=80, vcpus=4))
+
+
+def test_what_an_offer_lacks_is_said_naming_the_specs_field():
+    """A queued job no agent fits says why of each agent: "agents have L4:1" told a job asking for L4:1 nothing."""
+    spec = make_spec(
+        resources={
+            "accelerators": ["A100:1"],
+            "gpu_memory_gb": 48,
+            "cpus": 8,
+            "memory_gb": 32,
+            "region": ["us-east-1"],
+        },
+        tiers=["spot"],
+    )
+    good = {"gpu_memory_gb": 80}
+    said = {
+        "on_demand is not among its tiers (spot)": offer("A100", tier=Tier.on_demand, **good),
+        "A100:2 is not among its accelerators (A100:1)": offer("A100", count=2, **good),
+        "40 GB a GPU, it asks gpu_memory_gb: 48": offer("A100", gpu_memory_gb=40),
+        "4 vCPUs, it asks cpus: 8": offer("A100", vcpus=4, **good),
+        "16 GB of memory, it asks memory_gb: 32": offer("A100", memory_gb=16, **good),
+    }
+    for why, lacking in said.items():
+        assert unfit(spec, lacking) == why and not fits(spec, lacking)
+    elsewhere = offer("A100", **good).model_copy(update={"region": "eu-west-1", "zone": "euw1-az1"})
+    assert unfit(spec, elsewhere) == "euw1-az1 is not where its resources place it (cloud, region, zone, exclude)"
+    assert unfit(spec, offer("A100", **good)) is None and fits(spec, offer("A100", **good))
 
 
 def test_on_demand_time_is_startup_plus_exclusive_time():

@@ -7,6 +7,8 @@ from __future__ import annotations
 from broker.domain.model import Job, JobState
 from broker.store.jobs import Store
 
+AGENTS_SAID = 3  # a job no agent fits names what this many lack
+
 
 def waiting_for(store: Store, job: Job, planning_here: bool = False) -> str | None:
     """Why the job is not running yet, or None when it is not queued. `store`: the broker's, all its shards.
@@ -20,14 +22,15 @@ def waiting_for(store: Store, job: Job, planning_here: bool = False) -> str | No
     agents = store.working_agents()
     if not agents and len(shards) == 1:
         return f"no agent is registered: start one (`broker agent`, `broker agents provision`, `broker run {job.id}`)"
-    from broker.models.risk import fits  # numpy and scipy: only once there are agents to match
+    from broker.models.risk import fits, unfit  # numpy and scipy: only once there are agents to match
 
     fitting = [a for a in agents if fits(job.spec, a.offer)]
     if not fitting and len(shards) > 1:
         return _not_in_its_shard(shards, store, job, fits)
     if not fitting:
-        shapes = ", ".join(sorted({f"{a.offer.accelerator}:{a.offer.accelerator_count}" for a in agents}))
-        return f"no registered agent fits its resources (agents have {shapes})"
+        said = [f"{a.id} ({a.offer.id}): {unfit(job.spec, a.offer)}" for a in agents[:AGENTS_SAID]]
+        more = f"; {len(agents) - AGENTS_SAID} more" if len(agents) > AGENTS_SAID else ""
+        return f"no registered agent fits it: {'; '.join(said)}{more}"
     given = next((a for a in agents if a.job == job.id), None)
     if given is not None:  # dispatched: queued until the agent reports that the job's process started
         return f"starting on {given.id}"

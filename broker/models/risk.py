@@ -86,6 +86,27 @@ def memory_fits(spec: JobSpec, offer: Offer) -> bool:
     return not (res.memory_gb and (offer.memory_gb or 0) < res.memory_gb)
 
 
+def unfit(spec: JobSpec, offer: Offer) -> str | None:
+    """What the offer lacks of the job's asks, naming the spec's field (a queued job says it of the agents it waits
+    beside: "agents have L4:1" told a job asking for L4:1 and 32 GB nothing); None when it fits."""
+    r, shape = spec.resources, f"{offer.accelerator}:{offer.accelerator_count}"
+    if offer.tier not in allowed_tiers(spec):
+        return f"{offer.tier.value} is not among its tiers ({', '.join(t.value for t in allowed_tiers(spec))})"
+    if not shape_fits(spec, offer):
+        return f"{shape} is not among its accelerators ({', '.join(f'{a.name}:{a.count}' for a in r.accelerators)})"
+    if r.gpu_memory_gb and offer.gpu_memory_gb < r.gpu_memory_gb:
+        return f"{offer.gpu_memory_gb:g} GB a GPU, it asks gpu_memory_gb: {r.gpu_memory_gb:g}"
+    if not model_fits(spec, offer):
+        return f"no layout of its transformer: model fits in {shape}'s memory"
+    if r.cpus and (offer.vcpus or 0) < r.cpus:
+        return f"{offer.vcpus or 0:g} vCPUs, it asks cpus: {r.cpus:g}"
+    if r.memory_gb and (offer.memory_gb or 0) < r.memory_gb:
+        return f"{offer.memory_gb or 0:g} GB of memory, it asks memory_gb: {r.memory_gb:g}"
+    if not placed(spec, offer):
+        return f"{offer.zone or offer.region} is not where its resources place it (cloud, region, zone, exclude)"
+    return None
+
+
 def model_fits(spec: JobSpec, offer: Offer) -> bool:
     """Whether a job with a `transformer:` model has a parallel layout that fits in the offer's GPUs' memory."""
     return spec.transformer is None or math.isfinite(
