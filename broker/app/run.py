@@ -99,6 +99,48 @@ def local_offer(quote: Quote, spec: JobSpec) -> Offer | None:
     return next((o for o in offers if o.tier != Tier.bubble and fits(spec, o)), None)
 
 
+class LocalAgents:
+    """The local agents `broker run` starts, each for its job alone (no other queued job takes it): one once the
+    job waits and none of these, nor an idle registered agent, fits it as the planner sees it (a job the guard moved
+    to on-demand gets an on-demand one; it waited for one no one started)."""
+
+    def __init__(self, broker: Broker, provisioner: LocalProvisioner, job_id: str, show: Callable[[str, str], None]):
+        self.store = broker.store.of_job(job_id)  # its shard: its agents register there
+        self.shard, self.shards = broker.store.shards.index(self.store), len(broker.store.shards)
+        self.provisioner, self.show = provisioner, show
+        self.started: dict[str, Offer] = {}  # by agent id
+        self.told_starting = False  # that another command starts one: said once
+
+    def serve(self, job: Job) -> None:
+        """Start an agent for the waiting job where it needs one (returns once it registered)."""
+        from broker.models.risk import fits  # numpy and scipy: only here
+        from broker.planning.option_table import PlanItem
+
+        if not job.pending:
+            return
+        spec = PlanItem.from_job(job).spec  # the guard's pinned tier, zones it did not fit
+        ours = [o for a, o in self.started.items() if self.provisioner.agents[a].poll() is None]
+        if any(fits(spec, o) for o in ours) or idle_agent_fits(self.store, job, spec):
+            return
+        offer = local_offer(job.quote, spec)
+        if offer is None:
+            return
+        name = f"local-{job.id}" + (f"-{offer.tier.value}" if self.started else "")
+        agent_id = agent_id_in(name, self.shard, self.shards)
+        if not self.store.claim_agent_start(agent_id, int(AGENT_START_S * 1000)):
+            if not self.told_starting:  # another `broker run` of this job: its agent serves it once registered
+                self.show("state", f"waiting: another `broker run` starts agent {agent_id} for it")
+                self.told_starting = True
+            return
+        try:
+            self.provisioner.start(agent_id, offer, for_job=job.id)
+            self.started[agent_id] = offer
+            self.show("state", f"started local agent {agent_id} for {offer.id}")
+            wait_for_agents(self.store, [agent_id], AGENT_START_S, self.provisioner.run_root)
+        finally:
+            self.store.release_agent_start(agent_id)
+
+
 def run_job(
     broker: Broker,
     server,
@@ -110,42 +152,9 @@ def run_job(
     """Drive `job` to its end: start a local agent once it waits and no idle one fits it (one running already,
     `broker run JOB`, is followed), run server rounds (standing by while another replica plans), and `show(kind,
     text)` each state change ("state") and output line."""
-    from broker.models.risk import fits  # numpy and scipy: only here
-    from broker.planning.option_table import PlanItem
-
     store = broker.store.of_job(job.id)  # its shard: the server given plans it there, on that shard's agents
-
-    started: dict[str, Offer] = {}  # the local agents this command started, by id
-    told_starting: list[str] = []  # that another command starts ours: said once
-
-    def agent_for(current: Job) -> None:
-        """Start a local agent for the job once it waits and none of ours, nor an idle registered one, fits it as
-        the planner sees it: a job the guard moved to on-demand gets an on-demand one (it waited for none)."""
-        if not current.pending:
-            return
-        spec = PlanItem.from_job(current).spec  # the guard's pinned tier, zones it did not fit
-        ours = [o for a, o in started.items() if provisioner.agents[a].poll() is None]
-        if any(fits(spec, o) for o in ours) or idle_agent_fits(store, current, spec):
-            return
-        offer = local_offer(current.quote, spec)
-        if offer is None:
-            return
-        name = f"local-{job.id}" + (f"-{offer.tier.value}" if started else "")
-        agent_id = agent_id_in(name, broker.store.shards.index(store), len(broker.store.shards))
-        if not store.claim_agent_start(agent_id, int(AGENT_START_S * 1000)):
-            if not told_starting:  # another `broker run` of this job: its agent serves it once registered
-                show("state", f"waiting: another `broker run` starts agent {agent_id} for it")
-                told_starting.append(agent_id)
-            return
-        try:
-            provisioner.start(agent_id, offer, for_job=job.id)  # no other queued job takes it
-            started[agent_id] = offer
-            show("state", f"started local agent {agent_id} for {offer.id}")
-            wait_for_agents(store, [agent_id], AGENT_START_S, provisioner.run_root)
-        finally:
-            store.release_agent_start(agent_id)
-
-    agent_for(job)
+    agents = LocalAgents(broker, provisioner, job.id, show)
+    agents.serve(job)
     history = [r.fence for r in job.runs if r.ended_at is not None]  # a job taken up again (`broker run JOB`)
     if history:
         show("state", f"{len(history)} earlier run(s) ended: `broker logs {job.id}` has their output")
@@ -155,7 +164,7 @@ def run_job(
     while True:
         server.round(block_ms=int(poll_s * 1000))
         current = broker.store.get_job(job.id)  # wherever it is (a sharded job may move: core/rehoming.py)
-        agent_for(current)  # back in the queue (its agent gone): one of ours
+        agents.serve(current)  # back in the queue (its agent gone), or pinned elsewhere by the guard
         ended = current.state.terminal  # read before the output: what was sent before the end is read below
         teller.tell(current, show)
         for kind, text in follower.read(current):
