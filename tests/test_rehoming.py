@@ -40,7 +40,10 @@ class World:
         offers = [o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1]
         offer = min((o for o in offers if o.tier == Tier.on_demand), key=lambda o: o.price_usd_per_h)
         name = in_shard("agent", 2)
-        self.agent = Agent(self.store.of_agent(name), name, offer, self.root, tmp_path / "runs", heartbeat_s=0.2)
+        # a lease that outlasts a test's submits on a busy machine (nothing here steps the agent)
+        self.agent = Agent(
+            self.store.of_agent(name), name, offer, self.root, tmp_path / "runs", heartbeat_s=0.2, lease_s=60
+        )
         self.agent.register()
         self.broker = Broker(self.store, catalog, planning.get(), SystemClock())
         self.job = self.broker.submit(make_spec(**L4), job_id=in_shard("l4", 1))
@@ -176,3 +179,18 @@ def test_a_job_moved_there_and_back_is_found_in_its_home_shard(world):
     assert [j.id for j in store.shards[1].pending_jobs()] == [job.id] and store.shards[2].pending_count() == 0
     assert [j.id for j in store.list_jobs()] == [job.id] and queued_in_totals(store) == [0, 1, 0, 0]
     assert [list(kept) for kept in kept_figures(store)] == [[], [job.id], [], []]  # none left where it was
+
+
+def test_an_agent_started_for_another_job_neither_keeps_a_job_in_its_shard_nor_draws_new_ones(world):
+    """An agent `broker run` started for one job takes no other: one in a stranded job's shard does not keep it there
+    (it waited beside it for good), and new jobs are not given ids in its shard for it."""
+    from broker.agents.contract import Contract
+
+    offer, store = world.agent.offer, world.store
+    for shard in (1, 3):
+        name = in_shard("for-another", shard)
+        Contract(store.of_agent(name), name).register(offer, 60_000, for_job="another-job")
+    world.lead(1)
+    assert rehome(store, {1: "replica-a"}, NOW) == 1 and store.of_job(world.job.id) is store.shards[2]
+    new = [world.broker.submit(make_spec(**L4)) for _ in range(6)]
+    assert {shard_of(job.id, SHARDS) for job in new} == {2}

@@ -254,7 +254,7 @@ class Broker:
         one in the shard with the most agents it fits (store.new_job_id)."""
         agents = self.store.working_agents()  # read once: for the quote and for the shard the job goes to
         quote = self.quote(spec, agents)
-        fitting = [agent for agent in agents if fits(spec, agent.offer)]
+        fitting = [a for a in agents if a.for_job is None and fits(spec, a.offer)]  # not one started for another job
         now = self.clock.now()
         while True:
             job = Job(

@@ -31,9 +31,15 @@ def stranded(store: ShardedStore, index: int, agents: list[list[AgentInfo]], wai
         return []
     moves = []
     for job in store.shards[index].pending_jobs(0, PAGE):
-        if any(fits(job.spec, agent.offer) for agent in agents[index]):
+        if any(a.may_take(job.id) and fits(job.spec, a.offer) for a in agents[index]):
             continue
-        fitting = [a for i, group in enumerate(agents) if i != index for a in group if fits(job.spec, a.offer)]
+        fitting = [
+            a
+            for i, group in enumerate(agents)
+            if i != index
+            for a in group
+            if a.for_job is None and fits(job.spec, a.offer)
+        ]
         target = store.roomiest(fitting, waiting)
         if target is not None:
             moves.append((job.id, target))
