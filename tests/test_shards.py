@@ -228,8 +228,8 @@ def test_a_job_in_a_shard_without_an_agent_that_fits_says_so_and_whether_another
 
     store = ShardedStore(redis_url, "broker:", SHARDS)
     name = next(n for n in (f"agent-{i}" for i in range(100)) if shard_of(n, SHARDS) == 2)
-    agent = Agent(store.of_agent(name), name, l4_on_demand(catalog), str(tmp_path), tmp_path / "runs")
-    agent.register()
+    agent = Agent(store.of_agent(name), name, l4_on_demand(catalog), str(tmp_path), tmp_path / "runs", lease_s=60)
+    agent.register()  # its lease outlasts the submits below on a busy machine (nothing steps it)
     broker = Broker(store, catalog, planning.get(), SystemClock())
     job_id = next(j for j in (f"l4-{i}" for i in range(100)) if shard_of(j, SHARDS) == 1)
     l4 = broker.submit(make_spec(run=["true"], resources={"accelerators": ["L4:1"]}), job_id=job_id)
