@@ -338,13 +338,16 @@ def test_an_agent_started_for_one_job_runs_that_job_and_no_other(redis_url, tmp_
 
 def test_an_agent_started_for_a_job_the_guard_pinned_elsewhere_waits_for_one_that_fits(redis_url, tmp_path, catalog):
     """A job the guard moved to on-demand is not given back to the spot agent started for it (it went there at
-    once, and the guard moved it again): an on-demand agent started for it takes it."""
+    once, and the guard moved it again): an on-demand agent started for it takes it. Its wait says so."""
     from broker.agents.contract import Contract
+    from broker.core.waiting import waiting_for
 
     system = System(redis_url, tmp_path, catalog)
     job = system.broker.submit(l4_spec("pinned", "pass"))
     system.store.update_job(job.id, lambda j: j.model_copy(update={"pinned_tier": Tier.on_demand}))
     Contract(system.store, "spot-for-it").register(system.offers["spot-a"], 60_000, for_job=job.id)
     assert system.server.dispatch() == []
+    said = waiting_for(system.store, system.store.get_job(job.id))
+    assert said == "an agent on on_demand, where the deadline guard moved it: none that fits it is registered"
     Contract(system.store, "od-for-it").register(system.offers["ondemand-a"], 60_000, for_job=job.id)
     assert system.server.dispatch() == [(job.id, "od-for-it")]

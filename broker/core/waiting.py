@@ -37,6 +37,10 @@ def waiting_for(store: Store, job: Job, planning_here: bool = False) -> str | No
     fitting = [a for a in fitting if a.may_take(job.id)]
     if not fitting:
         return "the agents that fit it were started for other jobs (`broker run`), and take no other"
+    if job.pinned_tier is not None and not any(a.offer.tier == job.pinned_tier for a in fitting):
+        return (
+            f"an agent on {job.pinned_tier.value}, where the deadline guard moved it: none that fits it is registered"
+        )
     if all(a.job for a in fitting):
         return "every agent that fits it is busy"
     return job.reason or "the next planning round"
