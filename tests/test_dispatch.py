@@ -351,3 +351,20 @@ def test_an_agent_started_for_a_job_the_guard_pinned_elsewhere_waits_for_one_tha
     assert said == "an agent on on_demand, where the deadline guard moved it: none that fits it is registered"
     Contract(system.store, "od-for-it").register(system.offers["ondemand-a"], 60_000, for_job=job.id)
     assert system.server.dispatch() == [(job.id, "od-for-it")]
+
+
+def test_an_agent_started_for_one_job_leaves_once_that_job_has_ended(redis_url, tmp_path, catalog):
+    """It takes no other job: with its starter gone (`broker run` killed with SIGKILL), it waited for good."""
+    from broker.agents.agent import Agent
+
+    system = System(redis_url, tmp_path, catalog)
+    job = system.broker.submit(quick_spec())
+    offer = system.offers["spot-a"]
+    agent = Agent(system.store, "for-it", offer, system.root, system.runs, heartbeat_s=0.1, lease_s=3.0, for_job=job.id)
+    agent.register()
+    system.agents["for-it"] = agent
+    system.agent("spot-b")  # an agent for any job stays
+    system.drive(lambda: system.job(job.id).state == JobState.done)
+    system.drive(lambda: "for-it" not in system.agents, timeout_s=10)  # it ended (System.drive drops it)
+    leases = system.store.leases(["for-it", "spot-b"])
+    assert leases["for-it"] == "leaving" and leases["spot-b"] not in (None, "leaving")

@@ -101,6 +101,9 @@ class Agent:
                 self.register()
             if self.job:
                 self._check_ownership()
+            elif self.for_job and self._own_job_ended():
+                self.contract.leave()  # its lease lapses: the broker removes it
+                return "its job ended"
         if self._going_away():
             return self._leave(self._notice)
         if self.job:
@@ -114,6 +117,12 @@ class Agent:
             return None
         self._take_assignment(block_ms)
         return None
+
+    def _own_job_ended(self) -> bool:
+        """Whether the job this agent was started for has ended (its view, once given it, says so): with no job to
+        take it leaves, rather than wait for good where its starter (`broker run`) died without stopping it."""
+        view = self.store.ownership(self.id, self.for_job)
+        return bool(view and view["terminal"])
 
     def _check_ownership(self) -> None:
         """Stop the job when it moved on (fence, cancel), or checkpoint and hand it back when the broker asks; ask

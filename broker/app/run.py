@@ -119,7 +119,7 @@ class LocalAgents:
         if not job.pending:
             return
         spec = PlanItem.from_job(job).spec  # the guard's pinned tier, zones it did not fit
-        ours = [o for a, o in self.started.items() if self.provisioner.agents[a].poll() is None]
+        ours = self.started.values()  # one that stopped is not started again (a stop by hand stays one)
         if any(fits(spec, o) for o in ours) or idle_agent_fits(self.store, job, spec):
             return
         offer = local_offer(job.quote, spec)
