@@ -362,3 +362,16 @@ def test_a_stop_that_lands_inside_pydantics_serializer_is_still_a_stop():
     with pytest.raises(KeyboardInterrupt):
         stop_signals_as_ctrl_c(Stopped().model_dump_json)()
     assert signal.getsignal(signal.SIGTERM) is before  # put back
+
+
+def test_an_agent_for_a_job_not_there_or_ended_is_refused(env, store, catalog, tmp_path):
+    """`--for-job` with a typo left an agent that took no job, for good: refused in one line, nothing registered."""
+    offer = next(o for o in catalog.offers if o.accelerator == "L4").id
+    agent = ("agent", "--id", "a1", "--offer", offer, "--runs", tmp_path / "runs", "--for-job")
+    missing = run(*agent, "nope")
+    assert missing.exit_code == 2 and "error: --for-job: no job 'nope'; `broker list` shows the ids" in missing.stderr
+    job_id = json.loads(run("submit", job_file(tmp_path), "--json").stdout)["job"]
+    assert run("cancel", job_id).exit_code == 0
+    ended = run(*agent, job_id)
+    assert ended.exit_code == 2 and f"error: --for-job: {job_id} is already cancelled; nothing to run" in ended.stderr
+    assert store.agents() == []

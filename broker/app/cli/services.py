@@ -82,8 +82,11 @@ def agent(
     metrics = AgentMetrics()
     if metrics_port:
         serve(metrics.registry, metrics_port)
+    store = store_for(settings, daemon=True)
+    if for_job:
+        job_to_serve(store, for_job)
     worker = Agent(
-        store_for(settings, daemon=True).of_agent(agent_id),
+        store.of_agent(agent_id),
         agent_id,
         catalog.offer(offer_id),
         checkpoints or settings.checkpoints,
@@ -95,6 +98,23 @@ def agent(
         for_job=for_job,
     )
     err.print(f"agent {agent_id} ended: {worker.run()}")
+
+
+def job_to_serve(store, job_id: str) -> None:
+    """`--for-job`: a job that exists and has not ended, where this agent's user may read jobs (an agent's ACL user
+    may not: then it is taken as given). A typo left an agent that took no job, for good."""
+    import redis
+
+    from broker.domain.errors import NotFoundError
+
+    try:
+        job = store.get_job(job_id)
+    except redis.exceptions.NoPermissionError:
+        return
+    except NotFoundError:
+        raise BrokerError(f"--for-job: no job {job_id!r}; `broker list` shows the ids") from None
+    if job.state.terminal:
+        raise BrokerError(f"--for-job: {job_id} is already {job.state.value}; nothing to run")
 
 
 @user_errors
