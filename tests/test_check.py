@@ -68,6 +68,9 @@ def test_credentials_a_server_and_an_agent_are_found(no_clouds, monkeypatch, tmp
     assert found["aws"]["status"] == found["gcp"]["status"] == "ok"
     assert found["server"] == {"part": "server", "status": "ok", "detail": "planned by server-a"}
     assert found["agents"] == {"part": "agents", "status": "ok", "detail": "1 working, 0 running a job"}
+    Contract(store, "a2").register(PriceCatalog.from_snapshot().offers[0], 60_000, for_job="j-1")
+    detail = findings()[1]["agents"]["detail"]
+    assert detail == "2 working (1 started for one job alone: `broker run`), 0 running a job"
     assert found["agent secret"]["status"] == "ok"
     assert found["prices"] == {"part": "prices", "status": "ok", "detail": "refreshed: aws 3.0 h ago"}
 

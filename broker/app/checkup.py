@@ -83,7 +83,9 @@ def _agents(store) -> Finding:
             "agents", NOTE, f"none working{gone}: start one (`broker agent`, `broker agents provision`, `broker run`)"
         )
     busy = sum(1 for agent in working if agent.job)
-    return Finding("agents", OK, f"{len(working)} working, {busy} running a job")
+    alone = sum(1 for agent in working if agent.for_job)
+    started = f" ({alone} started for one job alone: `broker run`)" if alone else ""
+    return Finding("agents", OK, f"{len(working)} working{started}, {busy} running a job")
 
 
 def _prices(store) -> Finding:
