@@ -51,12 +51,16 @@ class Expectation(NamedTuple):
 
 def fits(spec: JobSpec, offer: Offer) -> bool:
     """Whether the offer's tier, hardware and place satisfy the job's resources."""
-    return (
-        offer.tier in allowed_tiers(spec)
-        and shape_fits(spec, offer)
-        and memory_fits(spec, offer)
-        and placed(spec, offer)
-    )
+    for ok, _ in FIT_CHECKS:  # a loop, not all(): the planner asks it of every job kind and offer
+        if not ok(spec, offer):
+            return False
+    return True
+
+
+def unfit(spec: JobSpec, offer: Offer) -> str | None:
+    """What the offer lacks of the job's asks, naming the spec's field (a queued job says it of the agents it waits
+    beside: "agents have L4:1" told a job asking for L4:1 and 32 GB nothing); None when it fits."""
+    return next((says(spec, offer) for ok, says in FIT_CHECKS if not ok(spec, offer)), None)
 
 
 def fit_key(spec: JobSpec) -> str:
@@ -74,37 +78,28 @@ def shape_fits(spec: JobSpec, offer: Offer) -> bool:
     return any(a.name == offer.accelerator and a.count == offer.accelerator_count for a in spec.resources.accelerators)
 
 
+def tier_fits(spec: JobSpec, offer: Offer) -> bool:
+    return offer.tier in allowed_tiers(spec)
+
+
+def gpu_memory_fits(spec: JobSpec, offer: Offer) -> bool:
+    asked = spec.resources.gpu_memory_gb
+    return not asked or offer.gpu_memory_gb >= asked
+
+
+def cpus_fit(spec: JobSpec, offer: Offer) -> bool:
+    asked = spec.resources.cpus
+    return not asked or (offer.vcpus or 0) >= asked
+
+
+def host_memory_fits(spec: JobSpec, offer: Offer) -> bool:
+    asked = spec.resources.memory_gb
+    return not asked or (offer.memory_gb or 0) >= asked
+
+
 def memory_fits(spec: JobSpec, offer: Offer) -> bool:
     """Whether the offer has the GPU memory, host memory and CPUs the job asks for."""
-    res = spec.resources
-    if res.gpu_memory_gb and offer.gpu_memory_gb < res.gpu_memory_gb:
-        return False
-    if not model_fits(spec, offer):
-        return False
-    if res.cpus and (offer.vcpus or 0) < res.cpus:
-        return False
-    return not (res.memory_gb and (offer.memory_gb or 0) < res.memory_gb)
-
-
-def unfit(spec: JobSpec, offer: Offer) -> str | None:
-    """What the offer lacks of the job's asks, naming the spec's field (a queued job says it of the agents it waits
-    beside: "agents have L4:1" told a job asking for L4:1 and 32 GB nothing); None when it fits."""
-    r, shape = spec.resources, f"{offer.accelerator}:{offer.accelerator_count}"
-    if offer.tier not in allowed_tiers(spec):
-        return f"{offer.tier.value} is not among its tiers ({', '.join(t.value for t in allowed_tiers(spec))})"
-    if not shape_fits(spec, offer):
-        return f"{shape} is not among its accelerators ({', '.join(f'{a.name}:{a.count}' for a in r.accelerators)})"
-    if r.gpu_memory_gb and offer.gpu_memory_gb < r.gpu_memory_gb:
-        return f"{offer.gpu_memory_gb:g} GB a GPU, it asks gpu_memory_gb: {r.gpu_memory_gb:g}"
-    if not model_fits(spec, offer):
-        return f"no layout of its transformer: model fits in {shape}'s memory"
-    if r.cpus and (offer.vcpus or 0) < r.cpus:
-        return f"{offer.vcpus or 0:g} vCPUs, it asks cpus: {r.cpus:g}"
-    if r.memory_gb and (offer.memory_gb or 0) < r.memory_gb:
-        return f"{offer.memory_gb or 0:g} GB of memory, it asks memory_gb: {r.memory_gb:g}"
-    if not placed(spec, offer):
-        return f"{offer.zone or offer.region} is not where its resources place it (cloud, region, zone, exclude)"
-    return None
+    return all(ok(spec, offer) for ok in (gpu_memory_fits, model_fits, cpus_fit, host_memory_fits))
 
 
 def model_fits(spec: JobSpec, offer: Offer) -> bool:
@@ -112,6 +107,34 @@ def model_fits(spec: JobSpec, offer: Offer) -> bool:
     return spec.transformer is None or math.isfinite(
         exclusive_hours_on(spec, offer.accelerator, offer.accelerator_count)
     )
+
+
+def _shape(offer: Offer) -> str:
+    return f"{offer.accelerator}:{offer.accelerator_count}"
+
+
+# what `fits` checks, in order, each with what `unfit` says when it fails (the spec's field named)
+FIT_CHECKS = (
+    (
+        tier_fits,
+        lambda s, o: f"{o.tier.value} is not among its tiers ({', '.join(t.value for t in allowed_tiers(s))})",
+    ),
+    (
+        shape_fits,
+        lambda s, o: (
+            f"{_shape(o)} is not among its accelerators "
+            f"({', '.join(f'{a.name}:{a.count}' for a in s.resources.accelerators)})"
+        ),
+    ),
+    (
+        gpu_memory_fits,
+        lambda s, o: f"{o.gpu_memory_gb:g} GB a GPU, it asks gpu_memory_gb: {s.resources.gpu_memory_gb:g}",
+    ),
+    (model_fits, lambda s, o: f"no layout of its transformer: model fits in {_shape(o)}'s memory"),
+    (cpus_fit, lambda s, o: f"{o.vcpus or 0:g} vCPUs, it asks cpus: {s.resources.cpus:g}"),
+    (host_memory_fits, lambda s, o: f"{o.memory_gb or 0:g} GB of memory, it asks memory_gb: {s.resources.memory_gb:g}"),
+    (placed, lambda s, o: f"{o.zone or o.region} is not where its resources place it (cloud, region, zone, exclude)"),
+)
 
 
 def exclusive_hours_on(spec: JobSpec, accelerator: str, count: int) -> float:
