@@ -325,16 +325,16 @@ def test_run_starts_a_local_agent_unless_an_idle_one_fits_the_job(env, store, ca
     spec = make_spec(name="l4", resources={"accelerators": ["L4:1"]})
     quote = planning.get().quote(spec, catalog.offers, NOW)
     job = Job(id="l4-1", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote)
-    assert not idle_agent_fits(store, job)  # none registered
+    assert not idle_agent_fits(store, job, job.spec)  # none registered
 
     def idle(agent_id, accelerator):
         offer = next(o for o in catalog.offers if o.accelerator == accelerator and o.accelerator_count == 1)
         store.register_agent(AgentInfo(id=agent_id, offer=offer, host="h", pid=1, registered_at=NOW), 60_000)
 
     idle("a100-1", "A100")
-    assert not idle_agent_fits(store, job)  # idle, but the job asks for an L4
+    assert not idle_agent_fits(store, job, job.spec)  # idle, but the job asks for an L4
     idle("l4-agent", "L4")
-    assert idle_agent_fits(store, job)
+    assert idle_agent_fits(store, job, job.spec)
 
 
 def test_run_of_a_waiting_job_whose_agent_another_run_starts_starts_none(env, store, tmp_path):

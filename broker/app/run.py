@@ -187,13 +187,12 @@ def fold_exit(broker: Broker, server, job_id: str, timeout_s: float = CLOSE_S, p
     return current
 
 
-def idle_agent_fits(store: Store, job: Job, spec: JobSpec | None = None) -> bool:
-    """Whether an idle registered agent can run the job (`spec`: as the planner sees it; the job's own when None):
-    else `broker run` starts one (an idle agent of another shape, left by an earlier command, kept it from starting
-    one, and the job waited for an agent that fits)."""
+def idle_agent_fits(store: Store, job: Job, spec: JobSpec) -> bool:
+    """Whether an idle registered agent can run the job (`spec`: as the planner sees it): else `broker run` starts
+    one (an idle agent of another shape, left by an earlier command, kept it from starting one, and the job waited
+    for an agent that fits)."""
     from broker.models.risk import fits  # numpy and scipy: only here
 
-    spec = spec or job.spec
     return any(a.job is None and a.may_take(job.id) and fits(spec, a.offer) for a in store.working_agents())
 
 
