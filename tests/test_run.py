@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from broker.agents.contract import Contract
 from broker.app.cli.main import app
 from broker.domain.model import JobState
+from broker.store.jobs import Store
 from conftest import EXAMPLES, NOW, start_redis, stop_redis
 
 runner = CliRunner()
@@ -160,6 +161,19 @@ def sleeping(tmp_path) -> str:
     return f"time.sleep(300) {tmp_path}"
 
 
+def what_ran(tmp_path, job_id: str, env: dict) -> str:
+    """What became of a job `broker run` said runs: its runs as the store has them, the agent's log, each run's
+    output (a failure of running_under_run says whether the job exited, was stopped, or was never started)."""
+    home = Path(env.get("BROKER_HOME", tmp_path / "home"))
+    runs = Store(env.get("BROKER_REDIS_URL", os.environ["BROKER_REDIS_URL"])).get_job(job_id).runs
+    said = [f"runs: {[(r.fence, r.agent, r.started_at, r.end_reason, r.exit_code) for r in runs]}"]
+    time.sleep(1)  # a process seen late, or one that ended meanwhile
+    said.append(f"a second later, processes naming {tmp_path}: {processes_naming(str(tmp_path))}")
+    for path in sorted((home / "runs").rglob("*.log")):
+        said.append(f"{path.relative_to(home)}: {path.read_text(errors='replace')[-3000:]}")
+    return "\n".join(said)
+
+
 def running_under_run(tmp_path, program="import time; time.sleep(300)", **env) -> tuple[subprocess.Popen, str]:
     """`broker run` of a job that sleeps (its argv names tmp_path), once the job runs: (the command, its job id).
     A command that has not got there in 120 s is killed, and the test fails rather than hangs."""
@@ -178,7 +192,8 @@ def running_under_run(tmp_path, program="import time; time.sleep(300)", **env) -
         for line in command.stdout:  # until the job runs on the agent it started
             job_id = job_id or (line.split()[1] if line.startswith("job ") else None)
             if "── running" in line:
-                assert processes_naming(f"local-{job_id}") and processes_naming(sleeping(tmp_path))  # both run
+                both = processes_naming(f"local-{job_id}") and processes_naming(sleeping(tmp_path))
+                assert both, what_ran(tmp_path, job_id, env)  # both run
                 return command, job_id
     finally:
         stuck.cancel()

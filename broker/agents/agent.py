@@ -132,6 +132,13 @@ class Agent:
             self.job.request_checkpoint()
             log.info("agent=%s job=%s checkpoint requested", self.id, self.job.job_id)
         elif verdict != Verdict.run:
+            log.warning(
+                "agent=%s job=%s fence=%s: the broker says %s; stopping it",
+                self.id,
+                self.job.job_id,
+                self.fence,
+                verdict.value,
+            )
             self._end_job(verdict.value)
 
     def _take_assignment(self, block_ms: int) -> None:
