@@ -29,3 +29,13 @@ def reserved_pairs(
         if agent.for_job in seen and agent.for_job not in pairs and fits(seen[agent.for_job], agent.offer):
             pairs[agent.for_job] = (waiting[agent.for_job], agent)
     return list(pairs.values()), [a for a in idle if a.for_job is None]
+
+
+def tell_ended(store: Store, agents: list[tuple[AgentInfo, str | None]]) -> None:
+    """Tell each live idle agent started for a job that has ended that it did: a job cancelled before it was given
+    the agent left it no view to leave by, and with its `broker run` killed (SIGKILL) it waited for good."""
+    idle = [a for a, lease in agents if a.for_job and a.job is None and lease not in (None, "leaving")]
+    ended = {j.id for j in store.jobs_by_id(sorted({a.for_job for a in idle})) if j.state.terminal}
+    for agent in idle:
+        if agent.for_job in ended:
+            store.tell_never_given_ended(agent.id, agent.for_job)

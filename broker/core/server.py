@@ -23,7 +23,7 @@ from broker.agents.tokens import refusal
 from broker.core.budget import fallback_option, stop_over_budget
 from broker.core.guard import DeadlineGuard
 from broker.core.reports import end_run, fold, folding
-from broker.core.reserved import reserved_pairs
+from broker.core.reserved import reserved_pairs, tell_ended
 from broker.domain.errors import InfeasibleError
 from broker.domain.model import AgentInfo, Job, JobSpec, JobState, Offer, Run
 from broker.models.risk import fits
@@ -215,6 +215,7 @@ class BrokerServer:
         agents = self.store.agents_with_leases()
         live = [a for a, lease in agents if lease not in (None, "leaving") and a.on_cloud]  # stand-ins: no evidence
         self.capacity.record(now, live)  # market evidence
+        tell_ended(self.store, agents)
         for agent, lease in agents:  # gone: its job (if any) was handled above
             if lease is None:
                 self.store.remove_agent(agent.id)

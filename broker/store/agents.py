@@ -54,6 +54,12 @@ class AgentChannels:
             }
             pipe.set(self._key("own", agent, job.id), json.dumps(view), ex=OWN_TTL_S)
 
+    def tell_never_given_ended(self, agent_id: str, job_id: str) -> None:
+        """Give an agent started for a job that ended before the agent was given it a view that says so (it has
+        none to leave by: Agent._own_job_ended); a view it holds already is kept."""
+        view = {"fence": 0, "mine": False, "started": False, "move": False, "checkpoint": None, "terminal": True}
+        self.redis.set(self._key("own", agent_id, job_id), json.dumps(view), ex=OWN_TTL_S, nx=True)
+
     # -- agents -------------------------------------------------------------------------
 
     def register_agent(self, agent: AgentInfo, lease_ms: int) -> None:
