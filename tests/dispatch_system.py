@@ -25,17 +25,19 @@ class System:
         self.offers = {name: offer for name, offer, _ in pick_agents(catalog)}  # spot-a is the cheapest
         self.agents: dict[str, Agent] = {}
 
-    def agent(self, name, notices=None):
+    def agent(self, name, notices=None, offer=None, for_job=None):
+        """A registered agent the rounds step, on the offer of its name (or `offer`'s); `for_job`: that job's alone."""
         agent = Agent(
             self.store,
             name,
-            self.offers[name],
+            self.offers[offer or name],
             self.root,
             self.runs,
             notices=notices,
             heartbeat_s=0.2,
             lease_s=3.0,
             grace_s=10,
+            for_job=for_job,
         )
         agent.register()
         self.agents[name] = agent

@@ -355,14 +355,9 @@ def test_an_agent_started_for_a_job_the_guard_pinned_elsewhere_waits_for_one_tha
 
 def test_an_agent_started_for_one_job_leaves_once_that_job_has_ended(redis_url, tmp_path, catalog):
     """It takes no other job: with its starter gone (`broker run` killed with SIGKILL), it waited for good."""
-    from broker.agents.agent import Agent
-
     system = System(redis_url, tmp_path, catalog)
     job = system.broker.submit(quick_spec())
-    offer = system.offers["spot-a"]
-    agent = Agent(system.store, "for-it", offer, system.root, system.runs, heartbeat_s=0.1, lease_s=3.0, for_job=job.id)
-    agent.register()
-    system.agents["for-it"] = agent
+    system.agent("for-it", offer="spot-a", for_job=job.id)
     system.agent("spot-b")  # an agent for any job stays
     system.drive(lambda: system.job(job.id).state == JobState.done)
     system.drive(lambda: "for-it" not in system.agents, timeout_s=10)  # it ended (System.drive drops it)
@@ -372,14 +367,9 @@ def test_an_agent_started_for_one_job_leaves_once_that_job_has_ended(redis_url, 
 
 def test_an_agent_started_for_a_job_cancelled_before_it_ran_leaves(redis_url, tmp_path, catalog):
     """It had no view of a job it was never given, so it did not learn the job ended: it waited for good."""
-    from broker.agents.agent import Agent
-
     system = System(redis_url, tmp_path, catalog)
     job = system.broker.submit(quick_spec())
-    offer = system.offers["spot-a"]
-    agent = Agent(system.store, "for-it", offer, system.root, system.runs, heartbeat_s=0.1, lease_s=3.0, for_job=job.id)
-    agent.register()
-    system.broker.cancel(job.id)
-    system.agents["for-it"] = agent
+    system.agent("for-it", offer="spot-a", for_job=job.id)
+    system.broker.cancel(job.id)  # before any round gave it the agent
     system.drive(lambda: "for-it" not in system.agents, timeout_s=10)  # it ended (System.drive drops it)
     assert system.store.leases(["for-it"])["for-it"] == "leaving" and system.job(job.id).runs == []
