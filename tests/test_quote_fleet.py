@@ -55,6 +55,18 @@ def test_a_quote_sees_the_jobs_ahead_of_it_in_the_fleet(store):
     assert third.finish_p50 > first.finish_p50 or third.spot_share < 0.5
 
 
+def test_a_quote_does_not_count_an_agent_started_for_another_job(store):
+    """An agent `broker run` started for its job takes no other: counted as a slot of its zone, a second job was
+    quoted behind the first for a slot neither could have."""
+    cheap, od = _offer("us-east-1a", price=0.9), _offer("us-east-1z", "on_demand", 3.06)
+    Contract(store, "theirs").register(cheap, 60_000, host="test", pid=0, at=NOW, for_job="their-job")
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    broker = Broker(store, OfferBook([cheap, od]), planning.get("cbl-greedy"), SimulatedClock(NOW), model)
+    first, second = (broker.submit(_quote_spec(30.0)).quote.forecast for _ in range(2))
+    assert abs(second.finish_p50 - first.finish_p50) < timedelta(minutes=2)  # no slot of ours: the market's alone
+    assert second.cost_p50_usd == pytest.approx(first.cost_p50_usd, rel=0.05)
+
+
 def test_a_quote_counts_the_jobs_that_will_arrive_ahead_of_it_where_jobs_keep_arriving():
     """Jobs came every half hour lately, each due 10 h after it came and holding a spot slot for hours: those that
     come in the next 20 h are due before this job (30 h) and take the fleet's one cheap slot ahead of it, so its

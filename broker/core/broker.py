@@ -241,12 +241,12 @@ class Broker:
         )
 
     def _fleet(self, agents: list[AgentInfo], now: datetime, without: str | None = None) -> Fleet:
-        """The fleet a job meets: the agents, the jobs ahead of it (running, then the most urgent waiting; not the
-        job itself, `without`), and the newest."""
+        """The fleet a job meets: the agents that may take it (one started for another job takes no other), the jobs
+        ahead of it (running, then the most urgent waiting; not the job itself, `without`), and the newest."""
         others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)
         others = [j for j in others if j.id != without]
         recent = [j for j in self.store.recent_jobs(OTHERS_SEEN) if not j.demo_copy]
-        return Fleet.of(agents, others, now, recent)
+        return Fleet.of([a for a in agents if a.may_take(without)], others, now, recent)
 
     def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
         """Quote the job and store it as queued; an infeasible job is refused and nothing is stored.
