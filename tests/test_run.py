@@ -165,8 +165,18 @@ def what_ran(tmp_path, job_id: str, env: dict) -> str:
     """What became of a job `broker run` said runs: its runs as the store has them, the agent's log, each run's
     output (a failure of running_under_run says whether the job exited, was stopped, or was never started)."""
     home = Path(env.get("BROKER_HOME", tmp_path / "home"))
-    runs = Store(env.get("BROKER_REDIS_URL", os.environ["BROKER_REDIS_URL"])).get_job(job_id).runs
-    said = [f"runs: {[(r.fence, r.agent, r.started_at, r.end_reason, r.exit_code) for r in runs]}"]
+    store = Store(env.get("BROKER_REDIS_URL", os.environ["BROKER_REDIS_URL"]))
+    said = [
+        f"runs: {[(r.fence, r.agent, r.started_at, r.end_reason, r.exit_code) for r in store.get_job(job_id).runs]}"
+    ]
+    for _, report in store.redis.xrange(store.key("agent-events")):  # the pid each start reported, and its state
+        if report.get("job") == job_id and report.get("type") == "started":
+            pid = json.loads(report["data"]).get("pid")
+            try:  # a zombie (exited, not yet reaped by its agent) has no command line to be found by
+                state = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("State"))
+            except OSError:
+                state = "no such process"
+            said.append(f"started pid {pid}: {state}")
     time.sleep(1)  # a process seen late, or one that ended meanwhile
     said.append(f"a second later, processes naming {tmp_path}: {processes_naming(str(tmp_path))}")
     for path in sorted((home / "runs").rglob("*.log")):
