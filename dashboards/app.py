@@ -27,9 +27,9 @@ from broker.planning import DEFAULT_POLICY
 from broker.pricing.catalog import PriceCatalog
 from broker.sim import results
 from broker.sim.backtest import BUBBLES
-from broker.store.jobs import Store
 from broker.store.prices import PriceHistory
 from broker.store.profiles import load_fill_stats, load_profiles
+from broker.store.shards import ShardedStore
 
 REFRESH_S = 5
 JOBS_SHOWN = 200  # the Jobs page's table and picker: the newest jobs (a store keeps every job it ever ran)
@@ -37,8 +37,10 @@ PAGES = ["Overview", "Jobs", "Prices and risk", "Bubbles", "Backtest"]
 
 
 @st.cache_resource
-def store() -> Store:
-    return Store(os.environ["BROKER_REDIS_URL"], prefix=os.environ.get("BROKER_PREFIX", "broker:"))
+def store() -> ShardedStore:
+    """The store as every command opens it: BROKER_REDIS_URL (`broker dashboard` passes the embedded one's),
+    BROKER_PREFIX and BROKER_SHARDS (one shard read alone showed none of a sharded broker's jobs)."""
+    return wiring.store_for(Settings.from_env())
 
 
 @st.cache_resource

@@ -44,6 +44,25 @@ def test_overview_kpis_equal_the_seeded_numbers(app, seeded):
     ) == ("2", "1", "1", "0", "1")
 
 
+def test_a_sharded_brokers_jobs_are_all_shown(app, redis_url, catalog, monkeypatch, own_caches):
+    """With BROKER_SHARDS the jobs live under each shard's keys: the dashboard read the unsharded ones alone and said
+    "no jobs yet" of a broker running hundreds."""
+    from seeded_jobs import seed_jobs
+
+    from broker.store.shards import ShardedStore
+
+    sharded = ShardedStore(redis_url, "broker:", count=3)
+    seeded = seed_jobs(sharded, catalog)
+    assert len({sharded.shards.index(sharded.of_job(j.id)) for j in sharded.list_jobs()}) > 1  # spread over shards
+    monkeypatch.setenv("BROKER_SHARDS", "3")
+    app.run()
+    assert not app.exception
+    metrics = {m.label: m.value for m in app.metric}
+    assert dollars(metrics["Spend to date"]) == pytest.approx(seeded["spend"], abs=0.01)
+    app.sidebar.radio[0].set_value("Jobs").run()
+    assert not app.exception and len(app.dataframe[0].value) == len(sharded.list_jobs())
+
+
 def test_jobs_page_lists_every_job_and_shows_a_jobs_runs(app, seeded):
     app.run()
     app.sidebar.radio[0].set_value("Jobs").run()
