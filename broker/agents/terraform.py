@@ -98,11 +98,14 @@ def _on_demand_price(catalog: PriceCatalog, offer: Offer) -> float | None:
 SITE_EXAMPLE = "infra/terraform/examples/site.yaml"
 
 
-def pool_values(pool: Pool, site: dict, catalog: PriceCatalog, token: str | None = None) -> dict:
-    """Exactly the module's variables for this pool: offer values (and its registration token), then site
-    values, then defaults."""
+def pool_values(
+    pool: Pool, site: dict, catalog: PriceCatalog, token: str | None = None, prefix: str = "broker:", shards: int = 1
+) -> dict:
+    """Exactly the module's variables for this pool: offer values (and its registration token, the broker's key
+    `prefix` and `shards`: its agents open the store as the broker does), then site values, then defaults."""
     o, spot = pool.offer, pool.offer.tier == Tier.spot
     common = {"pool_name": pool.name, "offer_id": o.id, "instance_count": pool.count, "tier": o.tier.value}
+    common |= {"key_prefix": prefix, "shards": shards}
     if token is not None:
         common["registration_token"] = token
     by_cloud = {

@@ -104,14 +104,15 @@ def agents_provision(
         else:
             out.print("no pending jobs: nothing to provision (submit jobs first)")
         return
-    secret = Settings.from_env().agent_secret
+    settings = Settings.from_env()
+    secret = settings.agent_secret
     expires = datetime.now(UTC) + timedelta(hours=token_ttl_hours)
     if not secret and not as_json:
         err.print("[yellow]note:[/] BROKER_AGENT_SECRET is not set: the pools' agents register without a token")
     written = []
     for pool in pools:
         token = tokens.issue_pool(secret, pool.name, expires) if secret else None
-        values = terraform.pool_values(pool, site_values, broker.catalog, token)
+        values = terraform.pool_values(pool, site_values, broker.catalog, token, settings.prefix, settings.shards)
         root = terraform.write_pool(pool, values, pools_dir)
         written.append({"pool": pool.name, "offer": pool.offer.id, "count": pool.count, "dir": str(root)})
     for row in written:

@@ -14,6 +14,8 @@ locals {
     checkpoints        = "s3://${var.checkpoint_bucket}/${var.checkpoint_prefix}"
     broker_package_url = var.broker_package_url
     registration_token = var.registration_token == null ? "" : var.registration_token
+    key_prefix         = var.key_prefix
+    shards             = var.shards
   })
 }
 

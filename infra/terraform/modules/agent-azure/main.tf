@@ -13,6 +13,8 @@ locals {
     storage            = var.storage_account_name
     broker_package_url = var.broker_package_url
     registration_token = var.registration_token == null ? "" : var.registration_token
+    key_prefix         = var.key_prefix
+    shards             = var.shards
   })
 }
 

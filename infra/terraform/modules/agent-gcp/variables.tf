@@ -101,6 +101,26 @@ variable "broker_package_url" {
   type        = string
 }
 
+variable "key_prefix" {
+  description = "BROKER_PREFIX: the broker's key prefix in Redis (`broker agents provision` writes the broker's own); an agent opens the store as the broker does, or it registers where no server plans."
+  type        = string
+  default     = "broker:"
+  validation {
+    condition     = can(regex("^[A-Za-z0-9:._-]+$", var.key_prefix))
+    error_message = "key_prefix: letters, digits, ':', '.', '_' or '-' only."
+  }
+}
+
+variable "shards" {
+  description = "BROKER_SHARDS: the broker's shard count (`broker agents provision` writes the broker's own); an agent opens the store as the broker does, or it registers where no server plans."
+  type        = number
+  default     = 1
+  validation {
+    condition     = var.shards >= 1 && floor(var.shards) == var.shards
+    error_message = "shards: a whole number of at least 1."
+  }
+}
+
 variable "registration_token" {
   description = "The pool's registration token (`broker agents provision` issues it when BROKER_AGENT_SECRET is set): it admits agents named <pool_name>.<host>; null when the broker asks for none."
   type        = string
