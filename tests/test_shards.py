@@ -171,6 +171,14 @@ def test_a_bad_shard_count_is_one_line(value):
         Settings.from_env({"BROKER_SHARDS": value})
 
 
+@pytest.mark.parametrize("value", ["team*:", "b{1}:", "my jobs:"])
+def test_a_key_prefix_that_keys_cannot_carry_is_one_line(value):
+    """A glob character widened every agent's ACL key pattern to other keys; braces took the shards' hash tags."""
+    with pytest.raises(BrokerError, match=r"BROKER_PREFIX: .* has characters keys cannot carry; use letters"):
+        Settings.from_env({"BROKER_PREFIX": value})
+    assert Settings.from_env({"BROKER_PREFIX": "team-a.prod:"}).prefix == "team-a.prod:"
+
+
 def test_a_silent_replica_s_shards_pass_to_the_live_one_after_its_lease(redis_url, tmp_path):
     store = ShardedStore(redis_url, "broker:", SHARDS)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 from broker.domain.errors import BrokerError
 from broker.planning import DEFAULT_POLICY, FILL_ORDERS
 
+PREFIX = re.compile(r"^[A-Za-z0-9:._-]*$")  # BROKER_PREFIX's characters (the Terraform modules' key_prefix too)
 MIN_SECRET_CHARS = 16  # BROKER_AGENT_SECRET's least length (`openssl rand -hex 32` gives 64)
 
 
@@ -46,13 +48,24 @@ class Settings:
             prices_dir=Path(prices) if prices else None,
             policy=env.get("BROKER_POLICY", DEFAULT_POLICY),
             checkpoints=env.get("BROKER_CHECKPOINTS") or str(Path(home) / "checkpoints"),
-            prefix=env.get("BROKER_PREFIX", "broker:"),
+            prefix=_prefix(env),
             shards=_shards(env),
             round_budget_usd=_positive(env, "BROKER_ROUND_BUDGET_USD"),
             agent_secret=_agent_secret(env),
             redis_outage_s=_positive(env, "BROKER_REDIS_OUTAGE_S", "seconds", 120) or 120.0,
             fill_order=_fill_order(env),
         )
+
+
+def _prefix(env: Mapping[str, str]) -> str:
+    """The key prefix: glob characters would widen the agents' ACL key patterns (store/acl.py) and braces would
+    take the shards' hash tags (store/shards.py), so only plain characters."""
+    prefix = env.get("BROKER_PREFIX", "broker:")
+    if not PREFIX.match(prefix):
+        raise BrokerError(
+            f"BROKER_PREFIX: {prefix!r} has characters keys cannot carry; use letters, digits, ':', '.', '_' or '-'"
+        )
+    return prefix
 
 
 def _shards(env: Mapping[str, str]) -> int:

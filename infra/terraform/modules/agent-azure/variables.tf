@@ -129,7 +129,7 @@ variable "key_prefix" {
   type        = string
   default     = "broker:"
   validation {
-    condition     = can(regex("^[A-Za-z0-9:._-]+$", var.key_prefix))
+    condition     = can(regex("^[A-Za-z0-9:._-]*$", var.key_prefix))
     error_message = "key_prefix: letters, digits, ':', '.', '_' or '-' only."
   }
 }
