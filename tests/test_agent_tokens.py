@@ -64,3 +64,28 @@ def test_cli_issues_tokens_only_with_the_brokers_secret(monkeypatch):
     token = runner.invoke(app, ["agents", "token", "--id", "spot-a", "--ttl-hours", "2"]).stdout.strip()
     assert refusal(SECRET, "spot-a", token, datetime.now(UTC)) is None
     assert refusal(SECRET, "spot-a", token, datetime.now(UTC) + timedelta(hours=3)) is not None
+
+
+def test_broker_run_with_the_brokers_secret_set_admits_the_agent_it_starts(redis_url, monkeypatch, tmp_path):
+    """It started its agent without a token, its own server refused it, and the job waited for good ("no agent is
+    registered: start one (... `broker run JOB`)"). An agent token in the shell (another agent's) is not passed on."""
+    import sys
+
+    import yaml
+
+    monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("BROKER_AGENT_SECRET", SECRET)
+    monkeypatch.setenv("BROKER_AGENT_TOKEN", issue(SECRET, "someone-else", NOW + timedelta(days=3650)))
+    monkeypatch.chdir(tmp_path)
+    spec = {
+        "name": "admitted",
+        "run": [sys.executable, "-c", "print('ran on an admitted agent')"],
+        "resources": {"accelerators": ["L4:1"]},
+        "work": {"gpu_hours": 0.1},
+        "deadline": "+24h",
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "job.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "ran on an admitted agent" in result.stdout and "refused" not in result.output

@@ -8,9 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from broker.agents.tokens import issue
 from broker.domain.model import Offer
+
+LOCAL_TOKEN_TTL = timedelta(days=30)  # a local agent lives as long as the command that started it
 
 
 class LocalProvisioner:
@@ -25,8 +29,10 @@ class LocalProvisioner:
         lease_s: float = 5.0,
         prefix: str = "broker:",
         shards: int = 1,
+        agent_secret: str | None = None,
     ):
         self.redis_url, self.checkpoint_root, self.run_root = redis_url, checkpoint_root, Path(run_root)
+        self.agent_secret = agent_secret  # the broker's, when it asks agents for tokens: each agent gets its own
         self.prefix, self.shards = prefix, shards  # the agents' namespace: the store they share with the broker
         self.speedup, self.lease_s = speedup, lease_s
         self.agents: dict[str, subprocess.Popen] = {}
@@ -63,6 +69,9 @@ class LocalProvisioner:
             "BROKER_PREFIX": self.prefix,
             "BROKER_SHARDS": str(self.shards),
         }
+        env.pop("BROKER_AGENT_TOKEN", None)  # another agent's, where this shell holds one
+        if self.agent_secret:  # the server admits no agent without one (it refused these, and the job waited)
+            env["BROKER_AGENT_TOKEN"] = issue(self.agent_secret, agent_id, datetime.now(UTC) + LOCAL_TOKEN_TTL)
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
         self.agents[agent_id] = proc

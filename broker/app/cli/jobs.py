@@ -237,6 +237,7 @@ def run(
         settings.home / "runs",
         prefix=settings.prefix,
         shards=settings.shards,
+        agent_secret=settings.agent_secret,
     )
     try:
         job = run_job(broker, server, provisioner, job, show_output)
