@@ -101,3 +101,17 @@ def test_status_says_when_the_job_came_its_deadline_and_spend_in_human_terms(env
     assert "(now)" in times and re.search(r"\(in 2[34]\.\d h\)", times) and "spent $0.0000 of $20.00" in times
     event = next(line for line in result.stdout.splitlines() if "submitted" in line and "queued" in line)
     assert "+00:00" not in event and "(now)" in event
+
+
+@pytest.mark.parametrize("root", ["nosuch://bucket/ckpt", "{tmp}/a-file/ckpt"], ids=["unknown scheme", "not a folder"])
+def test_run_with_checkpoints_it_cannot_use_says_so_before_it_stores_the_job(env, tmp_path, monkeypatch, root):
+    """`broker run` submitted the job, then failed on the checkpoint store: the job stayed queued, its id unsaid."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("BROKER_CHECKPOINTS", root.format(tmp=tmp_path))
+    path = tmp_path / "job.yaml"
+    spec = {"name": "j", "run": "true", "resources": {"accelerators": ["L4:1"]}, "work": {"gpu_hours": 1}}
+    path.write_text(yaml.safe_dump(spec))
+    result = run("run", path)
+    assert result.exit_code == 2 and result.stderr.startswith("error: checkpoints: "), result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert redis.Redis.from_url(env).keys("broker:job*") == []

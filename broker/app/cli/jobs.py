@@ -215,12 +215,14 @@ def run(
     import os
     import socket
 
+    from broker.agents.checkpoints import CheckpointStore
     from broker.agents.provision import LocalProvisioner
     from broker.app import wiring
     from broker.app.run import fold_exit, run_job
     from broker.models.accounting import savings_pct
 
     settings = Settings.from_env()
+    CheckpointStore(settings.checkpoints).ensure_root()  # its agents save there: said before a job is stored
     broker = make_broker(live=True)
     job = submitted_job(broker, job_file, deadline, budget)
     if job is None:
