@@ -20,6 +20,7 @@ from broker.app import wiring
 from broker.app.ledger import Ledger
 from broker.app.settings import Settings
 from broker.core.broker import Broker
+from broker.core.waiting import waiting_for
 from broker.domain.errors import BrokerError
 from broker.domain.model import IfOverBudget
 from broker.models import accounting
@@ -141,6 +142,8 @@ def jobs_page() -> None:
     st.dataframe(accounting.jobs_frame(jobs, now()), hide_index=True, width="stretch")
     chosen = st.selectbox("Job", [j.id for j in jobs], index=len(jobs) - 1)
     job = next(j for j in jobs if j.id == chosen)
+    if waiting := waiting_for(store(), job):  # as `broker status` says it
+        st.info(f"waiting: {waiting}")
     cols = st.columns(4)
     cols[0].metric("Quoted", money(job.quote.cost_usd))
     budget = job.spec.budget_usd

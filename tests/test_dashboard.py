@@ -78,6 +78,11 @@ def test_jobs_page_lists_every_job_and_shows_a_jobs_runs(app, seeded):
     odds = next(m for m in app.metric if m.label == "Quoted P(meet deadline)")
     assert odds.value == f"{seeded['jobs'][0].quote.p_meet_deadline:.2f}" and not odds.delta  # as the spec asked
     assert not [m for m in app.metric if m.label.startswith("Outlook")]  # it ended: its cost is known
+    assert not [i for i in app.info if i.value.startswith("waiting")]
+    app.selectbox[0].set_value("waiting").run()  # what `broker status` says it waits for (it said nothing)
+    assert [i.value for i in app.info] == [
+        "waiting: no broker server is running: start `broker server` (or `broker run waiting`)"
+    ]
     spent = next(m for m in app.metric if m.label == "Realised so far")
     assert spent.delta == "of the $20.00 budget"  # a capped job's says "(stops there)"
     app.selectbox[0].set_value("waiting").run()  # not started: the quote made again now, on the market model
