@@ -375,3 +375,20 @@ def test_an_agent_for_a_job_not_there_or_ended_is_refused(env, store, catalog, t
     ended = run(*agent, job_id)
     assert ended.exit_code == 2 and f"error: --for-job: {job_id} is already cancelled; nothing to run" in ended.stderr
     assert store.agents() == []
+
+
+def test_an_agent_for_a_job_of_another_shard_is_refused_with_an_id_in_the_jobs(env, catalog, tmp_path, monkeypatch):
+    """Agents register in the shard their id hashes to: one started for a job planned in another shard was never
+    seen by that shard's server, and the job waited beside it."""
+    from broker.store.shards import ShardedStore, shard_of
+
+    monkeypatch.setenv("BROKER_SHARDS", "4")
+    offer = next(o for o in catalog.offers if o.accelerator == "L4").id
+    job_id = json.loads(run("submit", job_file(tmp_path), "--json").stdout)["job"]
+    sharded = ShardedStore(env, "broker:", 4)
+    shard = sharded.shards.index(sharded.of_job(job_id))
+    elsewhere = next(f"a{i}" for i in range(100) if shard_of(f"a{i}", 4) != shard)
+    refused = run("agent", "--id", elsewhere, "--offer", offer, "--runs", tmp_path / "runs", "--for-job", job_id)
+    assert refused.exit_code == 2 and f"and {job_id} is planned in shard {shard}; give --id" in refused.stderr
+    suggested = refused.stderr.strip().rsplit(" ", 1)[-1]
+    assert shard_of(suggested, 4) == shard and sharded.agents() == []

@@ -84,7 +84,7 @@ def agent(
         serve(metrics.registry, metrics_port)
     store = store_for(settings, daemon=True)
     if for_job:
-        job_to_serve(store, for_job)
+        job_to_serve(store, for_job, agent_id)
     worker = Agent(
         store.of_agent(agent_id),
         agent_id,
@@ -100,12 +100,14 @@ def agent(
     err.print(f"agent {agent_id} ended: {worker.run()}")
 
 
-def job_to_serve(store, job_id: str) -> None:
+def job_to_serve(store, job_id: str, agent_id: str) -> None:
     """`--for-job`: a job that exists and has not ended, where this agent's user may read jobs (an agent's ACL user
-    may not: then it is taken as given). A typo left an agent that took no job, for good."""
+    may not: then it is taken as given), and an agent id in the job's shard (another shard's server never saw the
+    agent, and the job waited). A typo left an agent that took no job, for good."""
     import redis
 
     from broker.domain.errors import NotFoundError
+    from broker.store.shards import agent_id_in, shard_of
 
     try:
         job = store.get_job(job_id)
@@ -115,6 +117,12 @@ def job_to_serve(store, job_id: str) -> None:
         raise BrokerError(f"--for-job: no job {job_id!r}; `broker list` shows the ids") from None
     if job.state.terminal:
         raise BrokerError(f"--for-job: {job_id} is already {job.state.value}; nothing to run")
+    count, shard = len(store.shards), store.shards.index(store.of_job(job_id))
+    if shard_of(agent_id, count) != shard:
+        raise BrokerError(
+            f"--id: {agent_id} registers in shard {shard_of(agent_id, count)} of {count}, and {job_id} is planned in "
+            f"shard {shard}; give --id {agent_id_in(agent_id, shard, count)}"
+        )
 
 
 @user_errors
