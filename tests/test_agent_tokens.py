@@ -71,21 +71,14 @@ def test_broker_run_with_the_brokers_secret_set_admits_the_agent_it_starts(redis
     registered: start one (... `broker run JOB`)"). An agent token in the shell (another agent's) is not passed on."""
     import sys
 
-    import yaml
+    from test_run import spec_file
 
     monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
     monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("BROKER_AGENT_SECRET", SECRET)
     monkeypatch.setenv("BROKER_AGENT_TOKEN", issue(SECRET, "someone-else", NOW + timedelta(days=3650)))
     monkeypatch.chdir(tmp_path)
-    spec = {
-        "name": "admitted",
-        "run": [sys.executable, "-c", "print('ran on an admitted agent')"],
-        "resources": {"accelerators": ["L4:1"]},
-        "work": {"gpu_hours": 0.1},
-        "deadline": "+24h",
-    }
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
-    result = CliRunner().invoke(app, ["run", str(tmp_path / "job.yaml")])
+    path = spec_file(tmp_path, run=[sys.executable, "-c", "print('ran on an admitted agent')"])
+    result = CliRunner().invoke(app, ["run", str(path)])
     assert result.exit_code == 0, result.output
     assert "ran on an admitted agent" in result.stdout and "refused" not in result.output
