@@ -18,7 +18,8 @@ import zlib
 from collections.abc import Callable
 
 from broker.core.rehoming import REHOME_EVERY_S, rehome
-from broker.core.server import BrokerServer, serve_rounds
+from broker.core.rounds import serve_rounds
+from broker.core.server import BrokerServer
 from broker.store.jobs import Store
 from broker.store.shards import ShardedStore
 

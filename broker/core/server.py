@@ -16,14 +16,13 @@ import time
 from dataclasses import replace
 from datetime import datetime
 
-import redis
-
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.tokens import refusal
 from broker.core.budget import fallback_option, stop_over_budget
 from broker.core.guard import DeadlineGuard
 from broker.core.reports import end_run, fold, folding
 from broker.core.reserved import reserved_pairs, tell_ended
+from broker.core.rounds import serve_rounds
 from broker.domain.errors import InfeasibleError
 from broker.domain.model import AgentInfo, Job, JobSpec, JobState, Offer, Run
 from broker.models.risk import fits
@@ -388,14 +387,3 @@ class BrokerServer:
             self.store.put_agent(pipe, agent.model_copy(update={"job": job.id, "fence": fence}))
 
         return job.id, change, send
-
-
-def serve_rounds(round_, name: str, until) -> None:
-    """Run rounds back to back until `until()`, riding out a Redis outage longer than the store's own patience.
-    No pause between rounds: an idle round waits in its read of reports, and a busy one has work waiting."""
-    while not until():
-        try:
-            round_()
-        except redis.ConnectionError as err:  # Redis gone for longer than the store rides out: retry
-            log.warning("server=%s redis unreachable (%s); retrying in 1 s", name, err)
-            time.sleep(1.0)
