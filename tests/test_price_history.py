@@ -133,6 +133,10 @@ def test_cli_import_of_a_file_of_another_shape_says_what_shape_it_must_have(redi
         (ragged, "is not a catalog CSV with the columns InstanceType"),
         (yml, "job.yaml is neither an AWS spot price history (.tsv) nor a catalog (.csv)"),
     )
+    empty, windows = tmp_path / "empty.tsv", tmp_path / "windows.tsv"  # parsed, but nothing to record
+    empty.write_text("")
+    windows.write_text("use1-az1\tp3.2xlarge\tWindows\t0.9\t2025-07-01T00:00:00Z\n")
+    shapes += ((empty, "empty.tsv has no Linux/UNIX spot prices"), (windows, "windows.tsv has no Linux/UNIX spot"))
     for path, shape in shapes:
         result = runner.invoke(app, ["prices", "import", str(path), "--at", "2025-07-01"])
         assert result.exit_code == 2 and shape in result.output and "internal error" not in result.output

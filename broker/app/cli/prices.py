@@ -151,6 +151,9 @@ def import_prices(
             points = points_from_rows(load_aws(path), seen)
     except (KeyError, ValueError, TypeError, pd.errors.ParserError) as error:
         raise BrokerError(f"path: {path.name} is not {kind} ({type(error).__name__}: {one_line(error)})") from None
+    if points.empty:  # an empty file, or an export of other products only: nothing recorded is not a success
+        what = "Linux/UNIX spot prices" if path.suffix == ".tsv" else "prices"
+        raise BrokerError(f"path: {path.name} has no {what} in it; give {kind}")
     prices = PriceHistory(make_broker().store)
     appended = prices.record(points)
     prices.mark_refreshed(f"file:{path.name}", datetime.now(UTC))
