@@ -66,10 +66,11 @@ def test_a_patient_store_rides_out_a_restart_and_an_impatient_one_fails_at_once(
         embedded.stop(tmp_path)
 
 
-def test_a_patient_store_does_not_wait_on_a_wrong_password(tmp_path):
+def test_a_wrong_or_missing_password_is_one_line_that_says_what_to_set_at_once(tmp_path):
     import time
 
     from broker.store.jobs import Store
+    from broker.store.shards import ShardedStore
     from conftest import start_redis, stop_redis
 
     proc, port = start_redis(tmp_path, password="right")
@@ -78,5 +79,14 @@ def test_a_patient_store_does_not_wait_on_a_wrong_password(tmp_path):
         with pytest.raises(StoreUnavailableError, match="invalid username-password"):
             Store(f"redis://:wrong@127.0.0.1:{port}/0", outage_s=30)
         assert time.monotonic() - began < 3
+        for opened in (Store, ShardedStore):  # one line that says what to put in the URL, the password never shown
+            with pytest.raises(StoreUnavailableError) as wrong:
+                opened(f"redis://:wrong@127.0.0.1:{port}/0")
+            with pytest.raises(StoreUnavailableError) as missing:
+                opened(f"redis://127.0.0.1:{port}/0")
+            assert "refuses the password in it" in str(wrong.value) and "wrong" not in str(wrong.value)
+            assert "asks for a password" in str(missing.value) and "HELLO" in str(missing.value)
+            for error in (wrong, missing):
+                assert "BROKER_REDIS_URL: redis://:PASSWORD@host:port" in str(error.value), error.value
     finally:
         stop_redis(proc, port)

@@ -10,6 +10,8 @@ import redis
 from redis.backoff import EqualJitterBackoff
 from redis.retry import Retry
 
+from broker.domain.errors import StoreUnavailableError
+
 
 class GiveUp:
     """Whether to stop waiting for Redis now (the process is leaving), asked before each retry. Each connection
@@ -62,3 +64,15 @@ def redact_url(url: str) -> str:
     """The URL with its password replaced by ***, fit for logs and error messages."""
     parts = urlsplit(url)
     return with_credentials(url, parts.username or "", "***") if parts.password else url
+
+
+def unreachable(url: str, err: redis.ConnectionError) -> StoreUnavailableError:
+    """The one-line error for a Redis that broker cannot use: not there, or refusing the URL's credentials (Redis's
+    own words for a missing password name a HELLO command, which says nothing to a user)."""
+    if isinstance(err, redis.AuthenticationError):
+        given = "refuses the password in it" if urlsplit(url).password else "asks for a password"
+        return StoreUnavailableError(
+            f"redis: {redact_url(url)} {given} ({err}); put it in BROKER_REDIS_URL: redis://:PASSWORD@host:port "
+            "(redis://USER:PASSWORD@host:port for an ACL user)"
+        )
+    return StoreUnavailableError(f"redis: cannot reach {redact_url(url)} ({err}); check BROKER_REDIS_URL")

@@ -53,11 +53,11 @@ from datetime import datetime
 
 import redis
 
-from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableError
+from broker.domain.errors import BrokerError, NotFoundError
 from broker.domain.model import AgentInfo, Job, JobState
 from broker.store import evidence, figures, recount, totals
 from broker.store.agents import LOG_MAXLEN, STREAM_MAXLEN, AgentChannels
-from broker.store.connection import patient_retry, redact_url
+from broker.store.connection import patient_retry, redact_url, unreachable
 from broker.store.parsed import ParsedJobs
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class Store(AgentChannels):
         except redis.ResponseError:  # managed Redis often forbids CONFIG; its durability is its own
             log.warning("store=%s appendonly=unknown (CONFIG not allowed)", self.url)
         except redis.ConnectionError as err:
-            raise StoreUnavailableError(f"redis: cannot reach {self.url} ({err}); check BROKER_REDIS_URL") from None
+            raise unreachable(self.url, err) from None
 
     def new_job_id(self, name: str, fitting: list[AgentInfo]) -> str:
         """An id for a new job: its name plus a random suffix (`fitting`, the working agents it can run on, matters

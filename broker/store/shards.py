@@ -23,9 +23,9 @@ from datetime import datetime
 import redis
 from redis.cluster import RedisCluster
 
-from broker.domain.errors import BrokerError, NotFoundError, StoreUnavailableError
+from broker.domain.errors import BrokerError, NotFoundError
 from broker.domain.model import AgentInfo, Job, JobState
-from broker.store.connection import patient_retry, redact_url
+from broker.store.connection import patient_retry, redact_url, unreachable
 from broker.store.jobs import DEFAULT_PREFIX, Store
 from broker.store.moves import ROUTE
 
@@ -55,7 +55,7 @@ def connect(url: str, outage_s: float = 0.0) -> redis.Redis | RedisCluster:
     except redis.ResponseError:  # cluster support disabled (or a user made before agents could ask): one server
         clustered = False
     except redis.ConnectionError as err:
-        raise StoreUnavailableError(f"redis: cannot reach {redact_url(url)} ({err}); check BROKER_REDIS_URL") from None
+        raise unreachable(url, err) from None
     if not clustered:
         return client
     client.close()
