@@ -140,6 +140,41 @@ def test_an_unreachable_metadata_service_is_no_notice():
     assert AzureScheduledEvents("http://127.0.0.1:9").check() is None
 
 
+def test_a_service_that_stops_answering_is_warned_of_once_asked_less_often_and_heard_again(serve, clock, caplog):
+    """An agent on another cloud, or in a container out of the metadata service's reach, warned at every poll (once a
+    second, for good) and, where the service timed out, held its loop for that timeout each time. Azure's and GCP's
+    errors were not even warned of: they read as "no notice"."""
+    answers = {"aws": aws_imds, "gcp": gce_metadata, "azure": azure_events}
+    made = {"aws": AwsSpotNotices, "gcp": GcpPreemptionNotices, "azure": AzureScheduledEvents}
+    for cloud, answer in answers.items():
+        server = serve(
+            lambda state, *request, answer=answer: (403, b"") if state.get("down") else answer(state, *request)
+        )
+        notices = made[cloud](server.url)
+        server.state["down"] = True
+        caplog.clear()
+        asked = []
+        for _ in range(40):  # 40 polls a second apart
+            before = len(server.requests)
+            assert notices.check() is None
+            asked.append(len(server.requests) > before)
+            clock[0] += 1.0
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1 and f"notices={cloud} unanswered" in warned[0], warned
+        assert [i for i, a in enumerate(asked) if a] == [0, 1, 3, 7, 15, 31], (cloud, asked)  # 1, 2, 4 ... 16 s apart
+        server.state["down"] = False
+        server.state.update(action={"action": "stop", "time": "2026-11-22T12:02:00Z"}, preempted=True, preempt=True)
+        clock[0] += 30.0
+        assert notices.check() is not None, cloud  # heard again once asked, and the notice is read
+        assert "answering again" in caplog.records[-1].getMessage()
+
+
+def test_a_body_not_in_the_clouds_format_is_no_notice_and_no_crash(serve):
+    server = serve(lambda state, method, path, headers, body: (200, b"<html>a captive portal</html>"))
+    for watcher_class in (AwsSpotNotices, GcpPreemptionNotices, AzureScheduledEvents):
+        assert watcher_class(server.url).check() is None
+
+
 @pytest.fixture
 def clock(monkeypatch) -> list[float]:
     """The watchers' monotonic clock, moved by hand (`clock[0] += s`): no sleep a busy machine could stretch."""

@@ -7,8 +7,9 @@
   TRUE once preemption has begun (about 30 s before the VM stops).
 - Azure: Scheduled Events, GET /metadata/scheduledevents with `Metadata: true`; a Preempt
   event carries NotBefore (at least 30 s ahead); POSTing StartRequests acknowledges it.
-Each watcher's check() returns a Notice or None and never raises on a network error: the
-agent keeps polling.
+Each watcher's check() returns a Notice or None and never raises: a metadata service that does not answer as its
+cloud's does (another cloud, or a container it is out of reach from) is warned of once and asked less often until it
+answers again; the agent works on without notices meanwhile.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ from broker.domain.model import NOTICE_LEAD_S
 log = logging.getLogger(__name__)
 
 HTTP_TIMEOUT_S = 2.0
+UNANSWERED_RETRY_S = 30.0  # the longest wait between asks of a metadata service that does not answer
+
+
+class Unanswered(OSError):
+    """The metadata service answered, but not as its cloud's does (a status it never gives on that cloud)."""
 
 
 @dataclass(frozen=True)
@@ -50,13 +56,51 @@ def _request(
         return err.code, err.read()
 
 
-class AwsSpotNotices:
+class MetadataWatcher:
+    """What the clouds' watchers share: `_read` asks the service once (raising OSError or ValueError when it does not
+    answer as it should); check() warns once when it stops answering, and says when it answers again. Meanwhile it
+    asks after 1, 2, 4 ... seconds, at most UNANSWERED_RETRY_S: each ask of a service out of reach holds the agent's
+    loop for its timeout. A notice missed then is a preempted run found when its lease lapses."""
+
+    cloud = ""
+
+    def __init__(self):
+        self._misses, self._retry_at = 0, 0.0
+
+    def _read(self) -> Notice | None:
+        raise NotImplementedError
+
+    def check(self) -> Notice | None:
+        if self._misses and time.monotonic() < self._retry_at:
+            return None
+        try:
+            notice = self._read()
+        except (
+            OSError,
+            ValueError,
+            LookupError,
+            TypeError,
+            AttributeError,
+        ) as err:  # the rest: a body of another shape
+            if not self._misses:
+                log.warning("notices=%s unanswered error=%r: no preemption notices until it answers", self.cloud, err)
+            self._misses += 1
+            self._retry_at = time.monotonic() + min(UNANSWERED_RETRY_S, 2.0 ** (self._misses - 1))
+            return None
+        if self._misses:
+            log.warning("notices=%s answering again after %d unanswered asks", self.cloud, self._misses)
+        self._misses = 0
+        return notice
+
+
+class AwsSpotNotices(MetadataWatcher):
     """EC2 spot interruption notices through IMDSv2."""
 
     cloud = "aws"
     lead_s = NOTICE_LEAD_S["aws"]
 
     def __init__(self, base_url: str = "http://169.254.169.254"):
+        super().__init__()
         self.base_url = base_url.rstrip("/")
         self._token: str | None = None
         self._token_expires = 0.0
@@ -67,50 +111,47 @@ class AwsSpotNotices:
                 f"{self.base_url}/latest/api/token", "PUT", {"X-aws-ec2-metadata-token-ttl-seconds": "21600"}
             )
             if status != 200:
-                raise OSError(f"IMDSv2 token request answered {status}")
+                raise Unanswered(f"IMDSv2 token request answered {status}")
             self._token, self._token_expires = body.decode(), time.monotonic() + 21000
         return self._token
 
-    def check(self) -> Notice | None:
-        try:
-            headers = {"X-aws-ec2-metadata-token": self._session_token()}
-            status, body = _request(f"{self.base_url}/latest/meta-data/spot/instance-action", headers=headers)
-            if status == 401:  # token expired early: fetch a new one next time
-                self._token = None
-                return None
-        except OSError as err:
-            log.warning("notices=aws error=%r", err)
+    def _read(self) -> Notice | None:
+        headers = {"X-aws-ec2-metadata-token": self._session_token()}
+        status, body = _request(f"{self.base_url}/latest/meta-data/spot/instance-action", headers=headers)
+        if status == 401:  # token expired early: fetch a new one next time
+            self._token = None
+            return None
+        if status == 404:  # no interruption scheduled
             return None
         if status != 200:
-            return None
+            raise Unanswered(f"instance-action answered {status}")
         action = json.loads(body)
         deadline = datetime.fromisoformat(action["time"].replace("Z", "+00:00"))
         return Notice("aws", action["action"], deadline, raw=action)
 
 
-class GcpPreemptionNotices:
+class GcpPreemptionNotices(MetadataWatcher):
     """GCE preemption through the metadata server's `preempted` flag."""
 
     cloud = "gcp"
     lead_s = NOTICE_LEAD_S["gcp"]
 
     def __init__(self, base_url: str = "http://metadata.google.internal"):
+        super().__init__()
         self.base_url = base_url.rstrip("/")
 
-    def check(self) -> Notice | None:
-        try:
-            status, body = _request(
-                f"{self.base_url}/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"}
-            )
-        except OSError as err:
-            log.warning("notices=gcp error=%r", err)
-            return None
-        if status != 200 or body.strip().upper() != b"TRUE":
+    def _read(self) -> Notice | None:
+        status, body = _request(
+            f"{self.base_url}/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"}
+        )
+        if status != 200:
+            raise Unanswered(f"preempted answered {status}")
+        if body.strip().upper() != b"TRUE":
             return None
         return Notice("gcp", "preempted", datetime.now(UTC) + timedelta(seconds=self.lead_s))
 
 
-class AzureScheduledEvents:
+class AzureScheduledEvents(MetadataWatcher):
     """Azure spot evictions through Scheduled Events (EventType Preempt)."""
 
     cloud = "azure"
@@ -118,16 +159,13 @@ class AzureScheduledEvents:
     api_version = "2020-07-01"
 
     def __init__(self, base_url: str = "http://169.254.169.254"):
+        super().__init__()
         self.url = f"{base_url.rstrip('/')}/metadata/scheduledevents?api-version={self.api_version}"
 
-    def check(self) -> Notice | None:
-        try:
-            status, body = _request(self.url, headers={"Metadata": "true"})
-        except OSError as err:
-            log.warning("notices=azure error=%r", err)
-            return None
+    def _read(self) -> Notice | None:
+        status, body = _request(self.url, headers={"Metadata": "true"})
         if status != 200:
-            return None
+            raise Unanswered(f"scheduledevents answered {status}")
         for event in json.loads(body).get("Events", []):
             if event.get("EventType") == "Preempt":
                 not_before = event.get("NotBefore")
@@ -190,7 +228,7 @@ class TraceNotices:
 def watches_cloud(notices) -> bool:
     """Whether an agent with these notices is on the cloud instance it stands for: only there do a cloud's own
     notices come. One with none, or a trace's, is a local stand-in."""
-    return isinstance(notices, (AwsSpotNotices, GcpPreemptionNotices, AzureScheduledEvents))
+    return isinstance(notices, MetadataWatcher)
 
 
 def watcher(spec: str, speedup: float = 1.0):
