@@ -4,6 +4,8 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
+from test_market_model import _offer, trace
+from test_quotes import _quote_spec
 
 from broker import planning
 from broker.agents.checkpoints import CheckpointStore
@@ -14,8 +16,6 @@ from broker.core.server import BrokerServer
 from broker.pricing.availability import MarketModel, seen_counts
 from broker.sim.market import OfferBook
 from broker.store.capacity import CapacityHistory
-from tests.test_market_model import _offer, trace
-from tests.test_quotes import _quote_spec
 
 NOW = datetime(2023, 2, 15, tzinfo=UTC)
 ZONE = ("aws", "us-east-1a", "p3.2xlarge")
@@ -136,10 +136,11 @@ def test_a_zones_futures_go_on_from_the_spell_our_fleet_saw_it_in_as_long_as_tha
 def test_only_an_agent_watching_its_clouds_notices_is_market_evidence(store, tmp_path):
     """`broker run` and the demo start local agents that stand for a spot offer: their uptime and their runs without
     a preemption say nothing of that market, and counted, a user's local tries made the zone look calm."""
+    from test_quotes import _quote
+
     from broker.agents.agent import Agent
     from broker.agents.notices import watcher
     from broker.domain.model import Job, Run
-    from tests.test_quotes import _quote
 
     spot = _offer("us-east-1a")
     for name, notices in (("cloud", watcher("aws=http://127.0.0.1:9")), ("local", watcher("none"))):

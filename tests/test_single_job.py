@@ -5,6 +5,7 @@ import shutil
 
 import numpy as np
 import pytest
+from test_futures import _setting
 from typer.testing import CliRunner
 
 from broker.app.cli.main import app
@@ -12,7 +13,6 @@ from broker.models.futures import Hedge, simulate
 from broker.sim import single_job
 from broker.sim.market import PACKAGED_TRACES
 from broker.sim.omniscient import Choice, cheapest, cheapest_by_steps
-from tests.test_futures import _setting
 
 
 def flicker(rng, ticks: int, flip: float) -> np.ndarray:
