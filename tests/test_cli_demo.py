@@ -68,7 +68,8 @@ def test_a_demo_whose_job_fails_says_so_and_exits_non_zero(env, tmp_path):
     assert "1 of 1 jobs did not finish" in result.stderr and "failed" in result.stderr
 
 
-def test_demo_bubbles_runs_a_fill_job_in_a_pipelines_bubbles_then_on_demand(env):
+def test_demo_bubbles_runs_a_fill_job_in_a_pipelines_bubbles_then_on_demand(env, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # started elsewhere: its on-demand run found no fill_mlp.py and failed 4 times
     result = run("demo", "--examples", EXAMPLES, "--bubbles", "--json")
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
