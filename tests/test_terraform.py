@@ -194,6 +194,24 @@ def test_missing_or_mistyped_site_values_are_named(catalog):
         pool_values(pool, {"aws": {**SITE["aws"], "ami": "x"}}, catalog)
 
 
+def test_a_site_value_may_be_given_per_region_and_a_region_without_one_is_named(catalog):
+    """An AMI (a subnet, a subnetwork) belongs to one region; one AMI for every pool failed at apply in any other."""
+    offers = [o for o in catalog.offers if o.cloud == "aws" and o.tier == Tier.spot]
+    east, south = (next(o for o in offers if o.region == r) for r in ("us-east-1", "ap-south-1"))
+    site = {"aws": {**SITE["aws"], "ami_id": {"us-east-1": "ami-0east", "ap-south-1": "ami-0south"}}}
+    site["aws"]["tags"] = {"us-east-1": "a map variable is one value"}
+    site["aws"]["subnet_id"] = {east.zone: "subnet-0east", "ap-south-1": "subnet-0south"}  # a subnet is in one zone
+    for offer, ami, subnet in ((east, "ami-0east", "subnet-0east"), (south, "ami-0south", "subnet-0south")):
+        values = pool_values(Pool(pool_name(offer), offer, 1), site, catalog)
+        assert values["ami_id"] == ami and values["subnet_id"] == subnet and values["tags"] == site["aws"]["tags"]
+    other = next(o for o in offers if o.region == "us-east-1" and o.zone != east.zone)
+    with pytest.raises(BrokerError, match=f"site.aws.subnet_id: no value for us-east-1, .*its zone, {other.zone}:"):
+        pool_values(Pool(pool_name(other), other, 1), site, catalog)
+    west = next(o for o in offers if o.region == "us-west-2")
+    with pytest.raises(BrokerError, match="site.aws.ami_id: no value for us-west-2, where the plan puts pool aws-usw2"):
+        pool_values(Pool(pool_name(west), west, 1), site, catalog)
+
+
 @pytest.mark.parametrize("cloud", MODULES)
 def test_the_shipped_example_site_file_has_every_required_value(cloud, catalog):
     site = yaml.safe_load((ROOT / terraform.SITE_EXAMPLE).read_text())

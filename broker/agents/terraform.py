@@ -124,7 +124,10 @@ def pool_values(
         raise BrokerError(
             f"site.{o.cloud}.{unknown[0]}: not a variable of {MODULES[o.cloud]}; allowed: {', '.join(declared)}"
         )
-    values = {**common, **by_cloud[o.cloud], **cloud_site}
+    regional = {
+        name: _in_region(f"site.{o.cloud}.{name}", declared[name].type, v, pool) for name, v in cloud_site.items()
+    }
+    values = {**common, **by_cloud[o.cloud], **regional}
     missing = [name for name, var in declared.items() if name not in values and var.required]
     if missing:
         raise BrokerError(
@@ -136,6 +139,21 @@ def pool_values(
     for name, var in declared.items():
         check_type(f"site.{o.cloud}.{name}", var.type, values[name])
     return {name: values[name] for name in declared}
+
+
+def _in_region(field: str, kind: str, value: Any, pool: Pool) -> Any:
+    """A site value given per place ({region or zone: value}) -> the pool's zone's, else its region's: an AMI or a
+    subnetwork belongs to one region, an AWS subnet to one zone, and the plan may put pools in any. A value of a map
+    or object type is one value."""
+    if not isinstance(value, dict) or kind.startswith(("map(", "object(")) or kind == "any":
+        return value
+    zone, region = pool.offer.zone, pool.offer.region
+    if zone in value or region in value:
+        return value[zone] if zone in value else value[region]
+    raise BrokerError(
+        f"{field}: no value for {region}, where the plan puts pool {pool.name} (given for {', '.join(value)}); "
+        f"add {region}: under it (or its zone, {zone}:), or keep the jobs out of {region} (resources: exclude:)"
+    )
 
 
 def check_type(field: str, kind: str, value: Any) -> None:
