@@ -62,3 +62,51 @@ def test_an_agent_noticed_while_redis_is_away_leaves_within_the_notice(tmp_path)
     agent = agent_under_outage(tmp_path, "--notices", f"trace={trace}", "--speedup", "60")
     assert ended(agent, within_s=30) == "agent a1 ended: preempted"
     assert time.monotonic() - began < 30
+
+
+def test_a_job_whose_lease_lapsed_while_redis_is_away_is_stopped_and_saves(tmp_path, catalog):
+    """The broker takes a run whose lease lapsed for lost and moves its job once it sees Redis again; the agent kept
+    the job running for the whole outage it rode out (120 s by default), spending on a run nobody counts beside the
+    next one, then dropped it unsaved. Now it stops the job a lease after its last renewal, the job saving as on a
+    notice: its checkpoint is the newest the next run can resume from."""
+    from dispatch_system import System, l4_spec
+
+    proc, port = start_redis(tmp_path)
+    url = f"redis://127.0.0.1:{port}/0"
+    system = System(url, tmp_path, catalog)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    code = (
+        "import pathlib, signal, sys, time\n"
+        f"marks = pathlib.Path({str(marks)!r})\n"
+        "signal.signal(signal.SIGTERM, lambda *_: ((marks / 'saved').write_text('1'), sys.exit(0)))\n"
+        "(marks / 'started').write_text(str(__import__('os').getpid()))\n"
+        "time.sleep(600)\n"
+    )
+    job = system.broker.submit(l4_spec("outlived", code))
+    env = {**os.environ, "BROKER_REDIS_URL": url, "BROKER_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
+    env.pop("BROKER_REDIS_OUTAGE_S", None)
+    offer = system.offers["spot-a"].id
+    command = [str(Path(sys.executable).parent / "broker"), "agent", "--id", "spot-a", "--offer", offer]
+    command += ["--lease-s", "2", "--checkpoints", system.root]
+    agent = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (marks / "started").exists() and time.monotonic() < deadline and agent.poll() is None:
+            system.server.round(block_ms=50)
+        assert (marks / "started").exists(), f"the job did not start: {system.job(job.id)}"
+        stop_redis(proc, port)
+        began = time.monotonic()
+        while not (marks / "saved").exists() and time.monotonic() - began < 20:
+            time.sleep(0.1)
+        assert (marks / "saved").exists(), "the job ran on with its lease lapsed"
+        assert time.monotonic() - began < 10  # the lease (2 s), a heartbeat and the store's first retries
+        assert agent.poll() is None  # the agent itself waits for Redis, to register again
+    finally:
+        stop_redis(proc, port)
+        agent.kill()
+        agent.wait()
+        err = agent.stderr.read()
+        if (marks / "started").exists() and not (marks / "saved").exists():
+            os.kill(int((marks / "started").read_text()), signal.SIGKILL)  # not left sleeping past a failure
+    assert "redis unreachable past the lease; stopping job=" in err, err
