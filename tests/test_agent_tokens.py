@@ -82,3 +82,50 @@ def test_broker_run_with_the_brokers_secret_set_admits_the_agent_it_starts(redis
     result = CliRunner().invoke(app, ["run", str(path)])
     assert result.exit_code == 0, result.output
     assert "ran on an admitted agent" in result.stdout and "refused" not in result.output
+
+
+def test_a_refused_agent_ends_saying_why_and_a_refusal_of_another_process_is_not_its_own(store, catalog, tmp_path):
+    """The server deleted a refused agent's stream under its blocking read, and the agent crashed ("internal error:
+    ResponseError: UNBLOCKED the stream key no longer exists"); between reads it registered again, round after round.
+    It now ends with the server's reason and what to pass."""
+    import threading
+    import time
+
+    import pytest
+
+    from broker.agents.agent import Agent
+    from broker.domain.errors import BrokerError
+
+    offer = next(o for o in catalog.offers if o.accelerator == "A100" and o.accelerator_count == 1)
+    server = BrokerServer(store, planning.get(), SystemClock(), CheckpointStore(str(tmp_path)), agent_secret=SECRET)
+    agent = Agent(store, "no-token", offer, str(tmp_path / "ckpt"), tmp_path / "runs")
+    agent.register()
+    Broker(store, catalog, planning.get(), SystemClock()).submit(make_spec())
+    raised: list[Exception] = []
+
+    def take() -> None:
+        try:
+            agent.step(block_ms=10_000)  # blocked in its assignment read while the server refuses it
+        except Exception as error:  # noqa: BLE001 - the test reads what it was
+            raised.append(error)
+
+    reader = threading.Thread(target=take)
+    reader.start()
+    deadline = datetime.now(UTC) + timedelta(seconds=5)
+    while not store.redis.execute_command("CLIENT", "LIST").count("cmd=xreadgroup") and datetime.now(UTC) < deadline:
+        time.sleep(0.01)
+    assert server.dispatch() == []  # refused: no token
+    reader.join(timeout=15)
+    assert len(raised) == 1 and isinstance(raised[0], BrokerError), raised
+    assert str(raised[0]).startswith("token: the broker refused agent no-token: no registration token; pass it")
+    assert "broker agents token --id no-token" in str(raised[0])
+    with pytest.raises(BrokerError, match="refused agent no-token"):
+        agent.step()  # and again at once: its registration is gone and the reason stays
+
+    other = AgentInfo(id="twin", offer=offer, host="elsewhere", pid=1, registered_at=datetime.now(UTC))
+    store.refuse_agent(other, "registration token expired")  # an earlier process of the same id
+    twin = Agent(store, "twin", offer, str(tmp_path / "ckpt"), tmp_path / "runs", heartbeat_s=0.0)
+    twin.register()
+    store.redis.delete(store.key("lease", "twin"))  # its lease lapses (a pause): not refused, it registers again
+    twin.step(block_ms=10)
+    assert store.redis.exists(store.key("lease", "twin"))

@@ -19,6 +19,7 @@ import redis
 from broker.agents.contract import Contract, Verdict
 from broker.agents.notices import watches_cloud
 from broker.agents.runner import JobProcess
+from broker.domain.errors import BrokerError
 from broker.domain.model import Offer, notice_grace_s
 from broker.store.connection import give_up_waiting_when
 from broker.store.jobs import Store
@@ -105,6 +106,7 @@ class Agent:
             self._last_beat = time.monotonic()
             if not self._renew():  # lapsed (a pause, a partition): the broker
                 self._end_job("lost", kill=True)  # may have moved our job, so drop it and start afresh
+                self._unless_refused()
                 log.warning("agent=%s lease lapsed; re-registering", self.id)
                 self.register()
             if self.job:
@@ -150,7 +152,15 @@ class Agent:
             self._end_job(verdict.value)
 
     def _take_assignment(self, block_ms: int) -> None:
-        assignment = self.contract.take(block_ms)
+        try:
+            assignment = self.contract.take(block_ms)
+        except redis.ResponseError as err:  # its stream deleted under its read: refused, or removed as lost
+            if "UNBLOCKED" not in str(err) and "NOGROUP" not in str(err):
+                raise
+            self._unless_refused()
+            log.warning("agent=%s registration removed (%s); re-registering", self.id, err)
+            self.register()
+            return
         if assignment is None:
             return
         job_id = assignment.job
@@ -263,6 +273,16 @@ class Agent:
             self.job.stop(self._grace_s(notice))
             self.job, self.fence = None, None
         return "preempted" if notice else "stopped"
+
+    def _unless_refused(self) -> None:
+        """Raise when the broker refused this agent (its registration token) rather than register it again: it
+        would be refused again, round after round."""
+        why = self.contract.refused()
+        if why is not None:
+            raise BrokerError(
+                f"token: the broker refused agent {self.id}: {why}; pass it a registration token with --token or "
+                f"BROKER_AGENT_TOKEN (`broker agents token --id {self.id}`, where BROKER_AGENT_SECRET is set)"
+            )
 
     def _waiting_for_redis(self) -> bool:
         """Asked between the store's retries while Redis is away: whether to stop waiting (the instance is going

@@ -67,6 +67,7 @@ class Contract:
         self._asked: dict[str, tuple[int, str]] = {}  # job -> (fence, request) of the checkpoint last acted on
         self._may_hold = True  # assignments read but maybe not acked (a restart, a failed start): read them first
         self._leaving = False  # once the instance is going away, a renewed lease stays marked leaving
+        self._host, self._pid = None, None  # the registration's, as refusals name them
 
     def register(
         self,
@@ -90,8 +91,17 @@ class Contract:
             for_job=for_job,
         )
         self.store.register_agent(info, lease_ms)
+        self._host, self._pid = info.host, info.pid
         self._may_hold = True
         log.info("agent=%s registered offer=%s", self.id, offer.id)
+
+    def refused(self) -> str | None:
+        """Why the broker refused this agent's registration (its token: the server removed it), or None. Checked
+        where the registration is found gone: a refusal of another process of the same id is not this one's."""
+        refusal = self.store.refusal(self.id)
+        if refusal is None or (refusal.get("host"), refusal.get("pid")) != (self._host, self._pid):
+            return None
+        return refusal.get("why")
 
     def offer(self, offer: Offer) -> None:
         """What this agent offers changed (a fill agent's measured speed): quotes see the new one."""

@@ -296,7 +296,7 @@ class BrokerServer:
         if why is None:
             return True
         log.warning("agent=%s refused: %s; removed", agent.id, why)
-        self.store.remove_agent(agent.id)
+        self.store.refuse_agent(agent, why)
         return False
 
     def guard(self) -> list[str]:

@@ -1,10 +1,10 @@
 """Redis ACL users for a shared Redis: one for the broker, one per agent, each allowed what its process does.
 
 An agent's user reaches its own assignment stream, lease and registration record, reads its own views of
-the jobs it was given ({p}own:{agent}:*), adds itself to the agent set and appends to the agent-events
-stream and its own log stream; it cannot read the event stream, any job, or another agent's keys. The last
-three rights are Redis 7 selectors, so `SADD` and `XADD` work on those keys and nothing else does (no SET
-over the streams). On a Redis Cluster each node keeps its own users, so a user is made on every node, and an
+the jobs it was given ({p}own:{agent}:*) and why the broker refused it, if it did ({p}refused:{agent}), adds
+itself to the agent set and appends to the agent-events stream and its own log stream; it cannot read the event
+stream, any job, or another agent's keys. The last three rights are Redis 7 selectors, so `SADD` and `XADD` work
+on those keys and nothing else does (no SET over the streams). On a Redis Cluster each node keeps its own users, so a user is made on every node, and an
 agent may ask where keys live (CLUSTER SLOTS, COMMAND), as redis-py's cluster client does.
 """
 
@@ -34,6 +34,7 @@ def agent_rules(prefix: str, agent_id: str) -> list[str]:
         f"~{prefix}lease:{agent_id}",
         f"~{prefix}agent:{agent_id}",
         f"%R~{prefix}own:{agent_id}:*",
+        f"%R~{prefix}refused:{agent_id}",
     ]
     selectors = [
         f"(+xadd %W~{prefix}agent-events)",

@@ -24,6 +24,7 @@ BROKER_GROUP = "broker"
 STREAM_MAXLEN = 1_000_000  # the event streams are capped (approximately) so Redis memory stays bounded
 LOG_MAXLEN = 20_000  # batches of output lines kept per agent (approximately)
 OWN_TTL_S = 7 * 24 * 3600  # an agent's view of a job outlives any run of it
+REFUSAL_TTL_S = 24 * 3600  # why an agent was refused is kept for it (and a restart of it) to read
 WAKE = "submitted"  # a report-stream entry with no agent: a job joined the queue (Store.wake)
 
 
@@ -92,6 +93,23 @@ class AgentChannels:
             return True
 
         return self.redis.transaction(replace, key, value_from_callable=True)
+
+    def refuse_agent(self, agent: AgentInfo, why: str) -> None:
+        """Remove an agent the broker will not give work, leaving it why for a day (`refusal`): it exits saying so,
+        where it crashed on its deleted stream or registered again and again. The host and pid name the process
+        refused, so a later one of the same id does not read an old refusal as its own."""
+        refusal = {"why": why, "host": agent.host, "pid": agent.pid}
+        with self.redis.pipeline(transaction=True) as pipe:
+            keys = [self._key(kind, agent.id) for kind in ("agent", "lease", "assign")]
+            pipe.execute_command("DEL", *keys)
+            pipe.srem(self._key("agents"), agent.id)
+            pipe.set(self._key("refused", agent.id), json.dumps(refusal), ex=REFUSAL_TTL_S)
+            pipe.execute()
+
+    def refusal(self, agent_id: str) -> dict | None:
+        """Why the broker refused this agent id (refuse_agent), or None."""
+        raw = self.redis.get(self._key("refused", agent_id))
+        return json.loads(raw) if raw else None
 
     def renew_lease(self, agent_id: str, lease_ms: int, leaving: bool = False) -> bool:
         """Extend the agent's lease (marked leaving, as `mark_leaving`, when it is going away); False if it had
