@@ -4,8 +4,9 @@ An agent's user reaches its own assignment stream, lease and registration record
 the jobs it was given ({p}own:{agent}:*) and why the broker refused it, if it did ({p}refused:{agent}), adds
 itself to the agent set and appends to the agent-events stream and its own log stream; it cannot read the event
 stream, any job, or another agent's keys. The last three rights are Redis 7 selectors, so `SADD` and `XADD` work
-on those keys and nothing else does (no SET over the streams). On a Redis Cluster each node keeps its own users, so a user is made on every node, and an
-agent may ask where keys live (CLUSTER SLOTS, COMMAND), as redis-py's cluster client does.
+on those keys and nothing else does (no SET over the streams). On a Redis Cluster each node keeps its own users,
+so a user is made on every node, and an agent may ask where keys live (CLUSTER SLOTS, COMMAND), as redis-py's
+cluster client does.
 """
 
 from __future__ import annotations
