@@ -21,6 +21,7 @@ from broker.app.ledger import Ledger
 from broker.app.settings import Settings
 from broker.core.broker import Broker
 from broker.core.waiting import waiting_for
+from broker.domain.bubbles import stage_agent_id
 from broker.domain.errors import BrokerError
 from broker.domain.model import IfOverBudget
 from broker.models import accounting
@@ -297,7 +298,7 @@ def bubbles_page() -> None:
                     "bubble time filled": share,
                     "windows missed": fill.missed if fill else None,
                     "main-job slowdown %": None if slowdown is None else 100 * slowdown,
-                    "fill jobs served": len(served.get(f"{main_job}-stage{p.stage}", ())),
+                    "fill jobs served": len(served.get(stage_agent_id(main_job, p.stage), ())),
                     "measured": p.measured_at,
                 }
             )

@@ -17,6 +17,7 @@ from broker.agents.checkpoints import CheckpointStore
 from broker.core.broker import Broker
 from broker.core.clock import SystemClock
 from broker.core.server import BrokerServer
+from broker.domain.bubbles import stage_agent_id
 from broker.domain.model import JobState, Tier
 from broker.domain.specfile import load_spec
 from broker.store.jobs import Store
@@ -25,7 +26,7 @@ from conftest import EXAMPLES, NOW, assert_same_weights, make_spec, run_to_end
 
 SCRIPT = EXAMPLES / "bubbles" / "train_gpt.py"
 FILL = EXAMPLES / "bubbles" / "fill_mlp.py"
-STAGES = [f"llm-stage{s}" for s in range(4)]
+STAGES = [stage_agent_id("llm", s) for s in range(4)]
 
 
 def wait(condition, timeout_s, what, seen=lambda: ""):

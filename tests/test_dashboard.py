@@ -220,7 +220,7 @@ def seed_bubbles(store) -> None:
 def test_bubbles_page_shows_each_stage_of_a_main_job_with_its_windows(app, redis_url, store, seeded):
     seed_bubbles(store)
     done = seeded["jobs"][0]  # and a job that ran in stage 3's bubbles
-    bubble = done.runs[-1].offer.model_copy(update={"tier": Tier.bubble, "zone": "llama-stage3"})
+    bubble = done.runs[-1].offer.model_copy(update={"tier": Tier.bubble, "zone": "llama.stage3"})
     assert store.add_job(
         done.model_copy(update={"id": "filler", "runs": [done.runs[-1].model_copy(update={"offer": bubble})]})
     )

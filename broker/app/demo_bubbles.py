@@ -23,6 +23,7 @@ from broker.app.run import wait_for_agents
 from broker.core.broker import Broker
 from broker.core.clock import SystemClock
 from broker.core.server import BrokerServer
+from broker.domain.bubbles import stage_agent_id
 from broker.domain.errors import BrokerError
 from broker.domain.model import Tier
 from broker.domain.specfile import load_spec
@@ -39,7 +40,7 @@ STAGES = 4
 def wait_for_a_stage(store: Store, training: subprocess.Popen, timeout_s: float, log_path: Path) -> None:
     """Until a pipeline stage serves its bubbles as an agent. A stage registers once one of its idle windows is
     long enough to fill; one whose windows stay short (a busy machine) may never, and the others still serve."""
-    stages = [f"{MAIN_JOB}-stage{s}" for s in range(STAGES)]
+    stages = [stage_agent_id(MAIN_JOB, s) for s in range(STAGES)]
     deadline = time.monotonic() + timeout_s
     while not any(store.lease_alive(s) for s in stages):
         if training.poll() is not None or time.monotonic() > deadline:

@@ -25,6 +25,8 @@ import threading
 import time
 from datetime import UTC, datetime
 
+import redis
+
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.contract import Assignment, Contract, Verdict
 from broker.bubbles.capacity import bubble_offer, measured_speed
@@ -32,7 +34,7 @@ from broker.bubbles.executor import START_TIMEOUT_S, FillExecutor, stage_device,
 from broker.bubbles.probe import NEXT, TIMING, UNFIT, ConfigurationProbe
 from broker.bubbles.profiler import profile
 from broker.bubbles.recorder import BubbleRecorder
-from broker.domain.bubbles import BubbleProfile, FillStats
+from broker.domain.bubbles import BubbleProfile, FillStats, stage_agent_id
 from broker.domain.model import Offer
 from broker.sdk import STATE_FILE
 from broker.store.jobs import Store
@@ -50,19 +52,20 @@ MIN_SPEED = 1e-3  # the least speed an offer states
 ASSIGNMENT_EVERY_S = 0.2  # bubble signals come tens of times a second; the stream needs no such rate
 
 
-def stage_agent_id(profile: BubbleProfile) -> str:
-    """The agent id of a main job's stage (its shard follows from it)."""
-    return f"{profile.main_job}-stage{profile.stage}"
-
-
 class FillAgent:
     """One stage's agent: one fill job at a time, run in the stage's bubbles."""
 
     def __init__(
-        self, store: Store, checkpoints: CheckpointStore, profile: BubbleProfile, offer: Offer, lease_s: float = 10.0
+        self,
+        store: Store,
+        checkpoints: CheckpointStore,
+        profile: BubbleProfile,
+        offer: Offer,
+        lease_s: float = 10.0,
+        token: str | None = None,
     ):
-        self.store, self.checkpoints, self.offer = store, checkpoints, offer
-        self.id = stage_agent_id(profile)
+        self.store, self.checkpoints, self.offer, self.token = store, checkpoints, offer, token
+        self.id = stage_agent_id(profile.main_job, profile.stage)
         self.window_s = {w.kind: w.p10_s * WINDOW_MARGIN for w in profile.windows}
         self.median_s = {w.kind: w.median_s for w in profile.windows}
         self.bubbles = [(self.window_s[w.kind], w.free_bytes) for w in profile.windows]  # Algorithm 1's B[i], M[i]
@@ -105,7 +108,7 @@ class FillAgent:
 
     def start(self) -> None:
         warm_fill_processes()  # before any job comes: its fill process then forks in milliseconds
-        self.contract.register(self.offer, self.lease_ms)
+        self.contract.register(self.offer, self.lease_ms, token=self.token)
         self._thread.start()
         self._beating.start()
 
@@ -165,9 +168,21 @@ class FillAgent:
             self._lapsed.clear()
             if self.executor is not None:
                 self._end("lost", checkpoint=False)
+            why = self.contract.refused()
+            if why is not None:  # registering again would be refused again: training goes on, its bubbles unoffered
+                log.error(
+                    "agent=%s refused: %s; this stage offers no bubbles: pass attach(..., token=) or "
+                    "BROKER_AGENT_TOKEN (`broker agents token --pool %s`)",
+                    self.id,
+                    why,
+                    self.stats.main_job,
+                )
+                self._leaving.set()
+                self._left.set()
+                return
             log.warning("agent=%s lease lapsed; re-registering", self.id)
             with self._lease:
-                self.contract.register(self.offer, self.lease_ms)
+                self.contract.register(self.offer, self.lease_ms, token=self.token)
         if now - self._published >= STATS_EVERY_S:
             self._publish()
         if self.executor is None:
@@ -184,7 +199,13 @@ class FillAgent:
                 self._end(verdict.value, checkpoint=verdict == Verdict.moved)
 
     def _take_assignment(self) -> None:
-        job = self.contract.take(block_ms=None)
+        try:
+            job = self.contract.take(block_ms=None)
+        except redis.ResponseError as err:  # its stream deleted: removed as lost, or refused; the lapse decides
+            if "NOGROUP" not in str(err):
+                raise
+            self._lapsed.set()
+            return
         if job is None:
             return
         if not job.spec.fill_task:
@@ -305,6 +326,7 @@ def serve_stage(
     iterations: list[tuple[float, float]],
     accelerator: str,
     min_window_s: float = 0.05,
+    token: str | None = None,
 ) -> FillAgent | None:
     """Publish a stage's measured profile; serve fill jobs as an agent, fed by the recorder's bubble signals, if a
     window is long enough to use. An engine's stage (Bubbles) and bench/stage_replay.py's replayed one both start
@@ -317,7 +339,8 @@ def serve_stage(
     offer = bubble_offer(measured, "local", "local", accelerator, min_window_s=min_window_s)
     if offer is None:
         return None
-    agent = FillAgent(store.of_agent(stage_agent_id(measured)), checkpoints, measured, offer)
+    agent_store = store.of_agent(stage_agent_id(measured.main_job, measured.stage))
+    agent = FillAgent(agent_store, checkpoints, measured, offer, token=token)
     recorder.signal = agent.signal
     agent.start()
     return agent

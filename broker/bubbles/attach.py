@@ -16,6 +16,7 @@ back with its checkpoint, so the broker moves it to spot or on-demand.
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 
@@ -42,8 +43,10 @@ class Bubbles:
         retry_steps: int = 20,
         min_window_s: float = 0.05,
         memory_budget_bytes: int = 2 * 1024**3,
+        token: str | None = None,
     ):
         self.engine, self.main_job, self.store, self.checkpoints = engine, main_job, store, checkpoints
+        self.token = token
         self.accelerator, self.min_window_s = accelerator, min_window_s
         self.profile_steps, self.retry_steps = profile_steps, retry_steps
         self.recorder = BubbleRecorder(memory_budget_bytes=memory_budget_bytes)
@@ -73,6 +76,7 @@ class Bubbles:
             self.iterations,
             self.accelerator,
             self.min_window_s,
+            self.token,
         )
 
     @property
@@ -99,9 +103,13 @@ def attach(
     prefix: str = "broker:",
     accelerator: str = "H100",
     shards: int = 1,
+    token: str | None = None,
     **options,
 ) -> Bubbles:
     """Offer a DeepSpeed PipelineEngine's bubbles to the broker at `redis_url` (checkpoints: an fsspec URL); each
-    stage's executor is an agent in the shard its id hashes to, of the broker's `shards` (BROKER_SHARDS)."""
+    stage's executor is an agent in the shard its id hashes to, of the broker's `shards` (BROKER_SHARDS). A broker
+    with BROKER_AGENT_SECRET set admits the stages with a pool token for the main job (`broker agents token --pool
+    MAIN_JOB`): `token`, else BROKER_AGENT_TOKEN."""
     store = ShardedStore(redis_url, prefix, shards)
-    return Bubbles(engine, main_job, store, CheckpointStore(checkpoints), accelerator, **options)
+    token = token or os.environ.get("BROKER_AGENT_TOKEN")
+    return Bubbles(engine, main_job, store, CheckpointStore(checkpoints), accelerator, token=token, **options)

@@ -12,7 +12,7 @@ packing (`fill_plan.fill_throughput`) gives steps of that length in the stage's 
 from __future__ import annotations
 
 from broker.bubbles.fill_plan import Node, fill_throughput
-from broker.domain.bubbles import BubbleProfile
+from broker.domain.bubbles import BubbleProfile, stage_agent_id
 from broker.domain.model import Offer, Tier
 
 FILL_EFFICIENCY = 0.9  # share of a usable window spent in fill steps (step granularity, pause latency)
@@ -35,7 +35,7 @@ def bubble_offer(
     return Offer(
         cloud=cloud,
         region=region,
-        zone=f"{bubble.main_job}-stage{bubble.stage}",
+        zone=stage_agent_id(bubble.main_job, bubble.stage),
         instance_type=f"bubble:{bubble.main_job}",
         tier=Tier.bubble,
         accelerator=accelerator,

@@ -11,6 +11,12 @@ DRIFT = 0.10
 FORECAST = "forecast"  # the device of a profile from the model, before any measurement
 
 
+def stage_agent_id(main_job: str, stage: int) -> str:
+    """The agent id of a main job's pipeline stage, and its bubble offer's zone: the stages are a pool named after the
+    main job, "<main job>.stage<n>", so one pool token admits them all (agents/tokens.py)."""
+    return f"{main_job}.stage{stage}"
+
+
 class WindowStats(BaseModel):
     kind: str
     offset_s: float = 0.0  # median start within the iteration

@@ -135,20 +135,33 @@ def agents_provision(
 @agents_app.command("token")
 @user_errors
 def agents_token(
-    agent_id: str = typer.Option(..., "--id", callback=agent_id_checked, help="The agent the token is for."),
+    agent_id: str | None = typer.Option(None, "--id", callback=agent_id_checked, help="The agent the token is for."),
+    pool: str | None = typer.Option(
+        None,
+        callback=agent_id_checked,
+        help="Or a pool: the token admits every agent named POOL.<name>, such as a training job's pipeline stages "
+        "(POOL: the main job's name, as given to attach()).",
+    ),
     ttl_hours: float = typer.Option(24.0, help="Hours until the token expires."),
 ) -> None:
-    """Print a registration token for one agent (needs BROKER_AGENT_SECRET, the broker's secret)."""
+    """Print a registration token for one agent, or a pool of them (needs BROKER_AGENT_SECRET, the broker's secret)."""
     from datetime import datetime, timedelta
 
-    from broker.agents.tokens import issue
+    from broker.agents.tokens import issue, issue_pool
 
     settings = Settings.from_env()
+    if (agent_id is None) == (pool is None):
+        raise BrokerError("--id/--pool: give one: --id AGENT for one agent, --pool NAME for the agents named NAME.*")
     if not settings.agent_secret:
         raise BrokerError("BROKER_AGENT_SECRET: not set; set the broker's secret (the server checks tokens against it)")
     if ttl_hours <= 0:
         raise BrokerError("--ttl-hours: must be > 0")
-    typer.echo(issue(settings.agent_secret, agent_id, datetime.now(UTC) + timedelta(hours=ttl_hours)))
+    expires = datetime.now(UTC) + timedelta(hours=ttl_hours)
+    typer.echo(
+        issue(settings.agent_secret, agent_id, expires)
+        if pool is None
+        else issue_pool(settings.agent_secret, pool, expires)
+    )
 
 
 @agents_app.command("deprovision")

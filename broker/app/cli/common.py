@@ -70,11 +70,11 @@ def above_zero(value: float) -> float:
     return value
 
 
-def agent_id_checked(value: str) -> str:
-    """An option's callback for an agent's id (domain/model.py's rule)."""
+def agent_id_checked(value: str | None) -> str | None:
+    """An option's callback for an agent's id (domain/model.py's rule); an option not given stays None."""
     from broker.domain.model import agent_id_problem
 
-    if problem := agent_id_problem(value):
+    if value is not None and (problem := agent_id_problem(value)):
         raise typer.BadParameter(problem)
     return value
 
