@@ -16,7 +16,7 @@ from pathlib import Path
 
 import redis
 
-from broker.agents.contract import Contract, Verdict
+from broker.agents.contract import Contract, Unregistered, Verdict
 from broker.agents.notices import watches_cloud
 from broker.agents.runner import JobProcess
 from broker.domain.errors import BrokerError
@@ -154,9 +154,7 @@ class Agent:
     def _take_assignment(self, block_ms: int) -> None:
         try:
             assignment = self.contract.take(block_ms)
-        except redis.ResponseError as err:  # its stream deleted under its read: refused, or removed as lost
-            if "UNBLOCKED" not in str(err) and "NOGROUP" not in str(err):
-                raise
+        except Unregistered as err:  # refused, or removed as lost (a long pause)
             self._unless_refused()
             log.warning("agent=%s registration removed (%s); re-registering", self.id, err)
             self.register()

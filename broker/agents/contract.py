@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
+import redis
 from pydantic import ValidationError
 
 from broker.domain.jobspec import JobSpec
@@ -26,6 +27,10 @@ from broker.domain.model import AgentInfo, Offer
 from broker.store.jobs import Store
 
 log = logging.getLogger(__name__)
+
+
+class Unregistered(Exception):
+    """The broker removed this agent while it read its assignments (Contract.take)."""
 
 
 @dataclass(frozen=True)
@@ -124,9 +129,16 @@ class Contract:
 
     def take(self, block_ms: int | None) -> Assignment | None:
         """The next assignment to start, or None. Entries not to start are settled here: a malformed one is
-        dropped, a stale or repeated one skipped, and a job cancelled since its dispatch closed with `exited`."""
+        dropped, a stale or repeated one skipped, and a job cancelled since its dispatch closed with `exited`.
+        Raises Unregistered when the broker removed this agent (its stream is gone: `refused` says whether it was
+        refused, else it was taken for lost and may register again)."""
         pending, self._may_hold = self._may_hold, True  # until a read says otherwise (its reply may be lost)
-        entry = self.store.read_assignment(self.id, block_ms, pending=pending)
+        try:
+            entry = self.store.read_assignment(self.id, block_ms, pending=pending)
+        except redis.ResponseError as err:  # UNBLOCKED: deleted under a waiting read; NOGROUP: before a read
+            if "UNBLOCKED" not in str(err) and "NOGROUP" not in str(err):
+                raise
+            raise Unregistered(str(err)) from None
         self._may_hold = entry is not None  # none held, none taken: an idle agent's next turn is one read, not two
         if entry is None:
             return None

@@ -25,10 +25,8 @@ import threading
 import time
 from datetime import UTC, datetime
 
-import redis
-
 from broker.agents.checkpoints import CheckpointStore
-from broker.agents.contract import Assignment, Contract, Verdict
+from broker.agents.contract import Assignment, Contract, Unregistered, Verdict
 from broker.bubbles.capacity import bubble_offer, measured_speed
 from broker.bubbles.executor import START_TIMEOUT_S, FillExecutor, stage_device, warm_fill_processes
 from broker.bubbles.probe import NEXT, TIMING, UNFIT, ConfigurationProbe
@@ -201,9 +199,7 @@ class FillAgent:
     def _take_assignment(self) -> None:
         try:
             job = self.contract.take(block_ms=None)
-        except redis.ResponseError as err:  # its stream deleted: removed as lost, or refused; the lapse decides
-            if "NOGROUP" not in str(err):
-                raise
+        except Unregistered:  # removed as lost, or refused: the lapse's handling tells which
             self._lapsed.set()
             return
         if job is None:
