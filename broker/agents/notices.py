@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 HTTP_TIMEOUT_S = 2.0
 UNANSWERED_RETRY_S = 30.0  # the longest wait between asks of a metadata service that does not answer
+# what an ask raises when the service is out of reach (OSError) or its body is not in the cloud's format (the rest)
+UNANSWERED = (OSError, ValueError, LookupError, TypeError, AttributeError)
 
 
 class Unanswered(OSError):
@@ -75,13 +77,7 @@ class MetadataWatcher:
             return None
         try:
             notice = self._read()
-        except (
-            OSError,
-            ValueError,
-            LookupError,
-            TypeError,
-            AttributeError,
-        ) as err:  # the rest: a body of another shape
+        except UNANSWERED as err:
             if not self._misses:
                 log.warning("notices=%s unanswered error=%r: no preemption notices until it answers", self.cloud, err)
             self._misses += 1
