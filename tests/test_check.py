@@ -73,6 +73,13 @@ def test_credentials_a_server_and_an_agent_are_found(no_clouds, monkeypatch, tmp
     assert detail == "2 working (1 started for one job alone: `broker run`), 0 running a job"
     assert found["agent secret"]["status"] == "ok"
     assert found["prices"] == {"part": "prices", "status": "ok", "detail": "refreshed: aws 3.0 h ago"}
+    refused = store.get_agent("a1").model_copy(update={"id": "pool-x.host1"})  # gone from the agents, its reason kept
+    store.refuse_agent(refused, "no registration token")
+    agents = findings()[1]["agents"]
+    assert agents["status"] == "note" and agents["detail"] == (
+        "2 working (1 started for one job alone: `broker run`), 0 running a job; refused in the last day: "
+        "pool-x.host1 (no registration token): give each a token (`broker agents token --id` or --pool)"
+    )
 
 
 def test_an_unreachable_redis_and_an_unwritable_checkpoint_store_are_problems(no_clouds, monkeypatch, tmp_path):

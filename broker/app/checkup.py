@@ -77,15 +77,26 @@ def _server(store) -> Finding:
 
 def _agents(store) -> Finding:
     registered, working = len(store.agents_with_leases()), store.working_agents()
+    refused = store.refusals()
+    named = ", ".join(f"{agent} ({why})" for agent, why in list(refused.items())[:3])
+    more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
+    turned_away = (
+        f"; refused in the last day: {named}{more}: give each a token (`broker agents token --id` or --pool)"
+        if refused
+        else ""
+    )
     if not working:
         gone = f" ({registered} registered, their leases lapsed or leaving)" if registered else ""
         return Finding(
-            "agents", NOTE, f"none working{gone}: start one (`broker agent`, `broker agents provision`, `broker run`)"
+            "agents",
+            NOTE,
+            f"none working{gone}: start one (`broker agent`, `broker agents provision`, `broker run`){turned_away}",
         )
     busy = sum(1 for agent in working if agent.job)
     alone = sum(1 for agent in working if agent.for_job)
     started = f" ({alone} started for one job alone: `broker run`)" if alone else ""
-    return Finding("agents", OK, f"{len(working)} working{started}, {busy} running a job")
+    status = NOTE if refused else OK
+    return Finding("agents", status, f"{len(working)} working{started}, {busy} running a job{turned_away}")
 
 
 def _prices(store) -> Finding:

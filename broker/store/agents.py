@@ -111,6 +111,14 @@ class AgentChannels:
         raw = self.redis.get(self._key("refused", agent_id))
         return json.loads(raw) if raw else None
 
+    def refusals(self) -> dict[str, str]:
+        """Why each agent refused in the last day was refused (agent id -> reason): `broker check` names them, since
+        a refused agent is gone from the agents and its own output may be on a machine nobody reads."""
+        keys = sorted(self.redis.scan_iter(match=self._key("refused", "*"), count=1000))
+        raws = self.redis.mget(keys) if keys else []
+        start = len(self._key("refused", ""))
+        return {key[start:]: json.loads(raw)["why"] for key, raw in zip(keys, raws) if raw}
+
     def renew_lease(self, agent_id: str, lease_ms: int, leaving: bool = False) -> bool:
         """Extend the agent's lease (marked leaving, as `mark_leaving`, when it is going away); False if it had
         already expired (the broker may have moved its job)."""

@@ -214,6 +214,9 @@ class ShardedStore:
     def working_agents(self) -> list[AgentInfo]:
         return [agent for shard in self.shards for agent in shard.working_agents()]
 
+    def refusals(self) -> dict[str, str]:
+        return {agent: why for shard in self.shards for agent, why in shard.refusals().items()}
+
     def leases(self, agent_ids: list[str]) -> dict[str, str | None]:
         found: dict[str, str | None] = {}
         for index, shard in enumerate(self.shards):
