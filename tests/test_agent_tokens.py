@@ -129,3 +129,17 @@ def test_a_refused_agent_ends_saying_why_and_a_refusal_of_another_process_is_not
     store.redis.delete(store.key("lease", "twin"))  # its lease lapses (a pause): not refused, it registers again
     twin.step(block_ms=10)
     assert store.redis.exists(store.key("lease", "twin"))
+
+
+def test_an_agent_without_a_valid_token_is_refused_with_no_job_waiting(store, catalog, tmp_path):
+    """Each round checks the idle agents, a job waiting or not: an agent without a valid token is refused at once."""
+    offer = next(o for o in catalog.offers if o.accelerator == "A100" and o.accelerator_count == 1)
+    server = BrokerServer(store, planning.get(), SystemClock(), CheckpointStore(str(tmp_path)), agent_secret=SECRET)
+    now = datetime.now(UTC)
+    for agent_id, token in (("intruder", None), ("good", issue(SECRET, "good", now + timedelta(hours=1)))):
+        store.register_agent(
+            AgentInfo(id=agent_id, offer=offer, host="h", pid=7, registered_at=now, token=token), 60_000
+        )
+    server.round(block_ms=10)
+    assert [a.id for a in store.agents()] == ["good"]
+    assert store.refusal("intruder") == {"why": "no registration token", "host": "h", "pid": 7}
