@@ -129,6 +129,10 @@ class Store(AgentChannels):
             if self.redis.config_get("appendonly").get("appendonly") != "yes":
                 self.redis.config_set("appendonly", "yes")
                 log.info("store=%s appendonly=enabled", self.url)
+        except (
+            redis.exceptions.NoPermissionError
+        ):  # an ACL user made for an agent (store/acl.py): the broker's user checks
+            log.info("store=%s appendonly=unchecked (this user may not CONFIG)", self.url)
         except redis.ResponseError:  # managed Redis often forbids CONFIG; its durability is its own
             log.warning("store=%s appendonly=unknown (CONFIG not allowed)", self.url)
         except redis.ConnectionError as err:
