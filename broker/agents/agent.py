@@ -61,7 +61,6 @@ class Agent:
         self.job: JobProcess | None = None
         self.fence: int | None = None
         self._last_beat = 0.0
-        self._renewed_at = 0.0  # when the lease was last set: it has surely lapsed a lease after that
         self._stopping = False
         self._progress: dict | None = None  # the newest progress event not yet reported
         self._progress_sent = 0.0
@@ -73,26 +72,19 @@ class Agent:
         self.contract.register(
             self.offer, self.lease_ms, token=self.token, on_cloud=watches_cloud(self.notices), for_job=self.for_job
         )
-        self._last_beat = self._renewed_at = time.monotonic()
-
-    def _renew(self) -> bool:
-        """Extend the lease; False when it had lapsed."""
-        renewed = self.contract.renew(self.lease_ms)
-        if renewed:
-            self._renewed_at = time.monotonic()
-        return renewed
+        self._last_beat = time.monotonic()
 
     def run(self) -> str:
         """Serve assignments until preempted or stopped; returns why it ended."""
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a stop, Ctrl-C, a closed terminal: the job
             signal.signal(signum, lambda *_: setattr(self, "_stopping", True))  # (its own session) checkpoints first
-        give_up_waiting_when(self.store.redis, self._waiting_for_redis)  # not for the whole outage the store rides out
+        give_up_waiting_when(self.store.redis, self._going_away)  # not for the whole outage the store rides out
         self.register()
         while True:
             try:
                 outcome = self.step()
-            except redis.ConnectionError as err:  # Redis gone for longer than the store rides out: retry
-                if self._waiting_for_redis():  # the instance is going away: the job checkpoints all the same
+            except redis.ConnectionError as err:  # Redis gone for longer than the store rides out: keep the job, retry
+                if self._going_away():  # unless the instance is going away: the job checkpoints all the same
                     return self._leave_unreachable(self._notice)
                 log.warning("agent=%s redis unreachable (%s); retrying in 1 s", self.id, err)
                 time.sleep(1.0)
@@ -104,7 +96,7 @@ class Agent:
         """One turn of the loop; a string when the agent must end (preempted, stopped)."""
         if time.monotonic() - self._last_beat >= self.heartbeat_s:
             self._last_beat = time.monotonic()
-            if not self._renew():  # lapsed (a pause, a partition): the broker
+            if not self.contract.renew(self.lease_ms):  # lapsed (a pause, a partition): the broker
                 self._end_job("lost", kill=True)  # may have moved our job, so drop it and start afresh
                 self._unless_refused()
                 log.warning("agent=%s lease lapsed; re-registering", self.id)
@@ -240,7 +232,7 @@ class Agent:
         than the lease had the broker take the run for lost and move the job from an older checkpoint meanwhile."""
 
         def keep_lease() -> None:
-            self._renew()
+            self.contract.renew(self.lease_ms)
             self._forward()
 
         self.job.stop(grace_s, tick=keep_lease, tick_s=self.heartbeat_s)
@@ -281,17 +273,6 @@ class Agent:
                 f"token: the broker refused agent {self.id}: {why}; pass it a registration token with --token or "
                 f"BROKER_AGENT_TOKEN (`broker agents token --id {self.id}`, where BROKER_AGENT_SECRET is set)"
             )
-
-    def _waiting_for_redis(self) -> bool:
-        """Asked between the store's retries while Redis is away: whether to stop waiting (the instance is going
-        away). Once the lease has surely lapsed, the job is stopped first, saving as on a notice: the broker takes
-        the run for lost and moves the job as soon as it sees Redis (the lease's renewal then fails, and the job was
-        dropped then anyway), so a run kept going spends on what nobody counts, beside the next run's, and its
-        checkpoint now is the newest the next run can resume from."""
-        if self.job and self.job.poll() is None and time.monotonic() - self._renewed_at > self.lease_ms / 1000:
-            log.warning("agent=%s redis unreachable past the lease; stopping job=%s", self.id, self.job.job_id)
-            self.job.stop(self.grace_s)  # no renewals while it saves: they would wait on Redis
-        return self._going_away()
 
     def _grace_s(self, notice) -> float:
         """How long the job has to checkpoint: the notice's lead, else the configured grace."""
