@@ -98,13 +98,7 @@ class AgentChannels:
         """Remove an agent the broker will not give work, leaving it why for a day (`refusal`): it exits saying so,
         where it crashed on its deleted stream or registered again and again. The host and pid name the process
         refused, so a later one of the same id does not read an old refusal as its own."""
-        refusal = {"why": why, "host": agent.host, "pid": agent.pid}
-        with self.redis.pipeline(transaction=True) as pipe:
-            keys = [self._key(kind, agent.id) for kind in ("agent", "lease", "assign")]
-            pipe.execute_command("DEL", *keys)
-            pipe.srem(self._key("agents"), agent.id)
-            pipe.set(self._key("refused", agent.id), json.dumps(refusal), ex=REFUSAL_TTL_S)
-            pipe.execute()
+        self.remove_agent(agent.id, refusal={"why": why, "host": agent.host, "pid": agent.pid})
 
     def refusal(self, agent_id: str) -> dict | None:
         """Why the broker refused this agent id (refuse_agent), or None."""
@@ -176,11 +170,14 @@ class AgentChannels:
         """Queue an agent record update on a transaction pipeline (with its job's change)."""
         pipe.set(self._key("agent", agent.id), agent.model_dump_json())
 
-    def remove_agent(self, agent_id: str) -> None:
+    def remove_agent(self, agent_id: str, refusal: dict | None = None) -> None:
+        """Delete the agent's record, lease and stream; with `refusal`, leave it why in the same transaction."""
         with self.redis.pipeline(transaction=True) as pipe:
             keys = [self._key(kind, agent_id) for kind in ("agent", "lease", "assign")]
             pipe.execute_command("DEL", *keys)  # one command: a cluster pipeline's delete takes one key
             pipe.srem(self._key("agents"), agent_id)
+            if refusal is not None:
+                pipe.set(self._key("refused", agent_id), json.dumps(refusal), ex=REFUSAL_TTL_S)
             pipe.execute()
 
     # -- streams ------------------------------------------------------------------------
