@@ -1,5 +1,5 @@
 """Redis persistence for jobs and their state changes, durable before acknowledged; the agent channel (agents,
-leases, assignment and report streams, views) is its base class in agents.py.
+leases, assignment and report streams, views) is its base class in agents.py, the planning lease the one in lease.py.
 
 Key schema (prefix `broker:`, configurable for tests and multi-tenant Redis; a Store is one shard of a
 ShardedStore, and a shard's prefix carries its hash tag, `broker:{3}:`, when there are several or on a cluster):
@@ -59,6 +59,7 @@ from broker.domain.model import AgentInfo, Job, JobState
 from broker.store import evidence, figures, recount, totals
 from broker.store.agents import LOG_MAXLEN, STREAM_MAXLEN, AgentChannels
 from broker.store.connection import patient_retry, redact_url, unreachable
+from broker.store.lease import PlanningLease
 from broker.store.parsed import ParsedJobs
 
 log = logging.getLogger(__name__)
@@ -66,29 +67,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PREFIX = "broker:"
 
 
-# Keep the planning lease if we hold it, take it if nobody does; the fencing token, or nil for a standby.
-LEAD = """
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return tonumber(redis.call('GET', KEYS[2]))
-end
-if holder then
-  return nil
-end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return redis.call('INCR', KEYS[2])
-"""
-
-RESIGN = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-
-class Store(AgentChannels):
+class Store(AgentChannels, PlanningLease):
     """Jobs and their event log in Redis."""
 
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, outage_s: float = 0.0, client=None):
@@ -195,19 +174,6 @@ class Store(AgentChannels):
     def pending_jobs(self, start: int = 0, count: int = 200) -> list[Job]:
         """Jobs waiting for capacity, most urgent first (a page of them)."""
         return self.jobs_by_id(self.redis.zrange(self._key("pending"), start, start + count - 1))
-
-    def lead(self, holder: str, lease_ms: int) -> int | None:
-        """Take or keep the planning lease: its fencing token while `holder` has it, None while another does."""
-        token = self.redis.eval(LEAD, 2, self._key("leader"), self._key("leader-token"), holder, lease_ms)
-        return None if token is None else int(token)
-
-    def resign(self, holder: str) -> bool:
-        """Give up the planning lease if `holder` has it (another replica is to plan here); True if it did."""
-        return bool(self.redis.eval(RESIGN, 1, self._key("leader"), holder))
-
-    def planner(self) -> str | None:
-        """The replica that holds the planning lease now, or None when no server plans."""
-        return self.redis.get(self._key("leader"))
 
     def pending_count(self) -> int:
         return self.redis.zcard(self._key("pending"))
