@@ -69,6 +69,7 @@ def test_a_stage_with_the_pool_token_is_admitted_and_one_without_is_refused_once
                 time.sleep(0.05)
             time.sleep(1.5)  # a lease and more: it does not register again
         assert store.get_agent("llm.stage1") is None and store.lease_alive("llm.stage0")
+        assert not refused._beating.is_alive()  # no renewals for the rest of the training
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
         assert errors == [
             "agent=llm.stage1 refused: no registration token; this stage offers no bubbles: pass attach(..., token=) "

@@ -175,8 +175,9 @@ class FillAgent:
                     why,
                     self.stats.main_job,
                 )
-                self._leaving.set()
+                self._leaving.set()  # takes no job
                 self._left.set()
+                self._stopped.set()  # and its heartbeat ends: no lease to renew for the rest of the training
                 return
             log.warning("agent=%s lease lapsed; re-registering", self.id)
             with self._lease:
