@@ -153,6 +153,8 @@ def test_oversized_or_non_yaml_files_are_refused(env, tmp_path):
     for path, message in ((big, "over the 1 MB limit"), (bad, "not valid YAML")):
         result = run("submit", path)
         assert result.exit_code == 2 and message in result.stderr
+    result = run("run", "\x00")  # a NUL byte in the path was an internal error (ValueError)
+    assert result.exit_code == 2 and "no such file" in result.stderr, result.output
     assert stored_keys(env) == []
 
 

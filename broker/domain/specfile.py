@@ -174,7 +174,7 @@ def load_spec(path: Path, now: datetime, deadline: str | None = None, budget_usd
     path = Path(path)
     try:
         size = path.stat().st_size
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
         raise SpecError(f"{path}: no such file; give the path of a job YAML") from None
     if not path.is_file():
         raise SpecError(f"{path}: not a file (a directory?); give the path of a job YAML")
