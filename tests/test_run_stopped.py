@@ -69,9 +69,11 @@ def running_under_run(tmp_path, program="import time; time.sleep(300)", **env) -
     try:
         for line in command.stdout:  # until the job runs on the agent it started
             job_id = job_id or (line.split()[1] if line.startswith("job ") else None)
-            if "── running" in line:
-                both = processes_naming(f"local-{job_id}") and processes_naming(sleeping(tmp_path))
-                assert both, what_ran(tmp_path, job_id, env)  # both run
+            if "── running" in line:  # both run; a fresh clone twice saw one's command line missing at this
+                deadline = time.monotonic() + 5  # instant and there a second later: looked for 5 s
+                while not (processes_naming(f"local-{job_id}") and processes_naming(sleeping(tmp_path))):
+                    assert time.monotonic() < deadline, what_ran(tmp_path, job_id, env)
+                    time.sleep(0.1)
                 return command, job_id
     finally:
         stuck.cancel()
