@@ -7,6 +7,7 @@ import time
 
 import pytest
 import redis
+from test_stage_tokens import stage
 from typer.testing import CliRunner
 
 from broker import planning
@@ -14,13 +15,18 @@ from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
 from broker.app.cli.main import app
 from broker.app.demo import pick_agents
+from broker.bubbles.agent import FillAgent
+from broker.bubbles.capacity import bubble_offer
 from broker.core.broker import Broker
 from broker.core.clock import SystemClock
 from broker.core.server import BrokerServer
+from broker.domain.bubbles import stage_agent_id
 from broker.domain.errors import BrokerError
 from broker.domain.model import JobState
 from broker.store import acl
 from broker.store.jobs import Store
+from broker.store.profiles import load_fill_stats, load_profiles, save_profile
+from broker.store.shards import ShardedStore, shard_of
 from conftest import make_spec, start_redis, stop_redis
 
 P = "broker:"
@@ -144,8 +150,6 @@ def test_bad_names_and_users_without_acl_rights_are_refused_in_one_line(admin_ur
 
 
 def test_with_shards_an_agent_s_user_reaches_its_own_shard_s_keys(admin_url, monkeypatch):
-    from broker.store.shards import ShardedStore, shard_of
-
     monkeypatch.setenv("BROKER_REDIS_URL", admin_url)
     monkeypatch.setenv("BROKER_SHARDS", "4")
     made = CliRunner().invoke(app, ["acl", "agent", "--id", "gamma"])
@@ -160,8 +164,6 @@ def test_with_shards_an_agent_s_user_reaches_its_own_shard_s_keys(admin_url, mon
 
 def test_on_a_cluster_an_agent_s_user_is_made_on_every_node_and_reaches_its_own_keys_there(cluster_url, monkeypatch):
     from redis.cluster import RedisCluster
-
-    from broker.store.shards import ShardedStore
 
     monkeypatch.setenv("BROKER_REDIS_URL", cluster_url)
     monkeypatch.setenv("BROKER_SHARDS", "3")
@@ -178,3 +180,61 @@ def test_on_a_cluster_an_agent_s_user_is_made_on_every_node_and_reaches_its_own_
             store.redis.get(f"{P}lease:delta")  # the unsharded key is not its own
     finally:
         admin.execute_command("ACL", "DELUSER", "agent-delta", target_nodes=RedisCluster.ALL_NODES)
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_pool_s_user_serves_every_stage_of_its_training_job_in_any_shard_and_reaches_nothing_else(
+    admin_url, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("BROKER_REDIS_URL", admin_url)
+    monkeypatch.setenv("BROKER_SHARDS", "3")
+    made = CliRunner().invoke(app, ["acl", "agent", "--pool", "llm"])
+    assert made.exit_code == 0, made.output
+    pool_url = made.output.strip()
+    assert pool_url.startswith("redis://pool-llm:")
+    ids = [stage_agent_id("llm", s) for s in range(4)]
+    assert len({shard_of(i, 3) for i in ids}) == 3  # the stages' keys are in every shard
+    stages = ShardedStore(pool_url, P, 3)  # as attach() opens it, with the one URL every rank is given
+    agents = []
+    for index, agent_id in enumerate(ids):
+        profile = stage("llm", index)
+        assert save_profile(stages.shards[0], profile)  # a stage publishes its profile, then serves its bubbles
+        offer = bubble_offer(profile, "local", "local", "T4", min_window_s=0.01)
+        checkpoints = CheckpointStore(str(tmp_path))
+        agents.append(FillAgent(stages.of_agent(agent_id), checkpoints, profile, offer, 1.0, profiles=stages.shards[0]))
+    admin = ShardedStore(admin_url, P, 3)
+    try:
+        for agent in agents:
+            agent.start()
+        assert sorted(a.id for a in admin.agents()) == ids
+        assert all(admin.of_agent(i).lease_alive(i) for i in ids)
+        assert sorted(p.stage for p in load_profiles(admin.shards[0])) == [0, 1, 2, 3]
+    finally:
+        for agent in agents:
+            agent.stop()  # training ends: each leaves, by the pool's user (a failure in its thread fails the test)
+    assert [lease for _, lease in admin.agents_with_leases()] == ["leaving"] * 4
+    assert sorted(load_fill_stats(admin)) == [("llm", s) for s in range(4)]  # published at the end, for the dashboard
+
+    pool = redis.Redis.from_url(pool_url, decode_responses=True)
+    p = [shard.prefix for shard in stages.shards]
+    pool.set(f"{p[2]}lease:llm.host-9", 1)  # any member's keys, in any shard
+    denied = [
+        lambda: pool.set(f"{p[0]}lease:llm2.stage0", 1),  # another pool whose name begins alike
+        lambda: pool.set(f"{p[0]}lease:llm-stage0", 1),
+        lambda: pool.xrange(f"{p[1]}assign:alpha"),  # a single agent's
+        lambda: pool.set(f"{P}lease:llm.stage0", 1),  # the unsharded key
+        lambda: pool.set(f"{p[0]}bubbles:gpt:0", "{}"),  # another training job's profiles
+        lambda: pool.get(f"{p[0]}bubble-fill:llm:0"),  # its fill statistics: write only
+        lambda: pool.keys("*"),
+    ]
+    for attempt in denied:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attempt()
+    for args, field in (
+        (["--pool", "l*"], "--pool"),
+        (["--pool", "a", "--id", "b"], "--id/--pool"),
+        ([], "--id/--pool"),
+    ):
+        refused = CliRunner().invoke(app, ["acl", "agent", *args])
+        assert refused.exit_code == 2 and refused.output.startswith(f"error: {field}: "), refused.output
+        assert len(refused.output.strip().splitlines()) == 1

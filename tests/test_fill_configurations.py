@@ -147,7 +147,9 @@ def test_the_lease_outlives_a_blocked_serving_thread_and_a_lapsed_one_registers_
         assert store.lease_alive(agent.id)
     finally:
         agent.stop()
-    assert store.get_agent(agent.id) is None  # stopping removes it, and no heartbeat brings it back
+    assert store.leases([agent.id]) == {agent.id: "leaving"}  # stopping marks it leaving: no new work
+    time.sleep(2.5)  # a lease and more
+    assert not store.lease_alive(agent.id)  # it lapses (the server then removes it): no heartbeat brings it back
 
 
 def test_a_hung_serving_thread_lets_the_lease_lapse(store, tmp_path, monkeypatch):

@@ -61,8 +61,10 @@ class FillAgent:
         offer: Offer,
         lease_s: float = 10.0,
         token: str | None = None,
+        profiles: Store | None = None,
     ):
         self.store, self.checkpoints, self.offer, self.token = store, checkpoints, offer, token
+        self.profiles = profiles or store  # where profiles and fill statistics live: a sharded store's first shard
         self.id = stage_agent_id(profile.main_job, profile.stage)
         self.window_s = {w.kind: w.p10_s * WINDOW_MARGIN for w in profile.windows}
         self.median_s = {w.kind: w.median_s for w in profile.windows}
@@ -117,7 +119,7 @@ class FillAgent:
         self._left.wait(timeout=5.0)
 
     def stop(self) -> None:
-        """Training ends: hand the running job back with its checkpoint, leave the broker."""
+        """Training ends: hand the running job back with its checkpoint, leave the broker (its lease lapses)."""
         self.signals.put(None)
         self._thread.join()
 
@@ -139,9 +141,9 @@ class FillAgent:
             if self.executor is not None:
                 self._end("preempted", checkpoint=True)
             self._publish()
-            with self._lease:
-                self._stopped.set()
-                self.contract.remove()
+            with self._lease:  # no renewal after the mark: the lease lapses and the broker removes the agent, as a
+                self._stopped.set()  # process agent's does (after the exit report; an agent's ACL user may not DEL)
+                self.contract.leave()
 
     def _heartbeat(self) -> None:
         """The lease, renewed on a thread of its own: starting or restarting a fill process (a torch import) can
@@ -285,7 +287,7 @@ class FillAgent:
         recent = sorted(self.iterations[-200:])
         self.stats.iteration_s = recent[len(recent) // 2] if recent else self.stats.iteration_s
         self.stats.updated_at = datetime.now(UTC)
-        save_fill_stats(self.store, self.stats)
+        save_fill_stats(self.profiles, self.stats)
         self._published = time.monotonic()
         if self.step_s and self.probe is None:  # while timing configurations, their steps are not the job's
             self._reprice(sorted(self.step_s)[len(self.step_s) // 2])
@@ -337,7 +339,7 @@ def serve_stage(
     if offer is None:
         return None
     agent_store = store.of_agent(stage_agent_id(measured.main_job, measured.stage))
-    agent = FillAgent(agent_store, checkpoints, measured, offer, token=token)
+    agent = FillAgent(agent_store, checkpoints, measured, offer, token=token, profiles=store.shards[0])
     recorder.signal = agent.signal
     agent.start()
     return agent

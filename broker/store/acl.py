@@ -4,7 +4,10 @@ An agent's user reaches its own assignment stream, lease and registration record
 the jobs it was given ({p}own:{agent}:*) and why the broker refused it, if it did ({p}refused:{agent}), adds
 itself to the agent set and appends to the agent-events stream and its own log stream; it cannot read the event
 stream, any job, or another agent's keys. The last three rights are Redis 7 selectors, so `SADD` and `XADD` work
-on those keys and nothing else does (no SET over the streams). On a Redis Cluster each node keeps its own users,
+on those keys and nothing else does (no SET over the streams). A pool's user holds those rights for every agent named
+`<pool>.<name>`, in every shard (an agent's shard follows from its name, which a pool's members learn only when they
+start), and the bubble profiles of a training job of the pool's name: a training job's stages are the pool of its
+name (domain/bubbles.stage_agent_id), and they publish their profiles. On a Redis Cluster each node keeps its own users,
 so a user is made on every node, and an agent may ask where keys live (CLUSTER SLOTS, COMMAND), as redis-py's
 cluster client does.
 """
@@ -28,21 +31,21 @@ CLUSTER = ["+cluster|info", "+cluster|slots", "+command"]  # a cluster client le
 AGENT_COMMANDS = ["+get", "+set", "+xreadgroup", "+xack", "+xgroup|create"]
 
 
-def agent_rules(prefix: str, agent_id: str) -> list[str]:
-    """ACL SETUSER rules (after the password) for one agent."""
-    keys = [
-        f"~{prefix}assign:{agent_id}",
-        f"~{prefix}lease:{agent_id}",
-        f"~{prefix}agent:{agent_id}",
-        f"%R~{prefix}own:{agent_id}:*",
-        f"%R~{prefix}refused:{agent_id}",
-    ]
-    selectors = [
-        f"(+xadd %W~{prefix}agent-events)",
-        f"(+sadd %W~{prefix}agents)",
-        f"(+xadd %W~{prefix}log:{agent_id})",
-    ]
+def agent_rules(prefixes: list[str], agent: str) -> list[str]:
+    """ACL SETUSER rules (after the password) for the agent `agent`, or for a pool's (`<pool>.*`), in each shard."""
+    keys, selectors = [], []
+    for p in prefixes:
+        keys += [f"~{p}assign:{agent}", f"~{p}lease:{agent}", f"~{p}agent:{agent}"]
+        keys += [f"%R~{p}own:{agent}:*", f"%R~{p}refused:{agent}"]
+        selectors += [f"(+xadd %W~{p}agent-events)", f"(+sadd %W~{p}agents)", f"(+xadd %W~{p}log:{agent})"]
     return ["resetkeys", "resetchannels", "-@all", *CONNECT, *CLUSTER, *AGENT_COMMANDS, *keys, *selectors]
+
+
+def pool_rules(prefixes: list[str], pool: str) -> list[str]:
+    """An agent's rules for every agent named `<pool>.<name>` in any shard, and the profiles of the training job
+    `pool` (store/profiles.py: in the first shard; a stage reads its stored one before it replaces it)."""
+    profiles = [f"~{prefixes[0]}bubbles:{pool}:*", f"%W~{prefixes[0]}bubble-fill:{pool}:*"]
+    return [*agent_rules(prefixes, f"{pool}.*"), *profiles]
 
 
 def broker_rules(prefix: str) -> list[str]:
@@ -86,7 +89,13 @@ def create_user(admin_url: str, user: str, rules: list[str], password: str | Non
 def agent_user(admin_url: str, prefix: str, agent_id: str, password: str | None = None) -> str:
     if problem := agent_id_problem(agent_id):  # the rule `broker agent --id` keeps: a pool's ids pass both
         raise BrokerError(f"--id: {problem}")
-    return create_user(admin_url, f"agent-{agent_id}", agent_rules(prefix, agent_id), password)
+    return create_user(admin_url, f"agent-{agent_id}", agent_rules([prefix], agent_id), password)
+
+
+def pool_user(admin_url: str, prefixes: list[str], pool: str, password: str | None = None) -> str:
+    if problem := agent_id_problem(pool):  # a pool's name begins its agents' ids
+        raise BrokerError(f"--pool: {problem.replace('an agent id', 'a pool name')}")
+    return create_user(admin_url, f"pool-{pool}", pool_rules(prefixes, pool), password)
 
 
 def broker_user(admin_url: str, prefix: str, name: str = "broker", password: str | None = None) -> str:

@@ -1,4 +1,4 @@
-"""`broker acl`: Redis ACL users for a shared Redis (broker/acl.py): one for the broker, one per agent.
+"""`broker acl`: Redis ACL users for a shared Redis (broker/acl.py): one for the broker, one per agent or pool.
 Run with BROKER_REDIS_URL naming an admin user; each command prints the new user's URL once."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from broker.domain.errors import BrokerError
 from broker.store import acl
 from broker.store.shards import ShardedStore
 
-acl_app = typer.Typer(no_args_is_help=True, help="Redis ACL users: the broker's and one per agent.")
+acl_app = typer.Typer(no_args_is_help=True, help="Redis ACL users: the broker's and one per agent or pool.")
 
 
 def _admin_url() -> str:
@@ -24,15 +24,26 @@ def _admin_url() -> str:
 @acl_app.command("agent")
 @user_errors
 def agent_user(
-    agent_id: str = typer.Option(..., "--id", help="The agent's id (as given to `broker agent --id`)."),
+    agent_id: str | None = typer.Option(None, "--id", help="The agent's id (as given to `broker agent --id`)."),
+    pool: str | None = typer.Option(
+        None,
+        help="Or a pool: one user for every agent named POOL.<name>, such as a training job's pipeline stages "
+        "(POOL is the main job), which may also publish that job's bubble profiles.",
+    ),
     password: str | None = typer.Option(
         None, envvar="BROKER_ACL_PASSWORD", help="Its password (default: a random one)."
     ),
 ) -> None:
-    """Create (or replace) the agent's user: its own stream, lease and job views, write-only agent-events."""
+    """Create (or replace) an agent's user, or a pool's: its own streams, lease and job views, write-only
+    agent-events."""
+    if (agent_id is None) == (pool is None):
+        raise BrokerError("--id/--pool: give one: --id AGENT for one agent, --pool NAME for the agents named NAME.*")
     settings = Settings.from_env()
-    prefix = ShardedStore(_admin_url(), settings.prefix, settings.shards).of_agent(agent_id).prefix  # as it opens it
-    typer.echo(acl.agent_user(_admin_url(), prefix, agent_id, password))
+    store = ShardedStore(_admin_url(), settings.prefix, settings.shards)  # an agent's keys as it opens the store
+    if pool is not None:
+        typer.echo(acl.pool_user(_admin_url(), [shard.prefix for shard in store.shards], pool, password))
+    else:
+        typer.echo(acl.agent_user(_admin_url(), store.of_agent(agent_id).prefix, agent_id, password))
 
 
 @acl_app.command("broker")
