@@ -9,7 +9,7 @@ from rich.table import Table
 
 from broker.app.narrow import Fitted, narrow_safe
 from broker.domain.figures import spend_usd
-from broker.domain.model import Forecast, IfLate, IfOverBudget, Job, Option, Quote, Tier
+from broker.domain.model import Forecast, IfLate, IfOverBudget, Job, Option, Quote, Tier, tier_of
 from broker.domain.rounding import up_to_cent, up_to_minute
 
 if TYPE_CHECKING:  # pandas costs a read command a third of a second: imported where a table needs it
@@ -203,8 +203,14 @@ def forecast_line(f) -> str:
         f"{_money(f.cost_p50_usd)} / {_money(f.cost_p90_usd)} (half the futures within {f.cost_spread_pct:.0f}% of "
         f"p50{likely}); finish p50-p90 {finish}; "
         f"P(meet deadline) {f.p_meet_deadline:.2f}, P(within budget) {f.p_within_budget:.2f}; "
-        f"{f.spot_share:.0%} on spot; market: {f.evidence}"
+        f"{f.spot_share:.0%} {_interruptible(f)}; market: {f.evidence}"
     )
+
+
+def _interruptible(f) -> str:
+    """Where the futures' interruptible hours are (a bubble offer plays as a spot zone): by its zones' tiers."""
+    tiers = {tier_of(zone) for zone in f.zones}
+    return " or ".join(w for t, w in ((Tier.spot, "on spot"), (Tier.bubble, "in bubbles")) if t in tiers) or "on spot"
 
 
 def policies_table(rows: list[dict]) -> Table:
