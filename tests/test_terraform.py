@@ -217,7 +217,12 @@ def test_the_shipped_example_site_file_has_every_required_value(cloud, catalog):
     site = yaml.safe_load((ROOT / terraform.SITE_EXAMPLE).read_text())
     offer = offer_of(catalog, cloud)
     values = pool_values(Pool(pool_name(offer), offer, 1), site, catalog)
-    assert set(values) == set(module_variables(cloud)) and all(values[k] == v for k, v in site[cloud].items())
+    assert set(values) == set(module_variables(cloud))
+    assert all(
+        values[k] == (v.replace("{pool}", pool_name(offer)) if isinstance(v, str) else v)
+        for k, v in site[cloud].items()
+    )
+    assert values["redis_url"].startswith(f"rediss://pool-{pool_name(offer)}@")  # the pool's own ACL user
 
 
 def test_provision_plan_writes_one_pool_per_chosen_offer(store, catalog, redis_url, monkeypatch, tmp_path):

@@ -10,13 +10,16 @@ from datetime import timedelta
 
 import pytest
 import redis
+import yaml
 from test_terraform import SITE, TF, offer_of, terraform_bin, validate, write_pending_jobs_and_site
 from typer.testing import CliRunner
 
 from broker.agents import tokens
+from broker.agents.contract import Contract
 from broker.agents.terraform import MODULES, Pool, module_variables, parse_tf, pool_name, pool_values, write_pool
 from broker.app.cli.main import app
-from conftest import NOW
+from broker.store.jobs import Store
+from conftest import NOW, start_redis, stop_redis
 
 HOSTILE = "p#&/@:%? x+=\\'\""  # characters that broke the old sed splice
 
@@ -112,3 +115,43 @@ def test_a_generated_aws_pool_validates_after_it_is_moved(catalog, tmp_path):
     moved.parent.mkdir()
     root.rename(moved)
     validate(moved, "aws")
+
+
+def test_a_pools_agents_reach_redis_as_the_pools_own_acl_user(store, catalog, redis_url, monkeypatch, tmp_path):
+    """`{pool}` in the site's redis_url: each pool's instances connect as the user `broker acl agent --pool` makes
+    for that pool, with the password the site's secret holds. Before, no `broker acl` user fit agents named
+    <pool>.<host>: a shared Redis with ACL users had no user to give Terraform's agents but an admin's."""
+    proc, port = start_redis(tmp_path, password="admin-pw")
+    try:
+        monkeypatch.setenv("BROKER_REDIS_URL", redis_url)  # the broker's store, with the pending job
+        _, site = write_pending_jobs_and_site(store, catalog, tmp_path)
+        values = yaml.safe_load(site.read_text())
+        for cloud in values:
+            values[cloud]["redis_url"] = f"redis://pool-{{pool}}@127.0.0.1:{port}/0"  # where the agents connect
+        site.write_text(yaml.safe_dump(values))
+        result = CliRunner().invoke(app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "p")])
+        assert result.exit_code == 0, result.output
+        listed = CliRunner().invoke(
+            app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "p"), "--json"]
+        )
+        [row] = json.loads(listed.stdout)
+        pool, cloud = row["pool"], row["offer"].split("/")[0]
+        assert f"broker acl agent --pool {pool}" in " ".join(result.stdout.split())  # says which user to make
+        tfvars = json.loads((tmp_path / "p" / pool / f"{pool}.auto.tfvars.json").read_text())
+        assert tfvars["redis_url"] == f"redis://pool-{pool}@127.0.0.1:{port}/0" and row["redis_user"] == f"pool-{pool}"
+
+        monkeypatch.setenv("BROKER_REDIS_URL", f"redis://:admin-pw@127.0.0.1:{port}/0")
+        monkeypatch.setenv("BROKER_ACL_PASSWORD", HOSTILE)  # the password in the site's secret
+        assert CliRunner().invoke(app, ["acl", "agent", "--pool", pool]).exit_code == 0
+        script = tmp_path / "broker-redis-url"
+        script.write_text(url_script(cloud))
+        booted = subprocess.run(  # as the instance builds its URL at boot
+            [sys.executable, str(script), tfvars["redis_url"]], input=HOSTILE + "\n", capture_output=True, text=True
+        ).stdout.strip()
+        offer = next(o for o in catalog.offers if o.id == row["offer"])
+        Contract(Store(booted), f"{pool}.ip-10-0-0-7").register(offer, 10_000)  # systemd's %H: its host name
+        assert [a.id for a in Store(f"redis://:admin-pw@127.0.0.1:{port}/0").agents()] == [f"{pool}.ip-10-0-0-7"]
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            Contract(Store(booted), "other-pool.ip-10-0-0-8").register(offer, 10_000)
+    finally:
+        stop_redis(proc, port)

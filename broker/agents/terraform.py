@@ -125,7 +125,8 @@ def pool_values(
             f"site.{o.cloud}.{unknown[0]}: not a variable of {MODULES[o.cloud]}; allowed: {', '.join(declared)}"
         )
     regional = {
-        name: _in_region(f"site.{o.cloud}.{name}", declared[name].type, v, pool) for name, v in cloud_site.items()
+        name: _named(_in_region(f"site.{o.cloud}.{name}", declared[name].type, v, pool), pool)
+        for name, v in cloud_site.items()
     }
     values = {**common, **by_cloud[o.cloud], **regional}
     missing = [name for name, var in declared.items() if name not in values and var.required]
@@ -154,6 +155,12 @@ def _in_region(field: str, kind: str, value: Any, pool: Pool) -> Any:
         f"{field}: no value for {region}, where the plan puts pool {pool.name} (given for {', '.join(value)}); "
         f"add {region}: under it (or its zone, {zone}:), or keep the jobs out of {region} (resources: exclude:)"
     )
+
+
+def _named(value: Any, pool: Pool) -> Any:
+    """`{pool}` in a site string stands for the pool's name: `rediss://pool-{pool}@host:6380/0` gives each pool's
+    agents the Redis user `broker acl agent --pool` makes for them, which reaches only their own keys."""
+    return value.replace("{pool}", pool.name) if isinstance(value, str) else value
 
 
 def check_type(field: str, kind: str, value: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import typer
 
@@ -114,7 +115,10 @@ def agents_provision(
         token = tokens.issue_pool(secret, pool.name, expires) if secret else None
         values = terraform.pool_values(pool, site_values, broker.catalog, token, settings.prefix, settings.shards)
         root = terraform.write_pool(pool, values, pools_dir)
-        written.append({"pool": pool.name, "offer": pool.offer.id, "count": pool.count, "dir": str(root)})
+        user = urlsplit(values.get("redis_url") or "").username  # `{pool}` in the site's URL: a user per pool
+        written.append(
+            {"pool": pool.name, "offer": pool.offer.id, "count": pool.count, "dir": str(root), "redis_user": user}
+        )
     for row in written:
         row["command"] = f"terraform -chdir={row['dir']} init && terraform -chdir={row['dir']} apply"
     if not plan and not yes:  # instances cost money: say what will be created, and ask (no answer: no)
@@ -130,6 +134,11 @@ def agents_provision(
         return
     for row in written:
         out.print(f"[bold]{row['pool']}[/]: {row['count']} x {row['offer']}\n  {row['command']}")
+        if row["redis_user"] == f"pool-{row['pool']}":
+            out.print(
+                f"  its agents' Redis user: BROKER_ACL_PASSWORD=<the password in its secret> broker acl agent --pool "
+                f"{row['pool']}"
+            )
 
 
 @agents_app.command("token")

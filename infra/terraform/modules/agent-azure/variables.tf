@@ -105,7 +105,7 @@ variable "storage_account_name" {
 }
 
 variable "redis_url" {
-  description = "Broker Redis URL without a password, for example rediss://agent@broker.example.com:6380/0; the agent adds the token."
+  description = "Broker Redis URL without a password, for example rediss://pool-NAME@broker.example.com:6380/0 (the pool's own user: `broker acl agent --pool NAME`); the agent adds the token."
   type        = string
 }
 
