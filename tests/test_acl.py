@@ -1,6 +1,7 @@
 """Redis ACL users (broker/acl.py) on a real redis-server with auth: the broker and two agents each on their
 own user run jobs end to end, and an agent's credentials reach nothing but its own keys."""
 
+import json
 import logging
 import sys
 import time
@@ -147,6 +148,18 @@ def test_bad_names_and_users_without_acl_rights_are_refused_in_one_line(admin_ur
     with pytest.raises(BrokerError, match="admin user"):
         acl.agent_user(agent_url, P, "delta")
     assert redis.Redis.from_url(admin_url).acl_getuser("agent-delta") is None  # nothing created by the refused call
+
+
+def test_a_users_command_run_with_an_agents_user_says_which_user_to_use(admin_url, monkeypatch):
+    """On an agent's instance its URL is the one at hand: `broker check` or `broker list` with it was an internal
+    error (NoPermissionError)."""
+    monkeypatch.setenv("BROKER_REDIS_URL", acl.agent_user(admin_url, P, "gamma"))
+    for args in (["check"], ["list"], ["list", "--json"]):
+        result = CliRunner().invoke(app, args)
+        said = result.stdout if "--json" in args else result.stderr
+        assert result.exit_code == 2 and "internal error" not in said, said
+        assert "its user 'agent-gamma' may not do this" in said and "`broker acl broker`" in said
+    assert json.loads(result.stdout)["error"]["kind"] == "BrokerError"
 
 
 def test_with_shards_an_agent_s_user_reaches_its_own_shard_s_keys(admin_url, monkeypatch):

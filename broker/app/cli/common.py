@@ -9,6 +9,7 @@ import json
 import shutil
 import signal
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import redis
 import typer
@@ -92,12 +93,8 @@ def user_errors(command):
         _said.clear()
         try:
             return command(*args, **kwargs)
-        except (BrokerError, redis.ConnectionError) as error:
-            if isinstance(error, redis.ConnectionError):  # Redis went away mid-command (a restart, the network)
-                error = StoreUnavailableError(
-                    f"redis: lost the connection ({error}); what was stored stays: check that Redis runs "
-                    "(`broker list` reads it back)"
-                )
+        except (BrokerError, redis.ConnectionError, redis.exceptions.NoPermissionError) as error:
+            error = _said_to_user(error)
             lines = str(error).splitlines()
             for line in lines:
                 err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
@@ -114,6 +111,22 @@ def user_errors(command):
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+def _said_to_user(error: Exception) -> Exception:
+    """A Redis error the user can act on, as a BrokerError; a BrokerError as it is."""
+    if isinstance(error, redis.ConnectionError):  # Redis went away mid-command (a restart, the network)
+        return StoreUnavailableError(
+            f"redis: lost the connection ({error}); what was stored stays: check that Redis runs "
+            "(`broker list` reads it back)"
+        )
+    if isinstance(error, redis.exceptions.NoPermissionError):  # an agent's ACL user, say, given to a user's command
+        user = urlsplit(Settings.from_env().redis_url or "").username or "default"
+        return BrokerError(
+            f"BROKER_REDIS_URL: its user {user!r} may not do this (Redis: {error}); run this command with the broker's "
+            "user (`broker acl broker`) or an admin's: an agent's user reaches its own keys only"
+        )
+    return error
 
 
 def json_error(as_json: bool, kind: str, lines: list[str], exit_code: int) -> None:
