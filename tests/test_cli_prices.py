@@ -17,6 +17,16 @@ def test_prices_filters_by_gpu_cloud_and_spot(env):
     assert spot == sorted(spot)
 
 
+def test_each_price_row_names_its_offer_ids_for_broker_agent(env, catalog):
+    rows = json.loads(run("prices", "--limit", "0", "--json").stdout)
+    for row in rows:  # one an agent takes as --offer: its tier's price, and none for a tier without one
+        for tier in ("on_demand", "spot"):
+            named = row[f"{tier}_offer_id"]
+            assert (named is None) == (row[f"{tier}_usd_per_h"] is None), row
+            assert named is None or catalog.offer(named).price_usd_per_h == row[f"{tier}_usd_per_h"], row
+    assert any(r["spot_offer_id"] for r in rows) and any(r["spot_offer_id"] is None for r in rows)
+
+
 def test_prices_with_an_unknown_gpu_suggests_names(env):
     result = run("prices", "--gpu", "H1000")
     assert result.exit_code == 2 and "did you mean H100" in result.stderr

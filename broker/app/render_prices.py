@@ -12,6 +12,7 @@ from rich.text import Text
 
 from broker.app.narrow import Fitted, narrow_safe
 from broker.app.render import relative, when
+from broker.domain.model import Tier, offer_id
 
 PRICE_COLUMNS = {
     "cloud": "cloud",
@@ -131,6 +132,12 @@ def history_table(series: dict[str, pd.DataFrame], now: datetime) -> Fitted:
 
 
 def prices_records(rows: pd.DataFrame) -> list[dict]:
-    """Price rows as JSON-ready dicts (NaN becomes null)."""
-    clean = rows.astype(object).where(rows.notna(), None)
-    return clean.to_dict(orient="records")
+    """Price rows as JSON-ready dicts (NaN becomes null), with each tier's offer id (`broker agent --offer`; null
+    where the tier has no price)."""
+    records = rows.astype(object).where(rows.notna(), None).to_dict(orient="records")
+    for r in records:
+        for tier in (Tier.on_demand, Tier.spot):
+            priced = r[f"{tier.value}_usd_per_h"] is not None
+            where = r["zone"] or r["region"]
+            r[f"{tier.value}_offer_id"] = offer_id(r["cloud"], where, r["instance_type"], tier) if priced else None
+    return records

@@ -101,7 +101,8 @@ class PriceCatalog:
                 + (
                     f"did you mean {', '.join(close)}?"
                     if close
-                    else f"an id is cloud/zone/instance/tier, e.g. {next(iter(self.by_id))} (`broker prices`)"
+                    else f"an id is cloud/zone/instance/tier, e.g. {next(iter(self.by_id))} "
+                    "(`broker prices --json` names each)"
                 )
             )
         return self.by_id[offer_id]
