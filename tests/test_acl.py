@@ -160,6 +160,9 @@ def test_a_users_command_run_with_an_agents_user_says_which_user_to_use(admin_ur
         assert result.exit_code == 2 and "internal error" not in said, said
         assert "its user 'agent-gamma' may not do this" in said and "`broker acl broker`" in said
     assert json.loads(result.stdout)["error"]["kind"] == "BrokerError"
+    result = CliRunner().invoke(app, ["agent", "--id", "delta", "--offer", "aws/use1-az1/g4dn.xlarge/spot"])
+    assert result.exit_code == 2 and "its user 'agent-gamma' may not do this" in result.stderr  # not its id's user
+    assert "`broker acl agent`" in result.stderr and '{"id"' not in result.stderr  # not the record it tried to write
 
 
 def test_with_shards_an_agent_s_user_reaches_its_own_shard_s_keys(admin_url, monkeypatch):

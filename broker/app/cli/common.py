@@ -122,9 +122,11 @@ def _said_to_user(error: Exception) -> Exception:
         )
     if isinstance(error, redis.exceptions.NoPermissionError):  # an agent's ACL user, say, given to a user's command
         user = urlsplit(Settings.from_env().redis_url or "").username or "default"
+        why = str(error).rpartition("caused error: ")[2]  # a pipeline's names its command, values and all: not those
         return BrokerError(
-            f"BROKER_REDIS_URL: its user {user!r} may not do this (Redis: {error}); run this command with the broker's "
-            "user (`broker acl broker`) or an admin's: an agent's user reaches its own keys only"
+            f"BROKER_REDIS_URL: its user {user!r} may not do this (Redis: {why}); an agent's user reaches its own keys "
+            "only: an agent needs the user made for its id or pool (`broker acl agent`), other commands the broker's "
+            "(`broker acl broker`) or an admin's"
         )
     return error
 
