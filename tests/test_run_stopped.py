@@ -1,6 +1,7 @@
 """`broker run` stopped under way (Ctrl-C, `kill`, a closed terminal, a cancel, Redis gone) and its agent stopped
 alone: the agent and the job stop too, the run is closed, and `broker run JOB` takes the job up again."""
 
+import contextlib
 import json
 import os
 import signal
@@ -52,9 +53,10 @@ def what_ran(tmp_path, job_id: str, env: dict) -> str:
     return "\n".join(said)
 
 
-def running_under_run(tmp_path, program="import time; time.sleep(300)", **env) -> tuple[subprocess.Popen, str]:
-    """`broker run` of a job that sleeps (its argv names tmp_path), once the job runs: (the command, its job id).
-    A command that has not got there in 120 s is killed, and the test fails rather than hangs."""
+@contextlib.contextmanager
+def running_under_run(tmp_path, program="import time; time.sleep(300)", **env):
+    """`broker run` of a job that sleeps (its argv names tmp_path), once the job runs: (the command, its job id),
+    killed on leaving. A command that has not got there in 120 s is killed, and the test fails rather than hangs."""
     path = spec_file(tmp_path, run=[sys.executable, "-c", program, str(tmp_path)])
     broker = Path(sys.executable).parent / "broker"
     command = subprocess.Popen(
@@ -74,11 +76,14 @@ def running_under_run(tmp_path, program="import time; time.sleep(300)", **env) -
                 while not (processes_naming(f"local-{job_id}") and processes_naming(sleeping(tmp_path))):
                     assert time.monotonic() < deadline, what_ran(tmp_path, job_id, env)
                     time.sleep(0.1)
-                return command, job_id
+                stuck.cancel()
+                yield command, job_id
+                return
+        pytest.fail(f"`broker run` ended (or was killed after 120 s) before its job ran: {command.stderr.read()}")
     finally:
         stuck.cancel()
-    command.kill()
-    pytest.fail(f"`broker run` ended (or was killed after 120 s) before its job ran: {command.stderr.read()}")
+        command.kill()
+        command.wait()
 
 
 def test_a_job_cancelled_under_run_has_its_run_closed_before_run_exits(env, store, tmp_path):
@@ -86,37 +91,33 @@ def test_a_job_cancelled_under_run_has_its_run_closed_before_run_exits(env, stor
     checkpoint, came after and no server was left to fold it. The run stayed under way, its spend counting up, and a
     job the budget cap stopped could never be resumed ("still stopping"). This job takes 3 s to stop, as a save."""
     saves = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: (time.sleep(3), sys.exit(0)))"
-    command, job_id = running_under_run(tmp_path, program=f"{saves}; time.sleep(300)")
-    try:
+    with running_under_run(tmp_path, program=f"{saves}; time.sleep(300)") as (command, job_id):
         assert runner.invoke(app, ["cancel", job_id]).exit_code == 0
         assert command.wait(timeout=90) == 2
         (ran,) = store.get_job(job_id).runs
         assert ran.ended_at is not None and ran.end_reason in ("fenced", "cancelled"), ran
-    finally:
-        command.kill()
 
 
 def test_run_of_a_job_running_already_follows_it_without_starting_an_agent(env, store, tmp_path):
-    command, job_id = running_under_run(tmp_path)
     broker = Path(sys.executable).parent / "broker"
-    follower = subprocess.Popen(
-        [str(broker), "run", job_id], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
-    try:
-        assert follower.stdout.readline().startswith(f"seeing {job_id} through: running")
-        assert runner.invoke(app, ["cancel", job_id]).exit_code == 0
-        assert follower.wait(timeout=90) == 2 and command.wait(timeout=90) == 2
-        assert "started local agent" not in follower.stdout.read()
-        assert [a.id for a in store.agents()] == []  # the one agent, `broker run`'s first, stopped and unregistered
-    finally:
-        follower.kill()
-        command.kill()
+    with running_under_run(tmp_path) as (command, job_id):
+        follower = subprocess.Popen(
+            [str(broker), "run", job_id], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        try:
+            assert follower.stdout.readline().startswith(f"seeing {job_id} through: running")
+            assert runner.invoke(app, ["cancel", job_id]).exit_code == 0
+            assert follower.wait(timeout=90) == 2 and command.wait(timeout=90) == 2
+            assert "started local agent" not in follower.stdout.read()
+            assert [a.id for a in store.agents()] == []  # the one agent, `broker run`'s first, stopped and unregistered
+        finally:
+            follower.kill()
 
 
 def test_a_job_left_by_ctrl_c_is_taken_up_by_run_with_its_id_without_its_earlier_output(env, store, tmp_path):
-    command, job_id = running_under_run(tmp_path, program="print('hello', flush=True); import time; time.sleep(300)")
     broker = Path(sys.executable).parent / "broker"
-    try:
+    hello = "print('hello', flush=True); import time; time.sleep(300)"
+    with running_under_run(tmp_path, program=hello) as (command, job_id):
         command.send_signal(signal.SIGINT)
         assert command.wait(timeout=60) == 2 and f"`broker run {job_id}` takes it up" in command.stderr.read()
         assert store.get_job(job_id).pending  # its agent's exit folded: back in the queue, not running on no agent
@@ -134,21 +135,16 @@ def test_a_job_left_by_ctrl_c_is_taken_up_by_run_with_its_id_without_its_earlier
         assert f"1 earlier run(s) ended: `broker logs {job_id}` has their output" in said
         assert said.count("hello") == 1 and "── run 2 on" in said and "── run 1 on" not in said
         assert [r.fence for r in store.get_job(job_id).runs] == [1, 2]
-    finally:
-        command.kill()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda signum: signum.name)
 def test_run_killed_stops_the_agent_it_started_as_ctrl_c_does(env, tmp_path, signum):
     """`kill` (SIGTERM) or a closed terminal (SIGHUP) ended `broker run` at once: its local agent ran on, orphaned."""
-    command, job_id = running_under_run(tmp_path)
-    try:
+    with running_under_run(tmp_path) as (command, job_id):
         command.send_signal(signum)
         assert command.wait(timeout=60) == 2
         assert f"stopped following {job_id}" in command.stderr.read()
         assert processes_naming(f"local-{job_id}") == {} and processes_naming(sleeping(tmp_path)) == {}
-    finally:
-        command.kill()
 
 
 def test_an_agent_stopped_while_redis_is_away_still_stops_its_job(tmp_path):
@@ -156,25 +152,21 @@ def test_an_agent_stopped_while_redis_is_away_still_stops_its_job(tmp_path):
     waited for Redis, and was killed 10 s later with its job running on, orphaned)."""
     proc, port = start_redis(tmp_path)
     url = f"redis://127.0.0.1:{port}/0"
+    env = {"BROKER_REDIS_URL": url, "BROKER_HOME": str(tmp_path / "home"), "BROKER_REDIS_OUTAGE_S": "2"}
     try:
-        command, job_id = running_under_run(
-            tmp_path, BROKER_REDIS_URL=url, BROKER_HOME=str(tmp_path / "home"), BROKER_REDIS_OUTAGE_S="2"
-        )
+        with running_under_run(tmp_path, **env) as (command, job_id):
+            stop_redis(proc, port)
+            assert command.wait(timeout=60) == 2
+            assert "error: redis: lost the connection" in command.stderr.read()  # not an internal error
+            assert processes_naming(f"local-{job_id}") == {} and processes_naming(sleeping(tmp_path)) == {}
     finally:
-        stop_redis(proc, port)
-    try:
-        assert command.wait(timeout=60) == 2
-        assert "error: redis: lost the connection" in command.stderr.read()  # not an internal error
-        assert processes_naming(f"local-{job_id}") == {} and processes_naming(sleeping(tmp_path)) == {}
-    finally:
-        command.kill()
+        stop_redis(proc, port)  # had the job not got to run
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP], ids=lambda signum: signum.name)
 def test_an_agent_stopped_by_ctrl_c_or_a_closed_terminal_leaves_as_on_sigterm(env, tmp_path, signum):
     """The job runs in a session of its own: an agent that ended at once on these left it running, orphaned."""
-    command, job_id = running_under_run(tmp_path)
-    try:
+    with running_under_run(tmp_path) as (command, job_id):
         job, agent = sleeping(tmp_path), f"--id local-{job_id}"
         ((pid, _),) = processes_naming(agent).items()
         os.kill(pid, signum)
@@ -182,6 +174,3 @@ def test_an_agent_stopped_by_ctrl_c_or_a_closed_terminal_leaves_as_on_sigterm(en
         while (processes_naming(job) or processes_naming(agent)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert processes_naming(job) == {} and processes_naming(agent) == {}  # the job checkpointed, stopped
-    finally:
-        command.kill()
-        command.wait()
