@@ -143,3 +143,37 @@ def test_an_agent_without_a_valid_token_is_refused_with_no_job_waiting(store, ca
     server.round(block_ms=10)
     assert [a.id for a in store.agents()] == ["good"]
     assert store.refusal("intruder") == {"why": "no registration token", "host": "h", "pid": 7}
+
+
+def test_an_admitted_agent_runs_on_past_its_tokens_expiry_and_a_new_registration_is_checked_again(
+    store, redis_url, catalog, tmp_path
+):
+    """A token bounds when an agent may join, not how long it runs: checked at every round, a pool's token (a week by
+    default) refused every agent of the pool once it expired, each as it finished its job, and their instances
+    restarted into refusals for good."""
+    from broker.core.clock import ManualClock
+    from broker.store.jobs import Store
+
+    offer = next(o for o in catalog.offers if o.accelerator == "A100" and o.accelerator_count == 1)
+    now = datetime.now(UTC)
+    clock = ManualClock(now)
+    server = BrokerServer(store, planning.get(), clock, CheckpointStore(str(tmp_path)), agent_secret=SECRET)
+    token = issue(SECRET, "weekly", now + timedelta(hours=1))
+    info = AgentInfo(id="weekly", offer=offer, host="h", pid=7, registered_at=now, token=token)
+    store.register_agent(info, 600_000)
+    server.step()  # admitted: its token verifies
+    clock.advance(hours=2)  # past the token's expiry
+    server.step()
+    assert [a.id for a in store.agents()] == ["weekly"] and store.refusal("weekly") is None
+    job = Broker(store, catalog, planning.get(), clock).submit(make_spec())
+    assert server.dispatch() == [(job.id, "weekly")]  # and it gets work
+    registered = store.get_agent("weekly")
+    assert store.admitted([registered.model_copy(update={"report_key": "f" * 32})]) == set()  # not another process's
+
+    store.redis.delete(store._key("lease", "weekly"))  # its instance died: the lease lapses
+    server.step()  # the agent is removed, its job back in the queue, and the admission goes with it
+    assert store.get_agent("weekly") is None and store.admitted([registered]) == set()
+    Store(redis_url).register_agent(info.model_copy(update={"pid": 8}), 600_000)  # a new process, the same id
+    server.step()  # the job planned again: the new registration's token is checked
+    assert store.get_agent("weekly") is None and store.refusal("weekly")["pid"] == 8
+    assert "expired" in store.refusal("weekly")["why"]

@@ -82,6 +82,24 @@ def test_credentials_a_server_and_an_agent_are_found(no_clouds, monkeypatch, tmp
     )
 
 
+def test_agents_whose_registration_tokens_end_within_a_day_are_named(no_clouds, monkeypatch):
+    """Admitted agents run on past their token's end; a spot pool's replacements would be refused after it."""
+    from broker.agents.tokens import issue, issue_pool
+
+    store, offer, now = Store(no_clouds), PriceCatalog.from_snapshot().offers[0], datetime.now(UTC)
+    Contract(store, "a1").register(offer, 60_000, token=issue("s" * 16, "a1", now + timedelta(days=30)))
+    assert findings()[1]["agents"]["status"] == "ok"  # a month left
+    ends = now + timedelta(hours=5)
+    for host in ("h1", "h2"):  # a pool's two agents: the pool is named once
+        Contract(store, f"aws-g6.{host}").register(offer, 60_000, token=issue_pool("s" * 16, "aws-g6", ends))
+    agents = findings()[1]["agents"]
+    assert agents["status"] == "note" and agents["detail"].count("aws-g6") == 1
+    assert (
+        f"pool aws-g6's {ends:%Y-%m-%d %H:%M} UTC" in agents["detail"]
+        and "`broker agents provision`" in agents["detail"]
+    )
+
+
 def test_an_unreachable_redis_and_an_unwritable_checkpoint_store_are_problems(no_clouds, monkeypatch, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

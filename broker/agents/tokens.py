@@ -47,3 +47,9 @@ def refusal(secret: str, agent_id: str, token: str | None, now: datetime) -> str
     if int(expires) < now.timestamp():
         return f"registration token expired at {datetime.fromtimestamp(int(expires), UTC):%Y-%m-%d %H:%M} UTC"
     return None
+
+
+def expires_at(token: str | None) -> datetime | None:
+    """When a token stops admitting registrations (None: no token, or not one of this form)."""
+    expires = (token or "").rsplit(":", 1)[-1].partition(".")[0]
+    return datetime.fromtimestamp(int(expires), UTC) if expires.isdigit() else None

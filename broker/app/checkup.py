@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import redis
 
@@ -18,6 +18,7 @@ from broker.domain.errors import BrokerError
 
 OK, NOTE, PROBLEM = "ok", "note", "problem"
 CLOUDS = ("aws", "gcp", "azure")
+TOKEN_NOTICE = timedelta(days=1)  # how long before its registration token ends an agent's is named
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,31 @@ def _agents(store) -> Finding:
     busy = sum(1 for agent in working if agent.job)
     alone = sum(1 for agent in working if agent.for_job)
     started = f" ({alone} started for one job alone: `broker run`)" if alone else ""
-    status = NOTE if refused else OK
-    return Finding("agents", status, f"{len(working)} working{started}, {busy} running a job{turned_away}")
+    ending = _tokens_ending(working)
+    status = NOTE if refused or ending else OK
+    return Finding("agents", status, f"{len(working)} working{started}, {busy} running a job{turned_away}{ending}")
+
+
+def _tokens_ending(working) -> str:
+    """The working agents' tokens that end within TOKEN_NOTICE (or have): the agents run on, admitted, but a pool's
+    new instances (a spot pool replaces its preempted ones) or a restarted agent would be refused."""
+    from broker.agents.tokens import expires_at
+
+    soon = datetime.now(UTC) + TOKEN_NOTICE
+    ending = sorted(
+        {
+            (at, f"pool {a.token.split(':')[1]}" if a.token.startswith("pool:") else a.id)
+            for a in working
+            if (at := expires_at(a.token)) is not None and at < soon
+        }
+    )
+    if not ending:
+        return ""
+    named = ", ".join(f"{name}'s {at:%Y-%m-%d %H:%M} UTC" for at, name in ending[:3])
+    return (
+        f"; registration tokens ending: {named}: agents running keep working, new or restarted ones will be refused: "
+        "issue new tokens (`broker agents provision` again for a pool, `broker agents token`)"
+    )
 
 
 def _prices(store) -> Finding:

@@ -288,12 +288,12 @@ class BrokerServer:
             self._priced_at = time.monotonic()
         return self._newest
 
-    def _admitted(self, agent: AgentInfo) -> bool:
-        """Whether the agent may get work: its registration token verifies (when the broker asks for one)."""
-        if self.agent_secret is None:
-            return True
+    def _admits(self, agent: AgentInfo) -> bool:
+        """Whether a registration not yet admitted may get work: its token verifies now (then it stays admitted
+        until the agent is removed: a token bounds when agents may join, not how long they run)."""
         why = refusal(self.agent_secret, agent.id, agent.token, self.clock.now())
         if why is None:
+            self.store.admit(agent)
             return True
         log.warning("agent=%s refused: %s; removed", agent.id, why)
         self.store.refuse_agent(agent, why)
@@ -320,7 +320,11 @@ class BrokerServer:
 
     def _idle_agents(self) -> list[AgentInfo]:
         """Agents that take work, admitted, without a job."""
-        return [a for a in self.store.working_agents() if a.job is None and self._admitted(a)]
+        idle = [a for a in self.store.working_agents() if a.job is None]
+        if self.agent_secret is None:
+            return idle
+        admitted = self.store.admitted(idle)
+        return [a for a in idle if a.id in admitted or self._admits(a)]
 
     def _choose(self, spec: JobSpec, idle: list[AgentInfo]) -> AgentInfo | None:
         """The idle agent the policy prices cheapest for the job (the earliest finish if none is feasible); `spec`

@@ -153,6 +153,16 @@ class AgentChannels:
         records = map(_agent_info, raws[: len(ids)])
         return [(agent, lease) for agent, lease in zip(records, raws[len(ids) :]) if agent is not None]
 
+    def admitted(self, agents: list[AgentInfo]) -> set[str]:
+        """The ids of those agents whose registration (its report key) the broker admitted already."""
+        keys = self.redis.hmget(self._key("admitted"), [a.id for a in agents]) if agents else []
+        return {a.id for a, key in zip(agents, keys) if key and a.report_key and hmac.compare_digest(key, a.report_key)}
+
+    def admit(self, agent: AgentInfo) -> None:
+        """Remember that this registration's token verified: it is not asked again until the agent is removed."""
+        if agent.report_key:
+            self.redis.hset(self._key("admitted"), agent.id, agent.report_key)
+
     def working_agents(self) -> list[AgentInfo]:
         """The registered agents that take work: lease alive and not leaving."""
         return [agent for agent, lease in self.agents_with_leases() if lease not in (None, "leaving")]
@@ -171,11 +181,13 @@ class AgentChannels:
         pipe.set(self._key("agent", agent.id), agent.model_dump_json())
 
     def remove_agent(self, agent_id: str, refusal: dict | None = None) -> None:
-        """Delete the agent's record, lease and stream; with `refusal`, leave it why in the same transaction."""
+        """Delete the agent's record, lease, stream and admission; with `refusal`, leave it why in the same
+        transaction."""
         with self.redis.pipeline(transaction=True) as pipe:
             keys = [self._key(kind, agent_id) for kind in ("agent", "lease", "assign")]
             pipe.execute_command("DEL", *keys)  # one command: a cluster pipeline's delete takes one key
             pipe.srem(self._key("agents"), agent_id)
+            pipe.hdel(self._key("admitted"), agent_id)
             if refusal is not None:
                 pipe.set(self._key("refused", agent_id), json.dumps(refusal), ex=REFUSAL_TTL_S)
             pipe.execute()
