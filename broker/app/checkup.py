@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import redis
 
+from broker.agents.tokens import expires_at
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
 
@@ -104,8 +105,6 @@ def _agents(store) -> Finding:
 def _tokens_ending(working) -> str:
     """The working agents' tokens that end within TOKEN_NOTICE (or have): the agents run on, admitted, but a pool's
     new instances (a spot pool replaces its preempted ones) or a restarted agent would be refused."""
-    from broker.agents.tokens import expires_at
-
     soon = datetime.now(UTC) + TOKEN_NOTICE
     ending = sorted(
         {
