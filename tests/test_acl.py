@@ -165,6 +165,27 @@ def test_a_users_command_run_with_an_agents_user_says_which_user_to_use(admin_ur
     assert "`broker acl agent`" in result.stderr and '{"id"' not in result.stderr  # not the record it tried to write
 
 
+def test_a_removed_user_is_cut_off_and_its_password_admits_nobody(admin_url, monkeypatch):
+    """A destroyed pool's or a retired agent's credentials should stop working: there was no command to do it."""
+    monkeypatch.setenv("BROKER_REDIS_URL", admin_url)
+    pool_url = CliRunner().invoke(app, ["acl", "agent", "--pool", "aws-g6"]).output.strip()
+    pool = redis.Redis.from_url(pool_url)
+    pool.set(f"{P}lease:aws-g6.h1", 1)  # connected, and allowed
+    removed = CliRunner().invoke(app, ["acl", "remove", "--pool", "aws-g6"])
+    assert removed.exit_code == 0 and "removed ACL user pool-aws-g6" in removed.output
+    with pytest.raises((redis.exceptions.ConnectionError, redis.exceptions.AuthenticationError)):
+        pool.set(f"{P}lease:aws-g6.h1", 1)  # its connection closed, and a new one refused
+    with pytest.raises((redis.exceptions.AuthenticationError, redis.exceptions.ResponseError)):
+        redis.Redis.from_url(pool_url).ping()
+    for args, said in (
+        (["--pool", "aws-g6"], "error: user: no ACL user 'pool-aws-g6' here"),
+        (["--id", "a", "--pool", "b"], "error: --id/--pool/--name: give one"),
+        (["--id", "a*"], "error: --id: 'a*' is not an agent id"),
+    ):
+        result = CliRunner().invoke(app, ["acl", "remove", *args])
+        assert result.exit_code == 2 and result.output.startswith(said), result.output
+
+
 def test_with_shards_an_agent_s_user_reaches_its_own_shard_s_keys(admin_url, monkeypatch):
     monkeypatch.setenv("BROKER_REDIS_URL", admin_url)
     monkeypatch.setenv("BROKER_SHARDS", "4")
@@ -194,6 +215,10 @@ def test_on_a_cluster_an_agent_s_user_is_made_on_every_node_and_reaches_its_own_
         assert store.renew_lease("delta", 1000) is False  # its own lease key, on whichever node: allowed
         with pytest.raises(redis.exceptions.NoPermissionError):
             store.redis.get(f"{P}lease:delta")  # the unsharded key is not its own
+        removed = CliRunner().invoke(app, ["acl", "remove", "--id", "delta"])
+        assert removed.exit_code == 0 and removed.output == "removed ACL user agent-delta\n", removed.output
+        users = admin.execute_command("ACL", "USERS", target_nodes=RedisCluster.ALL_NODES)
+        assert not any(b"agent-delta" in on_node for on_node in users.values())  # gone from every node
     finally:
         admin.execute_command("ACL", "DELUSER", "agent-delta", target_nodes=RedisCluster.ALL_NODES)
 

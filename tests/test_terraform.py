@@ -370,6 +370,7 @@ def test_provision_without_pending_jobs_says_so_in_a_table(redis_url, monkeypatc
 def test_deprovision_runs_terraform_destroy_and_reports_the_pool_gone(store, catalog, redis_url, monkeypatch, tmp_path):
     monkeypatch.setenv("BROKER_REDIS_URL", redis_url)
     quote, site = write_pending_jobs_and_site(store, catalog, tmp_path)
+    site.write_text(site.read_text().replace("rediss://agent@", "rediss://pool-{pool}@"))  # the pool's own user
     pools = tmp_path / "pools"
     written = CliRunner().invoke(app, ["agents", "provision", "--site", str(site), "--out", str(pools), "--json"])
     [row] = json.loads(written.stdout)
@@ -385,5 +386,6 @@ def test_deprovision_runs_terraform_destroy_and_reports_the_pool_gone(store, cat
     result = CliRunner().invoke(app, ["agents", "deprovision", row["pool"], "--out", str(pools)])
     assert result.exit_code == 0, result.output
     assert f"pool {row['pool']} destroyed" in result.stdout
+    assert f"`broker acl remove --pool {row['pool']}`" in " ".join(result.stdout.split())  # its credentials outlive it
     assert history.seen(NOW) == {}  # no pool asks there now: its zeros say nothing of the zone's capacity
     assert calls.read_text().split() == [f"-chdir={pools / row['pool']}", "destroy", "-input=false", "-auto-approve"]

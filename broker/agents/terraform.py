@@ -229,10 +229,10 @@ def apply_pool(root: Path, pool: str) -> None:
             raise BrokerError(f"terraform {step[0]} failed for pool {pool}; see its output above")
 
 
-def pool_offer_id(root: Path, pool: str) -> str | None:
-    """The offer a pool's root was written for (its tfvars' offer_id); None where they cannot be read."""
+def pool_value(root: Path, pool: str, name: str) -> Any:
+    """A value a pool's root was written with (its tfvars', such as offer_id); None where they cannot be read."""
     try:
-        return json.loads((root / f"{pool}.auto.tfvars.json").read_text()).get("offer_id")
+        return json.loads((root / f"{pool}.auto.tfvars.json").read_text()).get(name)
     except (OSError, ValueError):
         return None
 

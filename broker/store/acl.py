@@ -69,34 +69,55 @@ def _plain(name: str, field: str) -> str:
     return name
 
 
-def create_user(admin_url: str, user: str, rules: list[str], password: str | None = None) -> str:
-    """Create or replace the ACL user, on every node of a cluster (each keeps its own users); returns the Redis URL
-    it connects with (the admin URL's host, db, TLS)."""
-    password = password or secrets.token_urlsafe(24)
+def _acl(admin_url: str, *command: str):
+    """An ACL command as the admin, on every node of a cluster (each keeps its own users): {node: reply} there."""
     client = connect(admin_url)
     on_every_node = {"target_nodes": RedisCluster.ALL_NODES} if isinstance(client, RedisCluster) else {}
     try:
-        client.execute_command("ACL", "SETUSER", user, "reset", "on", f">{password}", *rules, **on_every_node)
+        return client.execute_command("ACL", *command, **on_every_node)
     except redis.exceptions.NoPermissionError:
         raise BrokerError(
-            "BROKER_REDIS_URL: its user may not run ACL SETUSER; use an admin user's URL for this command"
+            f"BROKER_REDIS_URL: its user may not run ACL {command[0]}; use an admin user's URL for this command"
         ) from None
     except redis.ResponseError as err:
-        raise BrokerError(f"redis: ACL SETUSER refused ({err}); Redis 7 or newer is needed for agent users") from None
+        raise BrokerError(
+            f"redis: ACL {command[0]} refused ({err}); Redis 7 or newer is needed for agent users"
+        ) from None
+
+
+def create_user(admin_url: str, user: str, rules: list[str], password: str | None = None) -> str:
+    """Create or replace the ACL user; returns the Redis URL it connects with (the admin URL's host, db, TLS)."""
+    password = password or secrets.token_urlsafe(24)
+    _acl(admin_url, "SETUSER", user, "reset", "on", f">{password}", *rules)
     return with_credentials(admin_url, user, password)
 
 
+def delete_user(admin_url: str, user: str) -> bool:
+    """Delete the ACL user (Redis closes its connections): a retired agent's, a destroyed pool's; False if none."""
+    deleted = _acl(admin_url, "DELUSER", user)
+    return (sum(deleted.values()) if isinstance(deleted, dict) else deleted) > 0
+
+
+def user_name(agent_id: str | None = None, pool: str | None = None, name: str | None = None) -> str:
+    """The ACL user of an agent, of a pool, or named (the broker's)."""
+    if agent_id is not None:
+        if problem := agent_id_problem(agent_id):  # the rule `broker agent --id` keeps: a pool's ids pass both
+            raise BrokerError(f"--id: {problem}")
+        return f"agent-{agent_id}"
+    if pool is not None:
+        if problem := agent_id_problem(pool):  # a pool's name begins its agents' ids
+            raise BrokerError(f"--pool: {problem.replace('an agent id', 'a pool name')}")
+        return f"pool-{pool}"
+    return _plain(name or "broker", "--name")
+
+
 def agent_user(admin_url: str, prefix: str, agent_id: str, password: str | None = None) -> str:
-    if problem := agent_id_problem(agent_id):  # the rule `broker agent --id` keeps: a pool's ids pass both
-        raise BrokerError(f"--id: {problem}")
-    return create_user(admin_url, f"agent-{agent_id}", agent_rules([prefix], agent_id), password)
+    return create_user(admin_url, user_name(agent_id=agent_id), agent_rules([prefix], agent_id), password)
 
 
 def pool_user(admin_url: str, prefixes: list[str], pool: str, password: str | None = None) -> str:
-    if problem := agent_id_problem(pool):  # a pool's name begins its agents' ids
-        raise BrokerError(f"--pool: {problem.replace('an agent id', 'a pool name')}")
-    return create_user(admin_url, f"pool-{pool}", pool_rules(prefixes, pool), password)
+    return create_user(admin_url, user_name(pool=pool), pool_rules(prefixes, pool), password)
 
 
 def broker_user(admin_url: str, prefix: str, name: str = "broker", password: str | None = None) -> str:
-    return create_user(admin_url, _plain(name, "--name"), broker_rules(prefix), password)
+    return create_user(admin_url, user_name(name=name), broker_rules(prefix), password)

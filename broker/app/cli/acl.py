@@ -56,3 +56,19 @@ def broker_user(
 ) -> None:
     """Create (or replace) the broker's user: data commands on the broker's keys, no ACL or admin commands."""
     typer.echo(acl.broker_user(_admin_url(), Settings.from_env().prefix, name, password))
+
+
+@acl_app.command("remove")
+@user_errors
+def remove_user(
+    agent_id: str | None = typer.Option(None, "--id", help="An agent's user (`broker acl agent --id`)."),
+    pool: str | None = typer.Option(None, help="Or a pool's (`broker acl agent --pool`), once its instances are gone."),
+    name: str | None = typer.Option(None, help="Or a user by name (`broker acl broker --name`)."),
+) -> None:
+    """Delete a user made here: Redis closes its connections, and its password admits nobody after."""
+    if sum(given is not None for given in (agent_id, pool, name)) != 1:
+        raise BrokerError("--id/--pool/--name: give one: the agent, the pool or the user name whose user goes")
+    user = acl.user_name(agent_id, pool, name)
+    if not acl.delete_user(_admin_url(), user):
+        raise BrokerError(f"user: no ACL user {user!r} here; `redis-cli ACL USERS` lists them")
+    typer.echo(f"removed ACL user {user}")

@@ -186,7 +186,9 @@ def agents_deprovision(
     if not (root / "main.tf.json").exists():
         raise BrokerError(f"pool: no Terraform root at {root}; `ls {pools_dir}` shows the pools")
     terraform.destroy_pool(root, pool)
-    offer_id = terraform.pool_offer_id(root, pool)
+    offer_id = terraform.pool_value(root, pool, "offer_id")
     if offer_id:  # no pool asks there now: no agent there says nothing of the zone's capacity
         CapacityHistory(make_store().shards[0]).forget([offer_id])
     out.print(f"pool {pool} destroyed")
+    if urlsplit(terraform.pool_value(root, pool, "redis_url") or "").username == f"pool-{pool}":
+        out.print(f"its agents' Redis user stays until `broker acl remove --pool {pool}` (as an admin)")
