@@ -78,6 +78,13 @@ def test_a_server_whose_metrics_port_is_taken_is_one_line(env, taken_port):
     one_error_line(installed("server", "--metrics-port", taken_port), f"127.0.0.1:{taken_port}", "--metrics-port")
 
 
+def test_metrics_on_an_address_not_this_machines_is_one_line_naming_the_option(env):
+    """Metrics listened on loopback alone: a Prometheus on another host could not scrape them (--metrics-address)."""
+    for command in (["server"], ["agent", "--id", "a1", "--offer", "aws/use1-az1/g6.xlarge/spot"]):
+        said = installed(*command, "--metrics-address", "192.0.2.7", "--metrics-port", 19_464)
+        one_error_line(said, "192.0.2.7:19464", "--metrics-address")
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -92,6 +92,6 @@ def serve(registry: CollectorRegistry, port: int, address: str = "127.0.0.1") ->
         start_http_server(port, addr=address, registry=registry)
     except OSError as error:  # taken, or not an address of this machine: the user's to change
         raise BrokerError(
-            f"metrics: cannot serve on {address}:{port} ({error.strerror}); "
-            "pick a free port with --metrics-port (0: off)"
+            f"metrics: cannot serve on {address}:{port} ({error.strerror}); pick a free port with --metrics-port "
+            "(0: off), and an address of this machine with --metrics-address"
         ) from None

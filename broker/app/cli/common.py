@@ -31,6 +31,12 @@ _printed = {"json": False}  # whether this command wrote its JSON document alrea
 _said: set[str] = set()  # the notes this command put on stderr already
 
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON instead of tables.")
+MetricsAddressOpt = typer.Option(
+    "127.0.0.1",
+    "--metrics-address",
+    envvar="BROKER_METRICS_ADDRESS",
+    help="Where metrics listen: 127.0.0.1, this machine alone; 0.0.0.0 for a Prometheus elsewhere (no auth).",
+)
 
 
 def stop_signals_as_ctrl_c(command):

@@ -8,6 +8,7 @@ import typer
 
 from broker import planning
 from broker.app.cli.common import (
+    MetricsAddressOpt,
     above_zero,
     agent_id_checked,
     err,
@@ -50,9 +51,8 @@ def agent(
     ),
     checkpoints: str | None = typer.Option(None, help="Checkpoint store URL (default BROKER_CHECKPOINTS)."),
     runs: Path | None = typer.Option(None, help="Where job logs and events go (default $BROKER_HOME/runs)."),
-    metrics_port: int = typer.Option(
-        0, min=0, max=65535, help="Serve Prometheus metrics on this loopback port (0: off)."
-    ),
+    metrics_port: int = typer.Option(0, min=0, max=65535, help="Serve Prometheus metrics on this port (0: off)."),
+    metrics_address: str = MetricsAddressOpt,
     token: str | None = typer.Option(
         None, envvar="BROKER_AGENT_TOKEN", help="Registration token (`broker agents token`)."
     ),
@@ -81,7 +81,7 @@ def agent(
 
     metrics = AgentMetrics()
     if metrics_port:
-        serve(metrics.registry, metrics_port)
+        serve(metrics.registry, metrics_port, metrics_address)
     store = store_for(settings, daemon=True)
     if for_job:
         job_to_serve(store, for_job, agent_id)
@@ -130,9 +130,8 @@ def job_to_serve(store, job_id: str, agent_id: str) -> None:
 def server(
     speedup: float = typer.Option(1.0, callback=above_zero, help="Clock compression (demos and tests)."),
     consumer: str = typer.Option(None, help="This replica's name (consumer group, planning lease); default host-pid."),
-    metrics_port: int = typer.Option(
-        9464, min=0, max=65535, help="Serve Prometheus metrics on this loopback port (0: off)."
-    ),
+    metrics_port: int = typer.Option(9464, min=0, max=65535, help="Serve Prometheus metrics on this port (0: off)."),
+    metrics_address: str = MetricsAddressOpt,
     policy: str = typer.Option(None, help="Planning policy (see `broker policies`); default BROKER_POLICY or hedge."),
     leader_lease_s: float = typer.Option(
         5.0, min=0.1, help="Planning lease: a standby replica takes over this long after the leader stops."
@@ -152,7 +151,7 @@ def server(
 
     metrics = ServerMetrics(broker.store)
     if metrics_port:
-        serve(metrics.registry, metrics_port)
+        serve(metrics.registry, metrics_port, metrics_address)
     chosen = planning.get(policy, **settings.policy_options()) if policy else None
     consumer = consumer or f"server-{socket.gethostname()}-{os.getpid()}"
     loop = wiring.make_replica(broker, consumer, chosen, ScaledClock(speedup), metrics, leader_lease_s)
