@@ -94,7 +94,7 @@ def test_a_refused_agent_ends_saying_why_and_a_refusal_of_another_process_is_not
     import pytest
 
     from broker.agents.agent import Agent
-    from broker.domain.errors import BrokerError
+    from broker.domain.errors import BrokerError, RefusedError
 
     offer = next(o for o in catalog.offers if o.accelerator == "A100" and o.accelerator_count == 1)
     server = BrokerServer(store, planning.get(), SystemClock(), CheckpointStore(str(tmp_path)), agent_secret=SECRET)
@@ -116,7 +116,7 @@ def test_a_refused_agent_ends_saying_why_and_a_refusal_of_another_process_is_not
         time.sleep(0.01)
     assert server.dispatch() == []  # refused: no token
     reader.join(timeout=15)
-    assert len(raised) == 1 and isinstance(raised[0], BrokerError), raised
+    assert len(raised) == 1 and isinstance(raised[0], RefusedError) and raised[0].exit_code == 3, raised
     assert str(raised[0]).startswith("token: the broker refused agent no-token: no registration token; pass it")
     assert "broker agents token --id no-token" in str(raised[0])
     with pytest.raises(BrokerError, match="refused agent no-token"):

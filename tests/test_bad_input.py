@@ -82,6 +82,19 @@ def test_an_internal_error_with_json_is_a_json_error_with_exit_1(env, monkeypatc
     assert error["kind"] == "InternalError" and "RuntimeError: disk on fire" in error["message"]
 
 
+def test_an_agent_refused_by_the_broker_exits_3_with_json_saying_so(env, monkeypatch):
+    """A service manager restarts an agent that exits 2 (a Redis outage may end it so) and not one that exits 3."""
+    from broker.domain.errors import RefusedError
+    from broker.store.jobs import Store
+
+    def refused(self):
+        raise RefusedError("token: the broker refused agent a1: no registration token")
+
+    monkeypatch.setattr(Store, "job_count", refused)
+    result = run("list", "--json")
+    assert result.exit_code == 3 and json.loads(result.stdout)["error"]["exit_code"] == 3
+
+
 def test_times_are_said_relative_to_now():
     now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
     assert render.relative(now - timedelta(minutes=3), now) == "3 min ago"

@@ -56,7 +56,13 @@ def test_any_redis_password_reaches_the_agent_intact(cloud, tmp_path):
 
 @pytest.mark.parametrize("cloud", MODULES)
 def test_the_agent_gets_the_pools_token_and_a_name_it_admits(cloud):
+    from broker.domain.errors import BrokerError, RefusedError
+
     text = template(cloud)
+    # refused (its token), it is not started again every 5 s into the same refusal; a Redis outage (2) is restarted
+    assert (
+        f"RestartPreventExitStatus={RefusedError.exit_code}" in text and BrokerError.exit_code != RefusedError.exit_code
+    )
     assert "BROKER_AGENT_TOKEN=%s" in text and "'${registration_token}'" in text
     assert "--id '${pool_name}.%H'" in text  # systemd's %H: the host name, under the pool's prefix
 

@@ -19,7 +19,7 @@ import redis
 from broker.agents.contract import Contract, Unregistered, Verdict
 from broker.agents.notices import watches_cloud
 from broker.agents.runner import JobProcess
-from broker.domain.errors import BrokerError
+from broker.domain.errors import RefusedError
 from broker.domain.model import Offer, notice_grace_s
 from broker.store.connection import give_up_waiting_when
 from broker.store.jobs import Store
@@ -269,7 +269,7 @@ class Agent:
         would be refused again, round after round."""
         why = self.contract.refused()
         if why is not None:
-            raise BrokerError(
+            raise RefusedError(
                 f"token: the broker refused agent {self.id}: {why}; pass it a registration token with --token or "
                 f"BROKER_AGENT_TOKEN (`broker agents token --id {self.id}`, where BROKER_AGENT_SECRET is set)"
             )

@@ -2,7 +2,9 @@
 
 
 class BrokerError(Exception):
-    """A user-facing error; the CLI prints its message and exits with code 2."""
+    """A user-facing error; the CLI prints its message and exits with its code (2)."""
+
+    exit_code = 2
 
 
 class SpecError(BrokerError):
@@ -21,6 +23,13 @@ class InfeasibleError(BrokerError):
 
 class NotFoundError(BrokerError):
     """A job id that the store does not know."""
+
+
+class RefusedError(BrokerError):
+    """The broker refused this agent (its registration token). Exit 3, so that a service manager does not start it
+    again into the same refusal (the Terraform modules' units: RestartPreventExitStatus=3); a Redis outage stays 2."""
+
+    exit_code = 3
 
 
 class StoreUnavailableError(BrokerError):

@@ -104,8 +104,8 @@ def user_errors(command):
             lines = str(error).splitlines()
             for line in lines:
                 err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
-            json_error(as_json, type(error).__name__, lines, 2)
-            raise typer.Exit(2) from None
+            json_error(as_json, type(error).__name__, lines, error.exit_code)
+            raise typer.Exit(error.exit_code) from None
         except (typer.Exit, typer.Abort):
             raise
         except Exception as error:
