@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 import signal
 from typing import TYPE_CHECKING
@@ -127,7 +128,7 @@ def _said_to_user(error: Exception) -> Exception:
             "(`broker list` reads it back)"
         )
     if isinstance(error, redis.exceptions.NoPermissionError):  # an agent's ACL user, say, given to a user's command
-        user = urlsplit(Settings.from_env().redis_url or "").username or "default"
+        user = urlsplit(os.environ.get("BROKER_REDIS_URL", "")).username or "default"  # read as Settings does
         why = str(error).rpartition("caused error: ")[2]  # a pipeline's names its command, values and all: not those
         return BrokerError(
             f"BROKER_REDIS_URL: its user {user!r} may not do this (Redis: {why}); an agent's user reaches its own keys "
