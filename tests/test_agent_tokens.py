@@ -150,7 +150,7 @@ def test_an_admitted_agent_runs_on_past_its_tokens_expiry_and_a_new_registration
 ):
     """A token bounds when an agent may join, not how long it runs: checked at every round, a pool's token (a week by
     default) refused every agent of the pool once it expired, each as it finished its job, and their instances
-    restarted into refusals for good."""
+    restarted into refusals for good. The process stays admitted, back after a partition too; a new one is checked."""
     from broker.core.clock import ManualClock
     from broker.store.jobs import Store
 
@@ -170,10 +170,34 @@ def test_an_admitted_agent_runs_on_past_its_tokens_expiry_and_a_new_registration
     registered = store.get_agent("weekly")
     assert store.admitted([registered.model_copy(update={"report_key": "f" * 32})]) == set()  # not another process's
 
-    store.redis.delete(store._key("lease", "weekly"))  # its instance died: the lease lapses
-    server.step()  # the agent is removed, its job back in the queue, and the admission goes with it
-    assert store.get_agent("weekly") is None and store.admitted([registered]) == set()
+    store.redis.delete(store._key("lease", "weekly"))  # a partition longer than its lease: it lapses
+    server.step()  # the agent is removed and its job goes back in the queue
+    assert store.get_agent("weekly") is None
+    store.register_agent(info, 600_000)  # the same process, back: the report key it was admitted with
+    server.step()
+    assert store.get_agent("weekly") is not None and store.refusal("weekly") is None  # admitted still
+    assert store.redis.ttl(store._key("admitted", "weekly")) == -1  # for as long as it stays
+
+    store.redis.delete(store._key("lease", "weekly"))  # its instance gone this time
+    server.step()
     Store(redis_url).register_agent(info.model_copy(update={"pid": 8}), 600_000)  # a new process, the same id
-    server.step()  # the job planned again: the new registration's token is checked
+    server.step()  # its token is checked: ended
     assert store.get_agent("weekly") is None and store.refusal("weekly")["pid"] == 8
-    assert "expired" in store.refusal("weekly")["why"]
+    assert "expired" in store.refusal("weekly")["why"] and not store.redis.exists(store._key("admitted", "weekly"))
+
+
+def test_admissions_on_a_cluster_stay_in_their_agents_slot(cluster_url, catalog):
+    """The admission's reads (one pipeline) and its writes in the removal's transaction, on a Redis Cluster."""
+    from broker.store.shards import ShardedStore
+
+    store = ShardedStore(cluster_url, "broker:", 3).of_agent("c1")
+    offer = catalog.offers[0]
+    store.register_agent(AgentInfo(id="c1", offer=offer, host="h", pid=1, registered_at=NOW), 60_000)
+    agent = store.get_agent("c1")
+    store.admit(agent)
+    assert store.admitted([agent]) == {"c1"}
+    store.remove_agent("c1")  # lapsed: kept a day for the process to come back
+    assert 0 < store.redis.ttl(store._key("admitted", "c1")) <= 24 * 3600
+    assert store.admitted([agent]) == {"c1"} and store.redis.ttl(store._key("admitted", "c1")) == -1
+    store.refuse_agent(agent, "registration token expired")
+    assert store.admitted([agent]) == set()

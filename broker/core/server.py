@@ -289,8 +289,9 @@ class BrokerServer:
         return self._newest
 
     def _admits(self, agent: AgentInfo) -> bool:
-        """Whether a registration not yet admitted may get work: its token verifies now (then it stays admitted
-        until the agent is removed: a token bounds when agents may join, not how long they run)."""
+        """Whether an agent process not yet admitted may get work: its token verifies now (then the process stays
+        admitted until it is refused, or a day after its removal: a token bounds when agents may join, not how long
+        they run)."""
         why = refusal(self.agent_secret, agent.id, agent.token, self.clock.now())
         if why is None:
             self.store.admit(agent)

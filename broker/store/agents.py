@@ -25,6 +25,7 @@ STREAM_MAXLEN = 1_000_000  # the event streams are capped (approximately) so Red
 LOG_MAXLEN = 20_000  # batches of output lines kept per agent (approximately)
 OWN_TTL_S = 7 * 24 * 3600  # an agent's view of a job outlives any run of it
 REFUSAL_TTL_S = 24 * 3600  # why an agent was refused is kept for it (and a restart of it) to read
+ADMISSION_KEPT_S = 24 * 3600  # a removed agent's admission waits this long for its process to register again
 WAKE = "submitted"  # a report-stream entry with no agent: a job joined the queue (Store.wake)
 
 
@@ -154,14 +155,28 @@ class AgentChannels:
         return [(agent, lease) for agent, lease in zip(records, raws[len(ids) :]) if agent is not None]
 
     def admitted(self, agents: list[AgentInfo]) -> set[str]:
-        """The ids of those agents whose registration (its report key) the broker admitted already."""
-        keys = self.redis.hmget(self._key("admitted"), [a.id for a in agents]) if agents else []
-        return {a.id for a, key in zip(agents, keys) if key and a.report_key and hmac.compare_digest(key, a.report_key)}
+        """The ids of those agents whose process (its report key) the broker admitted already. One back after its
+        removal (its lease lapsed: a partition, a pause) is admitted again, for as long as it stays."""
+        if not agents:
+            return set()
+        with self.redis.pipeline(transaction=False) as pipe:
+            for agent in agents:
+                pipe.get(self._key("admitted", agent.id))
+                pipe.ttl(self._key("admitted", agent.id))
+            replies = pipe.execute()
+        found = set()
+        for agent, key, ttl in zip(agents, replies[::2], replies[1::2]):
+            if key and agent.report_key and hmac.compare_digest(key, agent.report_key):
+                found.add(agent.id)
+                if ttl >= 0:  # kept since its removal: registered again, it keeps it (a write only then)
+                    self.redis.persist(self._key("admitted", agent.id))
+        return found
 
     def admit(self, agent: AgentInfo) -> None:
-        """Remember that this registration's token verified: it is not asked again until the agent is removed."""
+        """Remember that this process's token verified: it is not asked again while the process lives (a new process
+        of the same id is: its report key differs)."""
         if agent.report_key:
-            self.redis.hset(self._key("admitted"), agent.id, agent.report_key)
+            self.redis.set(self._key("admitted", agent.id), agent.report_key)
 
     def working_agents(self) -> list[AgentInfo]:
         """The registered agents that take work: lease alive and not leaving."""
@@ -181,15 +196,17 @@ class AgentChannels:
         pipe.set(self._key("agent", agent.id), agent.model_dump_json())
 
     def remove_agent(self, agent_id: str, refusal: dict | None = None) -> None:
-        """Delete the agent's record, lease, stream and admission; with `refusal`, leave it why in the same
-        transaction."""
+        """Delete the agent's record, lease and stream; its admission is kept a day for the process to come back in.
+        With `refusal` the admission goes, and the agent is left why, in the same transaction."""
         with self.redis.pipeline(transaction=True) as pipe:
             keys = [self._key(kind, agent_id) for kind in ("agent", "lease", "assign")]
             pipe.execute_command("DEL", *keys)  # one command: a cluster pipeline's delete takes one key
             pipe.srem(self._key("agents"), agent_id)
-            pipe.hdel(self._key("admitted"), agent_id)
             if refusal is not None:
+                pipe.delete(self._key("admitted", agent_id))
                 pipe.set(self._key("refused", agent_id), json.dumps(refusal), ex=REFUSAL_TTL_S)
+            else:
+                pipe.expire(self._key("admitted", agent_id), ADMISSION_KEPT_S)
             pipe.execute()
 
     # -- streams ------------------------------------------------------------------------

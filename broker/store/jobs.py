@@ -16,7 +16,8 @@ ShardedStore, and a shard's prefix carries its hash tag, `broker:{3}:`, when the
     {p}starting:{id}     STRING  a local agent being started under this id (`broker run`; PX expiry)
     {p}assign:{id}       STREAM  assignments to one agent: job, fence, run, resume_from, spec (JSON); group "agent"
     {p}refused:{id}      STRING  why the broker refused an agent (its token) and which process (JSON; a day)
-    {p}admitted          HASH    agent id -> the report key of the registration whose token the broker checked
+    {p}admitted:{id}     STRING  the report key of the agent process whose token the broker checked (a day's
+                         expiry once the agent is removed: the process may come back in; none once refused)
     {p}own:{agent}:{job} STRING  what an agent may know of a job it was given (JSON: fence, mine, started,
                                  move, checkpoint (when asked for one), terminal), rewritten with every change
                                  of the job; agents read nothing else of jobs, so their ACL users need no access
