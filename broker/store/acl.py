@@ -1,4 +1,4 @@
-"""Redis ACL users for a shared Redis: one for the broker, one per agent, each allowed what its process does.
+"""Redis ACL users for a shared Redis: one for the broker, one per agent or pool, each allowed what its process does.
 
 An agent's user reaches its own assignment stream, lease and registration record, reads its own views of
 the jobs it was given ({p}own:{agent}:*) and why the broker refused it, if it did ({p}refused:{agent}), adds
