@@ -242,7 +242,9 @@ def test_a_pool_s_user_serves_every_stage_of_its_training_job_in_any_shard_and_r
         assert save_profile(stages.shards[0], profile)  # a stage publishes its profile, then serves its bubbles
         offer = bubble_offer(profile, "local", "local", "T4", min_window_s=0.01)
         checkpoints = CheckpointStore(str(tmp_path))
-        agents.append(FillAgent(stages.of_agent(agent_id), checkpoints, profile, offer, 1.0, profiles=stages.shards[0]))
+        agents.append(
+            FillAgent(stages.of_agent(agent_id), checkpoints, profile, offer, 30.0, profiles=stages.shards[0])
+        )
     admin = ShardedStore(admin_url, P, 3)
     try:
         for agent in agents:
