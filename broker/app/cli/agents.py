@@ -134,7 +134,7 @@ def agents_provision(
         return
     for row in written:
         out.print(f"[bold]{row['pool']}[/]: {row['count']} x {row['offer']}\n  {row['command']}")
-        if row["redis_user"] == f"pool-{row['pool']}":
+        if _own_user(row["redis_user"], row["pool"]):
             out.print(
                 f"  its agents' Redis user: BROKER_ACL_PASSWORD=<the password in its secret> broker acl agent --pool "
                 f"{row['pool']}"
@@ -190,5 +190,12 @@ def agents_deprovision(
     if offer_id:  # no pool asks there now: no agent there says nothing of the zone's capacity
         CapacityHistory(make_store().shards[0]).forget([offer_id])
     out.print(f"pool {pool} destroyed")
-    if urlsplit(terraform.pool_value(root, pool, "redis_url") or "").username == f"pool-{pool}":
+    if _own_user(urlsplit(terraform.pool_value(root, pool, "redis_url") or "").username, pool):
         out.print(f"its agents' Redis user stays until `broker acl remove --pool {pool}` (as an admin)")
+
+
+def _own_user(user: str | None, pool: str) -> bool:
+    """Whether a pool's agents connect as its own ACL user (`broker acl agent --pool`), named as acl.py names it."""
+    from broker.store.acl import user_name
+
+    return user == user_name(pool=pool)
