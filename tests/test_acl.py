@@ -103,9 +103,12 @@ def test_broker_and_agents_run_jobs_on_their_own_users_and_an_agent_reaches_only
     )  # its own assignments (with its job's spec) it reads
     assert alpha.get(f"{P}own:alpha:{jobs['alpha']}") is not None
     assert alpha.get(f"{P}refused:alpha") is None  # why the broker refused it, were it refused, it may read
+    assert alpha.get(f"{P}renewed:alpha") is None  # and the token the broker renews for it
     denied = [
         lambda: alpha.set(f"{P}refused:alpha", "{}"),  # ... and not write
         lambda: alpha.get(f"{P}refused:beta"),
+        lambda: alpha.set(f"{P}renewed:alpha", "forged"),
+        lambda: alpha.get(f"{P}renewed:beta"),  # another agent's token
         lambda: alpha.xrange(f"{P}assign:beta"),  # another agent's assignments
         lambda: alpha.xreadgroup("agent", "alpha", {f"{P}assign:beta": "0"}),
         lambda: alpha.get(f"{P}job:{jobs['beta']}"),  # any job spec, its own job's too

@@ -50,3 +50,4 @@ def test_a_pools_agents_open_the_store_as_a_sharded_broker_does(
     subprocess.run(["bash", "-c", script], check=True)
     written = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
     assert (written["BROKER_PREFIX"], written["BROKER_SHARDS"]) == ("team:", "4")
+    assert written["BROKER_TOKEN_FILE"].startswith("/var/lib/")  # a renewed token outlives a reboot

@@ -19,6 +19,7 @@ import redis
 from broker.agents.contract import Contract, Unregistered, Verdict
 from broker.agents.notices import watches_cloud
 from broker.agents.runner import JobProcess
+from broker.agents.tokens import longest, read_file, write_file
 from broker.domain.errors import RefusedError
 from broker.domain.model import Offer, notice_grace_s
 from broker.store.connection import give_up_waiting_when
@@ -30,6 +31,7 @@ FORWARDED = ("progress", "checkpoint", "restored", "checkpoint_skipped", "checkp
 PROGRESS_EVERY_S = 1.0
 OUTPUT_EVERY_S = 0.5  # how often the job's new output lines go to the log stream
 NOTICE_POLL_S = 1.0  # how often the metadata service is asked (AWS suggests every 5 s; leads are 30-120 s)
+TOKEN_POLL_S = 60.0  # how often an agent with a token looks for one the broker renewed (a day before it ends)
 
 
 class Agent:
@@ -49,8 +51,10 @@ class Agent:
         metrics=None,
         token: str | None = None,
         for_job: str | None = None,
+        token_file: Path | None = None,
     ):
         self.store, self.id, self.offer, self.token = store, agent_id, offer, token
+        self.token_file = token_file  # where a renewed token is kept for the next process (`--token-file`)
         self.for_job = for_job  # started for this job alone (`broker run`)
         self.checkpoint_root = checkpoint_root.rstrip("/")
         self.run_root = Path(run_root)
@@ -67,6 +71,7 @@ class Agent:
         self._output_sent = 0.0
         self._notice_polled = 0.0
         self._notice = None  # the preemption notice, once one came
+        self._token_polled = 0.0
 
     def register(self) -> None:
         self.contract.register(
@@ -101,6 +106,8 @@ class Agent:
                 self._unless_refused()
                 log.warning("agent=%s lease lapsed; re-registering", self.id)
                 self.register()
+            if self.token and time.monotonic() - self._token_polled >= TOKEN_POLL_S:
+                self._take_renewed_token()
             if self.job:
                 self._check_ownership()
             elif self.for_job and self._own_job_ended():
@@ -125,6 +132,20 @@ class Agent:
         take it leaves, rather than wait for good where its starter (`broker run`) died without stopping it."""
         view = self.store.ownership(self.id, self.for_job)
         return bool(view and view["terminal"])
+
+    def _take_renewed_token(self) -> None:
+        """Register with the token the broker renewed for this process from now on, and keep it in the token file:
+        a restart after the token it started with ended is admitted."""
+        self._token_polled = time.monotonic()
+        token = self.contract.renewed_token()
+        if token is None or token == self.token or longest(token, self.token) != token:
+            return
+        self.token = token
+        if self.token_file:
+            write_file(self.token_file, token)
+        log.info(
+            "agent=%s took a renewed registration token%s", self.id, f" ({self.token_file})" * bool(self.token_file)
+        )
 
     def _check_ownership(self) -> None:
         """Stop the job when it moved on (fence, cancel), or checkpoint and hand it back when the broker asks; ask
@@ -272,7 +293,16 @@ class Agent:
             raise RefusedError(
                 f"token: the broker refused agent {self.id}: {why}; pass it a registration token with --token or "
                 f"BROKER_AGENT_TOKEN (`broker agents token --id {self.id}`, where BROKER_AGENT_SECRET is set)"
+                + self._drop_kept_token()
             )
+
+    def _drop_kept_token(self) -> str:
+        """Remove the token file when it held the refused token (one signed with a secret since replaced, say): it
+        would be chosen over --token again, as the one that admits longer."""
+        if self.token_file is None or read_file(self.token_file) != self.token:
+            return ""
+        self.token_file.unlink(missing_ok=True)
+        return f"; {self.token_file} held that token and is removed"
 
     def _grace_s(self, notice) -> float:
         """How long the job has to checkpoint: the notice's lead, else the configured grace."""

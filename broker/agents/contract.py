@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from broker.domain.jobspec import JobSpec
 from broker.domain.model import AgentInfo, Offer
 from broker.store.jobs import Store
+from broker.store.renewals import renewed_token
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class Contract:
         self._may_hold = True  # assignments read but maybe not acked (a restart, a failed start): read them first
         self._leaving = False  # once the instance is going away, a renewed lease stays marked leaving
         self._host, self._pid = None, None  # the registration's, as refusals name them
+        self._told_no_renewals = False
 
     def register(
         self,
@@ -107,6 +109,17 @@ class Contract:
         if refusal is None or (refusal.get("host"), refusal.get("pid")) != (self._host, self._pid):
             return None
         return refusal.get("why")
+
+    def renewed_token(self) -> str | None:
+        """The registration token the broker renewed for this agent (core/renewal.py), or None. None too where its
+        ACL user was made before renewals (`broker acl agent` again lets it read it)."""
+        try:
+            return renewed_token(self.store, self.id)
+        except redis.exceptions.NoPermissionError:
+            if not self._told_no_renewals:
+                log.warning("agent=%s its Redis user may not read renewed tokens: `broker acl agent` again", self.id)
+                self._told_no_renewals = True
+            return None
 
     def offer(self, offer: Offer) -> None:
         """What this agent offers changed (a fill agent's measured speed): quotes see the new one."""

@@ -12,7 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from datetime import UTC, datetime
+import os
+import tempfile
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+# an admitted agent process is given a token of its own this long before its token ends, lasting RENEWED_FOR: its
+# restarts (a crash, a Redis outage, a reboot) register with it (`broker agent --token-file`), not with a pool's
+# token that ended while it ran
+RENEW_WITHIN = timedelta(days=1)
+RENEWED_FOR = timedelta(days=7)
 
 
 def _signature(secret: str, agent_id: str, expires: int) -> str:
@@ -53,3 +62,39 @@ def expires_at(token: str | None) -> datetime | None:
     """When a token stops admitting registrations (None: no token, or not one of this form)."""
     expires = (token or "").rsplit(":", 1)[-1].partition(".")[0]
     return datetime.fromtimestamp(int(expires), UTC) if expires.isdigit() else None
+
+
+def due(token: str | None, now: datetime) -> bool:
+    """Whether an admitted process holding `token` is to be given a new one: it ends within RENEW_WITHIN, or has."""
+    ends = expires_at(token)
+    return ends is not None and ends - now < RENEW_WITHIN
+
+
+def renewed(secret: str, agent_id: str, now: datetime) -> str:
+    """The token an admitted process of `agent_id` registers with from now on: its own id's, for RENEWED_FOR."""
+    return issue(secret, agent_id, now + RENEWED_FOR)
+
+
+def longest(*tokens: str | None) -> str | None:
+    """Of the tokens given, the one that admits longest (its form checked where it is verified)."""
+    held = [t for t in tokens if t]
+    return max(held, key=lambda t: expires_at(t) or datetime.min.replace(tzinfo=UTC), default=None)
+
+
+def read_file(path: Path) -> str | None:
+    """The token kept in `path` (`broker agent --token-file`), None while there is none."""
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def write_file(path: Path, token: str) -> None:
+    """Keep `token` in `path`, readable by its owner alone; a crash mid-write leaves the previous one whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # created 0600
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, path)

@@ -103,8 +103,9 @@ def _agents(store) -> Finding:
 
 
 def _tokens_ending(working) -> str:
-    """The working agents' tokens that end within TOKEN_NOTICE (or have): the agents run on, admitted, but a pool's
-    new instances (a spot pool replaces its preempted ones) or a restarted agent would be refused."""
+    """The working agents' tokens that end within TOKEN_NOTICE (or have): the agents run on, admitted, and restart
+    with the token the server renews for them (core/renewal.py), but a pool's new instances (a spot pool replaces its
+    preempted ones) would be refused."""
     soon = datetime.now(UTC) + TOKEN_NOTICE
     ending = sorted(
         {
@@ -117,8 +118,9 @@ def _tokens_ending(working) -> str:
         return ""
     named = ", ".join(f"{name}'s {at:%Y-%m-%d %H:%M} UTC" for at, name in ending[:3])
     return (
-        f"; registration tokens ending: {named}: agents running keep working, new or restarted ones will be refused: "
-        "issue new tokens (`broker agents provision` again for a pool, `broker agents token`)"
+        f"; registration tokens ending: {named}: agents running keep working (and restart with the tokens the "
+        "server renews for them, given --token-file), new ones will be refused: issue new tokens (`broker agents "
+        "provision` again for a pool, `broker agents token`)"
     )
 
 

@@ -20,6 +20,7 @@ from broker.agents.checkpoints import CheckpointStore
 from broker.agents.tokens import refusal
 from broker.core.budget import fallback_option, stop_over_budget
 from broker.core.guard import DeadlineGuard
+from broker.core.renewal import renew_tokens
 from broker.core.reports import end_run, fold, folding
 from broker.core.reserved import reserved_pairs, tell_ended
 from broker.core.rounds import serve_rounds
@@ -215,6 +216,8 @@ class BrokerServer:
         live = [a for a, lease in agents if lease not in (None, "leaving") and a.on_cloud]  # stand-ins: no evidence
         self.capacity.record(now, live)  # market evidence
         tell_ended(self.store, agents)
+        if self.agent_secret:
+            renew_tokens(self.store, self.agent_secret, agents, now)
         for agent, lease in agents:  # gone: its job (if any) was handled above
             if lease is None:
                 self.store.remove_agent(agent.id)

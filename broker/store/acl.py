@@ -36,7 +36,7 @@ def agent_rules(prefixes: list[str], agent: str) -> list[str]:
     keys, selectors = [], []
     for p in prefixes:
         keys += [f"~{p}assign:{agent}", f"~{p}lease:{agent}", f"~{p}agent:{agent}"]
-        keys += [f"%R~{p}own:{agent}:*", f"%R~{p}refused:{agent}"]
+        keys += [f"%R~{p}own:{agent}:*", f"%R~{p}refused:{agent}", f"%R~{p}renewed:{agent}"]
         selectors += [f"(+xadd %W~{p}agent-events)", f"(+sadd %W~{p}agents)", f"(+xadd %W~{p}log:{agent})"]
     return ["resetkeys", "resetchannels", "-@all", *CONNECT, *CLUSTER, *AGENT_COMMANDS, *keys, *selectors]
 

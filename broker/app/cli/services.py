@@ -56,6 +56,12 @@ def agent(
     token: str | None = typer.Option(
         None, envvar="BROKER_AGENT_TOKEN", help="Registration token (`broker agents token`)."
     ),
+    token_file: Path | None = typer.Option(
+        None,
+        envvar="BROKER_TOKEN_FILE",
+        help="Where to keep the token the broker renews for this agent, and read it when it restarts (the later "
+        "of it and --token is used).",
+    ),
     for_job: str | None = typer.Option(None, help="Run this job alone (`broker run` starts its agents so)."),
 ) -> None:
     """Run the agent of one instance: take assignments, run jobs, report, checkpoint on notices."""
@@ -66,6 +72,7 @@ def agent(
     from broker.agents.notices import watcher
 
     settings = Settings.from_env()
+    token = kept_token(token, token_file)
     CheckpointStore(checkpoints or settings.checkpoints).ensure_root()  # where its jobs will save, usable here
     try:
         # the newest prices and the hazard with every piece of evidence the store has; as a daemon it rides out a
@@ -96,8 +103,23 @@ def agent(
         metrics=metrics,
         token=token,
         for_job=for_job,
+        token_file=token_file,
     )
     err.print(f"agent {agent_id} ended: {worker.run()}")
+
+
+def kept_token(token: str | None, token_file: Path | None) -> str | None:
+    """The token to register with: the one given, or the one the token file keeps where it admits longer."""
+    from broker.agents.tokens import longest, read_file
+
+    if token_file is None:
+        return token
+    try:
+        return longest(token, read_file(token_file))
+    except OSError as error:
+        raise BrokerError(
+            f"--token-file: cannot read {token_file}: {error.strerror}; give a file this user may read"
+        ) from None
 
 
 def job_to_serve(store, job_id: str, agent_id: str) -> None:

@@ -1,0 +1,33 @@
+"""Token renewal: the server gives each admitted agent process whose registration token is about to end a token
+of its own, which the agent keeps (`broker agent --token-file`) and registers with when it restarts. Without it a
+restart after a pool's token ended (a crash, a Redis outage, a reboot) was refused, and its instance sat idle,
+billed, until someone provisioned the pool again.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from broker.agents import tokens
+from broker.domain.model import AgentInfo
+from broker.store.jobs import Store
+from broker.store.renewals import put_renewed, renewed_tokens
+
+log = logging.getLogger(__name__)
+
+
+def renew_tokens(store: Store, secret: str, agents: list[tuple[AgentInfo, str | None]], now: datetime) -> list[str]:
+    """Renew the tokens due of the live admitted agents (with their leases, as the store lists them); returns
+    their ids. Nothing is read from Redis while no agent's token is due."""
+    due = [a for a, lease in agents if lease not in (None, "leaving") and tokens.due(a.token, now)]
+    if not due:
+        return []
+    held = renewed_tokens(store, [a.id for a in due])
+    due = [a for a in due if held[a.id] is None or tokens.due(held[a.id], now)]
+    admitted = store.admitted(due)
+    renewed = [a.id for a in due if a.id in admitted]
+    for agent_id in renewed:
+        put_renewed(store, agent_id, tokens.renewed(secret, agent_id, now), now + tokens.RENEWED_FOR)
+        log.info("agent=%s registration token renewed for %s", agent_id, tokens.RENEWED_FOR)
+    return renewed

@@ -1,0 +1,135 @@
+"""Token renewal (core/renewal.py): an admitted agent process is given a token of its own before its token ends, and
+keeps it where its restarts read it. A pool's token (a week by default) used to end under running instances: any
+restart after it (a crash, a Redis outage that outlasted the agent's retries, a reboot) was refused, for good, and its
+instance idled on, billed."""
+
+import os
+import stat
+from datetime import UTC, datetime, timedelta
+
+from typer.testing import CliRunner
+
+from broker import planning
+from broker.agents.agent import Agent
+from broker.agents.checkpoints import CheckpointStore
+from broker.agents.tokens import RENEWED_FOR, due, issue, issue_pool, longest, read_file, refusal
+from broker.app.cli.main import app
+from broker.app.cli.services import kept_token
+from broker.core.broker import Broker
+from broker.core.clock import ManualClock
+from broker.core.server import BrokerServer
+from broker.domain.model import AgentInfo
+from broker.store.jobs import Store
+from broker.store.renewals import renewed_token
+from conftest import make_spec
+
+SECRET = "a-secret-of-24-characters"
+
+
+def offer_of(catalog):
+    return next(o for o in catalog.offers if o.accelerator == "A100" and o.accelerator_count == 1)
+
+
+def test_a_restart_after_the_pools_token_ended_registers_with_the_token_renewed_for_its_process(
+    store, redis_url, catalog, tmp_path
+):
+    now = datetime.now(UTC)
+    clock = ManualClock(now)
+    server = BrokerServer(store, planning.get(), clock, CheckpointStore(str(tmp_path)), agent_secret=SECRET)
+    pool_token, kept = issue_pool(SECRET, "gpu", now + timedelta(hours=2)), tmp_path / "state" / "agent-token"
+    agent = Agent(
+        store, "gpu.host1", offer_of(catalog), str(tmp_path / "ckpt"), tmp_path / "runs", heartbeat_s=0.0,
+        lease_s=600.0, token=pool_token, token_file=kept,
+    )  # fmt: skip
+    agent.register()
+    server.step()  # admitted
+    server.step()  # its token ends within a day: a token of its own
+    renewed = renewed_token(store, "gpu.host1")
+    assert renewed and refusal(SECRET, "gpu.host1", renewed, now + RENEWED_FOR - timedelta(minutes=1)) is None
+    assert 0 < store.redis.ttl(store.key("renewed", "gpu.host1")) <= RENEWED_FOR.total_seconds()
+    agent.step(block_ms=10)  # its heartbeat takes it
+    assert agent.token == renewed and read_file(kept) == renewed
+    assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600 and os.listdir(kept.parent) == ["agent-token"]
+    server.step()
+    assert renewed_token(store, "gpu.host1") == renewed  # not issued again while it lasts
+
+    clock.advance(hours=3)  # the pool's token has ended; the agent process dies and its unit restarts it
+    store.redis.delete(store.key("lease", "gpu.host1"))
+    server.step()  # removed
+    restarted = Store(redis_url)  # a new process: a new report key, checked again
+    token = kept_token(pool_token, kept)  # `broker agent --token-file` reads the later one
+    assert token == renewed
+    restarted.register_agent(
+        AgentInfo(id="gpu.host1", offer=offer_of(catalog), host="h", pid=9, registered_at=now, token=token), 600_000
+    )
+    job = Broker(store, catalog, planning.get(), clock).submit(make_spec())
+    assert server.dispatch() == [(job.id, "gpu.host1")] and store.refusal("gpu.host1") is None
+
+    Store(redis_url).register_agent(  # the pool's token alone is refused, as before: what the renewal saved it from
+        AgentInfo(id="gpu.host2", offer=offer_of(catalog), host="h", pid=10, registered_at=now, token=pool_token),
+        600_000,
+    )
+    server.step()
+    assert "expired" in store.refusal("gpu.host2")["why"]
+
+
+def test_only_live_admitted_processes_whose_token_is_due_are_renewed(store, redis_url, catalog, tmp_path):
+    now = datetime.now(UTC)
+    clock = ManualClock(now)
+    server = BrokerServer(store, planning.get(), clock, CheckpointStore(str(tmp_path)), agent_secret=SECRET)
+    for agent_id, hours in (("far", 72), ("near", 2), ("forged", 2)):
+        token = issue(
+            SECRET if agent_id != "forged" else "another-secret-of-24-chars", agent_id, now + timedelta(hours=hours)
+        )
+        store.register_agent(
+            AgentInfo(id=agent_id, offer=offer_of(catalog), host="h", pid=1, registered_at=now, token=token), 600_000
+        )
+    server.step()
+    server.step()
+    assert renewed_token(store, "near") and renewed_token(store, "far") is None  # 3 days left: not due
+    assert renewed_token(store, "forged") is None and store.refusal("forged") is not None  # refused, not renewed
+    first = renewed_token(store, "near")
+    clock.advance(hours=72)  # "far" is due now; "near"'s renewed token is not
+    server.step()
+    assert renewed_token(store, "far") and renewed_token(store, "near") == first
+    clock.advance(hours=RENEWED_FOR / timedelta(hours=1) - 72 - 12)  # "near"'s renewed token ends within a day: another
+    server.step()
+    assert renewed_token(store, "near") not in (None, first)
+
+
+def test_tokens_are_due_a_day_before_they_end_and_the_longest_one_is_kept():
+    now = datetime(2026, 11, 30, tzinfo=UTC)
+    week, hour = issue(SECRET, "a", now + timedelta(days=7)), issue(SECRET, "a", now + timedelta(hours=1))
+    assert not due(week, now) and due(hour, now) and due(hour, now + timedelta(hours=2)) and not due(None, now)
+    assert longest(hour, week) == week == longest(week, None, hour) and longest(None, None) is None
+    assert longest(issue_pool(SECRET, "p", now + timedelta(days=8)), week).startswith("pool:p:")
+
+
+def test_an_unreadable_token_file_is_one_line_naming_the_option(tmp_path):
+    result = CliRunner().invoke(app, ["agent", "--id", "a", "--offer", "x", "--token-file", str(tmp_path)])
+    assert result.exit_code == 2 and "--token-file: cannot read" in result.stderr, result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_refused_token_kept_in_the_token_file_is_removed_so_the_next_start_uses_token(store, catalog, tmp_path):
+    """A kept token signed with a secret since replaced would be chosen over a new --token (it lasts longer)."""
+    import pytest
+
+    from broker.agents.tokens import write_file
+    from broker.domain.errors import RefusedError
+
+    now = datetime.now(UTC)
+    kept, given = tmp_path / "agent-token", issue(SECRET, "a", now + timedelta(hours=1))
+    write_file(kept, issue("the-secret-before-this-one", "a", now + timedelta(days=5)))
+    server = BrokerServer(store, planning.get(), ManualClock(now), CheckpointStore(str(tmp_path)), agent_secret=SECRET)
+    agent = Agent(
+        store, "a", offer_of(catalog), str(tmp_path / "ckpt"), tmp_path / "runs", heartbeat_s=0.0,
+        token=kept_token(given, kept), token_file=kept,
+    )  # fmt: skip
+    agent.register()
+    server.step()
+    with pytest.raises(
+        RefusedError, match=f"does not match this agent id; .*{kept.name} held that token and is removed"
+    ):
+        agent.step(block_ms=10)
+    assert not kept.exists() and kept_token(given, kept) == given
