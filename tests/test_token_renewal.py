@@ -95,6 +95,9 @@ def test_only_live_admitted_processes_whose_token_is_due_are_renewed(store, redi
     clock.advance(hours=RENEWED_FOR / timedelta(hours=1) - 72 - 12)  # "near"'s renewed token ends within a day: another
     server.step()
     assert renewed_token(store, "near") not in (None, first)
+    replaced = "a-new-secret-of-24-characters"  # BROKER_AGENT_SECRET replaced: admitted processes get new tokens
+    BrokerServer(store, planning.get(), clock, CheckpointStore(str(tmp_path)), agent_secret=replaced).step()
+    assert refusal(replaced, "near", renewed_token(store, "near"), clock.now()) is None
 
 
 def test_tokens_are_due_a_day_before_they_end_and_the_longest_one_is_kept():

@@ -24,7 +24,8 @@ def renew_tokens(store: Store, secret: str, agents: list[tuple[AgentInfo, str | 
     if not due:
         return []
     held = renewed_tokens(store, [a.id for a in due])
-    due = [a for a in due if held[a.id] is None or tokens.due(held[a.id], now)]
+    # renewed again once it is due itself, or no longer verifies (BROKER_AGENT_SECRET replaced)
+    due = [a for a in due if tokens.due(held[a.id], now) or tokens.refusal(secret, a.id, held[a.id], now)]
     admitted = store.admitted(due)
     renewed = [a.id for a in due if a.id in admitted]
     for agent_id in renewed:
