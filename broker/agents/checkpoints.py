@@ -121,6 +121,11 @@ class CheckpointStore:
     def job_dir(self, job_id: str) -> str:
         return posixpath.join(self.root, job_id)
 
+    def remove_job(self, job_id: str) -> None:
+        """Delete every checkpoint of the job (a job the store forgot: core/retention.py)."""
+        if self.fs.exists(self.job_dir(job_id)):
+            self.fs.rm(self.job_dir(job_id), recursive=True)
+
     def step_dir(self, job_id: str, step: int) -> str:
         return posixpath.join(self.job_dir(job_id), f"step-{step:012d}")
 

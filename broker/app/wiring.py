@@ -4,6 +4,7 @@ it, and the core. The CLI, the dashboard and the server all come through here.""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -93,10 +94,21 @@ def make_server(
     )
 
 
-def make_replica(broker: Broker, consumer: str, policy=None, clock=None, metrics=None, leader_lease_s: float = 5.0):
+def make_replica(
+    broker: Broker,
+    consumer: str,
+    policy=None,
+    clock=None,
+    metrics=None,
+    leader_lease_s: float = 5.0,
+    keep_ended: timedelta | None = None,
+):
     """`broker server`: a server per shard, run for the shards this replica owns among the live ones
-    (core/replica.py); with one shard, one replica plans and the others stand by."""
+    (core/replica.py); with one shard, one replica plans and the others stand by. With `keep_ended` it forgets the
+    jobs that ended longer ago than that (core/retention.py)."""
+    from broker.agents.checkpoints import CheckpointStore
     from broker.core.replica import Replica
+    from broker.core.retention import Retention
     from broker.core.server import PRICES_EVERY_S
 
     settings, priced = Settings.from_env(), {}
@@ -109,7 +121,8 @@ def make_replica(broker: Broker, consumer: str, policy=None, clock=None, metrics
     def make(shard: Store):
         return make_server(broker, consumer, policy, clock, metrics, leader_lease_s, shard, prices)
 
-    return Replica(broker.store, make, consumer, leader_lease_s)
+    retention = Retention(keep_ended, CheckpointStore(settings.checkpoints)) if keep_ended else None
+    return Replica(broker.store, make, consumer, leader_lease_s, retention)
 
 
 def market_model() -> MarketModel:

@@ -7,7 +7,7 @@ is alive (a heartbeat younger than the lease). A shard goes to the live replica 
 gives up the lease of a shard no longer its own, and the shard's new owner takes it; each shard keeps its own
 planning lease and fencing token (Store.lead), so two replicas that briefly disagree still never both write.
 Every REHOME_EVERY_S the leader of a shard moves its waiting jobs that no agent of it fits to a shard with one
-(core/rehoming.py).
+(core/rehoming.py), and with a retention it forgets the jobs that ended long ago (core/retention.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Callable
 
 from broker.core.rehoming import REHOME_EVERY_S, rehome
+from broker.core.retention import Retention
 from broker.core.rounds import serve_rounds
 from broker.core.server import BrokerServer
 from broker.store.jobs import Store
@@ -36,8 +37,16 @@ def owner(replicas: list[str], shard: int) -> str:
 class Replica:
     """One server process: a BrokerServer per shard, run for the shards it owns."""
 
-    def __init__(self, store: ShardedStore, make: Callable[[Store], BrokerServer], name: str, lease_s: float = 5.0):
+    def __init__(
+        self,
+        store: ShardedStore,
+        make: Callable[[Store], BrokerServer],
+        name: str,
+        lease_s: float = 5.0,
+        retention: Retention | None = None,
+    ):
         self.store, self.name, self.lease_ms = store, name, int(lease_s * 1000)
+        self.retention = retention  # forgets ended jobs in the shards it leads (`--keep-ended-days`)
         self.servers = [make(shard) for shard in store.shards]
         self.owned: list[int] = []
         self._checked = -float("inf")
@@ -75,6 +84,9 @@ class Replica:
             led = {i: self.servers[i].consumer for i in owned if self.servers[i].token is not None}  # fenced too
             if led:
                 rehome(self.store, led, self.servers[owned[0]].clock.now())
+        if self.retention and self.retention.due():
+            for server in (self.servers[i] for i in owned if self.servers[i].token is not None):
+                self.retention.forget_ended(server.store, server.clock.now(), server.consumer)
 
     def serve(self, until=lambda: False) -> None:
         serve_rounds(self.round, self.name, until)

@@ -158,11 +158,18 @@ def server(
     leader_lease_s: float = typer.Option(
         5.0, min=0.1, help="Planning lease: a standby replica takes over this long after the leader stops."
     ),
+    keep_ended_days: float = typer.Option(
+        0.0,
+        min=0.0,
+        envvar="BROKER_KEEP_ENDED_DAYS",
+        help="Forget jobs that ended this many days ago, with their checkpoints (0: keep every job).",
+    ),
 ) -> None:
     """Run the broker's control loop: apply agent reports, reclaim lost agents, dispatch. Run several for
     fail-over: one plans each shard (BROKER_SHARDS, default 1), the others stand by or plan other shards."""
     import os
     import socket
+    from datetime import timedelta
 
     from broker.app import wiring
     from broker.core.clock import ScaledClock
@@ -176,7 +183,8 @@ def server(
         serve(metrics.registry, metrics_port, metrics_address)
     chosen = planning.get(policy, **settings.policy_options()) if policy else None
     consumer = consumer or f"server-{socket.gethostname()}-{os.getpid()}"
-    loop = wiring.make_replica(broker, consumer, chosen, ScaledClock(speedup), metrics, leader_lease_s)
+    keep = timedelta(days=keep_ended_days) if keep_ended_days else None
+    loop = wiring.make_replica(broker, consumer, chosen, ScaledClock(speedup), metrics, leader_lease_s, keep)
     err.print(f"broker server {consumer} running; Ctrl-C stops it")
     try:
         loop.serve()

@@ -1,0 +1,46 @@
+"""Forgetting ended jobs (core/retention.py says which and when): a job's record, its place in the jobs index and its
+figures go in one transaction, and the counters beside the jobs (totals.py) lose what it added, so every reader
+(`broker list`, `cost-report`, the dashboard, the metrics) agrees the store no longer holds it. The market evidence
+its runs gave (evidence.py) stays: it is about the clouds, not the job.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from broker.domain.model import Job
+from broker.store import figures, totals
+from broker.store.jobs import Store
+
+
+def ended_before(store: Store, cutoff: float, start: int, count: int) -> list[Job]:
+    """A page of the jobs submitted before `cutoff` (epoch seconds), oldest first, from the `start`th: the only ones
+    that may have ended before it."""
+    return store.jobs_by_id(store.redis.zrangebyscore(store.key("jobs"), "-inf", f"({cutoff}", start=start, num=count))
+
+
+def forget(store: Store, jobs: list[Job], leader: str | None = None) -> list[str]:
+    """Delete these ended jobs, each only as given (one changed since, or a lost planning lease with `leader`: nothing
+    of the batch, for a later pass); returns the ids deleted."""
+    jobs = [job for job in jobs if job.state.terminal]
+    if not jobs:
+        return []
+    watched = [store.key("job", job.id) for job in jobs] + ([store.key("leader")] if leader else [])
+    with store.redis.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(*watched)
+            raws = pipe.execute_command("MGET", *watched)
+            if leader is not None and raws.pop() != leader:
+                return []
+            stored = {job.id: job for job in map(Job.model_validate_json, filter(None, raws))}
+            gone = [job for job in jobs if job.id in stored and stored[job.id].updated_at == job.updated_at]
+            pipe.multi()
+            for job in gone:
+                pipe.delete(store.key("job", job.id))
+                pipe.zrem(store.key("jobs"), job.id)
+                totals.count(pipe, store.key(totals.KEY), job, None)
+                figures.track(pipe, store.key(figures.KEY), job, None)
+            pipe.execute()
+        except redis.WatchError:
+            return []
+    return [job.id for job in gone]
