@@ -67,8 +67,12 @@ def test_each_page_starts_after_the_jobs_the_last_kept_so_old_unended_jobs_hold_
     for job_id in ("crashed", "late"):  # the oldest two by id (all were submitted together): ended later
         store.update_job(job_id, lambda j: j.model_copy(update={"updated_at": now + timedelta(hours=5)}))
     keep = Retention(timedelta(hours=1), CheckpointStore(str(tmp_path)))
-    passes = [keep.forget_ended(store, now + timedelta(hours=2)) for _ in range(3)]
+    passes, due = [], []
+    for _ in range(3):
+        due.append(keep.due())
+        passes.append(keep.forget_ended(store, now + timedelta(hours=2)))
     assert passes == [[], ["migrated", "stopped"], []]
+    assert due == [True, True, True] and not keep.due()  # a pass each round while pages come full, then a minute
     assert sorted(j.id for j in store.list_jobs()) == ["crashed", "late", "waiting"]
 
 
@@ -87,3 +91,24 @@ def test_a_replica_forgets_ended_jobs_in_the_shards_it_leads(redis_url, catalog,
     replica.round(block_ms=10)
     assert [j.id for j in sharded.list_jobs()] == ["waiting"]
     assert {shard.job_count() for shard in sharded.shards} == {0, 1}
+
+
+def test_the_log_streams_of_agents_removed_before_the_cutoff_go_unless_they_registered_again(store, catalog, tmp_path):
+    from broker.domain.model import AgentInfo
+
+    now = datetime.now(UTC)
+    for agent_id in ("gone", "back", "recent"):
+        store.register_agent(
+            AgentInfo(id=agent_id, offer=catalog.offers[0], host="h", pid=1, registered_at=now), 60_000
+        )
+        store.append_log(agent_id, "j", 1, ["step 1"])
+    store.remove_agent("gone")
+    store.remove_agent("back")
+    store.register_agent(AgentInfo(id="back", offer=catalog.offers[0], host="h", pid=2, registered_at=now), 60_000)
+    keep = Retention(timedelta(hours=1), CheckpointStore(str(tmp_path)))
+    keep.forget_ended(store, now + timedelta(minutes=30))
+    assert store.redis.exists(store.key("log", "gone"))  # removed half an hour before: kept
+    keep.forget_ended(store, now + timedelta(hours=2))
+    assert not store.redis.exists(store.key("log", "gone"))
+    assert store.redis.exists(store.key("log", "back")) and store.redis.exists(store.key("log", "recent"))
+    assert store.redis.zcard(store.key("removed")) == 0  # "back" is listed again when it is removed again

@@ -1,7 +1,8 @@
 """Retention: a store keeps every job it ran unless told otherwise (a job is 7-20 KB of Redis memory: 1,000 jobs a
-minute fill a few GB a day). With `broker server --keep-ended-days N` the leader of each shard forgets, a page a
-minute, the jobs that ended more than N days ago (store/retention.py), and removes their checkpoints from the
-checkpoint store on a thread of its own, so a slow bucket holds no round up.
+minute fill over 10 GB a day). With `broker server --keep-ended-days N` the leader of each shard forgets, a page a
+minute, the jobs that ended more than N days ago (store/retention.py) and the log streams of agents removed as long
+ago, and removes the jobs' checkpoints from the checkpoint store on a thread of its own, so a slow bucket holds no
+round up.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from datetime import datetime, timedelta
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.store.jobs import Store
-from broker.store.retention import ended_before, forget
+from broker.store.retention import ended_before, forget, forget_logs
 
 log = logging.getLogger(__name__)
 
-FORGET_EVERY_S = 60.0  # a pass a minute, each shard a page: ended jobs age by days
-PAGE = 500
+FORGET_EVERY_S = 60.0  # a pass a minute, each shard a page: ended jobs age by days ...
+PAGE = 500  # ... and a pass each round while a page comes full (a backlog: a busy broker ends jobs by the thousand)
 
 
 class Retention:
@@ -28,12 +29,13 @@ class Retention:
         self.keep, self.checkpoints = keep, checkpoints
         self._start: dict[str, int] = {}  # shard prefix -> where its next page starts (the jobs before stay)
         self._passed = -float("inf")
+        self._full = False  # the last pass read a full page somewhere: more wait
         self._removals = ThreadPoolExecutor(1, thread_name_prefix="retention")
 
     def due(self) -> bool:
-        if time.monotonic() - self._passed < FORGET_EVERY_S:
+        if not self._full and time.monotonic() - self._passed < FORGET_EVERY_S:
             return False
-        self._passed = time.monotonic()
+        self._passed, self._full = time.monotonic(), False
         return True
 
     def forget_ended(self, store: Store, now: datetime, leader: str | None = None) -> list[str]:
@@ -43,10 +45,14 @@ class Retention:
         page = ended_before(store, cutoff.timestamp(), start, PAGE)
         gone = forget(store, [job for job in page if job.state.terminal and job.updated_at < cutoff], leader)
         self._start[store.prefix] = start + len(page) - len(gone) if len(page) == PAGE else 0
+        self._full |= len(page) == PAGE
         for job_id in gone:
             self._removals.submit(self._remove_checkpoints, job_id)
-        if gone:
-            log.info("store=%s forgot %d jobs that ended before %s", store.prefix, len(gone), f"{cutoff:%Y-%m-%d}")
+        logs = forget_logs(store, cutoff.timestamp(), PAGE)
+        if gone or logs:
+            log.info(
+                "store=%s forgot %d jobs and %d agents' logs from before %s", store.prefix, len(gone), len(logs), cutoff
+            )
         return gone
 
     def _remove_checkpoints(self, job_id: str) -> None:

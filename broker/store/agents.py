@@ -197,11 +197,13 @@ class AgentChannels:
 
     def remove_agent(self, agent_id: str, refusal: dict | None = None) -> None:
         """Delete the agent's record, lease and stream; its admission is kept a day for the process to come back in.
-        With `refusal` the admission goes, and the agent is left why, in the same transaction."""
+        With `refusal` the admission goes, and the agent is left why, in the same transaction. When it went is kept
+        (`{p}removed`): its log stream goes with the jobs it ran (store/retention.py)."""
         with self.redis.pipeline(transaction=True) as pipe:
             keys = [self._key(kind, agent_id) for kind in ("agent", "lease", "assign")]
             pipe.execute_command("DEL", *keys)  # one command: a cluster pipeline's delete takes one key
             pipe.srem(self._key("agents"), agent_id)
+            pipe.zadd(self._key("removed"), {agent_id: time.time()})
             if refusal is not None:
                 pipe.delete(self._key("admitted", agent_id))
                 pipe.set(self._key("refused", agent_id), json.dumps(refusal), ex=REFUSAL_TTL_S)

@@ -18,6 +18,7 @@ ShardedStore, and a shard's prefix carries its hash tag, `broker:{3}:`, when the
     {p}refused:{id}      STRING  why the broker refused an agent (its token) and which process (JSON; a day)
     {p}admitted:{id}     STRING  the report key of the agent process whose token the broker checked (a day's
                          expiry once the agent is removed: the process may come back in; none once refused)
+    {p}removed           ZSET    agent id -> when it was removed (its log stream outlives it: retention.py)
     {p}own:{agent}:{job} STRING  what an agent may know of a job it was given (JSON: fence, mine, started,
                                  move, checkpoint (when asked for one), terminal), rewritten with every change
                                  of the job; agents read nothing else of jobs, so their ACL users need no access

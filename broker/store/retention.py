@@ -1,7 +1,9 @@
 """Forgetting ended jobs (core/retention.py says which and when): a job's record, its place in the jobs index and its
 figures go in one transaction, and the counters beside the jobs (totals.py) lose what it added, so every reader
 (`broker list`, `cost-report`, the dashboard, the metrics) agrees the store no longer holds it. The market evidence
-its runs gave (evidence.py) stays: it is about the clouds, not the job.
+its runs gave (evidence.py) stays: it is about the clouds, not the job. The log stream of an agent removed before
+the same cutoff goes too (up to LOG_MAXLEN batches each; a spot pool's instances come and go under new names), its
+jobs' output with it.
 """
 
 from __future__ import annotations
@@ -44,3 +46,25 @@ def forget(store: Store, jobs: list[Job], leader: str | None = None) -> list[str
         except redis.WatchError:
             return []
     return [job.id for job in gone]
+
+
+def forget_logs(store: Store, cutoff: float, count: int) -> list[str]:
+    """Delete the log streams of up to `count` agents removed before `cutoff` (epoch seconds) and not registered
+    since; returns their ids. One registered again keeps its stream (it is listed again at its next removal)."""
+    removed, agents = store.key("removed"), store.key("agents")
+    with store.redis.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(agents)  # one registering meanwhile: nothing this pass
+            ids = pipe.zrangebyscore(removed, "-inf", f"({cutoff}", start=0, num=count)
+            if not ids:
+                return []
+            back = set(i for i, member in zip(ids, pipe.smismember(agents, ids)) if member)
+            pipe.multi()
+            for agent_id in ids:
+                if agent_id not in back:
+                    pipe.delete(store.key("log", agent_id))
+            pipe.zrem(removed, *ids)
+            pipe.execute()
+        except redis.WatchError:
+            return []
+    return [i for i in ids if i not in back]
