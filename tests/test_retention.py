@@ -11,7 +11,7 @@ from broker.core.clock import ManualClock
 from broker.core.replica import Replica
 from broker.core.retention import Retention
 from broker.core.server import BrokerServer
-from broker.domain.model import JobState
+from broker.domain.model import AgentInfo, JobState
 from broker.store import evidence, figures
 from broker.store.retention import forget
 from broker.store.shards import ShardedStore
@@ -94,7 +94,6 @@ def test_a_replica_forgets_ended_jobs_in_the_shards_it_leads(redis_url, catalog,
 
 
 def test_the_log_streams_of_agents_removed_before_the_cutoff_go_unless_they_registered_again(store, catalog, tmp_path):
-    from broker.domain.model import AgentInfo
 
     now = datetime.now(UTC)
     for agent_id in ("gone", "back", "recent"):
@@ -112,3 +111,18 @@ def test_the_log_streams_of_agents_removed_before_the_cutoff_go_unless_they_regi
     assert not store.redis.exists(store.key("log", "gone"))
     assert store.redis.exists(store.key("log", "back")) and store.redis.exists(store.key("log", "recent"))
     assert store.redis.zcard(store.key("removed")) == 0  # "back" is listed again when it is removed again
+
+
+def test_on_a_cluster_each_shard_forgets_in_its_own_slot(cluster_url, catalog, tmp_path):
+    from seeded_jobs import seed_jobs
+
+    sharded, now = ShardedStore(cluster_url, "broker:", 3), datetime.now(UTC)
+    seed_jobs(sharded, catalog)
+    agents = sharded.of_agent("a1")
+    agents.register_agent(AgentInfo(id="a1", offer=catalog.offers[0], host="h", pid=1, registered_at=now), 60_000)
+    agents.append_log("a1", "j", 1, ["out"])
+    agents.remove_agent("a1")
+    keep = Retention(timedelta(hours=1), CheckpointStore(str(tmp_path)))
+    gone = [i for shard in sharded.shards for i in keep.forget_ended(shard, now + timedelta(hours=2), None)]
+    assert sorted(gone) == ENDED and [j.id for j in sharded.list_jobs()] == ["waiting"]
+    assert not agents.redis.exists(agents.key("log", "a1"))
