@@ -84,7 +84,7 @@ def longest(*tokens: str | None) -> str | None:
 def read_file(path: Path) -> str | None:
     """The token kept in `path` (`broker agent --token-file`), None while there is none."""
     try:
-        return path.read_text().strip() or None
+        return path.read_text(errors="replace").strip() or None  # not a token: refused, and the file removed
     except FileNotFoundError:
         return None
 
