@@ -85,17 +85,31 @@ class Agent:
             signal.signal(signum, lambda *_: setattr(self, "_stopping", True))  # (its own session) checkpoints first
         give_up_waiting_when(self.store.redis, self._going_away)  # not for the whole outage the store rides out
         self.register()
-        while True:
-            try:
-                outcome = self.step()
-            except redis.ConnectionError as err:  # Redis gone for longer than the store rides out: keep the job, retry
-                if self._going_away():  # unless the instance is going away: the job checkpoints all the same
-                    return self._leave_unreachable(self._notice)
-                log.warning("agent=%s redis unreachable (%s); retrying in 1 s", self.id, err)
-                time.sleep(1.0)
-                continue
-            if outcome:
-                return outcome
+        try:
+            while True:
+                try:
+                    outcome = self.step()
+                except redis.ConnectionError as err:  # Redis gone longer than the store rides out: keep the job, retry
+                    if self._going_away():  # unless the instance is going away: the job checkpoints all the same
+                        return self._leave_unreachable(self._notice)
+                    log.warning("agent=%s redis unreachable (%s); retrying in 1 s", self.id, err)
+                    time.sleep(1.0)
+                    continue
+                if outcome:
+                    return outcome
+        except Exception:
+            self._stop_orphan()
+            raise
+
+    def _stop_orphan(self) -> None:
+        """The agent dies of an error: stop its job (its own session would outlive the agent) rather than leave it
+        running unreported while the broker gives it to another agent once the lease lapses. It checkpoints on the
+        SIGTERM into the store, where the next run's resume finds it."""
+        if self.job is not None and self.job.poll() is None:
+            log.error(
+                "agent=%s failing; stopping job=%s (up to %.0f s to checkpoint)", self.id, self.job.job_id, self.grace_s
+            )
+            self.job.stop(self.grace_s)
 
     def step(self, block_ms: int = 200) -> str | None:
         """One turn of the loop; a string when the agent must end (preempted, stopped)."""
