@@ -49,6 +49,32 @@ def test_a_new_machine_is_told_what_works_and_what_to_set_up(no_clouds):
     assert found["checkpoints"]["status"] == "ok"
 
 
+def test_a_redis_that_evicts_keys_when_full_is_a_problem_and_a_nearly_full_one_a_note(no_clouds, monkeypatch):
+    """Managed Redis often defaults to an LRU policy: full, it deleted jobs and leases (agents taken for lost)."""
+    from broker.core.replica import Replica
+
+    client = Store(no_clouds).redis
+    saved = client.config_get("maxmemory*")
+    monkeypatch.setattr(Replica, "serve", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))  # start, then stop
+    try:
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        code, found = findings()
+        detail = found["redis"]["detail"]
+        assert code == 2 and found["redis"]["status"] == "problem", detail
+        assert "maxmemory-policy is allkeys-lru" in detail and "set it to noeviction" in detail
+        started = runner.invoke(app, ["server", "--metrics-port", "0"])  # the server says so as it starts
+        assert started.exit_code == 0 and "warning: redis: maxmemory-policy is allkeys-lru" in started.stderr
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"] / 0.85))
+        code, found = findings()
+        assert code == 0 and found["redis"]["status"] == "note" and "--keep-ended-days" in found["redis"]["detail"]
+        assert "% of a node's maxmemory is used" in found["redis"]["detail"]
+    finally:
+        client.config_set("maxmemory", saved["maxmemory"])
+        client.config_set("maxmemory-policy", saved["maxmemory-policy"])
+    assert findings()[1]["redis"]["status"] == "ok" and "MB used (no maxmemory)" in findings()[1]["redis"]["detail"]
+
+
 def test_credentials_a_server_and_an_agent_are_found(no_clouds, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEEXAMPLE00")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret" * 6)
@@ -128,3 +154,23 @@ def test_a_shard_without_a_server_is_a_note(no_clouds, monkeypatch):
     }
     store.shards[1].lead("server-a", 60_000)
     assert findings()[1]["server"]["status"] == "ok"
+
+
+def test_on_a_cluster_every_nodes_memory_and_policy_are_read(cluster_url):
+    """A cluster client's INFO asks one node: an evicting node beside two that do not went unseen."""
+    import redis
+
+    from broker.store.memory import Memory, eviction_problem
+    from broker.store.shards import ShardedStore
+
+    cluster = ShardedStore(cluster_url, "broker:", 3).redis
+    node = cluster.get_nodes()[-1]
+    one = redis.Redis(host=node.host, port=node.port)
+    try:
+        one.config_set("maxmemory-policy", "volatile-lru")  # evicts keys with a TTL: leases
+        nodes = Memory.of(cluster)
+        assert len(nodes) == 3 and all(n.used_bytes > 0 for n in nodes)
+        assert "maxmemory-policy is volatile-lru" in eviction_problem(nodes)
+    finally:
+        one.config_set("maxmemory-policy", "noeviction")
+    assert eviction_problem(Memory.of(cluster)) is None

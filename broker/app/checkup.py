@@ -16,6 +16,7 @@ import redis
 from broker.agents.tokens import expires_at
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
+from broker.store.memory import FULL_SHARE, Memory, eviction_problem, usage
 
 OK, NOTE, PROBLEM = "ok", "note", "problem"
 CLOUDS = ("aws", "gcp", "azure")
@@ -55,8 +56,18 @@ def _redis(store, settings: Settings) -> Finding:
         durable = store.redis.config_get("appendonly").get("appendonly") == "yes"
     except redis.ResponseError:  # managed Redis often forbids CONFIG: its durability is its own to say
         durable = None
-    jobs = store.job_count()
-    detail = f"{store.url}, redis {version} ({where}); {jobs} job{'s' * (jobs != 1)}"
+    jobs, nodes = store.job_count(), Memory.of(store.redis)
+    detail = f"{store.url}, redis {version} ({where}); {jobs} job{'s' * (jobs != 1)}; {usage(nodes)}"
+    if problem := eviction_problem(nodes):
+        return Finding("redis", PROBLEM, f"{detail}; {problem}")
+    full = max(n.full_share() or 0.0 for n in nodes)
+    if full >= FULL_SHARE:
+        return Finding(
+            "redis",
+            NOTE,
+            f"{detail}; {full:.0%} of a node's maxmemory is used, and writes fail when it is full: forget old jobs "
+            "(`broker server --keep-ended-days N`) or give Redis more memory",
+        )
     if durable is False:
         return Finding("redis", NOTE, f"{detail}; appendonly is off: a restart loses what was not saved; turn it on")
     return Finding("redis", OK, detail + ("" if durable else "; CONFIG not allowed: durability is the host's"))

@@ -177,6 +177,10 @@ def server(
     settings = Settings.from_env()
     broker = make_broker(daemon=True)
     from broker.app.metrics import ServerMetrics, serve
+    from broker.store.memory import Memory, eviction_problem
+
+    if problem := eviction_problem(Memory.of(broker.store.redis)):
+        err.print(f"[yellow]warning:[/] {problem}", highlight=False)
 
     metrics = ServerMetrics(broker.store)
     if metrics_port:
