@@ -23,7 +23,7 @@ class Settings:
     policy: str  # BROKER_POLICY: the planner used for quotes
     checkpoints: str  # BROKER_CHECKPOINTS: fsspec URL of the checkpoint store
     prefix: str = "broker:"  # BROKER_PREFIX: key prefix in Redis
-    shards: int = 1  # BROKER_SHARDS: jobs and agents split over this many shards (store/shards.py)
+    shards: int | None = None  # BROKER_SHARDS: jobs and agents split over this many shards (None: as the store is)
     round_budget_usd: float | None = None  # BROKER_ROUND_BUDGET_USD: expected spend one planning round may commit
     agent_secret: str | None = field(
         default=None, repr=False
@@ -68,8 +68,11 @@ def _prefix(env: Mapping[str, str]) -> str:
     return prefix
 
 
-def _shards(env: Mapping[str, str]) -> int:
-    text = env.get("BROKER_SHARDS") or "1"
+def _shards(env: Mapping[str, str]) -> int | None:
+    """BROKER_SHARDS; None when unset: the store's own layout is followed (store/layout.py)."""
+    text = env.get("BROKER_SHARDS")
+    if not text:
+        return None
     if not text.isdigit() or int(text) < 1:
         raise BrokerError(f"BROKER_SHARDS: {text!r} is not a shard count; set a whole number like 4, or unset it")
     return int(text)

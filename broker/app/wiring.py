@@ -37,13 +37,16 @@ def redis_url(settings: Settings, say=lambda line: None) -> str:
     return server.url
 
 
-def store_for(settings: Settings, daemon: bool = False, say=lambda line: None) -> ShardedStore:
-    """The store (its shards); a daemon's (server, agent) rides out Redis restarts, a command's fails at once."""
+def store_for(settings: Settings, daemon: bool = False, say=lambda line: None, claim: bool = False) -> ShardedStore:
+    """The store (its shards); a daemon's (server, agent) rides out Redis restarts, a command's fails at once. A
+    server's (`claim`) records how many shards it splits the store into, for the clients (store/layout.py)."""
     outage_s = settings.redis_outage_s if daemon else 0.0
-    return ShardedStore(redis_url(settings, say), settings.prefix, settings.shards, outage_s)
+    return ShardedStore(redis_url(settings, say), settings.prefix, settings.shards, outage_s, claim)
 
 
-def make_broker(with_store: bool = True, live: bool = False, daemon: bool = False, say=lambda line: None) -> Broker:
+def make_broker(
+    with_store: bool = True, live: bool = False, daemon: bool = False, say=lambda line: None, claim: bool = False
+) -> Broker:
     """The core on the configured store. `live` prices with what the store knows (recorded prices, eviction
     bands, our agents' preemptions), which reads every job and price: only the commands that price ask for it."""
     from broker import planning
@@ -53,7 +56,7 @@ def make_broker(with_store: bool = True, live: bool = False, daemon: bool = Fals
     from broker.pricing.catalog import PriceCatalog
 
     settings = Settings.from_env()
-    store = store_for(settings, daemon, say) if with_store else None
+    store = store_for(settings, daemon, say, claim) if with_store else None
     catalog = live_catalog(store, settings) if store and live else PriceCatalog.from_snapshot(settings.prices_dir)
     policy = planning.get(settings.policy, **settings.policy_options())
     # the live guard looks every second, not once a market tick: the quotes' futures play it so

@@ -102,14 +102,14 @@ def attach(
     checkpoints: str,
     prefix: str = "broker:",
     accelerator: str = "H100",
-    shards: int = 1,
+    shards: int | None = None,
     token: str | None = None,
     **options,
 ) -> Bubbles:
     """Offer a DeepSpeed PipelineEngine's bubbles to the broker at `redis_url` (checkpoints: an fsspec URL); each
-    stage's executor is an agent in the shard its id hashes to, of the broker's `shards` (BROKER_SHARDS). A broker
-    with BROKER_AGENT_SECRET set admits the stages with a pool token for the main job (`broker agents token --pool
-    MAIN_JOB`): `token`, else BROKER_AGENT_TOKEN."""
+    stage's executor is an agent in the shard its id hashes to, of the broker's `shards` (BROKER_SHARDS; None: as
+    the store is split). A broker with BROKER_AGENT_SECRET set admits the stages with a pool token for the main job
+    (`broker agents token --pool MAIN_JOB`): `token`, else BROKER_AGENT_TOKEN."""
     store = ShardedStore(redis_url, prefix, shards)
     token = token or os.environ.get("BROKER_AGENT_TOKEN")
     return Bubbles(engine, main_job, store, CheckpointStore(checkpoints), accelerator, token=token, **options)

@@ -27,6 +27,7 @@ from broker.domain.errors import BrokerError, NotFoundError
 from broker.domain.model import AgentInfo, Job, JobState
 from broker.store.connection import patient_retry, redact_url, unreachable
 from broker.store.jobs import DEFAULT_PREFIX, Store
+from broker.store.layout import shard_count, shard_prefix, tagged
 from broker.store.moves import ROUTE
 
 
@@ -38,10 +39,6 @@ def shard_of(name: str, count: int) -> int:
 def agent_id_in(name: str, shard: int, count: int) -> str:
     """An agent id in shard `shard` of `count`: `name`, or the first of name-1, name-2, ... that hashes there."""
     return next(n for n in (name, *(f"{name}-{k}" for k in range(1, 100 * count))) if shard_of(n, count) == shard)
-
-
-def shard_prefix(prefix: str, index: int, tagged: bool) -> str:
-    return f"{prefix}{{{index}}}:" if tagged else prefix
 
 
 def connect(url: str, outage_s: float = 0.0) -> redis.Redis | RedisCluster:
@@ -65,13 +62,23 @@ def connect(url: str, outage_s: float = 0.0) -> redis.Redis | RedisCluster:
 class ShardedStore:
     """Jobs and agents over `count` shards (Store each); the methods clients use, routed or gathered."""
 
-    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, count: int = 1, outage_s: float = 0.0):
-        if count < 1:
+    def __init__(
+        self,
+        url: str,
+        prefix: str = DEFAULT_PREFIX,
+        count: int | None = None,
+        outage_s: float = 0.0,
+        claim: bool = False,
+    ):
+        """`count`: BROKER_SHARDS, None when unset: the store's recorded layout then; `claim`: a server's, which
+        records it (store/layout.py)."""
+        if count is not None and count < 1:
             raise BrokerError(f"BROKER_SHARDS: {count} is not a shard count; set a whole number of at least 1")
         client = connect(url, outage_s)
-        tagged = count > 1 or isinstance(client, RedisCluster)
+        count = shard_count(client, prefix, count, claim)
         self.url, self.prefix, self.redis = redact_url(url), prefix, client
-        self.shards = [Store(url, shard_prefix(prefix, i, tagged), outage_s, client=client) for i in range(count)]
+        keys = [shard_prefix(prefix, i, tagged(client, count)) for i in range(count)]
+        self.shards = [Store(url, shard, outage_s, client=client) for shard in keys]
         self.key = self.shards[0].key  # prices, replicas' heartbeats and bubble profiles live in shard 0
         self.shards[0]._ensure_durable()
 

@@ -113,7 +113,9 @@ def agents_provision(
     written = []
     for pool in pools:
         token = tokens.issue_pool(secret, pool.name, expires) if secret else None
-        values = terraform.pool_values(pool, site_values, broker.catalog, token, settings.prefix, settings.shards)
+        values = terraform.pool_values(
+            pool, site_values, broker.catalog, token, settings.prefix, len(broker.store.shards)
+        )
         root = terraform.write_pool(pool, values, pools_dir)
         user = urlsplit(values.get("redis_url") or "").username  # `{pool}` in the site's URL: a user per pool
         written.append(

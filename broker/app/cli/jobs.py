@@ -238,7 +238,7 @@ def run(
         settings.checkpoints,
         settings.home / "runs",
         prefix=settings.prefix,
-        shards=settings.shards,
+        shards=len(broker.store.shards),
         agent_secret=settings.agent_secret,
     )
     try:

@@ -175,7 +175,7 @@ def server(
     from broker.core.clock import ScaledClock
 
     settings = Settings.from_env()
-    broker = make_broker(daemon=True)
+    broker = make_broker(daemon=True, claim=True)  # records how many shards the clients are to split it into
     from broker.app.metrics import ServerMetrics, serve
     from broker.store.memory import Memory, eviction_problem
 

@@ -1,0 +1,54 @@
+"""The store's layout: how many shards its keys are split into (store/shards.py), recorded by the servers
+(`{prefix}layout`), so every client splits it the same way. A client whose BROKER_SHARDS is unset follows the store;
+one whose BROKER_SHARDS says otherwise is refused, naming the count. Before, a laptop's CLI (BROKER_SHARDS unset: 1)
+beside servers with 4 wrote jobs under keys no server reads, and they waited for good. A server may record another
+count only while the store holds no job and no agent (a demo's server ran first, say). Opening a store as a client
+writes nothing: a refused command leaves no key behind.
+"""
+
+from __future__ import annotations
+
+import redis
+from redis.cluster import RedisCluster
+
+from broker.domain.errors import BrokerError
+
+KEY = "layout"
+
+
+def shard_prefix(prefix: str, index: int, tagged: bool) -> str:
+    return f"{prefix}{{{index}}}:" if tagged else prefix
+
+
+def tagged(client, count: int) -> bool:
+    """Whether the shards' keys carry hash tags: several shards, or any on a cluster."""
+    return count > 1 or isinstance(client, RedisCluster)
+
+
+def shard_count(client, prefix: str, given: int | None, claim: bool = False) -> int:
+    """The number of shards to open the store with: the recorded one, else `given` (BROKER_SHARDS) or 1. A server
+    (`claim`) records its count: another than the recorded one only on an empty store."""
+    key = f"{prefix}{KEY}"
+    try:
+        recorded = client.get(key)
+    except redis.exceptions.NoPermissionError:  # an agent's ACL user (made before the layout): its BROKER_SHARDS
+        return given or 1
+    count = given or (int(recorded) if recorded is not None else 1)
+    if recorded is not None and count != int(recorded) and not (claim and _empty(client, prefix, int(recorded))):
+        recorded = int(recorded)
+        raise BrokerError(
+            f"BROKER_SHARDS: {given} here, but the store under BROKER_PREFIX {prefix!r} is split into {recorded} "
+            f"shard{'s' * (recorded != 1)}; set BROKER_SHARDS={recorded} (or unset it: it follows the store)"
+        )
+    if claim:
+        client.set(key, count)
+    return count
+
+
+def _empty(client, prefix: str, count: int) -> bool:
+    """Whether the store holds no job and no agent in any of its `count` shards."""
+    prefixes = [shard_prefix(prefix, i, tagged(client, count)) for i in range(count)]
+    with client.pipeline(transaction=False) as pipe:
+        for p in prefixes:
+            pipe.zcard(f"{p}jobs").scard(f"{p}agents")
+        return not any(pipe.execute())

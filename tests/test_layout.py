@@ -1,0 +1,42 @@
+"""The store's shard count is the servers' (store/layout.py): a client with BROKER_SHARDS unset follows it, one set
+otherwise is told the count. A CLI left at the default 1 beside servers with 4 wrote jobs no server reads."""
+
+import json
+
+from test_cli import job_file, run
+
+from broker.core.replica import Replica
+from broker.store.shards import ShardedStore
+
+
+def started_server(monkeypatch) -> None:
+    """`broker server` as it starts (it records the layout), stopped at once."""
+    monkeypatch.setattr(Replica, "serve", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
+    result = run("server", "--metrics-port", "0")
+    assert result.exit_code == 0, result.output
+
+
+def test_a_client_with_broker_shards_unset_splits_the_store_as_its_servers_do(env, monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_SHARDS", "4")
+    started_server(monkeypatch)
+    monkeypatch.delenv("BROKER_SHARDS")  # a laptop's shell
+    submitted = run("submit", job_file(tmp_path), "--json")
+    assert submitted.exit_code == 0, submitted.output
+    job_id = json.loads(submitted.stdout)["job"]
+    assert [j.id for j in ShardedStore(env, "broker:", 4).list_jobs()] == [job_id]  # where the servers plan
+    assert [j["id"] for j in json.loads(run("list", "--json").stdout)] == [job_id]
+
+
+def test_a_broker_shards_that_differs_from_the_servers_is_refused_naming_the_count(env, monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_SHARDS", "4")
+    started_server(monkeypatch)
+    monkeypatch.setenv("BROKER_SHARDS", "2")
+    refused = run("submit", job_file(tmp_path))  # a client: never, the store empty or not
+    assert refused.exit_code == 2 and "set BROKER_SHARDS=4 (or unset it" in refused.stderr, refused.output
+    assert ShardedStore(env, "broker:", 4).job_count() == 0 and run("list").exit_code == 2
+    started_server(monkeypatch)  # a server may split an empty store otherwise: it records 2
+    assert run("submit", job_file(tmp_path)).exit_code == 0
+    monkeypatch.setenv("BROKER_SHARDS", "3")  # and no longer once it holds a job
+    monkeypatch.setattr(Replica, "serve", lambda self: None)
+    moved = run("server", "--metrics-port", "0")
+    assert moved.exit_code == 2 and "split into 2 shards; set BROKER_SHARDS=2" in moved.stderr, moved.output
