@@ -31,10 +31,9 @@ def forget(store: Store, jobs: list[Job], leader: str | None = None) -> list[str
     with store.redis.pipeline(transaction=True) as pipe:
         try:
             pipe.watch(*watched)
-            raws = pipe.execute_command("MGET", *watched)
-            if leader is not None and raws.pop() != leader:
+            if leader is not None and pipe.get(store.key("leader")) != leader:
                 return []
-            stored = {job.id: job for job in map(Job.model_validate_json, filter(None, raws))}
+            stored = {job.id: job for job in store.jobs_by_id([job.id for job in jobs])}  # read after the watch
             gone = [job for job in jobs if job.id in stored and stored[job.id].updated_at == job.updated_at]
             pipe.multi()
             for job in gone:
