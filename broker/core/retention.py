@@ -1,8 +1,8 @@
-"""Retention: a store keeps every job it ran unless told otherwise (a job is 7-20 KB of Redis memory: 1,000 jobs a
-minute fill over 10 GB a day). With `broker server --keep-ended-days N` the leader of each shard forgets, a page a
-minute, the jobs that ended more than N days ago (store/retention.py) and the log streams of agents removed as long
-ago, and removes the jobs' checkpoints from the checkpoint store on a thread of its own, so a slow bucket holds no
-round up.
+"""Retention: a store keeps every job it ran unless told otherwise (an ended job holds about 15 KB of Redis memory:
+1,000 jobs a minute fill 20 GB a day, bench/results/retention.md). With `broker server --keep-ended-days N` the
+leader of each shard forgets, a page a minute, the jobs that ended more than N days ago (store/retention.py) and the
+log streams of agents removed as long ago, and removes the jobs' checkpoints from the checkpoint store on a thread
+of its own, so a slow bucket holds no round up.
 """
 
 from __future__ import annotations
