@@ -200,6 +200,10 @@ def test_with_shards_an_agent_s_user_reaches_its_own_shard_s_keys(admin_url, mon
     gamma = redis.Redis.from_url(made.output.strip())
     with pytest.raises(redis.exceptions.NoPermissionError):
         gamma.set(f"{P}lease:gamma", 1)  # the unsharded key is not its own
+    redis.Redis.from_url(admin_url).set(f"{P}layout", 4)  # as `broker server` records it
+    assert len(ShardedStore(made.output.strip(), P).shards) == 4  # BROKER_SHARDS unset: it follows the store
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        gamma.set(f"{P}layout", 1)  # which it may read, not write
 
 
 def test_on_a_cluster_an_agent_s_user_is_made_on_every_node_and_reaches_its_own_keys_there(cluster_url, monkeypatch):

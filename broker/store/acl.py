@@ -23,6 +23,7 @@ from redis.cluster import RedisCluster
 from broker.domain.errors import BrokerError
 from broker.domain.model import agent_id_problem
 from broker.store.connection import with_credentials
+from broker.store.layout import layout_key
 from broker.store.shards import connect
 
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # no glob or ':' characters: they would widen the key patterns
@@ -36,7 +37,7 @@ def agent_rules(prefixes: list[str], agent: str) -> list[str]:
     keys, selectors = [], []
     for p in prefixes:
         keys += [f"~{p}assign:{agent}", f"~{p}lease:{agent}", f"~{p}agent:{agent}"]
-        keys += [f"%R~{p}own:{agent}:*", f"%R~{p}refused:{agent}", f"%R~{p}renewed:{agent}"]
+        keys += [f"%R~{p}own:{agent}:*", f"%R~{p}refused:{agent}", f"%R~{p}renewed:{agent}", f"%R~{layout_key(p)}"]
         selectors += [f"(+xadd %W~{p}agent-events)", f"(+sadd %W~{p}agents)", f"(+xadd %W~{p}log:{agent})"]
     return ["resetkeys", "resetchannels", "-@all", *CONNECT, *CLUSTER, *AGENT_COMMANDS, *keys, *selectors]
 

@@ -20,6 +20,11 @@ def shard_prefix(prefix: str, index: int, tagged: bool) -> str:
     return f"{prefix}{{{index}}}:" if tagged else prefix
 
 
+def layout_key(shard: str) -> str:
+    """The layout's key of the store a shard's prefix belongs to (its prefix without the shard's hash tag)."""
+    return f"{shard[: shard.rindex('{')] if shard.endswith('}:') else shard}{KEY}"
+
+
 def tagged(client, count: int) -> bool:
     """Whether the shards' keys carry hash tags: several shards, or any on a cluster."""
     return count > 1 or isinstance(client, RedisCluster)
@@ -31,7 +36,7 @@ def shard_count(client, prefix: str, given: int | None, claim: bool = False) -> 
     key = f"{prefix}{KEY}"
     try:
         recorded = client.get(key)
-    except redis.exceptions.NoPermissionError:  # an agent's ACL user (made before the layout): its BROKER_SHARDS
+    except redis.exceptions.NoPermissionError:  # an agent's ACL user made before it could read it: BROKER_SHARDS
         return given or 1
     count = given or (int(recorded) if recorded is not None else 1)
     if recorded is not None and count != int(recorded) and not (claim and _empty(client, prefix, int(recorded))):
