@@ -49,10 +49,16 @@ def progress(job: Job, run: Run, data: dict, now: datetime, checkpoints: Checkpo
 
 
 def checkpoint(job: Job, run: Run, data: dict, now: datetime, checkpoints: CheckpointStore) -> dict | None:
-    url = str(data["url"])
-    if not checkpoints.owns(url, job.id):
-        raise ValueError(f"checkpoint url {url[:200]!r} is outside the job's directory in the store")
-    run.checkpoint_url, run.checkpoint_step, run.checkpoint_at = url, int(data["step"]), now
+    url, step = str(data["url"]), int(data["step"])
+    if not checkpoints.owns(url, job.id):  # not taken (a resume reads the job's directory in this store): said
+        run.checkpoint_error = (
+            f"step {step}: saved at {url[:200]!r}, outside the job's directory in this broker's checkpoint store "
+            f"{checkpoints.job_dir(job.id)}: its runs resume from nothing; give the server and its agents the same "
+            "BROKER_CHECKPOINTS"
+        )
+        log.warning("job=%s %s", job.id, run.checkpoint_error)
+        return {}
+    run.checkpoint_url, run.checkpoint_step, run.checkpoint_at = url, step, now
     if run.checkpoint_requested_at is not None:
         run.checkpoints_asked += 1
     run.checkpoint_error = run.checkpoint_requested_at = None

@@ -151,6 +151,8 @@ def status(
         out.print(render.outlook_line(ahead, job.spec.deadline_probability, job.id), highlight=False)
     if job.runs:
         out.print(render.runs_table(job))
+        if job.runs[-1].checkpoint_error:  # why its newest save is not one a run can resume from
+            out.print(f"[yellow]last save failed:[/] {job.runs[-1].checkpoint_error}", highlight=False)
     if job.log_tail:
         out.print("last output:" if job.state.terminal else "output so far:")
     for line in job.log_tail:
