@@ -8,9 +8,12 @@ assignments and its view of them: the contract every agent keeps (broker/agents/
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
 import signal
 import time
+from collections import deque
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -31,6 +34,7 @@ FORWARDED = ("progress", "checkpoint", "restored", "checkpoint_skipped", "checkp
 PROGRESS_EVERY_S = 1.0
 OUTPUT_EVERY_S = 0.5  # how often the job's new output lines go to the log stream
 NOTICE_POLL_S = 1.0  # how often the metadata service is asked (AWS suggests every 5 s; leads are 30-120 s)
+KEPT_RUN_DIRS = 20  # the newest ended runs' output and events stay on the instance (`broker logs` reads Redis)
 TOKEN_POLL_S = 60.0  # how often an agent with a token looks for one the broker renewed (a day before it ends)
 
 
@@ -72,6 +76,7 @@ class Agent:
         self._notice_polled = 0.0
         self._notice = None  # the preemption notice, once one came
         self._token_polled = 0.0
+        self._ended_runs: deque[Path] = deque()  # its ended runs' directories, oldest first
 
     def register(self) -> None:
         self.contract.register(
@@ -251,7 +256,18 @@ class Agent:
         code = self.job.poll() if code is None else code
         tail = self.job.log_tail() if reason == "failed" else []
         self.contract.exited(self.job.job_id, self.fence, reason, code=code, log_tail=tail)
+        self._forget_old_runs(self.job.run_dir)
         self.job, self.fence = None, None
+
+    def _forget_old_runs(self, ended: Path) -> None:
+        """Keep the directories of this agent's newest KEPT_RUN_DIRS ended runs: an instance serving jobs for weeks
+        filled its disk with their output and events (others' runs may share the root: only its own go)."""
+        self._ended_runs.append(ended)
+        while len(self._ended_runs) > KEPT_RUN_DIRS:
+            old = self._ended_runs.popleft()
+            shutil.rmtree(old, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the job's directory, once none of its runs is left
+                old.parent.rmdir()
 
     def _going_away(self) -> bool:
         """Whether the instance is going away: stopped, or a notice seen (the metadata service asked at most once per

@@ -49,7 +49,7 @@ class LogFollower:
                 trimmed = self.store.log_trimmed_after(run.agent, run.started_at or run.dispatched_at)
                 gone = (
                     f"; its first lines may be gone here (the store keeps about {LOG_MAXLEN:,} batches of an agent's "
-                    "output): the agent's own log file keeps them"
+                    "output): the agent's own log file keeps them (its newest 20 ended runs')"
                     if trimmed
                     else ""
                 )
