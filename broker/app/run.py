@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from broker.agents.agent import KEPT_RUN_DIRS
 from broker.agents.provision import LocalProvisioner
 from broker.agents.runner import DEFAULT_GRACE_S
 from broker.core.waiting import waiting_for
@@ -49,7 +50,7 @@ class LogFollower:
                 trimmed = self.store.log_trimmed_after(run.agent, run.started_at or run.dispatched_at)
                 gone = (
                     f"; its first lines may be gone here (the store keeps about {LOG_MAXLEN:,} batches of an agent's "
-                    "output): the agent's own log file keeps them (its newest 20 ended runs')"
+                    f"output): the agent's own log file keeps them (its newest {KEPT_RUN_DIRS} ended runs')"
                     if trimmed
                     else ""
                 )
