@@ -171,6 +171,8 @@ def server(
     import socket
     from datetime import timedelta
 
+    import redis
+
     from broker.app import wiring
     from broker.core.clock import ScaledClock
 
@@ -179,8 +181,11 @@ def server(
     from broker.app.metrics import ServerMetrics, serve
     from broker.store.memory import Memory, eviction_problem
 
-    if problem := eviction_problem(Memory.of(broker.store.redis)):
-        err.print(f"[yellow]warning:[/] {problem}", highlight=False)
+    try:
+        if problem := eviction_problem(Memory.of(broker.store.redis)):
+            err.print(f"[yellow]warning:[/] {problem}", highlight=False)
+    except redis.ResponseError:  # a host that answers no INFO: its memory is its own to watch
+        pass
 
     metrics = ServerMetrics(broker.store)
     if metrics_port:
