@@ -75,7 +75,7 @@ class Agent:
         self._output_sent = 0.0
         self._notice_polled = 0.0
         self._notice = None  # the preemption notice, once one came
-        self._token_polled = 0.0
+        self._token_polled = -float("inf")
         self._ended_runs: deque[Path] = deque()  # its ended runs' directories, oldest first
 
     def register(self) -> None:
