@@ -300,16 +300,43 @@ def cost_report(limit: int = JobLimit, as_json: bool = JsonOpt) -> None:
 
 @user_errors
 def cancel(
-    job_id: str = typer.Argument(..., help="The job id, or its start if no other id begins so."),
+    job_ids: list[str] = typer.Argument(None, help="Job ids, or their starts where no other id begins so."),
+    every: bool = typer.Option(False, "--all", help="Every job that has not ended."),
+    yes: bool = typer.Option(False, "--yes", help="With --all: no question asked."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Cancel a job that has not finished."""
+    """Cancel jobs that have not finished: the ones named, or with --all every one."""
+    if bool(job_ids) == every:
+        raise BrokerError("cancel: give job ids, or --all for every job that has not ended (not both)")
     broker = make_broker()
-    job = broker.cancel(broker.store.job_id_for(job_id))
+    if job_ids and len(job_ids) == 1:  # one job: its record (--json), or its one-line error
+        job = broker.cancel(broker.store.job_id_for(job_ids[0]))
+        print_json(render.job_dict(job)) if as_json else out.print(f"{job.id} cancelled")
+        return
+    ids = [j.id for j in broker.store.unfinished_jobs()] if every else [broker.store.job_id_for(i) for i in job_ids]
+    if every and ids and not yes:
+        if as_json:
+            raise BrokerError(f"--all: it would cancel {len(ids)} jobs; add --yes (--json asks no question)")
+        typer.confirm(f"cancel {len(ids)} job{'s' * (len(ids) != 1)} that have not ended?", abort=True)
+    rows, refused = [], 0
+    for job_id in ids:  # every id resolved first: a typo cancels nothing
+        try:
+            job = broker.cancel(job_id)
+        except BrokerError as error:  # ended meanwhile, or named already ended
+            refused += 1
+            rows.append({"id": job_id, "error": str(error)})
+            if not as_json:
+                err.print(f"[red]error:[/] {error}", highlight=False)
+            continue
+        rows.append(render.job_dict(job))
+        if not as_json:
+            out.print(f"{job.id} cancelled")
     if as_json:
-        print_json(render.job_dict(job))
-    else:
-        out.print(f"{job.id} cancelled")
+        print_json(rows)  # one record a job: its own, or why it was not cancelled
+    elif not ids:
+        out.print("no job that has not ended: nothing to cancel")
+    if refused:
+        raise typer.Exit(2)
 
 
 @user_errors
