@@ -45,6 +45,11 @@ def shard_count(client, prefix: str, given: int | None, claim: bool = False) -> 
             f"BROKER_SHARDS: {given} here, but the store under BROKER_PREFIX {prefix!r} is split into {recorded} "
             f"shard{'s' * (recorded != 1)}; set BROKER_SHARDS={recorded} (or unset it: it follows the store)"
         )
+    if claim and recorded is None and count > 1 and not tagged(client, 1) and not _empty(client, prefix, 1):
+        raise BrokerError(  # a store used before any server recorded a count: its untagged keys are one shard's
+            f"BROKER_SHARDS: {count} here, but the store under BROKER_PREFIX {prefix!r} holds the jobs or agents of "
+            "one shard; unset BROKER_SHARDS (1), or start this split under another BROKER_PREFIX"
+        )
     if claim:
         client.set(key, count)
     return count
