@@ -25,6 +25,8 @@ def test_a_client_with_broker_shards_unset_splits_the_store_as_its_servers_do(en
     job_id = json.loads(submitted.stdout)["job"]
     assert [j.id for j in ShardedStore(env, "broker:", 4).list_jobs()] == [job_id]  # where the servers plan
     assert [j["id"] for j in json.loads(run("list", "--json").stdout)] == [job_id]
+    found = {row["part"]: row for row in json.loads(run("check", "--json").stdout)}
+    assert "1 job in 4 shards" in found["redis"]["detail"]
 
 
 def test_a_broker_shards_that_differs_from_the_servers_is_refused_naming_the_count(env, monkeypatch, tmp_path):

@@ -57,7 +57,10 @@ def _redis(store, settings: Settings) -> Finding:
     except redis.ResponseError:  # managed Redis often forbids CONFIG: its durability is its own to say
         durable = None
     jobs, nodes = store.job_count(), Memory.of(store.redis)
-    detail = f"{store.url}, redis {version} ({where}); {jobs} job{'s' * (jobs != 1)}; {usage(nodes)}"
+    shards = len(store.shards)
+    detail = f"{store.url}, redis {version} ({where}); {jobs} job{'s' * (jobs != 1)}"
+    detail += f" in {shards} shards" if shards > 1 else ""
+    detail += f"; {usage(nodes)}"
     if problem := eviction_problem(nodes):
         return Finding("redis", PROBLEM, f"{detail}; {problem}")
     full = max(n.full_share() or 0.0 for n in nodes)
