@@ -1,6 +1,7 @@
 """An agent that dies of an error stops its job first: the job runs in a session of its own, and was left running
 unreported (writing checkpoints under the job's directory) while the broker gave the job to another agent."""
 
+import signal
 import sys
 import time
 
@@ -33,6 +34,11 @@ def test_an_agent_failing_with_an_error_stops_its_job_before_it_exits(store, cat
         raise RuntimeError("a bug in the agent")
 
     monkeypatch.setattr(agent.contract, "verdict", broken)
-    with pytest.raises(RuntimeError, match="a bug"):
-        agent.run()
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        with pytest.raises(RuntimeError, match="a bug"):
+            agent.run()  # it takes the stop signals: this process's own are given back after
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
     assert job.poll() is not None  # stopped, not left running in its own session
