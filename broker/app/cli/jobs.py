@@ -311,7 +311,10 @@ def cancel(
     broker = make_broker()
     if job_ids and len(job_ids) == 1:  # one job: its record (--json), or its one-line error
         job = broker.cancel(broker.store.job_id_for(job_ids[0]))
-        print_json(render.job_dict(job)) if as_json else out.print(f"{job.id} cancelled")
+        if as_json:
+            print_json(render.job_dict(job))
+        else:
+            out.print(f"{job.id} cancelled")
         return
     ids = [j.id for j in broker.store.unfinished_jobs()] if every else [broker.store.job_id_for(i) for i in job_ids]
     if every and ids and not yes:
