@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from broker import planning
 from broker.agents.checkpoints import CheckpointStore
 from broker.app.ledger import Ledger
+from broker.app.metrics import ServerMetrics
 from broker.core import retention
 from broker.core.clock import ManualClock
 from broker.core.replica import Replica
@@ -33,9 +34,11 @@ def test_jobs_that_ended_before_the_retention_are_forgotten_with_their_checkpoin
     for job_id in ("migrated", "waiting"):
         checkpoint(checkpoints, job_id)
     market = store.redis.hgetall(store.key(evidence.KEY))
-    keep = Retention(timedelta(hours=1), checkpoints)
+    metrics = ServerMetrics(store)
+    keep = Retention(timedelta(hours=1), checkpoints, metrics)
     assert keep.forget_ended(store, now + timedelta(minutes=30)) == []  # ended half an hour before: kept
     assert sorted(keep.forget_ended(store, now + timedelta(hours=2))) == ENDED
+    assert metrics.registry.get_sample_value("broker_jobs_forgotten_total") == len(ENDED)
     keep.wait()
     assert not checkpoints.fs.exists(checkpoints.job_dir("migrated"))
     assert checkpoints.fs.exists(checkpoints.job_dir("waiting"))  # a job not ended keeps them

@@ -71,6 +71,9 @@ class ServerMetrics:
         self.migrations = Counter(
             "broker_migrations", "Jobs dispatched again after a preemption.", registry=self.registry
         )
+        self.forgotten = Counter(
+            "broker_jobs_forgotten", "Ended jobs forgotten by retention (--keep-ended-days).", registry=self.registry
+        )
         self.registry.register(StoreCollector(store))
 
 

@@ -124,7 +124,7 @@ def make_replica(
     def make(shard: Store):
         return make_server(broker, consumer, policy, clock, metrics, leader_lease_s, shard, prices)
 
-    retention = Retention(keep_ended, CheckpointStore(settings.checkpoints)) if keep_ended else None
+    retention = Retention(keep_ended, CheckpointStore(settings.checkpoints), metrics) if keep_ended else None
     return Replica(broker.store, make, consumer, leader_lease_s, retention)
 
 

@@ -25,8 +25,9 @@ PAGE = 500  # ... and a pass each round while a page comes full (a backlog: a bu
 class Retention:
     """Forgets the jobs that ended more than `keep` ago, a page of each led shard a pass."""
 
-    def __init__(self, keep: timedelta, checkpoints: CheckpointStore):
+    def __init__(self, keep: timedelta, checkpoints: CheckpointStore, metrics=None):
         self.keep, self.checkpoints = keep, checkpoints
+        self.metrics = metrics  # a broker.app.metrics.ServerMetrics, or None
         self._start: dict[str, int] = {}  # shard prefix -> where its next page starts (the jobs before stay)
         self._passed = -float("inf")
         self._full = False  # the last pass read a full page somewhere: more wait
@@ -48,6 +49,8 @@ class Retention:
         self._full |= len(page) == PAGE
         for job_id in gone:
             self._removals.submit(self._remove_checkpoints, job_id)
+        if self.metrics and gone:
+            self.metrics.forgotten.inc(len(gone))
         logs = forget_logs(store, cutoff.timestamp(), PAGE)
         if gone or logs:
             log.info(
