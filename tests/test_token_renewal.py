@@ -38,9 +38,16 @@ def test_a_restart_after_the_pools_token_ended_registers_with_the_token_renewed_
     server = BrokerServer(store, planning.get(), clock, CheckpointStore(str(tmp_path)), agent_secret=SECRET)
     pool_token, kept = issue_pool(SECRET, "gpu", now + timedelta(hours=2)), tmp_path / "state" / "agent-token"
     agent = Agent(
-        store, "gpu.host1", offer_of(catalog), str(tmp_path / "ckpt"), tmp_path / "runs", heartbeat_s=0.0,
-        lease_s=600.0, token=pool_token, token_file=kept,
-    )  # fmt: skip
+        store,
+        "gpu.host1",
+        offer_of(catalog),
+        str(tmp_path / "ckpt"),
+        tmp_path / "runs",
+        heartbeat_s=0.0,
+        lease_s=600.0,
+        token=pool_token,
+        token_file=kept,
+    )
     agent.register()
     server.step()  # admitted
     server.step()  # its token ends within a day: a token of its own
@@ -126,9 +133,15 @@ def test_a_refused_token_kept_in_the_token_file_is_removed_so_the_next_start_use
     write_file(kept, issue("the-secret-before-this-one", "a", now + timedelta(days=5)))
     server = BrokerServer(store, planning.get(), ManualClock(now), CheckpointStore(str(tmp_path)), agent_secret=SECRET)
     agent = Agent(
-        store, "a", offer_of(catalog), str(tmp_path / "ckpt"), tmp_path / "runs", heartbeat_s=0.0,
-        token=kept_token(given, kept), token_file=kept,
-    )  # fmt: skip
+        store,
+        "a",
+        offer_of(catalog),
+        str(tmp_path / "ckpt"),
+        tmp_path / "runs",
+        heartbeat_s=0.0,
+        token=kept_token(given, kept),
+        token_file=kept,
+    )
     agent.register()
     server.step()
     with pytest.raises(
