@@ -60,6 +60,11 @@ def test_a_job_changed_since_it_was_read_or_a_lost_planning_lease_forgets_nothin
     store.lead("server-a", 60_000)
     assert forget(store, [store.get_job("migrated")], leader="server-b") == []
     assert forget(store, [store.get_job("migrated"), store.get_job("waiting")], leader="server-a") == ["migrated"]
+    run = store.get_job("crashed").runs[0].model_copy(update={"ended_at": None, "end_reason": None})
+    store.update_job(  # cancelled while its run is under way: among the jobs with a run until its agent's exit
+        "waiting", lambda j: j.model_copy(update={"state": JobState.cancelled, "runs": [run], "fence": 1})
+    )
+    assert forget(store, [store.get_job("waiting")]) == [] and store.redis.sismember(store.key("active"), "waiting")
 
 
 def test_each_page_starts_after_the_jobs_the_last_kept_so_old_unended_jobs_hold_nothing_up(

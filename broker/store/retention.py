@@ -23,8 +23,9 @@ def ended_before(store: Store, cutoff: float, start: int, count: int) -> list[Jo
 
 def forget(store: Store, jobs: list[Job], leader: str | None = None) -> list[str]:
     """Delete these ended jobs, each only as given (one changed since, or a lost planning lease with `leader`: nothing
-    of the batch, for a later pass); returns the ids deleted."""
-    jobs = [job for job in jobs if job.state.terminal]
+    of the batch, for a later pass); returns the ids deleted. One cancelled with its run still under way (its agent's
+    exit not yet folded) is left: it is still among the jobs with a run."""
+    jobs = [job for job in jobs if job.state.terminal and job.current_run is None]
     if not jobs:
         return []
     watched = [store.key("job", job.id) for job in jobs] + ([store.key("leader")] if leader else [])
