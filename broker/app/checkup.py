@@ -63,16 +63,16 @@ def _redis(store, settings: Settings) -> Finding:
     detail += f"; {usage(nodes)}"
     if problem := eviction_problem(nodes):
         return Finding("redis", PROBLEM, f"{detail}; {problem}")
-    full = max(n.full_share() or 0.0 for n in nodes)
-    if full >= FULL_SHARE:
-        return Finding(
-            "redis",
-            NOTE,
-            f"{detail}; {full:.0%} of a node's maxmemory is used, and writes fail when it is full: forget old jobs "
-            "(`broker server --keep-ended-days N`) or give Redis more memory",
+    notes = []
+    if (full := max(n.full_share() or 0.0 for n in nodes)) >= FULL_SHARE:
+        notes.append(
+            f"{full:.0%} of a node's maxmemory is used, and writes fail when it is full: forget old jobs "
+            "(`broker server --keep-ended-days N`) or give Redis more memory"
         )
     if durable is False:
-        return Finding("redis", NOTE, f"{detail}; appendonly is off: a restart loses what was not saved; turn it on")
+        notes.append("appendonly is off: a restart loses what was not saved; turn it on")
+    if notes:
+        return Finding("redis", NOTE, "; ".join([detail, *notes]))
     return Finding("redis", OK, detail + ("" if durable else "; CONFIG not allowed: durability is the host's"))
 
 
