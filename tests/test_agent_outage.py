@@ -62,3 +62,27 @@ def test_an_agent_noticed_while_redis_is_away_leaves_within_the_notice(tmp_path)
     agent = agent_under_outage(tmp_path, "--notices", f"trace={trace}", "--speedup", "60")
     assert ended(agent, within_s=30) == "agent a1 ended: preempted"
     assert time.monotonic() - began < 30
+
+
+def test_an_agent_stopped_while_it_registers_with_redis_away_leaves_stopped(store, catalog, tmp_path, monkeypatch):
+    """Its registration's transaction landed (the agent is listed) and Redis went before the assignment stream's
+    group was made: the error escaped `run`, and a stopped agent ended with "redis: lost the connection" (a fresh
+    clone's test above saw it on a loaded machine)."""
+    import redis
+
+    from broker.agents.agent import Agent
+
+    offer = next(o for o in catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1)
+    agent = Agent(store, "a1", offer, str(tmp_path / "ckpt"), tmp_path / "runs")
+
+    def gone(*_, **__):
+        agent._stopping = True  # its SIGTERM, while the store waited for Redis
+        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1. Connection refused.")
+
+    monkeypatch.setattr(store.redis, "xgroup_create", gone)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        assert agent.run() == "stopped"
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)

@@ -89,10 +89,13 @@ class Agent:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a stop, Ctrl-C, a closed terminal: the job
             signal.signal(signum, lambda *_: setattr(self, "_stopping", True))  # (its own session) checkpoints first
         give_up_waiting_when(self.store.redis, self._going_away)  # not for the whole outage the store rides out
-        self.register()
+        registered = False
         try:
             while True:
                 try:
+                    if not registered:  # here, not before: Redis may go away mid-registration too
+                        self.register()
+                        registered = True
                     outcome = self.step()
                 except redis.ConnectionError as err:  # Redis gone longer than the store rides out: keep the job, retry
                     if self._going_away():  # unless the instance is going away: the job checkpoints all the same
