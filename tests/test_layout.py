@@ -44,11 +44,13 @@ def test_a_broker_shards_that_differs_from_the_servers_is_refused_naming_the_cou
     assert moved.exit_code == 2 and "split into 2 shards; set BROKER_SHARDS=2" in moved.stderr, moved.output
 
 
-def test_a_server_split_otherwise_than_an_unrecorded_stores_jobs_is_refused(env, monkeypatch, tmp_path):
+def test_a_split_otherwise_than_an_unrecorded_stores_jobs_is_refused(env, monkeypatch, tmp_path):
     """A store used by `broker run` alone (its hosted server records nothing) holds one shard's untagged keys: a
-    server started with BROKER_SHARDS=4 hid its jobs under keys no reader used."""
+    server started with BROKER_SHARDS=4 hid its jobs under keys no reader used, and a client listed none."""
     assert run("submit", job_file(tmp_path)).exit_code == 0  # no server yet: nothing recorded
     monkeypatch.setenv("BROKER_SHARDS", "4")
+    hidden = run("list")  # a client too: it listed no job ("no jobs yet")
+    assert hidden.exit_code == 2 and "holds the jobs or agents of one shard" in hidden.stderr, hidden.output
     monkeypatch.setattr(Replica, "serve", lambda self: None)
     refused = run("server", "--metrics-port", "0")
     assert refused.exit_code == 2 and "holds the jobs or agents of one shard" in refused.stderr, refused.output

@@ -2,8 +2,9 @@
 (`{prefix}layout`), so every client splits it the same way. A client whose BROKER_SHARDS is unset follows the store;
 one whose BROKER_SHARDS says otherwise is refused, naming the count. Before, a laptop's CLI (BROKER_SHARDS unset: 1)
 beside servers with 4 wrote jobs under keys no server reads, and they waited for good. A server may record another
-count only while the store holds no job and no agent (a demo's server ran first, say). Opening a store as a client
-writes nothing: a refused command leaves no key behind.
+count only while the store holds no job and no agent (a demo's server ran first, say). A single Redis used before any
+count was recorded (by `broker run` alone) holds one shard's untagged keys: no one opens it split otherwise. Opening
+a store as a client writes nothing: a refused command leaves no key behind.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def shard_count(client, prefix: str, given: int | None, claim: bool = False) -> 
             f"BROKER_SHARDS: {given} here, but the store under BROKER_PREFIX {prefix!r} is split into {recorded} "
             f"shard{'s' * (recorded != 1)}; set BROKER_SHARDS={recorded} (or unset it: it follows the store)"
         )
-    if claim and recorded is None and count > 1 and not tagged(client, 1) and not _empty(client, prefix, 1):
+    if recorded is None and count > 1 and not tagged(client, 1) and not _empty(client, prefix, 1):
         raise BrokerError(  # a store used before any server recorded a count: its untagged keys are one shard's
             f"BROKER_SHARDS: {count} here, but the store under BROKER_PREFIX {prefix!r} holds the jobs or agents of "
             "one shard; unset BROKER_SHARDS (1), or start this split under another BROKER_PREFIX"
