@@ -46,7 +46,7 @@ def shard_count(client, prefix: str, given: int | None, claim: bool = False) -> 
             f"BROKER_SHARDS: {given} here, but the store under BROKER_PREFIX {prefix!r} is split into {recorded} "
             f"shard{'s' * (recorded != 1)}; set BROKER_SHARDS={recorded} (or unset it: it follows the store)"
         )
-    if recorded is None and count > 1 and not tagged(client, 1) and not _empty(client, prefix, 1):
+    if recorded is None and count > 1 and not tagged(client, 1) and _holds_one_shard(client, prefix):
         raise BrokerError(  # a store used before any server recorded a count: its untagged keys are one shard's
             f"BROKER_SHARDS: {count} here, but the store under BROKER_PREFIX {prefix!r} holds the jobs or agents of "
             "one shard; unset BROKER_SHARDS (1), or start this split under another BROKER_PREFIX"
@@ -54,6 +54,15 @@ def shard_count(client, prefix: str, given: int | None, claim: bool = False) -> 
     if claim:
         client.set(key, count)
     return count
+
+
+def _holds_one_shard(client, prefix: str) -> bool:
+    """Whether a single Redis's untagged keys (one shard's) hold jobs or agents; False where the user may not count
+    them (an agent's ACL user: its BROKER_SHARDS stands)."""
+    try:
+        return not _empty(client, prefix, 1)
+    except redis.exceptions.NoPermissionError:
+        return False
 
 
 def _empty(client, prefix: str, count: int) -> bool:
