@@ -15,6 +15,7 @@ from broker.core.rehoming import rehome
 from broker.core.replica import Replica
 from broker.core.server import BrokerServer
 from broker.core.waiting import waiting_for
+from broker.domain.errors import NotFoundError
 from broker.domain.figures import JobFigures, figures
 from broker.domain.model import JobState, Tier
 from broker.store import figures as records
@@ -194,3 +195,27 @@ def test_an_agent_started_for_another_job_neither_keeps_a_job_in_its_shard_nor_d
     assert rehome(store, {1: "replica-a"}, NOW) == 1 and store.of_job(world.job.id) is store.shards[2]
     new = [world.broker.submit(make_spec(**L4)) for _ in range(6)]
     assert {shard_of(job.id, SHARDS) for job in new} == {2}
+
+
+def test_retention_forgets_a_moved_job_s_routes_with_it(world, tmp_path):
+    from datetime import timedelta
+
+    from broker.core.clock import ManualClock
+    from broker.core.retention import Retention
+
+    store, job = world.store, world.job
+    world.lead(1)
+    world.lead(2)
+    assert moves.move_job(store.shards, job.id, 1, 2, "replica-a", NOW)
+    assert moves.move_job(store.shards, job.id, 2, 3, "replica-a", NOW)  # a route in shards 1 and 2
+    world.broker.cancel(job.id)
+    clock = ManualClock(store.get_job(job.id).updated_at + timedelta(days=3))
+    checkpoints = CheckpointStore(world.root)
+
+    def make(shard):
+        return BrokerServer(shard, planning.get(), clock, checkpoints, "replica-a")
+
+    Replica(store, make, "replica-a", retention=Retention(timedelta(days=2), checkpoints)).round(block_ms=1)
+    with pytest.raises(NotFoundError):
+        store.get_job(job.id)
+    assert [shard.redis.hlen(shard.key(ROUTE)) for shard in store.shards] == [0] * SHARDS

@@ -22,6 +22,7 @@ from broker.core.retention import Retention
 from broker.core.rounds import serve_rounds
 from broker.core.server import BrokerServer
 from broker.store.jobs import Store
+from broker.store.moves import forget_routes
 from broker.store.shards import ShardedStore
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,8 @@ class Replica:
                 rehome(self.store, led, self.servers[owned[0]].clock.now())
         if self.retention and self.retention.due():
             for server in (self.servers[i] for i in owned if self.servers[i].token is not None):
-                self.retention.forget_ended(server.store, server.clock.now(), server.consumer)
+                gone = self.retention.forget_ended(server.store, server.clock.now(), server.consumer)
+                forget_routes(self.store.shards, gone)  # a moved job's route from its home shard
 
     def serve(self, until=lambda: False) -> None:
         serve_rounds(self.round, self.name, until)

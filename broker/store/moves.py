@@ -86,6 +86,16 @@ def finish_move(shards: list[Store], job_id: str, source: int, target: int, lead
     return True
 
 
+def forget_routes(shards: list[Store], job_ids: list[str]) -> None:
+    """Delete the routes to jobs that retention forgot (store/retention.py): in every shard, since a job moved there
+    and back left one where it had been too. Not in the forget's transaction (other slots): a server that dies
+    between the two leaves a few bytes a moved job."""
+    if len(shards) < 2 or not job_ids:
+        return
+    for shard in shards:
+        shard.redis.hdel(shard.key(ROUTE), *job_ids)
+
+
 def _call_off(src: Store, dst: Store, job_id: str) -> bool:
     """Undo a move not handed over: the job back in the source's queue if it still waits, the copy deleted."""
     with src.redis.pipeline(transaction=True) as pipe:
