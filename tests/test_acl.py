@@ -268,6 +268,7 @@ def test_a_pool_s_user_serves_every_stage_of_its_training_job_in_any_shard_and_r
     pool = redis.Redis.from_url(pool_url, decode_responses=True)
     p = [shard.prefix for shard in stages.shards]
     pool.set(f"{p[2]}lease:llm.host-9", 1)  # any member's keys, in any shard
+    assert [pool.get(f"{prefix}pool-token:llm") for prefix in p] == [None] * 3  # its renewed token, in any shard
     denied = [
         lambda: pool.set(f"{p[0]}lease:llm2.stage0", 1),  # another pool whose name begins alike
         lambda: pool.set(f"{p[0]}lease:llm-stage0", 1),
@@ -275,6 +276,8 @@ def test_a_pool_s_user_serves_every_stage_of_its_training_job_in_any_shard_and_r
         lambda: pool.set(f"{P}lease:llm.stage0", 1),  # the unsharded key
         lambda: pool.set(f"{p[0]}bubbles:gpt:0", "{}"),  # another training job's profiles
         lambda: pool.get(f"{p[0]}bubble-fill:llm:0"),  # its fill statistics: write only
+        lambda: pool.get(f"{p[0]}pool-token:llm2"),  # another pool's token
+        lambda: pool.set(f"{p[0]}pool-token:llm", "forged"),
         lambda: pool.keys("*"),
     ]
     for attempt in denied:

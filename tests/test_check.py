@@ -111,6 +111,7 @@ def test_credentials_a_server_and_an_agent_are_found(no_clouds, monkeypatch, tmp
 def test_agents_whose_registration_tokens_end_within_a_day_are_named(no_clouds, monkeypatch):
     """Admitted agents run on past their token's end; a spot pool's replacements would be refused after it."""
     from broker.agents.tokens import issue, issue_pool
+    from broker.store.renewals import put_pool_token
 
     store, offer, now = Store(no_clouds), PriceCatalog.from_snapshot().offers[0], datetime.now(UTC)
     Contract(store, "a1").register(offer, 60_000, token=issue("s" * 16, "a1", now + timedelta(days=30)))
@@ -124,6 +125,8 @@ def test_agents_whose_registration_tokens_end_within_a_day_are_named(no_clouds, 
         f"pool aws-g6's {ends:%Y-%m-%d %H:%M} UTC" in agents["detail"]
         and "`broker agents provision`" in agents["detail"]
     )
+    put_pool_token(store, "aws-g6", issue_pool("s" * 16, "aws-g6", now + timedelta(days=7)), now + timedelta(days=7))
+    assert findings()[1]["agents"]["status"] == "ok"  # a server renewed the pool's token: its new instances read it
 
 
 def test_an_unreachable_redis_and_an_unwritable_checkpoint_store_are_problems(no_clouds, monkeypatch, tmp_path):

@@ -14,13 +14,14 @@ from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.tokens import RENEWED_FOR, due, issue, issue_pool, longest, read_file, refusal
 from broker.app.cli.main import app
-from broker.app.cli.services import kept_token
+from broker.app.cli.services import kept_token, with_pool_token
 from broker.core.broker import Broker
 from broker.core.clock import ManualClock
 from broker.core.server import BrokerServer
 from broker.domain.model import AgentInfo
 from broker.store.jobs import Store
 from broker.store.renewals import renewed_token
+from broker.store.shards import ShardedStore, shard_of
 from conftest import make_spec
 
 SECRET = "a-secret-of-24-characters"
@@ -149,3 +150,41 @@ def test_a_refused_token_kept_in_the_token_file_is_removed_so_the_next_start_use
     ):
         agent.step(block_ms=10)
     assert not kept.exists() and kept_token(given, kept) == given
+
+
+def test_a_pool_s_new_instance_after_the_pool_s_token_ended_registers_with_the_token_renewed_for_the_pool(
+    redis_url, catalog, tmp_path
+):
+    """A spot pool replaces the instances it loses; each new one boots with the token `broker agents provision` wrote
+    into the pool's boot data, a week's: after that week every instance the pool started was refused, billed idle."""
+    now = datetime.now(UTC)
+    clock = ManualClock(now)
+    store = ShardedStore(redis_url, "broker:", 2)
+    servers = [
+        BrokerServer(shard, planning.get(), clock, CheckpointStore(str(tmp_path)), agent_secret=SECRET)
+        for shard in store.shards
+    ]
+    names = [f"gpu.host{i}" for i in range(20)]
+    member = names[0]
+    newcomer = next(n for n in names if shard_of(n, 2) != shard_of(member, 2))  # the token is read in any shard
+    pool_token = issue_pool(SECRET, "gpu", now + timedelta(hours=2))
+    for agent_id, token in ((member, pool_token), ("solo", issue(SECRET, "solo", now + timedelta(hours=2)))):
+        store.of_agent(agent_id).register_agent(
+            AgentInfo(id=agent_id, offer=offer_of(catalog), host="h", pid=1, registered_at=now, token=token), 600_000
+        )
+    for _ in range(2):  # admitted, then renewed: a day is left
+        for server in servers:
+            server.step()
+    assert renewed_token(store.of_agent("solo"), "solo").startswith(f"{int((now + RENEWED_FOR).timestamp())}.")
+
+    clock.advance(hours=3)  # the pool's token has ended; the pool starts a new instance, with it in its boot data
+    token = with_pool_token(store, pool_token)
+    assert token != pool_token and refusal(SECRET, newcomer, token, clock.now()) is None
+    assert refusal(SECRET, "cpu.host1", token, clock.now()) is not None  # another pool's agents: not admitted
+    assert token == renewed_token(store.of_agent(member), member)  # what its running members restart with
+    store.of_agent(newcomer).register_agent(
+        AgentInfo(id=newcomer, offer=offer_of(catalog), host="h2", pid=2, registered_at=now, token=token), 600_000
+    )
+    servers[shard_of(newcomer, 2)].step()
+    assert store.of_agent(newcomer).refusal(newcomer) is None and newcomer in {a.id for a in store.agents()}
+    assert with_pool_token(store, "a-token-of-no-pool") == "a-token-of-no-pool"

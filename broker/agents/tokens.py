@@ -70,9 +70,18 @@ def due(token: str | None, now: datetime) -> bool:
     return ends is not None and ends - now < RENEW_WITHIN
 
 
-def renewed(secret: str, agent_id: str, now: datetime) -> str:
-    """The token an admitted process of `agent_id` registers with from now on: its own id's, for RENEWED_FOR."""
-    return issue(secret, agent_id, now + RENEWED_FOR)
+def renewed(secret: str, agent_id: str, held: str | None, now: datetime) -> str:
+    """The token an admitted process of `agent_id`, which registered with `held`, registers with from now on, for
+    RENEWED_FOR: its pool's where it was one of a pool's (new instances of the pool read it too: core/renewal.py), its
+    own id's otherwise."""
+    pool = pool_of(held)
+    return issue_pool(secret, pool, now + RENEWED_FOR) if pool else issue(secret, agent_id, now + RENEWED_FOR)
+
+
+def pool_of(token: str | None) -> str | None:
+    """The pool a pool's token admits the agents of, None for any other."""
+    parts = (token or "").split(":", 2)
+    return parts[1] or None if len(parts) == 3 and parts[0] == "pool" else None
 
 
 def longest(*tokens: str | None) -> str | None:

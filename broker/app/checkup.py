@@ -13,10 +13,11 @@ from datetime import UTC, datetime, timedelta
 
 import redis
 
-from broker.agents.tokens import expires_at
+from broker.agents.tokens import expires_at, longest, pool_of
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
 from broker.store.memory import FULL_SHARE, Memory, eviction_problem, usage
+from broker.store.renewals import pool_tokens, renewed_token
 
 OK, NOTE, PROBLEM = "ok", "note", "problem"
 CLOUDS = ("aws", "gcp", "azure")
@@ -111,31 +112,39 @@ def _agents(store) -> Finding:
     busy = sum(1 for agent in working if agent.job)
     alone = sum(1 for agent in working if agent.for_job)
     started = f" ({alone} started for one job alone: `broker run`)" if alone else ""
-    ending = _tokens_ending(working)
+    ending = _tokens_ending(store, working)
     status = NOTE if refused or ending else OK
     return Finding("agents", status, f"{len(working)} working{started}, {busy} running a job{turned_away}{ending}")
 
 
-def _tokens_ending(working) -> str:
-    """The working agents' tokens that end within TOKEN_NOTICE (or have): the agents run on, admitted, and restart
-    with the token the server renews for them (core/renewal.py), but a pool's new instances (a spot pool replaces its
-    preempted ones) would be refused."""
+def _tokens_ending(store, working) -> str:
+    """The working agents' tokens that end within TOKEN_NOTICE (or have) and that the server has not renewed (it
+    renews them a day before they end, core/renewal.py): the agents run on, admitted, but a restart or a pool's new
+    instance (a spot pool replaces its preempted ones) would be refused."""
     soon = datetime.now(UTC) + TOKEN_NOTICE
+    ending = {a for a in working if (at := expires_at(a.token)) is not None and at < soon}
     ending = sorted(
         {
-            (at, f"pool {a.token.split(':')[1]}" if a.token.startswith("pool:") else a.id)
-            for a in working
-            if (at := expires_at(a.token)) is not None and at < soon
+            (expires_at(a.token), f"pool {pool}" if (pool := pool_of(a.token)) else a.id)
+            for a in ending
+            if (expires_at(longest(a.token, _renewed(store, a))) or soon) < soon
         }
     )
     if not ending:
         return ""
     named = ", ".join(f"{name}'s {at:%Y-%m-%d %H:%M} UTC" for at, name in ending[:3])
     return (
-        f"; registration tokens ending: {named}: agents running keep working (and restart with the tokens the "
-        "server renews for them, given --token-file), new ones will be refused: issue new tokens (`broker agents "
-        "provision` again for a pool, `broker agents token`)"
+        f"; registration tokens ending, not renewed: {named}: agents running keep working, restarts and new ones "
+        "will be refused: run `broker server` with BROKER_AGENT_SECRET (it renews them), or issue new tokens "
+        "(`broker agents provision` again for a pool, `broker agents token`)"
     )
+
+
+def _renewed(store, agent) -> str | None:
+    """The longest token the server renewed for the agent: its own, or its pool's (read in every shard)."""
+    pool = pool_of(agent.token)
+    pools = pool_tokens(store.shards, pool) if pool else []
+    return longest(*pools, renewed_token(store.of_agent(agent.id), agent.id))
 
 
 def _prices(store) -> Finding:

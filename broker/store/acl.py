@@ -6,10 +6,10 @@ itself to the agent set and appends to the agent-events stream and its own log s
 stream, any job, or another agent's keys. The last three rights are Redis 7 selectors, so `SADD` and `XADD` work
 on those keys and nothing else does (no SET over the streams). A pool's user holds those rights for every agent named
 `<pool>.<name>`, in every shard (an agent's shard follows from its name, which a pool's members learn only when they
-start), and the bubble profiles of a training job of the pool's name: a training job's stages are the pool of its
-name (domain/bubbles.stage_agent_id), and they publish their profiles. On a Redis Cluster each node keeps its own users,
-so a user is made on every node, and an agent may ask where keys live (CLUSTER SLOTS, COMMAND), as redis-py's
-cluster client does.
+start), the pool's renewed token (its new instances' registration, core/renewal.py), and the bubble profiles of a
+training job of the pool's name: a training job's stages are the pool of its name (domain/bubbles.stage_agent_id),
+and they publish their profiles. On a Redis Cluster each node keeps its own users, so a user is made on every node,
+and an agent may ask where keys live (CLUSTER SLOTS, COMMAND), as redis-py's cluster client does.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def pool_rules(prefixes: list[str], pool: str) -> list[str]:
     """An agent's rules for every agent named `<pool>.<name>` in any shard, and the profiles of the training job
     `pool` (store/profiles.py: in the first shard; a stage reads its stored one before it replaces it)."""
     profiles = [f"~{prefixes[0]}bubbles:{pool}:*", f"%W~{prefixes[0]}bubble-fill:{pool}:*"]
-    return [*agent_rules(prefixes, f"{pool}.*"), *profiles]
+    renewed = [f"%R~{p}pool-token:{pool}" for p in prefixes]  # its new instances' token (core/renewal.py)
+    return [*agent_rules(prefixes, f"{pool}.*"), *profiles, *renewed]
 
 
 def broker_rules(prefix: str) -> list[str]:

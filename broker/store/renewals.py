@@ -2,6 +2,8 @@
 keys (same prefix). Only the agent's own ACL user reads its key (store/acl.py).
 
 {p}renewed:{agent}  STRING  the token, expiring when it does
+{p}pool-token:{pool}  STRING  a pool's token renewed with its agents' (the pool's user reads it): its new instances
+                      boot with the token `broker agents provision` wrote into their boot data, which may have ended
 """
 
 from __future__ import annotations
@@ -24,3 +26,12 @@ def put_renewed(store: Store, agent_id: str, token: str, until: datetime) -> Non
 def renewed_token(store: Store, agent_id: str) -> str | None:
     """The agent's renewed token, as the agent reads it."""
     return store.redis.get(store.key("renewed", agent_id))
+
+
+def put_pool_token(store: Store, pool: str, token: str, until: datetime) -> None:
+    store.redis.set(store.key("pool-token", pool), token, exat=int(until.timestamp()))
+
+
+def pool_tokens(shards: list[Store], pool: str) -> list[str | None]:
+    """The pool's renewed token in each shard (each shard's server renews it with the pool's agents there)."""
+    return [shard.redis.get(shard.key("pool-token", pool)) for shard in shards]
