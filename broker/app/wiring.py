@@ -45,10 +45,16 @@ def store_for(settings: Settings, daemon: bool = False, say=lambda line: None, c
 
 
 def make_broker(
-    with_store: bool = True, live: bool = False, daemon: bool = False, say=lambda line: None, claim: bool = False
+    with_store: bool = True,
+    live: bool = False,
+    daemon: bool = False,
+    say=lambda line: None,
+    claim: bool = False,
+    policy: str | None = None,
 ) -> Broker:
-    """The core on the configured store. `live` prices with what the store knows (recorded prices, eviction
-    bands, our agents' preemptions), which reads every job and price: only the commands that price ask for it."""
+    """The core on the configured store, planning with `policy` (default BROKER_POLICY's), which decides from the
+    core's market model. `live` prices with what the store knows (recorded prices, eviction bands, our agents'
+    preemptions), which reads every job and price: only the commands that price ask for it."""
     from broker import planning
     from broker.core.broker import Broker
     from broker.core.clock import SystemClock
@@ -58,10 +64,10 @@ def make_broker(
     settings = Settings.from_env()
     store = store_for(settings, daemon, say, claim) if with_store else None
     catalog = live_catalog(store, settings) if store and live else PriceCatalog.from_snapshot(settings.prices_dir)
-    policy = planning.get(settings.policy, **settings.policy_options())
+    chosen = planning.get(policy or settings.policy, **settings.policy_options())
     # the live guard looks every second, not once a market tick: the quotes' futures play it so
     return Broker(
-        store, catalog, policy, SystemClock(), market_model, explained=True, guard_pass_h=GUARD_EVERY_S / 3600
+        store, catalog, chosen, SystemClock(), market_model, explained=True, guard_pass_h=GUARD_EVERY_S / 3600
     )
 
 
@@ -123,6 +129,9 @@ def make_replica(
 
     def make(shard: Store):
         return make_server(broker, consumer, policy, clock, metrics, leader_lease_s, shard, prices)
+
+    if broker.hedges is not None:  # the hedge rule's zones and prices: the live ones it dispatches at, not a snapshot's
+        broker.hedges.offers = prices
 
     retention = Retention(keep_ended, CheckpointStore(settings.checkpoints), metrics) if keep_ended else None
     return Replica(broker.store, make, consumer, leader_lease_s, retention)

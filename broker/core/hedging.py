@@ -47,6 +47,7 @@ class MarketHedge:
     def __init__(self, model: Callable[[], MarketModel], offers: Callable[[], list[Offer]]):
         self.model, self.offers = model, offers
         self._zones: dict[str, tuple[Offer, ...]] = {}  # by what `fits` reads of a spec: planning asks per job
+        self._priced: list[Offer] | None = None  # the offers those were chosen from (a server's are read anew)
         self._known: dict[tuple[str, ...], Hedge] = {}
         self._plans: dict[tuple, Hedge] = {}  # with cost-to-go moves, per chain, zones, horizon, prices, changeover
         self._of: MarketModel | None = None  # the model those were computed on (it is learned again as it goes)
@@ -57,9 +58,11 @@ class MarketHedge:
 
     def zones_of(self, spec: JobSpec) -> tuple[Offer, ...]:
         """The cheapest MAX_ZONES spot offers the job fits, cheapest first."""
-        shape = fit_key(spec)
+        shape, offers = fit_key(spec), self.offers()
+        if offers is not self._priced:  # new prices: the cheapest zones may be others
+            self._zones, self._priced = {}, offers
         if shape not in self._zones:
-            fitting = (o for o in self.offers() if o.tier == Tier.spot and fits(spec, o))
+            fitting = (o for o in offers if o.tier == Tier.spot and fits(spec, o))
             self._zones[shape] = tuple(sorted(fitting, key=lambda o: o.price_usd_per_h)[:MAX_ZONES])
         return self._zones[shape]
 

@@ -176,7 +176,9 @@ def make_store() -> Store:
     return store_for(Settings.from_env())
 
 
-def make_broker(with_store: bool = True, live: bool = False, daemon: bool = False, claim: bool = False) -> Broker:
+def make_broker(
+    with_store: bool = True, live: bool = False, daemon: bool = False, claim: bool = False, policy: str | None = None
+) -> Broker:
     from broker.app import wiring
 
-    return wiring.make_broker(with_store, live, daemon, _say, claim)
+    return wiring.make_broker(with_store, live, daemon, _say, claim, policy)

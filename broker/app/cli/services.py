@@ -6,7 +6,6 @@ from pathlib import Path
 
 import typer
 
-from broker import planning
 from broker.app.cli.common import (
     MetricsAddressOpt,
     above_zero,
@@ -195,8 +194,8 @@ def server(
     from broker.app import wiring
     from broker.core.clock import ScaledClock
 
-    settings = Settings.from_env()
-    broker = make_broker(daemon=True, claim=True)  # records how many shards the clients are to split it into
+    # it records how many shards the clients are to split the store into; its policy decides from its market model
+    broker = make_broker(daemon=True, claim=True, policy=policy)
     from broker.app.metrics import ServerMetrics, serve
     from broker.store.memory import Memory, eviction_problem
 
@@ -209,10 +208,9 @@ def server(
     metrics = ServerMetrics(broker.store)
     if metrics_port:
         serve(metrics.registry, metrics_port, metrics_address)
-    chosen = planning.get(policy, **settings.policy_options()) if policy else None
     consumer = consumer or f"server-{socket.gethostname()}-{os.getpid()}"
     keep = timedelta(days=keep_ended_days) if keep_ended_days else None
-    loop = wiring.make_replica(broker, consumer, chosen, ScaledClock(speedup), metrics, leader_lease_s, keep)
+    loop = wiring.make_replica(broker, consumer, None, ScaledClock(speedup), metrics, leader_lease_s, keep)
     err.print(f"broker server {consumer} running; Ctrl-C stops it")
     try:
         loop.serve()
