@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.domain.errors import BrokerError
-from broker.planning import DEFAULT_POLICY, FILL_ORDERS
+from broker.planning import FILL_ORDERS
 
 PREFIX = re.compile(r"^[A-Za-z0-9:._-]*$")  # BROKER_PREFIX's characters (the Terraform modules' key_prefix too)
 MIN_SECRET_CHARS = 16  # BROKER_AGENT_SECRET's least length (`openssl rand -hex 32` gives 64)
@@ -20,7 +20,7 @@ class Settings:
     redis_url: str | None  # BROKER_REDIS_URL; None means the embedded private redis-server
     home: Path  # BROKER_HOME: the embedded server's data and state
     prices_dir: Path | None  # BROKER_PRICES_DIR: snapshot CSVs; None means the packaged copy
-    policy: str  # BROKER_POLICY: the planner used for quotes
+    policy: str | None  # BROKER_POLICY: the planner used for quotes (None: the servers', store/policy.py)
     checkpoints: str  # BROKER_CHECKPOINTS: fsspec URL of the checkpoint store
     prefix: str = "broker:"  # BROKER_PREFIX: key prefix in Redis
     shards: int | None = None  # BROKER_SHARDS: jobs and agents split over this many shards (None: as the store is)
@@ -46,7 +46,7 @@ class Settings:
             redis_url=env.get("BROKER_REDIS_URL") or None,
             home=Path(home),
             prices_dir=Path(prices) if prices else None,
-            policy=env.get("BROKER_POLICY", DEFAULT_POLICY),
+            policy=env.get("BROKER_POLICY") or None,
             checkpoints=env.get("BROKER_CHECKPOINTS") or str(Path(home) / "checkpoints"),
             prefix=_prefix(env),
             shards=_shards(env),

@@ -64,7 +64,10 @@ def make_broker(
     settings = Settings.from_env()
     store = store_for(settings, daemon, say, claim) if with_store else None
     catalog = live_catalog(store, settings) if store and live else PriceCatalog.from_snapshot(settings.prices_dir)
-    chosen = planning.get(policy or settings.policy, **settings.policy_options())
+    named = policy or settings.policy  # a server (`claim`) records its own: no note that it differs
+    chosen = planning.get(
+        policy_for(store, named, say if not claim else lambda line: None), **settings.policy_options()
+    )
     # the live guard looks every second, not once a market tick: the quotes' futures play it so
     return Broker(
         store, catalog, chosen, SystemClock(), market_model, explained=True, guard_pass_h=GUARD_EVERY_S / 3600
@@ -101,6 +104,19 @@ def make_server(
         prices=prices or (lambda: live_catalog(broker.store, settings).offers),
         fill_order=settings.fill_order,
     )
+
+
+def policy_for(store: ShardedStore | None, named: str | None, say) -> str:
+    """The policy to plan or quote with: the one named (`--policy`, BROKER_POLICY), else the servers' (store/policy.py),
+    else the default. A quote by another rule than the servers' says so: its figures are another rule's."""
+    from broker.planning import DEFAULT_POLICY, names
+    from broker.store.policy import recorded_policy
+
+    servers = recorded_policy(store) if store is not None else None
+    servers = servers if servers in names() else None  # a newer server's policy this version lacks: the default
+    if named and servers and named != servers:
+        say(f"note: BROKER_POLICY={named} here, but the servers plan with {servers}: unset it to quote as they run")
+    return named or servers or DEFAULT_POLICY
 
 
 def make_replica(

@@ -365,7 +365,7 @@ def amend(
 
 @user_errors
 def list_policies(as_json: bool = JsonOpt) -> None:
-    """The planning policies by name; choose one with BROKER_POLICY or `broker server --policy`."""
-    active = Settings.from_env().policy
+    """The planning policies by name; choose one with `broker server --policy` (the CLIs follow it) or BROKER_POLICY."""
+    active = make_broker().policy.name
     rows = [{**row, "active": row["name"] == active} for row in planning.describe()]
     print_json(rows) if as_json else out.print(render.policies_table(rows))

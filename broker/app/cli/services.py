@@ -193,9 +193,13 @@ def server(
 
     from broker.app import wiring
     from broker.core.clock import ScaledClock
+    from broker.store.policy import record_policy
 
     # it records how many shards the clients are to split the store into; its policy decides from its market model
     broker = make_broker(daemon=True, claim=True, policy=policy)
+    was = record_policy(broker.store, broker.policy.name)  # the CLIs' quotes simulate the rule it runs
+    if was and was != broker.policy.name:
+        err.print(f"note: the servers planned with {was}; from now on with {broker.policy.name}", highlight=False)
     from broker.app.metrics import ServerMetrics, serve
     from broker.store.memory import Memory, eviction_problem
 
