@@ -11,6 +11,7 @@ import torch
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.bubbles.executor import FillExecutor
+from broker.bubbles.step_time import RECENT_WINDOWS
 from conftest import EXAMPLES, assert_same_weights, make_spec, run_to_end
 
 FILL = EXAMPLES / "bubbles" / "fill_mlp.py"
@@ -57,6 +58,19 @@ def test_a_slow_first_step_does_not_keep_the_steps_after_it_out_of_the_windows()
     assert all(r["steps"] for r in reports[-10:])  # and the steps after it run in every window
     planned = sorted(max(0.0, (b - end) * 1000) for _, b, end in executor.steps[8:])
     assert planned[int(0.99 * (len(planned) - 1))] <= 5.0  # within their windows once planned
+
+
+def test_one_slow_step_keeps_the_steps_after_it_out_of_the_windows_only_for_a_while():
+    """A spike of load made one step longer than the windows: planned with the longest step ever seen, no step started
+    again, and the fill job stayed where it was for as long as its stage trained."""
+    executor, reports = filled({"spike_s": 0.05, "spike_call": 10, "step_s": 0.0}, 60, 0.03, grace_s=0.1)
+    calls = [sum(len(r["steps"]) for r in reports[: i + 1]) for i in range(len(reports))]
+    spiked = next(i for i, called in enumerate(calls) if called >= 10)  # the window of the 10th call
+    assert not reports[spiked + 1]["steps"]  # it is planned with for a while
+    after = reports[spiked + RECENT_WINDOWS + 2 :]
+    assert sum(1 for r in after if r["steps"]) >= 0.8 * len(after)  # then the steps run in the windows again
+    planned = sorted(max(0.0, (b - end) * 1000) for a, b, end in executor.steps[10:])
+    assert planned[int(0.99 * (len(planned) - 1))] <= 5.0  # within their windows
 
 
 def test_a_task_that_overruns_its_window_is_killed_and_resumes_from_its_last_state():

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from broker.bubbles.step_time import USUAL_STEPS, StepTime
+
 START_TIMEOUT_S = 120.0
 
 
@@ -116,20 +118,21 @@ def _serve(
     task = _ready(conn, task_path, config, state)
     if task is None:
         return
-    step_s = float(config.get("step_s", 0.0))  # the profiled step time; refined as steps run
+    step = StepTime(float(config.get("step_s", 0.0)), config.get("usual_s", ()))  # refined as steps run
     warm_up = task.micro_steps()  # calls of the first whole step: timed, not planned with
     while True:
         command, arg = conn.recv()
         if command == "run":
             steps = []
-            while time.monotonic() + step_s < arg:
+            step.next_window()
+            while time.monotonic() + step.seconds < arg:
                 began = time.monotonic()
                 task.run_step()
                 ended = time.monotonic()
                 steps.append((began, ended))
                 warm_up -= 1
                 if warm_up < 0:
-                    step_s = max(step_s, ended - began) if step_s else ended - began
+                    step.timed(ended - began)
             task.pause()
             conn.send(("paused", {"steps": steps, "done": task.steps_done(), "peak_bytes": _peak_bytes()}))
         elif command == "state":
@@ -142,7 +145,7 @@ def _serve(
             task = _ready(conn, task_path, config, _unpack(packed) if packed is not None else None)
             if task is None:
                 return
-            step_s, warm_up = float(config.get("step_s", 0.0)), task.micro_steps()
+            step, warm_up = StepTime(float(config.get("step_s", 0.0))), task.micro_steps()
         elif command == "stop":
             task.stop()
             conn.send(("stopped", _pack(task.state_dict())))
@@ -281,11 +284,14 @@ class FillExecutor:
 
     def kill_and_restart(self) -> None:
         """The task overran its window: SIGKILL it and start again from the last state taken. The new process
-        knows the longest step seen so far, as the killed one did, so it starts no step that would not fit."""
+        knows the longest step seen so far, so it starts no step that would not fit, and the last steps' times, at
+        which it tries again after windows without a step (the overrun a spike: bubbles/step_time.py)."""
         os.kill(self.process.pid, signal.SIGKILL)
         self.process.join()
         self.kills += 1
-        self.config = {**self.config, "step_s": max(float(self.config.get("step_s", 0.0)), self.longest_step_s)}
+        usual = [b - a for a, b, _ in self.steps[-USUAL_STEPS:]]  # it tries these again if the overrun was a spike
+        longest = max(float(self.config.get("step_s", 0.0)), self.longest_step_s)
+        self.config = {**self.config, "step_s": longest, "usual_s": usual}
         self.start()
 
     def reconfigure(self, overrides: dict, trial: bool = False) -> None:

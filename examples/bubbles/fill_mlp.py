@@ -8,7 +8,8 @@ the same weights either way: batch k depends only on k. Its configuration sizes 
 it was timed for). `micro_steps` splits each step's batch into that many micro-batches whose
 gradients add up before the update (PipeFill's micro-step configurations: shorter nodes that fit
 shorter windows); the fill agent picks the split that does the most work in its windows.
-`extra_step_s` and `extra_row_s` make steps slower, `cold_s` the first whole step of a process (tests).
+`extra_step_s` and `extra_row_s` make steps slower, `cold_s` the first whole step of a process, `spike_s` the
+`spike_call`th call of a process (a spike of the machine's load; tests).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class MlpFill(FillTask):
             self.rows // self.splits
         )
         self.cold_s, self.cold_calls = float(config.get("cold_s", 0.0)), self.splits  # a GPU's first kernels
+        self.spike_s, self.calls_to_spike = float(config.get("spike_s", 0.0)), int(config.get("spike_call", 0))
 
     def init(self) -> None:
         """On the device, with one untimed forward and backward of one micro-batch (no update): the GPU libraries
@@ -79,6 +81,9 @@ class MlpFill(FillTask):
         if self.cold_s and self.cold_calls > 0:
             self.cold_calls -= 1
             time.sleep(self.cold_s)
+        self.calls_to_spike -= 1
+        if self.spike_s and self.calls_to_spike == 0:
+            time.sleep(self.spike_s)
 
     def configurations(self) -> dict[str, dict]:
         return {
