@@ -78,3 +78,30 @@ def test_a_stage_with_the_pool_token_is_admitted_and_one_without_is_refused_once
     finally:
         for agent in agents:
             agent.stop()
+
+
+def test_a_restarted_training_job_s_stages_register_with_the_pool_s_renewed_token(redis_url, tmp_path):
+    """A pretraining run lasts weeks and restarts from its checkpoints: its stages' processes started again with the
+    token it was launched with, ended by then, were refused, and its bubbles went unoffered for the rest of it."""
+    from broker.agents.tokens import issue_pool
+    from broker.bubbles.agent import serve_stage
+    from broker.bubbles.recorder import BubbleRecorder
+    from broker.store.renewals import put_pool_token
+    from broker.store.shards import ShardedStore
+
+    store, now, at = ShardedStore(redis_url, "broker:", 1), datetime.now(UTC), time.monotonic()
+    launched = issue_pool(SECRET, "llm", now - timedelta(hours=1))
+    renewed = issue_pool(SECRET, "llm", now + timedelta(days=6))  # by the server, while the job's stages ran
+    put_pool_token(store.shards[0], "llm", renewed, now + timedelta(days=6))
+    recorder = BubbleRecorder()
+    recorder.windows = [("fill-drain", at + 0.06 * i, at + 0.06 * i + 0.035, 4 * 10**9) for i in range(50)]
+    iterations = [(at + 0.06 * i, at + 0.06 * (i + 1)) for i in range(50)]
+    checkpoints = CheckpointStore(str(tmp_path))
+    server = BrokerServer(store.shards[0], planning.get(), SystemClock(), checkpoints, agent_secret=SECRET)
+    agent = serve_stage(store, checkpoints, "llm", 0, recorder, iterations, "T4", 0.01, launched)
+    try:
+        assert agent is not None and agent.token == renewed
+        server.step()
+        assert store.shards[0].refusal(agent.id) is None and store.shards[0].lease_alive(agent.id)
+    finally:
+        agent.stop()

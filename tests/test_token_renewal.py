@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
+from broker.agents.contract import with_pool_token
 from broker.agents.tokens import RENEWED_FOR, due, issue, issue_pool, longest, read_file, refusal
 from broker.app.cli.main import app
-from broker.app.cli.services import kept_token, with_pool_token
+from broker.app.cli.services import kept_token
 from broker.core.broker import Broker
 from broker.core.clock import ManualClock
 from broker.core.server import BrokerServer
@@ -178,7 +179,7 @@ def test_a_pool_s_new_instance_after_the_pool_s_token_ended_registers_with_the_t
     assert renewed_token(store.of_agent("solo"), "solo").startswith(f"{int((now + RENEWED_FOR).timestamp())}.")
 
     clock.advance(hours=3)  # the pool's token has ended; the pool starts a new instance, with it in its boot data
-    token = with_pool_token(store, pool_token)
+    token = with_pool_token(store.shards, pool_token)
     assert token != pool_token and refusal(SECRET, newcomer, token, clock.now()) is None
     assert refusal(SECRET, "cpu.host1", token, clock.now()) is not None  # another pool's agents: not admitted
     assert token == renewed_token(store.of_agent(member), member)  # what its running members restart with
@@ -187,4 +188,4 @@ def test_a_pool_s_new_instance_after_the_pool_s_token_ended_registers_with_the_t
     )
     servers[shard_of(newcomer, 2)].step()
     assert store.of_agent(newcomer).refusal(newcomer) is None and newcomer in {a.id for a in store.agents()}
-    assert with_pool_token(store, "a-token-of-no-pool") == "a-token-of-no-pool"
+    assert with_pool_token(store.shards, "a-token-of-no-pool") == "a-token-of-no-pool"

@@ -22,10 +22,11 @@ from enum import StrEnum
 import redis
 from pydantic import ValidationError
 
+from broker.agents.tokens import longest, pool_of
 from broker.domain.jobspec import JobSpec
 from broker.domain.model import AgentInfo, Offer
 from broker.store.jobs import Store
-from broker.store.renewals import renewed_token
+from broker.store.renewals import pool_tokens, renewed_token
 
 log = logging.getLogger(__name__)
 
@@ -222,3 +223,18 @@ class Contract:
     ) -> None:
         self._asked.pop(job, None)
         self.report(job, fence, "exited", at=at, reason=reason, code=code, log_tail=list(log_tail))
+
+
+def with_pool_token(shards: list[Store], token: str | None) -> str | None:
+    """A pool's agent (a spot pool's instance, a training job's stage) registers with its pool's token as the server
+    renewed it (core/renewal.py) where that admits longer than the one it was given: a pool's new instance boots with
+    the token written into the pool's boot data, a restarted training job's stages with the one it was launched
+    with, and either may have ended."""
+    pool = pool_of(token)
+    if pool is None:
+        return token
+    try:
+        return longest(token, *pool_tokens(shards, pool))
+    except redis.exceptions.NoPermissionError:  # a pool user made before renewals
+        log.warning("pool %s: this Redis user may not read its renewed token: `broker acl agent --pool` again", pool)
+        return token

@@ -89,7 +89,9 @@ def agent(
     if metrics_port:
         serve(metrics.registry, metrics_port, metrics_address)
     store = store_for(settings, daemon=True)
-    token = with_pool_token(store, token)
+    from broker.agents.contract import with_pool_token
+
+    token = with_pool_token(store.shards, token)  # a pool's new instance: its boot data's token may have ended
     if for_job:
         job_to_serve(store, for_job, agent_id)
     worker = Agent(
@@ -120,24 +122,6 @@ def kept_token(token: str | None, token_file: Path | None) -> str | None:
         raise BrokerError(
             f"--token-file: cannot read {token_file}: {error.strerror}; give a file this user may read"
         ) from None
-
-
-def with_pool_token(store, token: str | None) -> str | None:
-    """A pool's agent registers with its pool's token as the server renewed it where that admits longer: a new
-    instance boots with the one written into the pool's boot data, which may have ended (core/renewal.py)."""
-    import redis
-
-    from broker.agents.tokens import longest, pool_of
-    from broker.store.renewals import pool_tokens
-
-    pool = pool_of(token)
-    if pool is None:
-        return token
-    try:
-        return longest(token, *pool_tokens(store.shards, pool))
-    except redis.exceptions.NoPermissionError:  # a pool user made before renewals: `broker acl agent --pool` again
-        err.print(f"[yellow]note:[/] this agent's Redis user may not read pool {pool}'s renewed token")
-        return token
 
 
 def job_to_serve(store, job_id: str, agent_id: str) -> None:
