@@ -156,7 +156,9 @@ def server(
     consumer: str = typer.Option(None, help="This replica's name (consumer group, planning lease); default host-pid."),
     metrics_port: int = typer.Option(9464, min=0, max=65535, help="Serve Prometheus metrics on this port (0: off)."),
     metrics_address: str = MetricsAddressOpt,
-    policy: str = typer.Option(None, help="Planning policy (see `broker policies`); default BROKER_POLICY or hedge."),
+    policy: str = typer.Option(
+        None, help="Planning policy (see `broker policies`); default BROKER_POLICY, else the servers' last, else hedge."
+    ),
     leader_lease_s: float = typer.Option(
         5.0, min=0.1, help="Planning lease: a standby replica takes over this long after the leader stops."
     ),
