@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from broker import planning
 from broker.agents.agent import Agent
 from broker.agents.checkpoints import CheckpointStore
-from broker.agents.contract import with_pool_token
+from broker.agents.contract import newest_token
 from broker.agents.tokens import RENEWED_FOR, due, issue, issue_pool, longest, read_file, refusal
 from broker.app.cli.main import app
 from broker.app.cli.services import kept_token
@@ -179,7 +179,7 @@ def test_a_pool_s_new_instance_after_the_pool_s_token_ended_registers_with_the_t
     assert renewed_token(store.of_agent("solo"), "solo").startswith(f"{int((now + RENEWED_FOR).timestamp())}.")
 
     clock.advance(hours=3)  # the pool's token has ended; the pool starts a new instance, with it in its boot data
-    token = with_pool_token(store.shards, pool_token)
+    token = newest_token(store, newcomer, pool_token)
     assert token != pool_token and refusal(SECRET, newcomer, token, clock.now()) is None
     assert refusal(SECRET, "cpu.host1", token, clock.now()) is not None  # another pool's agents: not admitted
     assert token == renewed_token(store.of_agent(member), member)  # what its running members restart with
@@ -188,4 +188,34 @@ def test_a_pool_s_new_instance_after_the_pool_s_token_ended_registers_with_the_t
     )
     servers[shard_of(newcomer, 2)].step()
     assert store.of_agent(newcomer).refusal(newcomer) is None and newcomer in {a.id for a in store.agents()}
-    assert with_pool_token(store.shards, "a-token-of-no-pool") == "a-token-of-no-pool"
+    solo = newest_token(store, "solo", issue(SECRET, "solo", now + timedelta(hours=2)))  # no --token-file: Redis's
+    assert solo == renewed_token(store.of_agent("solo"), "solo") and refusal(SECRET, "solo", solo, clock.now()) is None
+
+    replaced = "a-new-secret-of-24-characters"  # BROKER_AGENT_SECRET replaced: the pool's token is issued again
+    for server in servers:
+        server.agent_secret = replaced
+        server.step()
+    assert refusal(replaced, names[-1], newest_token(store, names[-1], pool_token), clock.now()) is None
+
+
+def test_a_renewed_token_an_agent_is_refused_with_is_not_chosen_at_its_next_start(store, redis_url, catalog, tmp_path):
+    """One signed with a secret since replaced, where no process of the agent or pool was alive to be given another,
+    outlasts the token given: each restart would be refused with it, for good."""
+    from broker.store.renewals import put_pool_token, put_renewed
+
+    now = datetime.now(UTC)
+    server = BrokerServer(store, planning.get(), ManualClock(now), CheckpointStore(str(tmp_path)), agent_secret=SECRET)
+    stale, until = "the-secret-before-this-one", now + timedelta(days=5)
+    put_renewed(store, "solo", issue(stale, "solo", until), until)
+    put_pool_token(store, "gpu", issue_pool(stale, "gpu", until), until)
+    sharded = ShardedStore(redis_url, "broker:", 1)
+    given = {"solo": issue(SECRET, "solo", now + timedelta(hours=1)), "gpu.h1": issue_pool(SECRET, "gpu", now)}
+    for agent_id, token in given.items():
+        chosen = newest_token(sharded, agent_id, token)
+        assert chosen != token  # the stale one outlasts it
+        store.register_agent(
+            AgentInfo(id=agent_id, offer=offer_of(catalog), host="h", pid=1, registered_at=now, token=chosen), 600_000
+        )
+    server.step()
+    assert store.refusal("solo") and store.refusal("gpu.h1")
+    assert all(newest_token(sharded, agent_id, token) == token for agent_id, token in given.items())

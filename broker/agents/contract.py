@@ -27,6 +27,7 @@ from broker.domain.jobspec import JobSpec
 from broker.domain.model import AgentInfo, Offer
 from broker.store.jobs import Store
 from broker.store.renewals import pool_tokens, renewed_token
+from broker.store.shards import ShardedStore
 
 log = logging.getLogger(__name__)
 
@@ -225,16 +226,15 @@ class Contract:
         self.report(job, fence, "exited", at=at, reason=reason, code=code, log_tail=list(log_tail))
 
 
-def with_pool_token(shards: list[Store], token: str | None) -> str | None:
-    """A pool's agent (a spot pool's instance, a training job's stage) registers with its pool's token as the server
-    renewed it (core/renewal.py) where that admits longer than the one it was given: a pool's new instance boots with
-    the token written into the pool's boot data, a restarted training job's stages with the one it was launched
-    with, and either may have ended."""
+def newest_token(store: ShardedStore, agent_id: str, token: str | None) -> str | None:
+    """The token an agent process registers with: the one it was given, or one the server renewed (core/renewal.py)
+    where that admits longer: its own id's (a restart after the token it was given ended, without its --token-file),
+    or its pool's (a spot pool's new instance boots with the token of the pool's boot data, a restarted training
+    job's stages with the one it was launched with)."""
     pool = pool_of(token)
-    if pool is None:
-        return token
     try:
-        return longest(token, *pool_tokens(shards, pool))
-    except redis.exceptions.NoPermissionError:  # a pool user made before renewals
-        log.warning("pool %s: this Redis user may not read its renewed token: `broker acl agent --pool` again", pool)
+        pools = pool_tokens(store.shards, pool) if pool else []
+        return longest(token, renewed_token(store.of_agent(agent_id), agent_id), *pools)
+    except redis.exceptions.NoPermissionError:  # an ACL user made before renewals
+        log.warning("agent=%s its Redis user may not read renewed tokens: `broker acl agent` again", agent_id)
         return token

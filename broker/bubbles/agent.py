@@ -26,7 +26,7 @@ import time
 from datetime import UTC, datetime
 
 from broker.agents.checkpoints import CheckpointStore
-from broker.agents.contract import Assignment, Contract, Unregistered, Verdict, with_pool_token
+from broker.agents.contract import Assignment, Contract, Unregistered, Verdict, newest_token
 from broker.bubbles.capacity import bubble_offer, measured_speed
 from broker.bubbles.executor import START_TIMEOUT_S, FillExecutor, stage_device, warm_fill_processes
 from broker.bubbles.probe import NEXT, TIMING, UNFIT, ConfigurationProbe
@@ -338,8 +338,9 @@ def serve_stage(
     offer = bubble_offer(measured, "local", "local", accelerator, min_window_s=min_window_s)
     if offer is None:
         return None
-    agent_store = store.of_agent(stage_agent_id(measured.main_job, measured.stage))
-    token = with_pool_token(store.shards, token)  # a restarted training job's stages: its launch token may have ended
+    agent_id = stage_agent_id(measured.main_job, measured.stage)
+    agent_store = store.of_agent(agent_id)
+    token = newest_token(store, agent_id, token)  # a restarted training job's stages: its launch token may have ended
     agent = FillAgent(agent_store, checkpoints, measured, offer, token=token, profiles=store.shards[0])
     recorder.signal = agent.signal
     agent.start()

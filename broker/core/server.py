@@ -17,7 +17,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from broker.agents.checkpoints import CheckpointStore
-from broker.agents.tokens import refusal
+from broker.agents.tokens import pool_of, refusal
 from broker.core.budget import fallback_option, stop_over_budget
 from broker.core.guard import DeadlineGuard
 from broker.core.renewal import renew_tokens
@@ -31,6 +31,7 @@ from broker.planning.fill import SCORES, order_bubbles
 from broker.planning.option_table import PlanItem
 from broker.store.capacity import CapacityHistory
 from broker.store.jobs import Store
+from broker.store.renewals import drop_refused
 
 log = logging.getLogger(__name__)
 
@@ -301,6 +302,7 @@ class BrokerServer:
             return True
         log.warning("agent=%s refused: %s; removed", agent.id, why)
         self.store.refuse_agent(agent, why)
+        drop_refused(self.store, agent.id, agent.token, pool_of(agent.token))  # not chosen again at its restart
         return False
 
     def guard(self) -> list[str]:

@@ -35,3 +35,14 @@ def put_pool_token(store: Store, pool: str, token: str, until: datetime) -> None
 def pool_tokens(shards: list[Store], pool: str) -> list[str | None]:
     """The pool's renewed token in each shard (each shard's server renews it with the pool's agents there)."""
     return [shard.redis.get(shard.key("pool-token", pool)) for shard in shards]
+
+
+def drop_refused(store: Store, agent_id: str, token: str | None, pool: str | None) -> None:
+    """Forget the renewed tokens an agent refused with `token` might have read (signed with a secret since replaced,
+    say): its next start registers with the one it is given."""
+    store.redis.delete(store.key("renewed", agent_id))
+    if pool is not None and token is not None:  # only the pool's token it was refused with: another may be good
+        store.redis.eval(_DELETE_IF, 1, store.key("pool-token", pool), token)
+
+
+_DELETE_IF = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"

@@ -89,9 +89,9 @@ def agent(
     if metrics_port:
         serve(metrics.registry, metrics_port, metrics_address)
     store = store_for(settings, daemon=True)
-    from broker.agents.contract import with_pool_token
+    from broker.agents.contract import newest_token
 
-    token = with_pool_token(store.shards, token)  # a pool's new instance: its boot data's token may have ended
+    token = newest_token(store, agent_id, token)  # the one it was given (a pool's boot data's, say) may have ended
     if for_job:
         job_to_serve(store, for_job, agent_id)
     worker = Agent(
