@@ -122,12 +122,13 @@ def _tokens_ending(store, working) -> str:
     renews them a day before they end, core/renewal.py): the agents run on, admitted, but a restart or a pool's new
     instance (a spot pool replaces its preempted ones) would be refused."""
     soon = datetime.now(UTC) + TOKEN_NOTICE
-    ending = {a for a in working if (at := expires_at(a.token)) is not None and at < soon}
     ending = sorted(
         {
-            (expires_at(a.token), f"pool {pool}" if (pool := pool_of(a.token)) else a.id)
-            for a in ending
-            if (expires_at(longest(a.token, _renewed(store, a))) or soon) < soon
+            (at, f"pool {pool}" if (pool := pool_of(a.token)) else a.id)
+            for a in working
+            if (at := expires_at(a.token)) is not None
+            and at < soon
+            and (expires_at(longest(a.token, _renewed(store, a))) or soon) < soon  # read only for those ending
         }
     )
     if not ending:

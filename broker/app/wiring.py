@@ -64,10 +64,9 @@ def make_broker(
     settings = Settings.from_env()
     store = store_for(settings, daemon, say, claim) if with_store else None
     catalog = live_catalog(store, settings) if store and live else PriceCatalog.from_snapshot(settings.prices_dir)
-    named = policy or settings.policy  # a server (`claim`) records its own: no note that it differs
-    chosen = planning.get(
-        policy_for(store, named, say if not claim else lambda line: None), **settings.policy_options()
-    )
+    # a server (`claim`) records its own policy: no note that it differs from the one recorded
+    name = policy_for(store, policy or settings.policy, (lambda line: None) if claim else say)
+    chosen = planning.get(name, **settings.policy_options())
     # the live guard looks every second, not once a market tick: the quotes' futures play it so
     return Broker(
         store, catalog, chosen, SystemClock(), market_model, explained=True, guard_pass_h=GUARD_EVERY_S / 3600
