@@ -219,3 +219,11 @@ def test_a_renewed_token_an_agent_is_refused_with_is_not_chosen_at_its_next_star
     server.step()
     assert store.refusal("solo") and store.refusal("gpu.h1")
     assert all(newest_token(sharded, agent_id, token) == token for agent_id, token in given.items())
+    good = issue_pool(SECRET, "gpu", until)  # one refused for its name, not its pool's token: the pool keeps it
+    put_pool_token(store, "gpu", good, until)
+    store.register_agent(
+        AgentInfo(id="gpuhost", offer=offer_of(catalog), host="h", pid=2, registered_at=now, token=good), 600_000
+    )
+    server.step()
+    assert "named gpu.<host>" in store.refusal("gpuhost")["why"] and newest_token(sharded, "gpu.h2", None) is None
+    assert newest_token(sharded, "gpu.h2", given["gpu.h1"]) == good

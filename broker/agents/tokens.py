@@ -84,6 +84,12 @@ def pool_of(token: str | None) -> str | None:
     return parts[1] or None if len(parts) == 3 and parts[0] == "pool" else None
 
 
+def stale_pool(secret: str, token: str | None, now: datetime) -> str | None:
+    """The pool of a pool's token that admits none of its agents now (ended, or signed with another secret)."""
+    pool = pool_of(token)
+    return pool if pool and refusal(secret, f"{pool}.any", token, now) else None
+
+
 def longest(*tokens: str | None) -> str | None:
     """Of the tokens given, the one that admits longest (its form checked where it is verified)."""
     held = [t for t in tokens if t]

@@ -17,7 +17,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from broker.agents.checkpoints import CheckpointStore
-from broker.agents.tokens import pool_of, refusal
+from broker.agents.tokens import refusal, stale_pool
 from broker.core.budget import fallback_option, stop_over_budget
 from broker.core.guard import DeadlineGuard
 from broker.core.renewal import renew_tokens
@@ -296,13 +296,14 @@ class BrokerServer:
         """Whether an agent process not yet admitted may get work: its token verifies now (then the process stays
         admitted until it is refused, or a day after its removal: a token bounds when agents may join, not how long
         they run)."""
-        why = refusal(self.agent_secret, agent.id, agent.token, self.clock.now())
+        now = self.clock.now()
+        why = refusal(self.agent_secret, agent.id, agent.token, now)
         if why is None:
             self.store.admit(agent)
             return True
         log.warning("agent=%s refused: %s; removed", agent.id, why)
         self.store.refuse_agent(agent, why)
-        drop_refused(self.store, agent.id, agent.token, pool_of(agent.token))  # not chosen again at its restart
+        drop_refused(self.store, agent.id, agent.token, stale_pool(self.agent_secret, agent.token, now))
         return False
 
     def guard(self) -> list[str]:
