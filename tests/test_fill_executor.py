@@ -11,7 +11,7 @@ import torch
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.bubbles.executor import FillExecutor
-from broker.bubbles.step_time import RECENT_WINDOWS
+from broker.bubbles.step_time import STALLED_WINDOWS
 from conftest import EXAMPLES, assert_same_weights, make_spec, run_to_end
 
 FILL = EXAMPLES / "bubbles" / "fill_mlp.py"
@@ -67,7 +67,7 @@ def test_one_slow_step_keeps_the_steps_after_it_out_of_the_windows_only_for_a_wh
     calls = [sum(len(r["steps"]) for r in reports[: i + 1]) for i in range(len(reports))]
     spiked = next(i for i, called in enumerate(calls) if called >= 10)  # the window of the 10th call
     assert not reports[spiked + 1]["steps"]  # it is planned with for a while
-    after = reports[spiked + RECENT_WINDOWS + 2 :]
+    after = reports[spiked + STALLED_WINDOWS + 2 :]
     assert sum(1 for r in after if r["steps"]) >= 0.8 * len(after)  # then the steps run in the windows again
     planned = sorted(max(0.0, (b - end) * 1000) for a, b, end in executor.steps[10:])
     assert planned[int(0.99 * (len(planned) - 1))] <= 5.0  # within their windows

@@ -124,7 +124,6 @@ def _serve(
         command, arg = conn.recv()
         if command == "run":
             steps = []
-            step.next_window()
             while time.monotonic() + step.seconds < arg:
                 began = time.monotonic()
                 task.run_step()
@@ -133,6 +132,7 @@ def _serve(
                 warm_up -= 1
                 if warm_up < 0:
                     step.timed(ended - began)
+            step.window_ended(len(steps))
             task.pause()
             conn.send(("paused", {"steps": steps, "done": task.steps_done(), "peak_bytes": _peak_bytes()}))
         elif command == "state":
