@@ -67,3 +67,11 @@ def test_quotes_simulate_the_policy_the_servers_plan_with(env, monkeypatch, tmp_
     monkeypatch.setenv("BROKER_POLICY", "hedge")  # set here: it quotes so, and says the servers run another
     policy, said = quoted()
     assert policy == "hedge" and "BROKER_POLICY=hedge here, but the servers plan with cost-to-go" in said
+
+
+def test_policies_are_listed_without_a_store_to_ask(monkeypatch):
+    monkeypatch.setenv("BROKER_REDIS_URL", "redis://127.0.0.1:1")  # nothing listens there
+    monkeypatch.delenv("BROKER_POLICY", raising=False)
+    result = CliRunner().invoke(app, ["policies", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [p["name"] for p in json.loads(result.stdout) if p["active"]] == ["hedge"]

@@ -366,6 +366,9 @@ def amend(
 @user_errors
 def list_policies(as_json: bool = JsonOpt) -> None:
     """The planning policies by name; choose one with `broker server --policy` (the CLIs follow it) or BROKER_POLICY."""
-    active = make_broker().policy.name
+    try:
+        active = make_broker().policy.name  # the servers' where BROKER_POLICY is unset
+    except BrokerError:  # no store to ask (Redis unreachable): the registry is still worth listing
+        active = Settings.from_env().policy or planning.DEFAULT_POLICY
     rows = [{**row, "active": row["name"] == active} for row in planning.describe()]
     print_json(rows) if as_json else out.print(render.policies_table(rows))
