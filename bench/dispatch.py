@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
@@ -35,10 +36,8 @@ from rich.progress import Progress
 
 from broker import planning
 from broker.agents.agent import Agent
-from broker.agents.checkpoints import CheckpointStore
+from broker.app import wiring
 from broker.core.clock import SystemClock
-from broker.core.replica import Replica
-from broker.core.server import BrokerServer
 from broker.domain.model import Job, Offer, Tier
 from broker.domain.specfile import validate_spec
 from broker.pricing.catalog import PriceCatalog
@@ -242,14 +241,13 @@ def agent_host(url: str, home: str, offer_json: str, ids: list[str], stop, args)
 
 
 def server_host(url: str, home: str, stop, index: int, args) -> None:
-    """One broker server replica's control loop over the shards it owns."""
-    name = f"server-{index}"
-
-    def make(shard):
-        policy = planning.get(args.policy)
-        return BrokerServer(shard, policy, SystemClock(), CheckpointStore(f"{home}/ckpt"), name, lease_s=30.0)
-
-    Replica(ShardedStore(url, count=args.shards), make, name).serve(until=stop.is_set)  # `broker server`'s loop
+    """One `broker server` replica over the shards it owns, wired as the command wires it: its policy deciding from
+    the market model, at the live prices (before 2026-12-01 it planned with a policy made apart, which for hedge was
+    Uniform Progress without the market's view: lighter than what a server runs)."""
+    shards = str(args.shards)
+    os.environ.update(BROKER_REDIS_URL=url, BROKER_HOME=home, BROKER_CHECKPOINTS=f"{home}/ckpt", BROKER_SHARDS=shards)
+    broker = wiring.make_broker(daemon=True, claim=True, policy=args.policy)
+    wiring.make_replica(broker, f"server-{index}").serve(until=stop.is_set)
 
 
 if __name__ == "__main__":
