@@ -10,6 +10,7 @@ from broker.agents.contract import Contract
 from broker.app.cli.main import app
 from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
+from broker.store.policy import record_policy
 from broker.store.prices import PriceHistory
 from conftest import free_port
 
@@ -93,6 +94,8 @@ def test_credentials_a_server_and_an_agent_are_found(no_clouds, monkeypatch, tmp
     assert code == 0
     assert found["aws"]["status"] == found["gcp"]["status"] == "ok"
     assert found["server"] == {"part": "server", "status": "ok", "detail": "planned by server-a"}
+    record_policy(store, "cost-to-go")  # as `broker server --policy cost-to-go` records it
+    assert findings()[1]["server"]["detail"] == "planned by server-a with cost-to-go"
     assert found["agents"] == {"part": "agents", "status": "ok", "detail": "1 working, 0 running a job"}
     Contract(store, "a2").register(PriceCatalog.from_snapshot().offers[0], 60_000, for_job="j-1")
     detail = findings()[1]["agents"]["detail"]

@@ -17,6 +17,7 @@ from broker.agents.tokens import expires_at, longest, pool_of
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
 from broker.store.memory import FULL_SHARE, Memory, eviction_problem, usage
+from broker.store.policy import recorded_policy
 from broker.store.renewals import pool_tokens, renewed_token
 
 OK, NOTE, PROBLEM = "ok", "note", "problem"
@@ -85,7 +86,8 @@ def _server(store) -> Finding:
             NOTE,
             "no broker server is running: queued jobs wait; start `broker server` (`broker run` hosts one)",
         )
-    by = f"planned by {', '.join(sorted({p for p in planners if p}))}"
+    policy = recorded_policy(store)  # what the commands with BROKER_POLICY unset quote with too
+    by = f"planned by {', '.join(sorted({p for p in planners if p}))}" + (f" with {policy}" if policy else "")
     idle = [str(i) for i, planner in enumerate(planners) if not planner]
     if idle:  # a replica plans every shard whose lease it can take: these have none, and their jobs wait
         return Finding("server", NOTE, f"{by}; shard {', '.join(idle)} of {len(planners)} has no server: restart one")
