@@ -105,7 +105,7 @@ variable "shards" {
 }
 
 variable "registration_token" {
-  description = "The pool's registration token (`broker agents provision` issues it when BROKER_AGENT_SECRET is set): it admits agents named <pool_name>.<host>; null when the broker asks for none."
+  description = "The pool's registration token (`broker agents provision` issues it when BROKER_AGENT_SECRET is set): it admits agents named <pool_name>.<host>; once it ends, new instances register with the pool's token the broker renews while any of the pool's agents runs; null when the broker asks for none."
   type        = string
   default     = null
   sensitive   = true
