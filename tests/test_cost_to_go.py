@@ -261,3 +261,24 @@ def test_the_broker_s_view_solves_its_moves_with_the_shrink_its_fleet_saw():
     assert shrinking.for_zones([spot]).shrink == seen.for_offer(spot).shrink
     plans = [m.planned([spot], 100, 3.0, 0.2).plan for m in (steady, shrinking)]
     assert plans[1].cost[50, 1, 5, IDLE] > plans[0].cost[50, 1, 5, IDLE]  # the same state, dearer: runs lost
+
+
+@pytest.mark.parametrize("gpu", ["L4", "V100"])
+def test_zones_whose_spot_is_never_all_gone_are_seen_up_past_the_horizon_and_cost_to_go_runs_there(gpu):
+    """A job's zones together (its cheapest dozen, or the nine of the packaged traces) have spot at every tick of
+    every sampled future: no up-spell was seen whole, which read as spot gone at once (a mean up-spell of 0 h), and
+    cost-to-go quoted and ran every such job on on-demand, at 4x hedge's cost."""
+    from datetime import UTC, datetime
+
+    from broker.app import wiring
+    from broker.core.hedging import HORIZON_H
+    from broker.domain.specfile import validate_spec
+
+    broker = wiring.make_broker(with_store=False, policy="cost-to-go")
+    fields = {"name": "j", "run": ["true"], "resources": {"accelerators": [f"{gpu}:1"]}, "work": {"gpu_hours": 2.0}}
+    spec = validate_spec({**fields, "deadline": "+24h"}, datetime.now(UTC))  # quoted at the broker's clock
+    zones = list(broker.hedges.zones_of(spec))
+    view = broker.hedges.for_zones(zones)
+    assert view.mean_up_h >= HORIZON_H / 2 and view.chain.ends[1].max() < 0.01  # up, and staying up
+    quote = broker.quote(spec)
+    assert quote.forecast.spot_share > 0.9 and quote.forecast.p_meet_deadline > 0.9

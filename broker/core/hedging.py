@@ -34,6 +34,11 @@ def hedge_for(model: MarketModel, offers: list[Offer], tick_h: float, seed: int 
     found = [spells(path) for path in sampled]
     up = np.concatenate([f[0][1:-1] for f in found])  # the cut-off first and last spells are not whole
     down = np.concatenate([f[1][1:-1] for f in found])
+    # where no spell of a kind was seen whole, the cut-off ones are all there is: they last at least that long. Spot
+    # up in every future all horizon long (a dozen zones modelled from a hazard: one of them is always up) had no
+    # up-spell, read as spot gone at once, and cost-to-go ran every job on on-demand
+    up = up if len(up) else np.concatenate([f[0] for f in found])
+    down = down if len(down) else np.concatenate([f[1] for f in found])
     zone_up_h = tuple(model.for_offer(o).mean_up_h for o in offers)
     view = Hedge.from_spells(up, down, tick_h, horizon, zone_up_h, tuple(o.id for o in offers))
     return replace(view, shrink=model.for_offer(offers[0]).shrink) if offers else view  # it launches there first
