@@ -296,8 +296,7 @@ class BrokerServer:
         """Whether an agent process not yet admitted may get work: its token verifies now (then the process stays
         admitted until it is refused, or a day after its removal: a token bounds when agents may join, not how long
         they run)."""
-        now = self.clock.now()
-        why = refusal(self.agent_secret, agent.id, agent.token, now)
+        why = refusal(self.agent_secret, agent.id, agent.token, now := self.clock.now())
         if why is None:
             self.store.admit(agent)
             return True
