@@ -26,6 +26,7 @@ def serve(monkeypatch, *args) -> Replica:
     monkeypatch.setattr(Replica, "serve", lambda replica, until=None: served.append(replica))
     result = CliRunner().invoke(app, ["server", "--metrics-port", "0", *args])
     assert result.exit_code == 0, result.output
+    assert f"planning with {served[0].servers[0].policy.name}" in result.stderr  # what it follows is said
     return served[0]
 
 

@@ -201,7 +201,7 @@ def server(
     consumer = consumer or f"server-{socket.gethostname()}-{os.getpid()}"
     keep = timedelta(days=keep_ended_days) if keep_ended_days else None
     loop = wiring.make_replica(broker, consumer, None, ScaledClock(speedup), metrics, leader_lease_s, keep)
-    err.print(f"broker server {consumer} running; Ctrl-C stops it")
+    err.print(f"broker server {consumer} running, planning with {broker.policy.name}; Ctrl-C stops it")
     try:
         loop.serve()
     except KeyboardInterrupt:
