@@ -13,12 +13,12 @@ from datetime import UTC, datetime, timedelta
 
 import redis
 
-from broker.agents.tokens import expires_at, longest, pool_of
+from broker.agents.contract import newest_token
+from broker.agents.tokens import expires_at, pool_of
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
 from broker.store.memory import FULL_SHARE, Memory, eviction_problem, usage
 from broker.store.policy import recorded_policy
-from broker.store.renewals import pool_tokens, renewed_token
 
 OK, NOTE, PROBLEM = "ok", "note", "problem"
 CLOUDS = ("aws", "gcp", "azure")
@@ -130,7 +130,7 @@ def _tokens_ending(store, working) -> str:
             for a in working
             if (at := expires_at(a.token)) is not None
             and at < soon
-            and (expires_at(longest(a.token, _renewed(store, a))) or soon) < soon  # read only for those ending
+            and (expires_at(newest_token(store, a.id, a.token)) or soon) < soon  # read only for those ending
         }
     )
     if not ending:
@@ -141,13 +141,6 @@ def _tokens_ending(store, working) -> str:
         "will be refused: run `broker server` with BROKER_AGENT_SECRET (it renews them), or issue new tokens "
         "(`broker agents provision` again for a pool, `broker agents token`)"
     )
-
-
-def _renewed(store, agent) -> str | None:
-    """The longest token the server renewed for the agent: its own, or its pool's (read in every shard)."""
-    pool = pool_of(agent.token)
-    pools = pool_tokens(store.shards, pool) if pool else []
-    return longest(*pools, renewed_token(store.of_agent(agent.id), agent.id))
 
 
 def _prices(store) -> Finding:
