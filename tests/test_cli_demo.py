@@ -47,6 +47,7 @@ def test_demo_runs_the_product_end_to_end_with_a_migration(env, monkeypatch, tmp
     # once the job is ahead of its pace: a second migration, whether it comes is the processes' timing
     shown = json.loads(run("status", train["id"], "--json").stdout)
     moves = [e["reason"] for e in shown["events"] if e["state"] == "migrating"]
+    assert shown["quote"]["forecast"]["p_meet_deadline"] > 0.5  # quoted as a submit is: by the market's futures
     assert moves[0] == "preemption notice on spot-a" and all("by the deadline guard" in m for m in moves[1:]), moves
     # each run resumes from the newest verified checkpoint, and loses at most one checkpoint interval (40 steps):
     # counted in steps, since a busy machine's steps take longer than the 0.08 s the job sleeps in each

@@ -24,6 +24,7 @@ from broker.domain.errors import InfeasibleError
 from broker.domain.model import Job, Tier
 from broker.domain.specfile import load_spec
 from broker.models.accounting import savings_pct
+from broker.pricing.availability import MarketModel
 from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
 from broker.store.shards import ShardedStore
@@ -108,12 +109,14 @@ def run_demo(
     timeout_s: float,
     progress=None,
     show_in: ShardedStore | None = None,
+    market: MarketModel | None = None,
 ) -> dict:
     """Run the demo jobs to the end (or the timeout) and return the summary; their ended jobs are copied, tagged
-    demo, to the store `show_in` (the user's), where `broker list` and the dashboard look."""
+    demo, to the store `show_in` (the user's), where `broker list` and the dashboard look. With the `market` model
+    their quotes carry a forecast, as a submit's do."""
     store, work, checkpoints = start_clean(redis_url, PREFIX, home / "demo")
     clock = ScaledClock(speedup)
-    broker = Broker(store, catalog, policy, clock)
+    broker = Broker(store, catalog, policy, clock, market)
     server = BrokerServer(store, policy, clock, CheckpointStore(checkpoints), lease_s=3.0)
     provisioner = LocalProvisioner(redis_url, checkpoints, work / "runs", speedup=speedup, lease_s=3.0, prefix=PREFIX)
     pool = pick_agents(catalog, examples)

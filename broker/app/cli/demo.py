@@ -77,6 +77,7 @@ def demo(
             timeout,
             show,
             show_in=store_for(settings),
+            market=broker.market,
         )
     if as_json:
         print_json({"quotes": quotes, **summary})
