@@ -47,7 +47,8 @@ def test_demo_runs_the_product_end_to_end_with_a_migration(env, monkeypatch, tmp
     # once the job is ahead of its pace: a second migration, whether it comes is the processes' timing
     shown = json.loads(run("status", train["id"], "--json").stdout)
     moves = [e["reason"] for e in shown["events"] if e["state"] == "migrating"]
-    assert shown["quote"]["forecast"]["p_meet_deadline"] > 0.5  # quoted as a submit is: by the market's futures
+    quote = shown["quote"]  # quoted as a submit is: by the market's futures, its alternatives' too
+    assert quote["forecast"]["p_meet_deadline"] > 0.5 and all(a["forecast"] for a in quote["alternatives"]), quote
     assert moves[0] == "preemption notice on spot-a" and all("by the deadline guard" in m for m in moves[1:]), moves
     # each run resumes from the newest verified checkpoint, and loses at most one checkpoint interval (40 steps):
     # counted in steps, since a busy machine's steps take longer than the 0.08 s the job sleeps in each

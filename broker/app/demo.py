@@ -116,7 +116,7 @@ def run_demo(
     their quotes carry a forecast, as a submit's do."""
     store, work, checkpoints = start_clean(redis_url, PREFIX, home / "demo")
     clock = ScaledClock(speedup)
-    broker = Broker(store, catalog, policy, clock, market)
+    broker = Broker(store, catalog, policy, clock, market, explained=market is not None)
     server = BrokerServer(store, policy, clock, CheckpointStore(checkpoints), lease_s=3.0)
     provisioner = LocalProvisioner(redis_url, checkpoints, work / "runs", speedup=speedup, lease_s=3.0, prefix=PREFIX)
     pool = pick_agents(catalog, examples)
