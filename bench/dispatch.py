@@ -10,11 +10,15 @@ The servers run `broker server`'s own loop (Replica.serve: rounds back to back, 
 Every job is quoted once up front and stored pre-quoted, so the figures are those of the
 dispatch path: store -> server round -> assignment stream -> agent start -> started report.
 The `cycle_*` keys split an agent's cycle (means, from the streams' ids): with jobs that end at once a queue drains
-at about agents / their sum, so they say whether the agents or the servers' rounds bound a drain.
+at about agents / their sum, so they say whether the agents or the servers' rounds bound a drain. The `*_cpu_ms_per_job`
+keys say whose CPU a job costs: the server replicas' (their processes' CPU time while serving) and Redis's (INFO cpu
+over the timed span, every node, all clients): a replica whose CPU is a small part of its wall time waits on Redis,
+and `--fsync everysec` (Redis's AOF written each second, not fsynced at every write) says how much of that is the disk.
 
     python bench/dispatch.py --agents 100 --jobs 5000 --rate 1000 --json
     python bench/dispatch.py --cluster-nodes 3 --shards 6 --replicas 3 --submitters 3 --json
     python bench/dispatch.py --backlog --jobs 4000 --json   # how fast one replica drains a full queue
+    python bench/dispatch.py --backlog --jobs 4000 --fsync everysec --json   # the same without an fsync a write
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from redis.cluster import RedisCluster
 from rich.console import Console
 from rich.progress import Progress
 
@@ -42,7 +47,7 @@ from broker.domain.model import Job, Offer, Tier
 from broker.domain.specfile import validate_spec
 from broker.pricing.catalog import PriceCatalog
 from broker.store import embedded
-from broker.store.shards import ShardedStore, shard_of
+from broker.store.shards import ShardedStore, connect, shard_of
 
 
 def main() -> None:
@@ -62,16 +67,24 @@ def main() -> None:
         action="store_true",
         help="submit every job before the servers start: starts_per_s is then how fast the replicas drain a queue",
     )
+    parser.add_argument(
+        "--fsync",
+        choices=("always", "everysec"),
+        default="always",
+        help="Redis's appendfsync (the embedded default's: always)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="broker-bench-"))
     if args.cluster_nodes:
-        with embedded.cluster(args.cluster_nodes, "--appendonly", "yes", "--appendfsync", "always") as url:
+        with embedded.cluster(args.cluster_nodes, "--appendonly", "yes", "--appendfsync", args.fsync) as url:
             result = run(url, home, args)
     else:
         try:
-            result = run(embedded.ensure(home).url, home, args)
+            url = embedded.ensure(home).url
+            connect(url).config_set("appendfsync", args.fsync)
+            result = run(url, home, args)
         finally:
             embedded.stop(home)
     print(json.dumps(result) if args.json else result)
@@ -98,6 +111,7 @@ def run(url: str, home: Path, args) -> dict:
         time.sleep(0.2)
 
     t0 = time.time() + 1.0  # the submitters start together, after they are spawned
+    redis_cpu = -redis_cpu_s(store)
     submitters = [
         ctx.Process(target=submit_host, args=(url, spec.model_dump_json(), quote.model_dump_json(), n, args, t0))
         for n in range(args.submitters)
@@ -127,6 +141,7 @@ def run(url: str, home: Path, args) -> dict:
                         started.setdefault(fields["job"], json.loads(fields["data"])["at"])
             bar.update(task, completed=len(started))
             time.sleep(0.2)
+    redis_cpu += redis_cpu_s(store)
     cycle = agent_cycle(store, ids, stamps)
     first = min(started.values()) if args.backlog and started else t0
     all_started_s = max(started.values()) - first if started else None
@@ -136,6 +151,7 @@ def run(url: str, home: Path, args) -> dict:
         if proc.exitcode is None:
             proc.kill()
 
+    server_cpu = sum(float(f.read_text()) for f in home.glob("server-*.cpu"))
     submitted = {j.id: j.submitted_at.timestamp() for j in store.list_jobs()}
     latencies = sorted((started[j] - submitted[j]) * 1000 for j in started)
     return {
@@ -157,7 +173,20 @@ def run(url: str, home: Path, args) -> dict:
         "cycle_to_start_ms": cycle[0],  # dispatch -> the agent's started report
         "cycle_running_ms": cycle[1],  # started -> exited report
         "cycle_to_next_dispatch_ms": cycle[2],  # exited -> next dispatch: rounds (draining), or no job
+        "fsync": args.fsync,
+        # whose CPU a started job cost: the replicas' while they served; Redis's over the timed span (all clients)
+        "server_cpu_ms_per_job": round(1000 * server_cpu / len(started), 3) if started else None,
+        "redis_cpu_ms_per_job": round(1000 * redis_cpu / len(started), 3) if started else None,
     }
+
+
+def redis_cpu_s(store: ShardedStore) -> float:
+    """The CPU seconds Redis has used (INFO cpu: user and system), summed over a cluster's nodes."""
+    if isinstance(store.redis, RedisCluster):
+        infos = list(store.redis.info("cpu", target_nodes=RedisCluster.ALL_NODES).values())
+    else:
+        infos = [store.redis.info("cpu")]
+    return sum(i["used_cpu_sys"] + i["used_cpu_user"] for i in infos)
 
 
 def agent_cycle(store: ShardedStore, ids: list[str], stamps: dict) -> tuple[float | None, ...]:
@@ -247,7 +276,10 @@ def server_host(url: str, home: str, stop, index: int, args) -> None:
     shards = str(args.shards)
     os.environ.update(BROKER_REDIS_URL=url, BROKER_HOME=home, BROKER_CHECKPOINTS=f"{home}/ckpt", BROKER_SHARDS=shards)
     broker = wiring.make_broker(daemon=True, claim=True, policy=args.policy)
-    wiring.make_replica(broker, f"server-{index}").serve(until=stop.is_set)
+    replica = wiring.make_replica(broker, f"server-{index}")
+    cpu = time.process_time()  # the serving, not the start (imports, the market model's fit)
+    replica.serve(until=stop.is_set)
+    Path(home, f"server-{index}.cpu").write_text(str(time.process_time() - cpu))
 
 
 if __name__ == "__main__":
