@@ -16,7 +16,7 @@ import pandas as pd
 import redis
 import streamlit as st
 
-from broker.app import wiring
+from broker.app import render, wiring
 from broker.app.ledger import Ledger
 from broker.app.settings import Settings
 from broker.core.broker import Broker
@@ -123,6 +123,8 @@ def overview() -> None:
     cols = st.columns(5)
     for col, state in zip(cols, ("running", "queued", "done", "failed", "cancelled")):
         col.metric(f"Jobs {state}", kpi[state])
+    if line := render.quote_record_line(accounting.quote_record(jobs, now())):
+        st.caption(line)
     spend = accounting.spend_over_time(jobs, now())
     if not spend.empty:
         long = spend.reset_index(names="time").melt("time", var_name="tier", value_name="spend $")
@@ -227,18 +229,7 @@ def prices_page() -> None:
     st.subheader("Spot vs on-demand by region, per GPU-hour")
     st.altair_chart(chart, width="stretch")
     st.subheader("Preemption hazard per spot offer (per hour, with its 90% band)")
-    spot = rows[rows["tier"] == "spot"][
-        [
-            "offer",
-            "cloud",
-            "region",
-            "instance_type",
-            "price_usd_per_h",
-            "hazard_per_h",
-            "availability",
-            "hazard_source",
-        ]
-    ]
+    spot = rows[rows["tier"] == "spot"]
     bands = [catalog().hazard.spot(c, r, i) for c, r, i in zip(spot["cloud"], spot["region"], spot["instance_type"])]
     spot = spot.assign(hazard_low=[b.low for b in bands], hazard_high=[b.high for b in bands])
     columns = ["offer", "price_usd_per_h", "hazard_per_h", "hazard_low", "hazard_high", "availability", "hazard_source"]

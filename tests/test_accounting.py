@@ -1,5 +1,6 @@
 """The numbers users look at (models/accounting.py), on runs with known costs."""
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pandas as pd
@@ -7,9 +8,9 @@ import pytest
 from seeded_jobs import ended_run, offer
 
 from broker import planning
-from broker.domain.figures import figures
+from broker.domain.figures import JobFigures, figures
 from broker.domain.model import MAX_PROGRESS_POINTS, Job, JobState, Tier
-from broker.models.accounting import hours_late, progress_frame, spend_over_time
+from broker.models.accounting import hours_late, progress_frame, quote_record, spend_over_time
 from conftest import make_spec
 
 
@@ -76,3 +77,45 @@ def test_hours_late_count_past_the_deadline_at_the_finish_or_now(catalog, state,
         runs=[ended_run(1, offer(catalog, Tier.spot), start, run_hours, "finished")],
     )
     assert hours_late(job, start + timedelta(hours=12)) == pytest.approx(late_h)
+
+
+def test_the_quotes_record_sets_what_jobs_cost_and_when_they_finished_against_their_quotes(catalog):
+    """The live counterpart of a backtest's calibration: finished jobs' spend against their quotes, decided deadlines
+    against the odds quoted; jobs still open, failed, cancelled or a demo's staged copies say nothing of the quotes."""
+    start = datetime(2026, 11, 23, tzinfo=UTC)
+    spot = offer(catalog, Tier.spot)
+
+    def job(name, state, hours, deadline_h=20.0, tags=()):
+        spec = make_spec(name=name, deadline="+30h", now=start, resources={"accelerators": ["L4:1"]})
+        quote = planning.get().quote(spec, [spot], start)
+        spec = spec.model_copy(update={"deadline": start + timedelta(hours=deadline_h)})  # one quotes cannot meet
+        runs = [ended_run(1, spot, start, hours, "finished")] if hours else []
+        return Job(
+            id=name, spec=spec, state=state, submitted_at=start, updated_at=start, quote=quote, runs=runs, tags=tags
+        )
+
+    quoted = job("x", JobState.done, 1).quote.cost_usd
+    hours = quoted / spot.price_usd_per_h  # a job that ran that long cost its quote to the cent
+    jobs = [
+        job("on-quote", JobState.done, hours, deadline_h=2 * hours),
+        job("dearer", JobState.done, 2 * hours, deadline_h=1.5 * hours),  # 100% off, and it finished late
+        job("cheaper", JobState.done, 0.5 * hours, deadline_h=2 * hours),
+        job("open", JobState.running, 0, deadline_h=40),  # its deadline is ahead: undecided
+        job("past", JobState.queued, 0, deadline_h=2),  # unfinished past its deadline: missed
+        job("crashed", JobState.failed, hours),
+        job("stopped", JobState.cancelled, 0),
+        job("staged", JobState.done, 9 * hours, tags=["demo"]),
+    ]
+    now = start + timedelta(hours=30)
+    record = quote_record([figures(j, now) for j in jobs], now)
+    assert record["finished"] == 3 and record["median_cost_error_pct"] == pytest.approx(50.0, abs=0.1)
+    assert record["at_or_below_quote_pct"] == pytest.approx(66.7)
+    assert record["deadlines"] == 4 and record["met"] == 2  # "dearer" late, "past" unfinished past its deadline
+    assert record["quoted_p_meet_mean"] == pytest.approx(
+        sum(j.quote.p_meet_deadline for j in jobs[:3] + [jobs[4]]) / 4, abs=1e-3
+    )
+    assert record["banded"] == 0 and record["within_p10_p90_pct"] is None  # money-model quotes: no band
+    kept = JobFigures.from_json("on-quote", figures(jobs[0], now).to_json())  # the record keeps the quote's figures
+    assert (kept.quoted_usd, kept.quoted_p_meet) == (quoted, jobs[0].quote.p_meet_deadline)
+    older = json.dumps(json.loads(figures(jobs[0], now).to_json())[:10])  # a record kept before the quote's figures
+    assert JobFigures.from_json("on-quote", older).quoted_usd is None and quote_record([], now)["finished"] == 0

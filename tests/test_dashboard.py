@@ -41,6 +41,8 @@ def test_overview_kpis_equal_the_seeded_numbers(app, seeded):
         metrics["Jobs running"],
         metrics["Jobs cancelled"],
     ) == ("2", "1", "1", "0", "1")
+    record = [c.value for c in app.caption if c.value.startswith("quotes against what jobs did")]
+    assert len(record) == 1 and "2 finished jobs" in record[0] and "1 of 2 deadlines met" in record[0], record
 
 
 def test_a_sharded_brokers_jobs_are_all_shown(app, redis_url, catalog, monkeypatch, own_caches):

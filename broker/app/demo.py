@@ -21,7 +21,7 @@ from broker.core.broker import Broker
 from broker.core.clock import ScaledClock
 from broker.core.server import BrokerServer
 from broker.domain.errors import InfeasibleError
-from broker.domain.model import Job, Tier
+from broker.domain.model import DEMO_TAG, Job, Tier
 from broker.domain.specfile import load_spec
 from broker.models.accounting import savings_pct
 from broker.pricing.availability import MarketModel
@@ -138,7 +138,7 @@ def run_demo(
     finally:
         provisioner.stop_all()
     if show_in is not None:
-        show_in.publish_jobs(store, [j.id for j in jobs], tag="demo")
+        show_in.publish_jobs(store, [j.id for j in jobs], tag=DEMO_TAG)
     return {
         "speedup": speedup,
         "agents": [{"id": a, "offer": o.id, "price_usd_per_h": o.price_usd_per_h} for a, o, _ in pool],

@@ -257,7 +257,7 @@ def cost_report_table(frame: pd.DataFrame, every: pd.DataFrame | None = None) ->
 
     every = frame if every is None else every
     table = Table(title=f"cost report (US$): {shown_of(len(frame), len(every))}", title_justify="left")
-    money = [c for c in frame.columns if c.endswith("_usd")]
+    money = [c for c in frame.columns if c.endswith("_usd") and not c.startswith("quoted")]  # spend: summed
     for col in ["job", "state", *money, "saved_pct"]:
         header = col.removesuffix("_usd").removesuffix("_pct").replace("all_on_demand", "all on-demand")
         table.add_column(header.replace("_", "-"), justify="left" if col in ("job", "state") else "right")
@@ -273,6 +273,25 @@ def cost_report_table(frame: pd.DataFrame, every: pd.DataFrame | None = None) ->
     table.add_section()
     table.add_row("total" if len(every) == len(frame) else f"total of {len(every):,}", "", *cells(total))
     return narrow_safe(table, "all on-demand", optional=("state",))  # its cells are one word each: never folded
+
+
+def quote_record_line(record: dict) -> str | None:
+    """How the quotes did (accounting.quote_record) in a line; None before a job with a quote has finished or
+    reached its deadline."""
+    parts = []
+    if record["finished"]:
+        parts.append(
+            f"{record['finished']:,} finished jobs cost {record['median_cost_error_pct']:.0f}% off their quotes "
+            f"(median), {record['at_or_below_quote_pct']:.0f}% at or under them (true quotes: 50%)"
+        )
+    if record["banded"]:
+        parts.append(f"{record['within_p10_p90_pct']:.0f}% of {record['banded']:,} within their p10-p90 (80%)")
+    if record["deadlines"]:
+        parts.append(
+            f"{record['met']:,} of {record['deadlines']:,} deadlines met, "
+            f"quoted at {record['quoted_p_meet_mean']:.2f} on average"
+        )
+    return f"quotes against what jobs did: {'; '.join(parts)}" if parts else None
 
 
 def agent_rows(agents: list, leases: dict[str, str | None], now: datetime) -> list[dict]:

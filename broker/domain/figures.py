@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from broker.domain.model import Job, JobState, Run
+from broker.domain.model import DEMO_TAG, Job, JobState, Run
 
 
 def run_cost_usd(run: Run, now: datetime) -> float:
@@ -60,6 +60,17 @@ class JobFigures:
     finished_at: datetime | None  # a done job's last run's end
     runs: tuple[RunSpend, ...]
     final: bool  # ended, and its last run with it: these figures no longer change
+    # what its quote said (Quote.cost_usd, its forecast's p10 and p90, Quote.p_meet_deadline), to set what it cost
+    # and when it finished against; None in a record kept before they were (2026-12-01)
+    quoted_usd: float | None = None
+    quoted_p10_usd: float | None = None
+    quoted_p90_usd: float | None = None
+    quoted_p_meet: float | None = None
+
+    @property
+    def demo_copy(self) -> bool:
+        """As Job.demo_copy: its runs were staged (a compressed clock, a preemption on cue)."""
+        return DEMO_TAG in self.tags
 
     def hours_late(self, now: datetime) -> float:
         """As `hours_late` of the job."""
@@ -79,13 +90,17 @@ class JobFigures:
                 _iso(self.finished_at),
                 [[r.tier, r.zone, r.begin.isoformat(), r.end.isoformat(), r.cost_usd] for r in self.runs],
                 self.final,
+                [self.quoted_usd, self.quoted_p10_usd, self.quoted_p90_usd, self.quoted_p_meet],
             ]
         )
 
     @classmethod
     def from_json(cls, job_id: str, text: str) -> JobFigures:
-        """The figures `to_json` recorded for the job (a record without `final` was kept only once final)."""
-        submitted, state, tags, spend, on_demand, budget, deadline, finished, runs, *final = json.loads(text)
+        """The figures `to_json` recorded for the job (a record without `final` was kept only once final; one without
+        the quote's figures, before they were kept)."""
+        submitted, state, tags, spend, on_demand, budget, deadline, finished, runs, *rest = json.loads(text)
+        final = rest[0] if rest else True
+        quoted = rest[1] if len(rest) > 1 else [None] * 4
         at = datetime.fromisoformat
         return cls(
             id=job_id,
@@ -98,7 +113,11 @@ class JobFigures:
             deadline=deadline and at(deadline),
             finished_at=finished and at(finished),
             runs=tuple(RunSpend(tier, zone, at(begin), at(end), cost) for tier, zone, begin, end, cost in runs),
-            final=final[0] if final else True,
+            final=final,
+            quoted_usd=quoted[0],
+            quoted_p10_usd=quoted[1],
+            quoted_p90_usd=quoted[2],
+            quoted_p_meet=quoted[3],
         )
 
 
@@ -129,4 +148,8 @@ def figures(job: Job, now: datetime) -> JobFigures:
             for r in job.runs
         ),
         final=job.final,
+        quoted_usd=job.quote.cost_usd,
+        quoted_p10_usd=job.quote.forecast.cost_p10_usd if job.quote.forecast else None,
+        quoted_p90_usd=job.quote.forecast.cost_p90_usd if job.quote.forecast else None,
+        quoted_p_meet=job.quote.p_meet_deadline if job.spec.deadline else None,
     )

@@ -88,6 +88,7 @@ class Offer(BaseModel):
         return offer_id(self.cloud, self.zone or self.region, self.instance_type, self.tier)
 
 
+DEMO_TAG = "demo"  # a job copied from `broker demo`'s own namespace to be shown (Job.demo_copy)
 ODDS_NOISE = 0.005  # two forecasts' odds closer than this are the same: the sampling noise of 1,000 futures
 
 
@@ -300,13 +301,13 @@ class Job(BaseModel):
     stopped_at_budget: bool = False  # failed by the budget cap (core/budget.py): a larger budget resumes it
     runs: list[Run] = []
     log_tail: list[str] = []
-    tags: list[str] = []  # "demo": a copy of a demo's job, shown beside the user's own
+    tags: list[str] = []  # DEMO_TAG: a copy of a demo's job, shown beside the user's own
 
     @property
     def demo_copy(self) -> bool:
         """A demo's job copied here to be shown: its runs are on a compressed clock and local agents, so neither
         the hazard nor the fleet's speeds and arrivals learn from it."""
-        return "demo" in self.tags
+        return DEMO_TAG in self.tags
 
     def market_runs(self) -> list[Run]:
         """Its ended spot runs that are evidence of their market's preemptions: run on the cloud instance they stand

@@ -55,6 +55,39 @@ def overview(jobs: Sequence[JobFigures], now: datetime) -> dict:
     }
 
 
+def quote_record(jobs: Sequence[JobFigures], now: datetime) -> dict:
+    """How the quotes did on these jobs, a backtest's calibration (sim/calibration.py) on the live store: over the
+    finished jobs with a quoted cost, the median |cost / quote - 1| and the shares that cost at most their quote (a
+    true median: half) and within its p10-p90 (a true band: 80%); over the jobs whose deadline is decided (finished,
+    or unfinished past it; not failed or cancelled) and whose quote gave odds, how many met it against the odds. A
+    demo's copies are left out: their runs were staged (a compressed clock, a preemption on cue)."""
+    jobs = [j for j in jobs if not j.demo_copy]
+    costed = [j for j in jobs if j.state == JobState.done and j.final and j.quoted_usd]
+    banded = [j for j in costed if j.quoted_p10_usd is not None and j.quoted_p90_usd is not None]
+    decided = [
+        j
+        for j in jobs
+        if j.quoted_p_meet is not None
+        and j.deadline is not None
+        and (j.state == JobState.done or (j.state not in (JobState.failed, JobState.cancelled) and now > j.deadline))
+    ]
+
+    def pct(values) -> float | None:
+        return round(100 * float(np.mean(values)), 1) if len(values) else None
+
+    errors = [abs(j.spend_usd / j.quoted_usd - 1) for j in costed]
+    return {
+        "finished": len(costed),
+        "median_cost_error_pct": round(100 * float(np.median(errors)), 1) if errors else None,
+        "at_or_below_quote_pct": pct([j.spend_usd <= j.quoted_usd for j in costed]),
+        "banded": len(banded),
+        "within_p10_p90_pct": pct([j.quoted_p10_usd <= j.spend_usd <= j.quoted_p90_usd for j in banded]),
+        "deadlines": len(decided),
+        "met": sum(j.state == JobState.done and j.hours_late(now) == 0 for j in decided),
+        "quoted_p_meet_mean": round(float(np.mean([j.quoted_p_meet for j in decided])), 3) if decided else None,
+    }
+
+
 def spend_over_time(
     jobs: Sequence[JobFigures], now: datetime, buckets: int = 60, times: pd.DatetimeIndex | None = None
 ) -> pd.DataFrame:
@@ -115,8 +148,8 @@ def jobs_frame(jobs: list[Job], now: datetime) -> pd.DataFrame:
 
 def cost_report(jobs: Sequence[JobFigures]) -> pd.DataFrame:
     """Per job (`broker cost-report`, like `sky cost-report`): spend on each tier, the total, what the same
-    productive hours cost on on-demand, the share saved, and the hours on each tier (names with their units, as
-    `--json` gives them to machines)."""
+    productive hours cost on on-demand, the share saved, the hours on each tier, and what its quote said (names with
+    their units, as `--json` gives them to machines)."""
     rows = []
     for job in jobs:
         by_tier = {tier: [r for r in job.runs if r.tier == tier] for tier in ("bubble", "spot", "on_demand")}
@@ -130,6 +163,10 @@ def cost_report(jobs: Sequence[JobFigures]) -> pd.DataFrame:
                 "all_on_demand_usd": job.on_demand_usd,
                 "saved_pct": savings_pct(job.spend_usd, job.on_demand_usd),
                 **{f"{tier}_h": sum(r.hours for r in runs) for tier, runs in by_tier.items()},
+                "quoted_usd": job.quoted_usd,  # what its quote said (quote_record sets them against the spend)
+                "quoted_p10_usd": job.quoted_p10_usd,
+                "quoted_p90_usd": job.quoted_p90_usd,
+                "quoted_p_meet": job.quoted_p_meet,
             }
         )
     return pd.DataFrame(rows)

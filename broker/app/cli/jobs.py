@@ -287,8 +287,11 @@ def cost_report(limit: int = JobLimit, as_json: bool = JsonOpt) -> None:
     oldest first, and the total of every job."""
     from broker.app.ledger import Ledger
     from broker.models.accounting import cost_report as report
+    from broker.models.accounting import quote_record
 
-    frame = report(sorted(Ledger(make_store()).figures(datetime.now(UTC)), key=lambda f: f.submitted_at))
+    now = datetime.now(UTC)
+    figures = sorted(Ledger(make_store()).figures(now), key=lambda f: f.submitted_at)
+    frame = report(figures)
     shown = frame.tail(limit) if limit else frame
     if as_json:
         print_json(shown.astype(object).where(shown.notna(), None).to_dict(orient="records"))  # NaN is not JSON
@@ -296,6 +299,8 @@ def cost_report(limit: int = JobLimit, as_json: bool = JsonOpt) -> None:
         out.print("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
     else:
         out.print(render.cost_report_table(shown, frame))
+        if line := render.quote_record_line(quote_record(figures, now)):
+            out.print(line)
 
 
 @user_errors
