@@ -85,37 +85,42 @@ def test_the_quotes_record_sets_what_jobs_cost_and_when_they_finished_against_th
     start = datetime(2026, 11, 23, tzinfo=UTC)
     spot = offer(catalog, Tier.spot)
 
-    def job(name, state, hours, deadline_h=20.0, tags=()):
-        spec = make_spec(name=name, deadline="+30h", now=start, resources={"accelerators": ["L4:1"]})
+    def job(name, state, times, deadline_h=20.0, tags=()):
+        """A job that ran `times` the hours its quote's cost buys on `spot` (1: it cost its quote to the cent)."""
+        spec = make_spec(name=name, deadline=f"+{deadline_h}h", now=start, resources={"accelerators": ["L4:1"]})
         quote = planning.get().quote(spec, [spot], start)
-        spec = spec.model_copy(update={"deadline": start + timedelta(hours=deadline_h)})  # one quotes cannot meet
-        runs = [ended_run(1, spot, start, hours, "finished")] if hours else []
+        hours = times * quote.cost_usd / spot.price_usd_per_h
+        runs = [ended_run(1, spot, start, hours, "finished")] if times else []
         return Job(
             id=name, spec=spec, state=state, submitted_at=start, updated_at=start, quote=quote, runs=runs, tags=tags
         )
 
-    quoted = job("x", JobState.done, 1).quote.cost_usd
-    hours = quoted / spot.price_usd_per_h  # a job that ran that long cost its quote to the cent
+    amended = job("amended", JobState.done, 1)
+    amended = amended.model_copy(
+        update={"spec": amended.spec.model_copy(update={"deadline": start + timedelta(hours=25)})}
+    )
     jobs = [
-        job("on-quote", JobState.done, hours, deadline_h=2 * hours),
-        job("dearer", JobState.done, 2 * hours, deadline_h=1.5 * hours),  # 100% off, and it finished late
-        job("cheaper", JobState.done, 0.5 * hours, deadline_h=2 * hours),
+        job("on-quote", JobState.done, 1),
+        job("dearer", JobState.done, 2, deadline_h=15),  # 100% off, and it finished late
+        job("cheaper", JobState.done, 0.5),
         job("open", JobState.running, 0, deadline_h=40),  # its deadline is ahead: undecided
-        job("past", JobState.queued, 0, deadline_h=2),  # unfinished past its deadline: missed
-        job("crashed", JobState.failed, hours),
+        job("past", JobState.queued, 0),  # unfinished past its deadline: missed
+        job("crashed", JobState.failed, 1),
         job("stopped", JobState.cancelled, 0),
-        job("staged", JobState.done, 9 * hours, tags=["demo"]),
+        job("staged", JobState.done, 9, tags=["demo"]),
+        amended,  # its cost counts; its deadline is not the one its odds were quoted for
     ]
     now = start + timedelta(hours=30)
     record = quote_record([figures(j, now) for j in jobs], now)
-    assert record["finished"] == 3 and record["median_cost_error_pct"] == pytest.approx(50.0, abs=0.1)
-    assert record["at_or_below_quote_pct"] == pytest.approx(66.7)
+    assert record["finished"] == 4 and record["median_cost_error_pct"] == pytest.approx(25.0, abs=0.1)
+    assert record["at_or_below_quote_pct"] == pytest.approx(75.0)
+    assert hours_late(jobs[1], now) > 0 and hours_late(jobs[0], now) == 0 == hours_late(jobs[2], now)
     assert record["deadlines"] == 4 and record["met"] == 2  # "dearer" late, "past" unfinished past its deadline
     assert record["quoted_p_meet_mean"] == pytest.approx(
         sum(j.quote.p_meet_deadline for j in jobs[:3] + [jobs[4]]) / 4, abs=1e-3
     )
     assert record["banded"] == 0 and record["within_p10_p90_pct"] is None  # money-model quotes: no band
     kept = JobFigures.from_json("on-quote", figures(jobs[0], now).to_json())  # the record keeps the quote's figures
-    assert (kept.quoted_usd, kept.quoted_p_meet) == (quoted, jobs[0].quote.p_meet_deadline)
+    assert (kept.quoted_usd, kept.quoted_p_meet) == (jobs[0].quote.cost_usd, jobs[0].quote.p_meet_deadline)
     older = json.dumps(json.loads(figures(jobs[0], now).to_json())[:10])  # a record kept before the quote's figures
     assert JobFigures.from_json("on-quote", older).quoted_usd is None and quote_record([], now)["finished"] == 0

@@ -151,5 +151,7 @@ def figures(job: Job, now: datetime) -> JobFigures:
         quoted_usd=job.quote.cost_usd,
         quoted_p10_usd=job.quote.forecast.cost_p10_usd if job.quote.forecast else None,
         quoted_p90_usd=job.quote.forecast.cost_p90_usd if job.quote.forecast else None,
-        quoted_p_meet=job.quote.p_meet_deadline if job.spec.deadline else None,
+        quoted_p_meet=job.quote.p_meet_deadline
+        if job.spec.deadline and job.quote.deadline == job.spec.deadline
+        else None,
     )

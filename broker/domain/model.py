@@ -172,6 +172,7 @@ class Quote(BaseModel):
     on_demand_baseline: Option | None
     forecast: Forecast | None = None
     deadline_probability: float | None = None  # the odds of meeting the deadline the spec asked for
+    deadline: datetime | None = None  # the one its odds are of (`broker amend` may give the job another since)
 
     @property
     def short_of_odds(self) -> bool:

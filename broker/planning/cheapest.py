@@ -135,6 +135,7 @@ class CheapestFeasible:
             alternatives=others,
             on_demand_baseline=baseline,
             deadline_probability=spec.deadline_probability if spec.deadline is not None else None,
+            deadline=spec.deadline,
         )
 
     @staticmethod
