@@ -281,14 +281,14 @@ def quote_record_line(record: dict) -> str | None:
     parts = []
     if record["finished"]:
         parts.append(
-            f"{record['finished']:,} finished jobs cost {record['median_cost_error_pct']:.0f}% off their quotes "
-            f"(median), {record['at_or_below_quote_pct']:.0f}% at or under them (true quotes: 50%)"
+            f"{plural(record['finished'], 'finished job')} cost {record['median_cost_error_pct']:.0f}% off the "
+            f"quote (median), {record['at_or_below_quote_pct']:.0f}% at or under it (true quotes: 50%)"
         )
     if record["banded"]:
-        parts.append(f"{record['within_p10_p90_pct']:.0f}% of {record['banded']:,} within their p10-p90 (80%)")
+        parts.append(f"{record['within_p10_p90_pct']:.0f}% of {record['banded']:,} within the quote's p10-p90 (80%)")
     if record["deadlines"]:
         parts.append(
-            f"{record['met']:,} of {record['deadlines']:,} deadlines met, "
+            f"{record['met']:,} of {plural(record['deadlines'], 'deadline')} met, "
             f"quoted at {record['quoted_p_meet_mean']:.2f} on average"
         )
     return f"quotes against what jobs did: {'; '.join(parts)}" if parts else None
