@@ -81,19 +81,17 @@ def test_hours_late_count_past_the_deadline_at_the_finish_or_now(catalog, state,
 
 def test_the_quotes_record_sets_what_jobs_cost_and_when_they_finished_against_their_quotes(catalog):
     """The live counterpart of a backtest's calibration: finished jobs' spend against their quotes, decided deadlines
-    against the odds quoted; jobs still open, failed, cancelled or a demo's staged copies say nothing of the quotes."""
+    against the odds quoted; jobs still open, failed, cancelled or run on a local stand-in say nothing of the quotes."""
     start = datetime(2026, 11, 23, tzinfo=UTC)
     spot = offer(catalog, Tier.spot)
 
-    def job(name, state, times, deadline_h=20.0, tags=()):
+    def job(name, state, times, deadline_h=20.0, on_cloud=True):
         """A job that ran `times` the hours its quote's cost buys on `spot` (1: it cost its quote to the cent)."""
         spec = make_spec(name=name, deadline=f"+{deadline_h}h", now=start, resources={"accelerators": ["L4:1"]})
         quote = planning.get().quote(spec, [spot], start)
         hours = times * quote.cost_usd / spot.price_usd_per_h
-        runs = [ended_run(1, spot, start, hours, "finished")] if times else []
-        return Job(
-            id=name, spec=spec, state=state, submitted_at=start, updated_at=start, quote=quote, runs=runs, tags=tags
-        )
+        runs = [ended_run(1, spot, start, hours, "finished").model_copy(update={"on_cloud": on_cloud})] if times else []
+        return Job(id=name, spec=spec, state=state, submitted_at=start, updated_at=start, quote=quote, runs=runs)
 
     amended = job("amended", JobState.done, 1)
     amended = amended.model_copy(
@@ -107,7 +105,7 @@ def test_the_quotes_record_sets_what_jobs_cost_and_when_they_finished_against_th
         job("past", JobState.queued, 0),  # unfinished past its deadline: missed
         job("crashed", JobState.failed, 1),
         job("stopped", JobState.cancelled, 0),
-        job("staged", JobState.done, 9, tags=["demo"]),
+        job("local", JobState.done, 9, on_cloud=False),  # `broker run`'s or a demo's: this machine's speed
         amended,  # its cost counts; its deadline is not the one its odds were quoted for
     ]
     now = start + timedelta(hours=30)

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from broker.domain.model import DEMO_TAG, Job, JobState, Run
+from broker.domain.model import Job, JobState, Run
 
 
 def run_cost_usd(run: Run, now: datetime) -> float:
@@ -61,16 +61,11 @@ class JobFigures:
     runs: tuple[RunSpend, ...]
     final: bool  # ended, and its last run with it: these figures no longer change
     # what its quote said (Quote.cost_usd, its forecast's p10 and p90, Quote.p_meet_deadline), to set what it cost
-    # and when it finished against; None in a record kept before they were (2026-12-01)
+    # and when it finished against (`figures` says where they are not kept); None in a record kept before they were
     quoted_usd: float | None = None
     quoted_p10_usd: float | None = None
     quoted_p90_usd: float | None = None
     quoted_p_meet: float | None = None
-
-    @property
-    def demo_copy(self) -> bool:
-        """As Job.demo_copy: its runs were staged (a compressed clock, a preemption on cue)."""
-        return DEMO_TAG in self.tags
 
     def hours_late(self, now: datetime) -> float:
         """As `hours_late` of the job."""
@@ -126,7 +121,10 @@ def _iso(at: datetime | None) -> str | None:
 
 
 def figures(job: Job, now: datetime) -> JobFigures:
-    """The job's figures as of `now` (a run under way up to `now`)."""
+    """The job's figures as of `now` (a run under way up to `now`). What its quote said is kept only where what it did
+    can be set against it: not where a run was on a local stand-in (`broker run`, a demo), at this machine's speed."""
+    quote = job.quote if all(r.on_cloud for r in job.runs) else None
+    forecast = quote.forecast if quote else None
     return JobFigures(
         id=job.id,
         submitted_at=job.submitted_at,
@@ -148,10 +146,11 @@ def figures(job: Job, now: datetime) -> JobFigures:
             for r in job.runs
         ),
         final=job.final,
-        quoted_usd=job.quote.cost_usd,
-        quoted_p10_usd=job.quote.forecast.cost_p10_usd if job.quote.forecast else None,
-        quoted_p90_usd=job.quote.forecast.cost_p90_usd if job.quote.forecast else None,
-        quoted_p_meet=job.quote.p_meet_deadline
-        if job.spec.deadline and job.quote.deadline == job.spec.deadline
+        quoted_usd=quote.cost_usd if quote else None,
+        quoted_p10_usd=forecast.cost_p10_usd if forecast else None,
+        quoted_p90_usd=forecast.cost_p90_usd if forecast else None,
+        # the odds are of the deadline quoted: none where `broker amend` gave the job another since
+        quoted_p_meet=quote.p_meet_deadline
+        if quote and job.spec.deadline and quote.deadline == job.spec.deadline
         else None,
     )

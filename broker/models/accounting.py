@@ -59,9 +59,8 @@ def quote_record(jobs: Sequence[JobFigures], now: datetime) -> dict:
     """How the quotes did on these jobs, a backtest's calibration (sim/calibration.py) on the live store: over the
     finished jobs with a quoted cost, the median |cost / quote - 1| and the shares that cost at most their quote (a
     true median: half) and within its p10-p90 (a true band: 80%); over the jobs whose deadline is decided (finished,
-    or unfinished past it; not failed or cancelled) and whose quote gave odds, how many met it against the odds. A
-    demo's copies are left out: their runs were staged (a compressed clock, a preemption on cue)."""
-    jobs = [j for j in jobs if not j.demo_copy]
+    or unfinished past it; not failed or cancelled) and whose quote gave odds, how many met it against the odds. Jobs
+    run on local stand-ins (a demo's, `broker run`'s) keep no quote to be set against (domain/figures.figures)."""
     costed = [j for j in jobs if j.state == JobState.done and j.final and j.quoted_usd]
     banded = [j for j in costed if j.quoted_p10_usd is not None and j.quoted_p90_usd is not None]
     decided = [
