@@ -16,7 +16,7 @@ import pandas as pd
 import redis
 import streamlit as st
 
-from broker.app import render, wiring
+from broker.app import render_costs, wiring
 from broker.app.ledger import Ledger
 from broker.app.settings import Settings
 from broker.core.broker import Broker
@@ -123,7 +123,7 @@ def overview() -> None:
     cols = st.columns(5)
     for col, state in zip(cols, ("running", "queued", "done", "failed", "cancelled")):
         col.metric(f"Jobs {state}", kpi[state])
-    if line := render.quote_record_line(accounting.quote_record(jobs, now())):
+    if line := render_costs.quote_record_line(accounting.quote_record(jobs, now())):
         st.caption(line)
     spend = accounting.spend_over_time(jobs, now())
     if not spend.empty:

@@ -33,6 +33,11 @@ def test_cost_report_splits_each_jobs_spend_by_tier_and_totals_it(seeded, redis_
     said = " ".join(shown.stdout.split())
     assert f"2 finished jobs cost {100 * sum(errors) / 2:.0f}% off the quote (median)" in said, said
     assert "1 of 2 deadlines met" in said  # "late" finished past it; "crashed" failed: no verdict on the odds
+    late = " ".join(CliRunner().invoke(cli, ["status", "late"], terminal_width=120).stdout.split())
+    off = sum(r.cost_usd for r in done[1].runs) / done[1].quote.cost_usd - 1  # as `broker status` says it of one job
+    verdict = f"against its quote: cost ${sum(r.cost_usd for r in done[1].runs):,.2f}, {abs(off):.0%} "
+    assert verdict + ("over" if off > 0 else "under") in late and "; deadline missed, quoted at" in late, late
+    assert "against its quote" not in CliRunner().invoke(cli, ["status", "waiting"]).stdout  # not finished
     newest = CliRunner().invoke(cli, ["cost-report", "--limit", "2"], terminal_width=80).stdout  # every job's total
     total = next(line for line in newest.splitlines() if line.lstrip().startswith("total"))
     assert f"total of {len(rows)}" in total and f" {seeded['spend']:,.2f} " in total

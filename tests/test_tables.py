@@ -9,7 +9,7 @@ from conftest import EXAMPLES, NOW
 def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):
     from rich.console import Console
 
-    from broker.app import render
+    from broker.app import render, render_costs
     from broker.domain.figures import figures
     from broker.domain.model import AgentInfo, Job, Run
     from broker.models import accounting
@@ -33,7 +33,7 @@ def test_tables_keep_numbers_and_ids_whole_in_narrow_terminals(catalog, store):
         console = Console(width=width, record=True)
         for table in (render.quote_table(quote, "quote"), render.jobs_table(jobs), render.runs_table(ran)):
             console.print(table)
-        for table in (render.cost_report_table(report), render.agents_table(agents)):
+        for table in (render_costs.cost_report_table(report), render.agents_table(agents)):
             console.print(table)
         text = console.export_text()
         assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
@@ -119,7 +119,7 @@ def test_a_long_table_prints_line_for_line_as_rich_prints_it(catalog, monkeypatc
     from rich.console import Console
     from rich.table import Table
 
-    from broker.app import narrow, render
+    from broker.app import narrow, render, render_costs
     from broker.app.render_prices import prices_table
     from broker.domain.figures import figures
     from broker.domain.model import Job
@@ -151,7 +151,7 @@ def test_a_long_table_prints_line_for_line_as_rich_prints_it(catalog, monkeypatc
 
     tables = {
         "jobs": lambda: render.jobs_table(jobs),
-        "cost report": lambda: render.cost_report_table(report),
+        "cost report": lambda: render_costs.cost_report_table(report),
         "prices": lambda: prices_table(prices, len(prices)),
         "styled": lambda: narrow.narrow_safe(styled, "what"),
     }

@@ -13,10 +13,10 @@ from broker.domain.model import Forecast, IfLate, IfOverBudget, Job, Option, Quo
 from broker.domain.rounding import up_to_cent, up_to_minute
 
 if TYPE_CHECKING:  # pandas costs a read command a third of a second: imported where a table needs it
-    import pandas as pd
+    pass
 
 
-def _money(value: float | None) -> str:
+def money(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
 
 
@@ -97,7 +97,7 @@ def quote_table(quote: Quote, title: str) -> Fitted:
             gpus(option),
             f"{option.offer.price_usd_per_h:,.4f}",
             duration(_hours_to(f.finish_p50, quote.created_at) if f and f.finish_p50 else option.expected_wall_h),
-            _money(f.cost_p50_usd if f else option.expected_cost_usd),
+            money(f.cost_p50_usd if f else option.expected_cost_usd),
             f"{f.p_meet_deadline:.2f}" if f else f"{option.p_meet_deadline:.3f}",
             when(f.finish_p50 if f and f.finish_p50 else option.expected_finish),
         )
@@ -117,7 +117,7 @@ def quote_table(quote: Quote, title: str) -> Fitted:
     if quote.savings_usd is not None:
         notes.append(
             # against the on-demand row: the baseline the job falls back to, not always the cheapest on-demand hour
-            f"savings vs on-demand on {quote.on_demand_baseline.offer.instance_type}: {_money(quote.savings_usd)}"
+            f"savings vs on-demand on {quote.on_demand_baseline.offer.instance_type}: {money(quote.savings_usd)}"
             f" ({quote.savings_pct:.1f}%)" + (" of the futures' medians" if quote.simulated_savings else "")
         )
     if quote.chosen.fallback is not None:
@@ -150,7 +150,7 @@ def short_of_odds(quote: Quote) -> str:
         return (
             f"[yellow]P(meet deadline) {f.p_meet_deadline:.2f} is below the {asked:.2f} asked[/]: the budget cap "
             f"(if_over_budget: stop) ends {1 - f.p_within_budget:.0%} of the futures unfinished; "
-            f"raise --budget to {_money(f.budget_at_odds)} for the odds asked"
+            f"raise --budget to {money(f.budget_at_odds)} for the odds asked"
         )
     by = f"by {when(f.finish_at_odds)} UTC" if f.finish_at_odds else "not within the horizon"
     return (
@@ -164,7 +164,7 @@ def over_budget(f) -> str:
     admits an option whose expected cost is within it), and the budget 9 in 10 of them keep."""
     return (
         f"[yellow]P(within budget) {f.p_within_budget:.2f}[/]: the futures cost more than the budget"
-        f" {1 - f.p_within_budget:.0%} of the time; raise --budget to {_money(f.cost_p90_usd)} for 9 in 10"
+        f" {1 - f.p_within_budget:.0%} of the time; raise --budget to {money(f.cost_p90_usd)} for 9 in 10"
     )
 
 
@@ -197,10 +197,10 @@ def forecast_line(f) -> str:
     finish = " - ".join(when(t) if t else "after the horizon" for t in (f.finish_p50, f.finish_p90))
     likely = ""
     if f.cost_likely_usd is not None and f.cost_p50_usd > 0 and abs(f.cost_likely_usd / f.cost_p50_usd - 1) >= 0.05:
-        likely = f"; most near {_money(f.cost_likely_usd)} (half within {f.cost_likely_spread_pct:.0f}%)"
+        likely = f"; most near {money(f.cost_likely_usd)} (half within {f.cost_likely_spread_pct:.0f}%)"
     return (
-        f"forecast over {f.futures:,} futures ({f.rule}): cost p10/p50/p90 {_money(f.cost_p10_usd)} / "
-        f"{_money(f.cost_p50_usd)} / {_money(f.cost_p90_usd)} (half the futures within {f.cost_spread_pct:.0f}% of "
+        f"forecast over {f.futures:,} futures ({f.rule}): cost p10/p50/p90 {money(f.cost_p10_usd)} / "
+        f"{money(f.cost_p50_usd)} / {money(f.cost_p90_usd)} (half the futures within {f.cost_spread_pct:.0f}% of "
         f"p50{likely}); finish p50-p90 {finish}; "
         f"P(meet deadline) {f.p_meet_deadline:.2f}, P(within budget) {f.p_within_budget:.2f}; "
         f"{f.spot_share:.0%} {_interruptible(f)}; market: {f.evidence}"
@@ -238,60 +238,13 @@ def jobs_table(jobs: list[Job], total: int | None = None, now: datetime | None =
             offer.tier.value,
             f"{offer.cloud} {offer.instance_type} {offer.zone or offer.region}",
             f"{offer.accelerator_count}x {offer.accelerator}",
-            _money(job.quote.cost_usd),
-            _money(spend_usd(job, now)),
-            _money(job.spec.budget_usd),
+            money(job.quote.cost_usd),
+            money(spend_usd(job, now)),
+            money(job.spec.budget_usd),
             str(len(job.runs)),
             when(job.spec.deadline),
         )
     return narrow_safe(table, "offer", "gpus", "deadline UTC", optional=("gpus", "budget", "deadline UTC", "offer"))
-
-
-def cost_report_table(frame: pd.DataFrame, every: pd.DataFrame | None = None) -> Fitted:
-    """`broker cost-report`: a row per job and the totals, of `every` job when the rows are the newest of them
-    (spend per tier in US$, headers without the unit so a 30-character job id and every column fit 80 columns; the
-    hours are in --json)."""
-    import pandas as pd
-
-    from broker.models import accounting
-
-    every = frame if every is None else every
-    table = Table(title=f"cost report (US$): {shown_of(len(frame), len(every))}", title_justify="left")
-    money = [c for c in frame.columns if c.endswith("_usd") and not c.startswith("quoted")]  # spend: summed
-    for col in ["job", "state", *money, "saved_pct"]:
-        header = col.removesuffix("_usd").removesuffix("_pct").replace("all_on_demand", "all on-demand")
-        table.add_column(header.replace("_", "-"), justify="left" if col in ("job", "state") else "right")
-
-    def cells(row) -> list[str]:
-        saved = row["saved_pct"]
-        return [*(f"{row[c]:,.2f}" for c in money), "-" if saved is None or pd.isna(saved) else f"{saved:.0f}%"]
-
-    for row in frame.to_dict(orient="records"):
-        table.add_row(row["job"], " ".join([row["state"], *(f"({tag})" for tag in row["tags"])]), *cells(row))
-    total = every[money].sum().to_dict()
-    total["saved_pct"] = accounting.savings_pct(total["total_usd"], total["all_on_demand_usd"])
-    table.add_section()
-    table.add_row("total" if len(every) == len(frame) else f"total of {len(every):,}", "", *cells(total))
-    return narrow_safe(table, "all on-demand", optional=("state",))  # its cells are one word each: never folded
-
-
-def quote_record_line(record: dict) -> str | None:
-    """How the quotes did (accounting.quote_record) in a line; None before a job with a quote has finished or
-    reached its deadline."""
-    parts = []
-    if record["finished"]:
-        parts.append(
-            f"{plural(record['finished'], 'finished job')} cost {record['median_cost_error_pct']:.0f}% off the "
-            f"quote (median), {record['at_or_below_quote_pct']:.0f}% at or under it (true quotes: 50%)"
-        )
-    if record["banded"]:
-        parts.append(f"{record['within_p10_p90_pct']:.0f}% of {record['banded']:,} within the quote's p10-p90 (80%)")
-    if record["deadlines"]:
-        parts.append(
-            f"{record['met']:,} of {plural(record['deadlines'], 'deadline')} met, "
-            f"quoted at {record['quoted_p_meet_mean']:.2f} on average"
-        )
-    return f"quotes against what jobs did: {'; '.join(parts)}" if parts else None
 
 
 def agent_rows(agents: list, leases: dict[str, str | None], now: datetime) -> list[dict]:
@@ -359,7 +312,7 @@ def runs_table(job: Job) -> Fitted:
             f"{run.progress_done:g}{total}",
             ("-" if run.checkpoint_step is None else f"step {run.checkpoint_step}")
             + ("; last save failed" if run.checkpoint_error else ""),
-            _money(run.cost_usd),
+            money(run.cost_usd),
             f"{run.work_lost_s:.0f} s",
         )
     folded = ("offer", "started UTC", "ended UTC")
@@ -376,7 +329,7 @@ def job_times(job: Job, now: datetime) -> str:
     budget = job.spec.budget_usd
     capped = " (stops there: if_over_budget)" if job.spec.if_over_budget == IfOverBudget.stop else ""
     spent = f"spent ${spend_usd(job, now):,.4f}"  # a run under way up to now: a job hours in had spent "$0"
-    parts.append(spent + (f" of {_money(budget)}{capped}" if budget else " (no budget)"))
+    parts.append(spent + (f" of {money(budget)}{capped}" if budget else " (no budget)"))
     return " · ".join(parts)
 
 

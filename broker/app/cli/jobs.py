@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from broker import planning
-from broker.app import render
+from broker.app import render, render_costs
 from broker.app.cli.common import (
     JsonOpt,
     err,
@@ -147,6 +147,8 @@ def status(
     if waiting:
         out.print(f"[yellow]waiting:[/] {waiting}", highlight=False)
     out.print(render.quote_table(job.quote, f"quote at {job.quote.created_at:%Y-%m-%d %H:%M} UTC"))
+    if verdict := render_costs.quote_verdict(job, now):
+        out.print(verdict, highlight=False)
     if ahead is not None:
         out.print(render.outlook_line(ahead, job.spec.deadline_probability, job.id), highlight=False)
     if job.runs:
@@ -298,8 +300,8 @@ def cost_report(limit: int = JobLimit, as_json: bool = JsonOpt) -> None:
     elif frame.empty:
         out.print("no jobs yet: run `broker submit examples/finetune-lora.yaml` (or `broker demo`)")
     else:
-        out.print(render.cost_report_table(shown, frame))
-        if line := render.quote_record_line(quote_record(figures, now)):
+        out.print(render_costs.cost_report_table(shown, frame))
+        if line := render_costs.quote_record_line(quote_record(figures, now)):
             out.print(line)
 
 
