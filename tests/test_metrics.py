@@ -75,6 +75,7 @@ def test_server_and_agent_metrics_count_what_happened(redis_url, tmp_path, catal
     assert served[("broker_jobs", (("state", "done"),))] == 1.0
     assert served[("broker_preemptions_total", ())] == 1.0 and served[("broker_migrations_total", ())] == 1.0
     assert served[("broker_dispatch_latency_seconds_count", ())] == 2.0  # two runs started
+    assert served[("broker_quote_cost_ratio_count", ())] == 0  # its agents were local stand-ins: no verdict
     assert served[("broker_round_seconds_count", ())] > 10
     done = store.get_job(job.id)
     assert served[("broker_spend_usd", ())] == pytest.approx(sum(r.cost_usd for r in done.runs))  # a Redis counter
@@ -83,3 +84,27 @@ def test_server_and_agent_metrics_count_what_happened(redis_url, tmp_path, catal
     assert agent_side[("broker_checkpoint_save_seconds_count", ())] >= saves
     assert agent_side[("broker_checkpoint_restore_seconds_count", ())] == 1.0
     assert agent_side[("broker_preemption_notices_total", ())] == 1.0
+
+
+def test_finished_jobs_are_set_against_their_quotes_as_the_quotes_record_counts_them(store, catalog):
+    """A job finished on the clouds' instances: its cost over its quote's, and its deadline met or missed with the
+    odds quoted, for a dashboard over many replicas (accounting.quote_record, on the store, reads every job)."""
+    from datetime import UTC, datetime
+
+    from seeded_jobs import seed_jobs
+
+    jobs = seed_jobs(store, catalog)["jobs"]
+    metrics, now = ServerMetrics(store), datetime.now(UTC)
+    for job in jobs:
+        if job.runs:  # a report is of a run
+            metrics.folded(job, {"exited"}, now)
+    sample = metrics.registry.get_sample_value
+    done = [j for j in jobs if j.state == JobState.done]  # "migrated" on time, "late" after its deadline
+    assert sample("broker_quote_cost_ratio_count") == 2
+    ratios = sum(sum(r.cost_usd for r in j.runs) / j.quote.cost_usd for j in done)
+    assert sample("broker_quote_cost_ratio_sum") == pytest.approx(ratios)
+    met, missed = (sample("broker_quoted_deadlines_total", {"outcome": o}) for o in ("met", "missed"))
+    assert (met, missed) == (1, 1)
+    assert sample("broker_quoted_deadline_odds_total") == pytest.approx(sum(j.quote.p_meet_deadline for j in done))
+    metrics.folded(done[0], {"started"}, now)  # not its end: nothing more counted
+    assert sample("broker_quote_cost_ratio_count") == 2

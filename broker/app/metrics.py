@@ -1,9 +1,9 @@
 """Prometheus metrics of the broker server and of each agent (prometheus-client).
 
 Each process keeps its own CollectorRegistry (no module-level state): the server's holds
-round and dispatch timings, preemption and migration counts, and a collector that reads
-jobs by state, spend and savings from the store when scraped; an agent's holds checkpoint
-save and restore times and the notices it received.
+round and dispatch timings, preemption and migration counts, finished jobs' cost and deadline
+against their quotes, and a collector that reads jobs by state, spend and savings from the
+store when scraped; an agent's holds checkpoint save and restore times and the notices it received.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 
 from broker.domain.errors import BrokerError
-from broker.domain.figures import spend_usd
-from broker.domain.model import JobState
+from broker.domain.figures import figures, spend_usd
+from broker.domain.model import Job, JobState
 from broker.store.jobs import Store
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+RATIOS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 5)  # a finished job's cost over its quote's
 
 
 class StoreCollector:
@@ -74,7 +75,42 @@ class ServerMetrics:
         self.forgotten = Counter(
             "broker_jobs_forgotten", "Ended jobs forgotten by retention (--keep-ended-days).", registry=self.registry
         )
+        self.quote_cost_ratio = Histogram(
+            "broker_quote_cost_ratio",
+            "A finished job's cost over its quote's (1: as quoted), as `broker cost-report`'s quotes' record counts.",
+            buckets=RATIOS,
+            registry=self.registry,
+        )
+        self.quoted_deadlines = Counter(
+            "broker_quoted_deadlines",
+            "Finished jobs' deadlines their quotes gave odds of.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.quoted_odds = Counter(
+            "broker_quoted_deadline_odds",
+            "The odds quoted of those deadlines, summed (over their count: the mean).",
+            registry=self.registry,
+        )
         self.registry.register(StoreCollector(store))
+
+    def folded(self, job: Job, kinds: set[str], now: datetime) -> None:
+        """What a job's reports of these kinds show, folded into it: a run started (its dispatch latency), one ended
+        by preemption, the job finished (its cost and deadline against its quote, where the quotes' record counts
+        them: domain/figures.figures)."""
+        run = job.runs[-1]
+        if "started" in kinds and run.started_at:
+            self.dispatch_latency.observe((run.started_at - run.dispatched_at).total_seconds())
+        if "exited" in kinds and run.end_reason == "preempted":
+            self.preemptions.inc()
+        if "exited" not in kinds or job.state != JobState.done:
+            return
+        kept = figures(job, now)
+        if kept.quoted_usd:
+            self.quote_cost_ratio.observe(kept.spend_usd / kept.quoted_usd)
+        if kept.quoted_p_meet is not None:
+            self.quoted_deadlines.labels("met" if kept.hours_late(now) == 0 else "missed").inc()
+            self.quoted_odds.inc(kept.quoted_p_meet)
 
 
 class AgentMetrics:

@@ -167,16 +167,8 @@ class BrokerServer:
             if job_id not in jobs:
                 log.warning("report for unknown job=%r dropped", job_id)
             elif jobs[job_id] is not None and self.metrics:
-                self._observe(jobs[job_id], reports)
+                self.metrics.folded(jobs[job_id], {r["type"] for r in reports}, self.clock.now())
         return jobs
-
-    def _observe(self, job: Job, reports: list[dict]) -> None:
-        kinds = {r["type"] for r in reports}
-        run = job.runs[-1]
-        if "started" in kinds and run.started_at:
-            self.metrics.dispatch_latency.observe((run.started_at - run.dispatched_at).total_seconds())
-        if "exited" in kinds and run.end_reason == "preempted":
-            self.metrics.preemptions.inc()
 
     def _fold(self, job: Job, report: dict) -> Job | None:
         """The job after one report (core/reports.py), at the agent's time mapped through our clock."""
