@@ -157,6 +157,8 @@ def jobs_page() -> None:
     asked = job.quote.deadline_probability
     short = f"{job.quote.p_meet_deadline - asked:+.2f} vs the {asked:.2f} asked" if job.quote.short_of_odds else None
     cols[3].metric("Quoted P(meet deadline)", f"{job.quote.p_meet_deadline:.2f}", delta=short)
+    if verdict := render_costs.quote_verdict(job, now()):  # finished: as `broker status` says it
+        st.caption(verdict)
     ahead = None if job.state.terminal else outlook(job.id, job.updated_at)
     if ahead:
         cols = st.columns(3)

@@ -79,6 +79,8 @@ def test_jobs_page_lists_every_job_and_shows_a_jobs_runs(app, seeded):
     odds = next(m for m in app.metric if m.label == "Quoted P(meet deadline)")
     assert odds.value == f"{seeded['jobs'][0].quote.p_meet_deadline:.2f}" and not odds.delta  # as the spec asked
     assert not [m for m in app.metric if m.label.startswith("Outlook")]  # it ended: its cost is known
+    verdict = [c.value for c in app.caption if c.value.startswith("against its quote")]
+    assert len(verdict) == 1 and "; deadline met, quoted at" in verdict[0], verdict  # as `broker status` says it
     assert not [i for i in app.info if i.value.startswith("waiting")]
     app.selectbox[0].set_value("waiting").run()  # what `broker status` says it waits for (it said nothing)
     assert [i.value for i in app.info] == [
