@@ -18,6 +18,7 @@ import streamlit as st
 
 from broker.app import render_costs, wiring
 from broker.app.ledger import Ledger
+from broker.app.render import money
 from broker.app.settings import Settings
 from broker.core.broker import Broker
 from broker.core.waiting import waiting_for
@@ -72,10 +73,6 @@ def outlook(job_id: str, updated_at: datetime) -> dict | None:
 
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-def money(value: float | None) -> str:
-    return "-" if value is None else f"${value:,.2f}"
 
 
 def unreadable(error: Exception) -> None:

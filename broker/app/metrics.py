@@ -109,7 +109,7 @@ class ServerMetrics:
         if kept.quoted_usd:
             self.quote_cost_ratio.observe(kept.spend_usd / kept.quoted_usd)
         if kept.quoted_p_meet is not None:
-            self.quoted_deadlines.labels("met" if kept.hours_late(now) == 0 else "missed").inc()
+            self.quoted_deadlines.labels("met" if kept.met_deadline(now) else "missed").inc()
             self.quoted_odds.inc(kept.quoted_p_meet)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from rich.table import Table
 
@@ -11,9 +10,6 @@ from broker.app.narrow import Fitted, narrow_safe
 from broker.domain.figures import spend_usd
 from broker.domain.model import Forecast, IfLate, IfOverBudget, Job, Option, Quote, Tier, tier_of
 from broker.domain.rounding import up_to_cent, up_to_minute
-
-if TYPE_CHECKING:  # pandas costs a read command a third of a second: imported where a table needs it
-    pass
 
 
 def money(value: float | None) -> str:

@@ -78,5 +78,5 @@ def quote_verdict(job: Job, now: datetime) -> str | None:
         where = "within" if low <= kept.spend_usd <= high else "above" if kept.spend_usd > high else "below"
         said += f" ({where} its p10-p90, {money(low)} - {money(high)})"
     if kept.quoted_p_meet is not None:
-        said += f"; deadline {'met' if kept.hours_late(now) == 0 else 'missed'}, quoted at {kept.quoted_p_meet:.2f}"
+        said += f"; deadline {'met' if kept.met_deadline(now) else 'missed'}, quoted at {kept.quoted_p_meet:.2f}"
     return f"against its quote: {said}"

@@ -71,6 +71,10 @@ class JobFigures:
         """As `hours_late` of the job."""
         return hours_past(self.deadline, self.state, self.finished_at if self.state == JobState.done else now)
 
+    def met_deadline(self, now: datetime) -> bool:
+        """Finished by its deadline (or without one)."""
+        return self.state == JobState.done and self.hours_late(now) == 0
+
     def to_json(self) -> str:
         """A compact record of the figures (store/figures.py keeps them): a list, times in ISO 8601."""
         return json.dumps(

@@ -82,7 +82,7 @@ def quote_record(jobs: Sequence[JobFigures], now: datetime) -> dict:
         "banded": len(banded),
         "within_p10_p90_pct": pct([j.quoted_p10_usd <= j.spend_usd <= j.quoted_p90_usd for j in banded]),
         "deadlines": len(decided),
-        "met": sum(j.state == JobState.done and j.hours_late(now) == 0 for j in decided),
+        "met": sum(j.met_deadline(now) for j in decided),
         "quoted_p_meet_mean": round(float(np.mean([j.quoted_p_meet for j in decided])), 3) if decided else None,
     }
 
