@@ -220,6 +220,8 @@ def test_on_a_cluster_an_agent_s_user_is_made_on_every_node_and_reaches_its_own_
         store = ShardedStore(made.output.strip(), P, 3).of_agent("delta")  # as `broker agent` opens it
         assert isinstance(store.redis, RedisCluster)
         assert store.renew_lease("delta", 1000) is False  # its own lease key, on whichever node: allowed
+        upgraded = CliRunner().invoke(app, ["acl", "upgrade"])  # on every node, its password kept
+        assert upgraded.output == "upgraded ACL users: agent-delta\n" and store.renew_lease("delta", 1000) is False
         with pytest.raises(redis.exceptions.NoPermissionError):
             store.redis.get(f"{P}lease:delta")  # the unsharded key is not its own
         removed = CliRunner().invoke(app, ["acl", "remove", "--id", "delta"])
@@ -291,3 +293,40 @@ def test_a_pool_s_user_serves_every_stage_of_its_training_job_in_any_shard_and_r
         refused = CliRunner().invoke(app, ["acl", "agent", *args])
         assert refused.exit_code == 2 and refused.output.startswith(f"error: {field}: "), refused.output
         assert len(refused.output.strip().splitlines()) == 1
+
+
+def test_upgrade_gives_users_made_by_an_older_version_this_version_s_rights_and_keeps_their_passwords(
+    admin_url, monkeypatch
+):
+    """A pool's user made before pool tokens could not read them, and `broker acl agent --pool` again would have
+    changed the password its instances hold."""
+    monkeypatch.setenv("BROKER_REDIS_URL", admin_url)
+    monkeypatch.setenv("BROKER_SHARDS", "2")
+    p = [shard.prefix for shard in ShardedStore(admin_url, P, 2).shards]
+    older = {  # as an older version made them: no pool token, no renewed token
+        "pool-llm": [r for r in acl.pool_rules(p, "llm") if "pool-token" not in r],
+        "agent-gamma": [r for r in acl.agent_rules([p[shard_of("gamma", 2)]], "gamma") if "renewed" not in r],
+    }
+    urls = {user: acl.create_user(admin_url, user, rules) for user, rules in older.items()}
+    other = acl.create_user(admin_url, "reader", ["+get", "~elsewhere:*"])  # not one `broker acl agent` made
+    reads = {
+        "pool-llm": lambda client: client.get(f"{p[1]}pool-token:llm"),
+        "agent-gamma": lambda client: client.get(f"{p[shard_of('gamma', 2)]}renewed:gamma"),
+    }
+    for user, read in reads.items():
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            read(redis.Redis.from_url(urls[user]))
+    admin = redis.Redis.from_url(admin_url)
+    for _ in range(2):  # a second upgrade changes nothing (no selector added twice)
+        upgraded = CliRunner().invoke(app, ["acl", "upgrade"])
+        assert upgraded.exit_code == 0 and upgraded.output == "upgraded ACL users: agent-gamma, pool-llm\n"
+        assert len(admin.acl_getuser("pool-llm")["selectors"]) == 6  # 3 for each shard's agents
+    for user, read in reads.items():
+        assert read(redis.Redis.from_url(urls[user])) is None  # the same password, and now allowed (none yet)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        redis.Redis.from_url(urls["pool-llm"]).set(f"{p[0]}pool-token:llm", "forged")  # still read only
+    assert redis.Redis.from_url(other).get("elsewhere:x") is None  # another user: untouched
+    assert admin.acl_getuser("reader")["keys"] == ["~elsewhere:*"]
+    admin.execute_command("ACL", "SETUSER", "agent-gamma", "off")
+    CliRunner().invoke(app, ["acl", "upgrade"])
+    assert "off" in admin.acl_getuser("agent-gamma")["flags"]  # a user switched off stays off

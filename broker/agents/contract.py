@@ -114,12 +114,14 @@ class Contract:
 
     def renewed_token(self) -> str | None:
         """The registration token the broker renewed for this agent (core/renewal.py), or None. None too where its
-        ACL user was made before renewals (`broker acl agent` again lets it read it)."""
+        ACL user was made before renewals (`broker acl upgrade` lets it read it)."""
         try:
             return renewed_token(self.store, self.id)
         except redis.exceptions.NoPermissionError:
             if not self._told_no_renewals:
-                log.warning("agent=%s its Redis user may not read renewed tokens: `broker acl agent` again", self.id)
+                log.warning(
+                    "agent=%s its Redis user may not read renewed tokens: `broker acl upgrade` (as an admin)", self.id
+                )
                 self._told_no_renewals = True
             return None
 
@@ -236,5 +238,5 @@ def newest_token(store: ShardedStore, agent_id: str, token: str | None) -> str |
         pools = pool_tokens(store.shards, pool) if pool else []
         return longest(token, renewed_token(store.of_agent(agent_id), agent_id), *pools)
     except redis.exceptions.NoPermissionError:  # an ACL user made before renewals
-        log.warning("agent=%s its Redis user may not read renewed tokens: `broker acl agent` again", agent_id)
+        log.warning("agent=%s its Redis user may not read renewed tokens: `broker acl upgrade` (as an admin)", agent_id)
         return token

@@ -24,7 +24,7 @@ from broker.domain.errors import BrokerError
 from broker.domain.model import agent_id_problem
 from broker.store.connection import with_credentials
 from broker.store.layout import layout_key
-from broker.store.shards import connect
+from broker.store.shards import connect, shard_of
 
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # no glob or ':' characters: they would widen the key patterns
 CONNECT = ["+ping", "+hello", "+auth", "+select", "+client|setname", "+multi", "+exec", "+discard"]
@@ -48,6 +48,16 @@ def pool_rules(prefixes: list[str], pool: str) -> list[str]:
     profiles = [f"~{prefixes[0]}bubbles:{pool}:*", f"%W~{prefixes[0]}bubble-fill:{pool}:*"]
     renewed = [f"%R~{p}pool-token:{pool}" for p in prefixes]  # its new instances' token (core/renewal.py)
     return [*agent_rules(prefixes, f"{pool}.*"), *profiles, *renewed]
+
+
+def rules_of(user: str, prefixes: list[str]) -> list[str] | None:
+    """This version's rules for a user made by `broker acl agent` (`agent-<id>`, `pool-<name>`), None for another."""
+    kind, _, name = user.partition("-")
+    if not name or agent_id_problem(name):
+        return None
+    if kind == "agent":
+        return agent_rules([prefixes[shard_of(name, len(prefixes))]], name)
+    return pool_rules(prefixes, name) if kind == "pool" else None
 
 
 def broker_rules(prefix: str) -> list[str]:
@@ -123,3 +133,18 @@ def pool_user(admin_url: str, prefixes: list[str], pool: str, password: str | No
 
 def broker_user(admin_url: str, prefix: str, name: str = "broker", password: str | None = None) -> str:
     return create_user(admin_url, user_name(name=name), broker_rules(prefix), password)
+
+
+def upgrade_users(admin_url: str, prefixes: list[str]) -> list[str]:
+    """Give every agent's and pool's user this version's rules, keeping its password and whether it is on; returns
+    their names. A user made by an older version lacks keys newer agents read (the shards' layout, renewed and pool
+    tokens), and making it again changes the password its instances hold."""
+    listed = _acl(admin_url, "USERS")
+    on_nodes = listed.values() if isinstance(listed, dict) else [listed]  # a cluster's: per node
+    names = sorted({n.decode() if isinstance(n, bytes) else n for users in on_nodes for n in users})
+    upgraded = []
+    for user in names:
+        if (rules := rules_of(user, prefixes)) is not None:
+            _acl(admin_url, "SETUSER", user, "clearselectors", *rules)  # no reset: its passwords and on/off stay
+            upgraded.append(user)
+    return upgraded

@@ -46,6 +46,17 @@ def agent_user(
         typer.echo(acl.agent_user(_admin_url(), store.of_agent(agent_id).prefix, agent_id, password))
 
 
+@acl_app.command("upgrade")
+@user_errors
+def upgrade_users() -> None:
+    """Give every agent's and pool's user (made by `broker acl agent`) this version's rights, passwords kept: run
+    it after upgrading broker, so that its agents may read what the new version keeps for them."""
+    settings = Settings.from_env()
+    store = ShardedStore(_admin_url(), settings.prefix, settings.shards)
+    upgraded = acl.upgrade_users(_admin_url(), [shard.prefix for shard in store.shards])
+    typer.echo(f"upgraded ACL users: {', '.join(upgraded)}" if upgraded else "no agent or pool users here")
+
+
 @acl_app.command("broker")
 @user_errors
 def broker_user(
