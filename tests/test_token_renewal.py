@@ -227,3 +227,33 @@ def test_a_renewed_token_an_agent_is_refused_with_is_not_chosen_at_its_next_star
     server.step()
     assert "named gpu.<host>" in store.refusal("gpuhost")["why"] and newest_token(sharded, "gpu.h2", None) is None
     assert newest_token(sharded, "gpu.h2", given["gpu.h1"]) == good
+
+
+def test_a_refused_pool_token_is_forgotten_in_every_shard(redis_url, catalog, tmp_path):
+    """A pool's agent takes the longest of its pool's tokens over all shards: one signed with a secret since replaced
+    and left in another shard was taken again at each start, refused each time, until that shard renewed it."""
+    from broker.store.renewals import pool_tokens, put_pool_token
+
+    now = datetime.now(UTC)
+    store = ShardedStore(redis_url, "broker:", 2)
+    stale, good, until = "the-secret-before-this-one", issue_pool(SECRET, "gpu", now + timedelta(days=1)), now
+    old = issue_pool(stale, "gpu", now + timedelta(days=5))
+    for shard in store.shards:
+        put_pool_token(shard, "gpu", old, until + timedelta(days=5))
+    agent_id = next(f"gpu.host{i}" for i in range(20) if shard_of(f"gpu.host{i}", 2) == 1)
+    assert newest_token(store, agent_id, good) == old  # the stale one outlasts the one given
+    server = BrokerServer(
+        store.of_agent(agent_id),
+        planning.get(),
+        ManualClock(now),
+        CheckpointStore(str(tmp_path)),
+        agent_secret=SECRET,
+        shards=store.shards,
+    )
+    store.of_agent(agent_id).register_agent(
+        AgentInfo(id=agent_id, offer=offer_of(catalog), host="h", pid=1, registered_at=now, token=old), 600_000
+    )
+    server.step()
+    assert store.of_agent(agent_id).refusal(agent_id) is not None
+    assert pool_tokens(store.shards, "gpu") == [None, None]  # in its own shard and the other
+    assert newest_token(store, agent_id, good) == good  # its next start registers with the one it was given

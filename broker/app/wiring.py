@@ -102,6 +102,7 @@ def make_server(
         leader_lease_s=leader_lease_s,
         prices=prices or (lambda: live_catalog(broker.store, settings).offers),
         fill_order=settings.fill_order,
+        shards=broker.store.shards,
     )
 
 

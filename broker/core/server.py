@@ -61,6 +61,7 @@ class BrokerServer:
         leader_lease_s: float = 5.0,
         prices=None,
         fill_order: str | None = None,
+        shards: list[Store] | None = None,
     ):
         self.store, self.policy, self.clock, self.checkpoints = store, policy, clock, checkpoints
         self.metrics = metrics  # a broker.app.metrics.ServerMetrics, or None
@@ -82,6 +83,7 @@ class BrokerServer:
         self.fill_order = fill_order  # how idle bubble executors pick among fill jobs; None: as the plan gave
         self._newest: dict[str, Offer] = {}
         self.capacity = CapacityHistory(store)
+        self.shards = shards or [store]  # all of the store's: each keeps a pool's renewed token (store/renewals.py)
         self._priced_at = -float("inf")
 
     def lead(self) -> bool:
@@ -294,7 +296,7 @@ class BrokerServer:
             return True
         log.warning("agent=%s refused: %s; removed", agent.id, why)
         self.store.refuse_agent(agent, why)
-        drop_refused(self.store, agent.id, agent.token, stale_pool(self.agent_secret, agent.token, now))
+        drop_refused(self.store, agent.id, agent.token, stale_pool(self.agent_secret, agent.token, now), self.shards)
         return False
 
     def guard(self) -> list[str]:

@@ -37,13 +37,17 @@ def pool_tokens(shards: list[Store], pool: str) -> list[str | None]:
     return [shard.redis.get(shard.key("pool-token", pool)) for shard in shards]
 
 
-def drop_refused(store: Store, agent_id: str, token: str | None, stale_pool: str | None) -> None:
+def drop_refused(
+    store: Store, agent_id: str, token: str | None, stale_pool: str | None, shards: list[Store] | None = None
+) -> None:
     """Forget the renewed tokens an agent refused with `token` might have read (signed with a secret since replaced,
     say), so its next start registers with the one it is given: its own, and its pool's where that is `token` and
-    admits no agent of the pool (not one refused for its name: the pool's others are admitted with it)."""
+    admits no agent of the pool (not one refused for its name: the pool's others are admitted with it), in every
+    shard of `shards` (default `store`): a pool's agent reads them all and takes the longest."""
     store.redis.delete(store.key("renewed", agent_id))
     if stale_pool is not None and token is not None:
-        store.redis.eval(_DELETE_IF, 1, store.key("pool-token", stale_pool), token)
+        for shard in shards or [store]:
+            shard.redis.eval(_DELETE_IF, 1, shard.key("pool-token", stale_pool), token)
 
 
 _DELETE_IF = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
