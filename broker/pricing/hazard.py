@@ -152,7 +152,7 @@ class HazardModel:
         if band != "-":
             mean, source = anchor_rate * BAND_MIDPOINT[band] / BAND_MIDPOINT[ANCHOR_BAND], f"advisor band {band}"
         else:
-            mean, source = anchor_rate, "cautious default (no band)"
+            mean, source = anchor_rate, "no band: a cautious default"
         if same_type.hours > 0:
             mean, dispersion = weigh(mean, dispersion, same_type)
             source = f"{instance_type} in other regions"
