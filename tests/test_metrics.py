@@ -108,3 +108,37 @@ def test_finished_jobs_are_set_against_their_quotes_as_the_quotes_record_counts_
     assert sample("broker_quoted_deadline_odds_total") == pytest.approx(sum(j.quote.p_meet_deadline for j in done))
     metrics.folded(done[0], {"started"}, now)  # not its end: nothing more counted
     assert sample("broker_quote_cost_ratio_count") == 2
+
+
+def test_jobs_past_their_deadline_that_have_not_ended_are_counted_as_overdue(store, catalog):
+    """The quotes' record counts a missed deadline at the job's end; a job stuck in the queue or running late was
+    counted nowhere until it ended. The count reads no job, and a store from before its index is indexed once."""
+    from datetime import UTC, datetime, timedelta
+
+    from seeded_jobs import offer, seed_jobs
+
+    from broker.domain.model import Job, Run, Tier
+    from conftest import make_spec
+
+    seed_jobs(store, catalog)  # one done after its deadline ("late"), one waiting whose deadline is ahead
+    now, spot = datetime.now(UTC), offer(catalog, Tier.spot)
+    running = Run(fence=1, agent="a1", offer=spot, dispatched_at=now, started_at=now)
+    for name, deadline, runs in (("queued-late", "+4h", []), ("running-late", "+5h", [running]), ("open", None, [])):
+        given = {"deadline": deadline} if deadline else {}
+        spec = make_spec(
+            name=name,
+            now=now - timedelta(hours=6),
+            resources={"accelerators": ["L4:1"]},
+            work={"gpu_hours": 1},
+            **given,
+        )
+        state = JobState.running if runs else JobState.queued
+        quote = planning.get().quote(spec, [spot, offer(catalog, Tier.on_demand)], now - timedelta(hours=6))
+        job = Job(id=name, spec=spec, state=state, submitted_at=now, updated_at=now, quote=quote, runs=runs)
+        assert store.add_job(job.model_copy(update={"fence": len(runs)}))
+    overdue = ServerMetrics(store).registry.get_sample_value
+    assert overdue("broker_jobs_overdue") == 2
+    store.set_state("queued-late", JobState.cancelled, now)  # it ended: the quotes' record's, if anyone's
+    assert overdue("broker_jobs_overdue") == 1
+    store.redis.delete(store.key("due"), store.key("due-indexed"))  # a store written before the index
+    assert overdue("broker_jobs_overdue") == 1 and store.redis.exists(store.key("due-indexed"))

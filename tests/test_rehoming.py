@@ -182,6 +182,18 @@ def test_a_job_moved_there_and_back_is_found_in_its_home_shard(world):
     assert [list(kept) for kept in kept_figures(store)] == [[], [job.id], [], []]  # none left where it was
 
 
+def test_a_moved_job_s_deadline_is_indexed_where_it_waits_now(world):
+    """Unfinished jobs past their deadline are counted from an index in each shard (store/overdue.py)."""
+    from datetime import UTC, datetime
+
+    store = world.store
+    job = world.broker.submit(make_spec(datetime.now(UTC), **L4, deadline="+6h"), job_id=in_shard("due", 1))
+    world.lead(1)
+    assert moves.move_job(store.shards, job.id, 1, 2, "replica-a", NOW)
+    due = [shard.redis.zscore(shard.key("due"), job.id) for shard in store.shards]
+    assert due == [None, None, job.spec.deadline.timestamp(), None]  # counted once, where it is
+
+
 def test_an_agent_started_for_another_job_neither_keeps_a_job_in_its_shard_nor_draws_new_ones(world):
     """An agent `broker run` started for one job takes no other: one in a stranded job's shard does not keep it there
     (it waited beside it for good), and new jobs are not given ids in its shard for it."""

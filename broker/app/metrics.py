@@ -2,8 +2,8 @@
 
 Each process keeps its own CollectorRegistry (no module-level state): the server's holds
 round and dispatch timings, preemption and migration counts, finished jobs' cost and deadline
-against their quotes, and a collector that reads jobs by state, spend and savings from the
-store when scraped; an agent's holds checkpoint save and restore times and the notices it received.
+against their quotes, and a collector that reads jobs by state, the jobs past their deadline, spend and savings
+from the store when scraped; an agent's holds checkpoint save and restore times and the notices it received.
 """
 
 from __future__ import annotations
@@ -17,16 +17,17 @@ from broker.domain.errors import BrokerError
 from broker.domain.figures import figures, spend_usd
 from broker.domain.model import Job, JobState
 from broker.store.jobs import Store
+from broker.store.overdue import overdue
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 RATIOS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 5)  # a finished job's cost over its quote's
 
 
 class StoreCollector:
-    """Jobs by state, spend and savings, read from the store at scrape time: what the jobs without a run under way add
-    up to, kept as counters beside them (store/totals.py), and the jobs with one, read as they are. A store keeps
-    every job it ever ran and may hold a long queue, and the scrape runs in the exporter's thread, holding the GIL the
-    server's rounds need."""
+    """Jobs by state, those not ended past their deadline (an index: store/overdue.py), spend and savings, read from
+    the store at scrape time: what the jobs without a run under way add up to, kept as counters beside them
+    (store/totals.py), and the jobs with one, read as they are. A store keeps every job it ever ran and may hold a
+    long queue, and the scrape runs in the exporter's thread, holding the GIL the server's rounds need."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -36,8 +37,9 @@ class StoreCollector:
 
     def collect(self):
         now = datetime.now(UTC)
-        jobs, spend, on_demand = dict.fromkeys(JobState, 0), 0.0, 0.0
+        jobs, spend, on_demand, late = dict.fromkeys(JobState, 0), 0.0, 0.0, 0
         for shard in self.store.shards:
+            late += overdue(shard, now)
             counted, running = shard.totals_and_running()
             for state, count in counted.jobs.items():
                 jobs[state] += count
@@ -49,6 +51,7 @@ class StoreCollector:
         for state, count in jobs.items():
             by_state.add_metric([state.value], count)
         yield by_state
+        yield GaugeMetricFamily("broker_jobs_overdue", "Jobs not ended whose deadline has passed.", value=late)
         yield GaugeMetricFamily("broker_spend_usd", "Spend to date over all jobs (USD).", value=spend)
         savings = on_demand - spend
         yield GaugeMetricFamily("broker_savings_usd", "Savings against on-demand (USD).", value=savings)

@@ -9,6 +9,7 @@ ShardedStore, and a shard's prefix carries its hash tag, `broker:{3}:`, when the
     {p}events            STREAM  one entry per job state change: job, state, at (ISO), reason
     {p}pending           ZSET    jobs waiting for capacity -> urgency (priority, then deadline)
     {p}active            SET     jobs with a run under way
+    due, due-indexed     unfinished jobs with a deadline -> it, for the count of those past it: see overdue.py
     {p}agent:{id}        STRING  the AgentInfo as JSON: the offer it stands for, its current job, its report key
     {p}agents            SET     registered agent ids
     {p}lease:{id}        STRING  present while the agent's heartbeat lease is alive (PX expiry);
@@ -59,7 +60,7 @@ import redis
 
 from broker.domain.errors import BrokerError, NotFoundError
 from broker.domain.model import AgentInfo, Job, JobState
-from broker.store import evidence, figures, recount, totals
+from broker.store import evidence, figures, overdue, recount, totals
 from broker.store.agents import LOG_MAXLEN, STREAM_MAXLEN, AgentChannels
 from broker.store.connection import patient_retry, redact_url, unreachable
 from broker.store.lease import PlanningLease
@@ -144,6 +145,7 @@ class Store(AgentChannels, PlanningLease):
                         pipe.delete(self._key(totals.KEY))
                         pipe.hset(self._key(totals.KEY), recount.COUNTED, 1)
                         pipe.hsetnx(self._key(evidence.KEY), recount.COUNTED, 1)
+                        pipe.set(self._key(overdue.INDEXED), 1)
                     pipe.set(key, job.model_dump_json())
                     pipe.zadd(index, {job.id: job.submitted_at.timestamp()})
                     self._index(pipe, job)
@@ -159,7 +161,7 @@ class Store(AgentChannels, PlanningLease):
                     continue
 
     def _index(self, pipe, job: Job) -> None:
-        """Keep the pending and active indexes in step with the job, in the same transaction."""
+        """Keep the pending, active and deadline indexes in step with the job, in the same transaction."""
         if job.pending:
             pipe.zadd(self._key("pending"), {job.id: job.urgency})
         else:
@@ -168,6 +170,7 @@ class Store(AgentChannels, PlanningLease):
             pipe.sadd(self._key("active"), job.id)
         else:
             pipe.srem(self._key("active"), job.id)
+        overdue.index(pipe, self._key(overdue.KEY), job)
 
     def jobs_by_id(self, ids: list[str]) -> list[Job]:
         """The jobs with these ids, in that order (an id no longer stored is left out)."""

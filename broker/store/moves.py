@@ -21,7 +21,7 @@ from datetime import datetime
 import redis
 
 from broker.domain.model import Job
-from broker.store import figures, totals
+from broker.store import figures, overdue, totals
 from broker.store.jobs import Store
 
 MOVING, ROUTE, HANDED = "moving", "route", "handed"
@@ -77,6 +77,7 @@ def finish_move(shards: list[Store], job_id: str, source: int, target: int, lead
                 figures.track(pipe, src.key(figures.KEY), job, None)
                 pipe.zrem(src.key("jobs"), job_id)
                 pipe.srem(src.key("active"), job_id)
+                pipe.zrem(src.key(overdue.KEY), job_id)
                 pipe.hset(src.key(ROUTE), job_id, target)
                 pipe.execute()
             except redis.WatchError:  # changed since the copy: the move is off, the next pass looks again
