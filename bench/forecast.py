@@ -34,7 +34,11 @@ a quote with its forecast takes (`quote_seconds`).
 again from where the job stands, taken once in the first tick its speed is measured), with `window_gone_median`, the
 median share of the jobs' windows gone when it was made: what a user who looks again once the job has run learns.
 
-    python bench/forecast.py [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
+`--warm`: each backtest's broker starts with a history (sim/history.py), as a live one has after its first day:
+the jobs of another workload (seed HISTORY_WORKLOAD + the workload's) run on on-demand over one of the fit
+directories (by seed), finished before the evaluated backtest starts; its fleet learns their speeds (`history_from`).
+
+    python bench/forecast.py [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2] [--warm]
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
 from broker.sim import backtest
 from broker.sim.calibration import cost_coverage, cost_errors_pct, job_rows, reliability
+from broker.sim.history import warm_history
 from broker.sim.market import OfferBook
 from broker.sim.workloads import backtest_workload
 from broker.store import embedded
@@ -67,19 +72,27 @@ from broker.store import embedded
 POLICIES = ["on-demand", "uniform-progress", "cbl-greedy", "costslo", "hedge", "hedge+bubbles"]
 # pooled as before (on-demand is certain); hedge and the default with bubbles per policy
 FORECASTING = ["uniform-progress", "cbl-greedy", "costslo"]
+HISTORY_WORKLOAD = 1000  # `--warm`: its history's workload seeds, apart from every evaluated one
 WARM_H = 24.0  # quotes made this long after a backtest's first job: `median_abs_cost_error_warm_pct`
 
 
-def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int) -> dict:
+def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int, warm: bool = False) -> dict:
     """One backtest on `directory` with quotes forecast on a model fitted on `fit`, of the jobs workload seed
-    `workload` draws; per policy its row and jobs."""
+    `workload` draws; per policy its row and jobs. `warm`: each policy's broker starts with a history (sim/history.py),
+    the jobs of another workload run on on-demand over a fit directory's traces."""
     market, model = fit_market(directory, fit)
     arrivals = backtest_workload(market, workload, jobs)
     with embedded.scratch() as url:
-        result = backtest.run(market, arrivals, POLICIES, seed, url, model=model, outlooks_for=tuple(POLICIES))
+        history, source = (
+            warm_jobs(fit[seed % len(fit)], fit, seed, jobs, workload, market.start, url) if warm else ([], None)
+        )
+        result = backtest.run(
+            market, arrivals, POLICIES, seed, url, model=model, outlooks_for=tuple(POLICIES), history=history
+        )
     return {
         "traces": directory,
         "fit_on": fit,
+        "history_from": source,
         "seed": seed,
         "workload_seed": workload,
         "rows": result.rows,
@@ -89,6 +102,17 @@ def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int) -> 
         },
         "missed": missed_jobs(result.outcomes),
     }
+
+
+def warm_jobs(
+    directory: str, fit: list[str], seed: int, jobs: int, workload: int, before, url: str
+) -> tuple[list, str]:
+    """A warm broker's history: another workload's jobs (seed HISTORY_WORKLOAD + `workload`, drawn as the evaluated
+    ones are) run on on-demand over `directory`, one of the fit traces, moved to end before `before`."""
+    market, _ = fit_market(directory, fit)
+    arrivals = backtest_workload(market, HISTORY_WORKLOAD + workload, jobs)
+    outcome = backtest.run_policy("on-demand", url, market, arrivals, seed)
+    return warm_history(outcome.jobs, before), directory
 
 
 def with_case(rows: list[dict], directory: str, seed: int) -> list[dict]:
@@ -164,10 +188,11 @@ def quote_seconds(directory: str, fit: list[str], jobs: int) -> dict:
 
 def main() -> None:
     parser = backtests_parser(__doc__.splitlines()[0])
+    parser.add_argument("--warm", action="store_true", help="each broker starts with a history of finished jobs")
     args = parser.parse_args()
     directories = gpu_directories_or_exit(parser, args.traces)
     tasks = [
-        (d, [f for f in directories if f != d], s, args.jobs, s * len(directories) + i)
+        (d, [f for f in directories if f != d], s, args.jobs, s * len(directories) + i, args.warm)
         for i, d in enumerate(directories)
         for s in args.seeds
     ]
@@ -181,11 +206,12 @@ def main() -> None:
         "seeds": args.seeds,
         "jobs_per_run": args.jobs,
         "split": "leave one trace directory out: each is evaluated with the model fitted on the others",
+        "warm": args.warm,
         **aggregate(runs),
         "quote_seconds": quote_seconds(tasks[0][0], tasks[0][1], args.jobs),
         "runs": [
             {
-                **{k: r[k] for k in ("traces", "fit_on", "seed", "workload_seed", "rows")},
+                **{k: r[k] for k in ("traces", "fit_on", "history_from", "seed", "workload_seed", "rows")},
                 "median_abs_cost_error_pct": cost_errors_pct([j for p in FORECASTING for j in r["jobs"].get(p, [])])[0],
             }
             for r in runs

@@ -342,6 +342,35 @@ def test_jobs_run_at_their_true_speed_which_the_quote_does_not_know(market, redi
         assert run.hours(run.ended_at) == pytest.approx(real_h, rel=1e-3) != pytest.approx(planned_h, rel=1e-3)
 
 
+def test_a_warm_broker_starts_with_another_backtest_s_jobs_and_learns_their_speeds(market, redis_server):
+    """A backtest's broker started with an empty store: its first quotes knew no measured speed, as a live broker's
+    do only on its first day (bench/forecast.py --warm)."""
+    from datetime import timedelta
+
+    from broker.core.fleet import Fleet
+    from broker.sim.history import warm_history
+
+    earlier = backtest.run(market, workload(5, jobs=4, speed_sigma=0.3), ["on-demand"], 5, redis_server)
+    history = warm_history(earlier.outcomes[0].jobs, market.start)
+    assert len(history) == 4 and all(
+        j.id.startswith("history-") and j.spec.name.startswith("history-") for j in history
+    )
+    assert max(max([j.updated_at, *(r.ended_at for r in j.runs)]) for j in history) == market.start - timedelta(
+        minutes=1
+    )
+
+    def spans(jobs):
+        return sorted((r.ended_at - r.started_at, r.cost_usd) for j in jobs for r in j.runs)
+
+    assert spans(history) == spans(earlier.outcomes[0].jobs)  # moved in time, not changed
+    assert not any(r.on_cloud for j in history for r in j.runs)  # another market's runs: no evidence of this one
+    assert Fleet.of([], [], market.start, []).bias == {}
+    assert sum(n for _, n in Fleet.of([], [], market.start, history).bias.values()) == 4  # each one's speed measured
+    arrivals = workload(0, jobs=3)
+    warm = backtest.run(market, arrivals, ["on-demand"], 0, redis_server, history=history).outcomes[0]
+    assert sorted(j.id for j in warm.jobs) == sorted(a.id for a in arrivals)  # the history is not the outcome's
+
+
 def scratch_servers() -> dict[int, int]:
     """The running redis-servers of backtests (embedded.scratch: each in a broker-redis- temporary folder): pid ->
     parent pid."""

@@ -107,15 +107,19 @@ def run_policy(
     on_tick: Callable[[int], None] | None = None,
     model: MarketModel | None = None,
     outlooks: bool = False,
+    history: list[Job] = (),
 ) -> Outcome:
     """Run one policy over the workload on the simulated clock; its keys are deleted afterwards. With a
     market `model` every quote carries a forecast (simulated on the model's futures, not the traces'); with
     `outlooks`, each job's outlook is taken once, in the first tick its speed is measured (the quote made again
-    from where the job stands: Broker.outlook)."""
+    from where the job stands: Broker.outlook). `history`: finished jobs stored first, a warm broker's
+    (sim/history.py); they are not the outcome's."""
     base, bubbles = name.removesuffix(BUBBLES), name.endswith(BUBBLES)
     prefix = f"backtest:{seed}:{name}:"
     store = Store(redis_url, prefix=prefix)
     store.clear_namespace()
+    for job in history:
+        store.add_job(job)
     clock = SimulatedClock(market.start)
     policy = planning.get(base)
     broker = Broker(store, OfferBook(market.offers(bubbles)), policy, clock, model)
@@ -156,7 +160,9 @@ def run_policy(
                 if store.pending_count() == 0:
                     break
         server.step()
-        return Outcome(name, store.list_jobs(), clock.now(), refused, tick + 1, taken)
+        earlier = {job.id for job in history}
+        jobs = [job for job in store.list_jobs() if job.id not in earlier]
+        return Outcome(name, jobs, clock.now(), refused, tick + 1, taken)
     finally:
         fleet.close()
         checkpoints.fs.rm(checkpoints.root, recursive=True) if checkpoints.fs.exists(checkpoints.root) else None
@@ -279,10 +285,12 @@ def run(
     setting: dict | None = None,
     model: MarketModel | None = None,
     outlooks_for: tuple[str, ...] = (),
+    history: list[Job] = (),
 ) -> Result:
     """Every requested policy over the workload (all on-demand too: savings are measured against it), then
     the omniscient bound when asked for; `progress(what, done, total)` is called as it goes. The policies named
-    in `outlooks_for` take each job's outlook once its speed is measured (run_policy)."""
+    in `outlooks_for` take each job's outlook once its speed is measured; each starts with `history` stored
+    (run_policy)."""
     check_policies(names)
     simulated = [n for n in names if n != OMNISCIENT]
     if "on-demand" not in simulated:
@@ -291,7 +299,8 @@ def run(
     for name in simulated:
         last = horizon(market, arrivals)
         tick = (lambda t, n=name, last=last: progress(n, t + 1, last)) if progress else None
-        outcomes.append(run_policy(name, redis_url, market, arrivals, seed, tick, model, name in outlooks_for))
+        outlooks = name in outlooks_for
+        outcomes.append(run_policy(name, redis_url, market, arrivals, seed, tick, model, outlooks, history))
         if progress:
             progress(name, last, last)
     bound: dict[str, Bound] = {}

@@ -1,0 +1,40 @@
+"""A warm broker for a backtest: the finished jobs of a backtest on other traces, moved in time to end before this
+one starts and renamed, stored before its first job. A backtest's broker otherwise starts with an empty store, as a
+live one does only on its first day: its first quotes know no measured speed (core/fleet.Fleet: the prior's spread
+alone) and no rate of jobs to come. Their runs count as run off the clouds (Run.on_cloud False): the other traces'
+preemptions are not evidence of this market (store/evidence.py).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from broker.domain.model import Job
+
+PREFIX = "history-"  # their ids and names: none is taken for a job of the backtest, or for one run again
+
+
+def warm_history(jobs: list[Job], before: datetime) -> list[Job]:
+    """The final jobs of `jobs`, every time in them moved by as much, so that the last to end ends a minute before
+    `before` (a deadline may fall after it: a job that ended early)."""
+    final = [job for job in jobs if job.final]
+    if not final:
+        return []
+    ended = max(max([job.updated_at, *(run.ended_at for run in job.runs)]) for job in final)
+    shift = before - timedelta(minutes=1) - ended
+    dumps = [job.model_dump() for job in final]
+    moved = []
+    for dump in _shifted(dumps, shift):
+        dump["id"], dump["spec"]["name"] = PREFIX + dump["id"], PREFIX + dump["spec"]["name"]
+        for run in dump["runs"]:
+            run["on_cloud"] = False
+        moved.append(Job.model_validate(dump))
+    return moved
+
+
+def _shifted(value, shift: timedelta):
+    if isinstance(value, datetime):
+        return value + shift
+    if isinstance(value, dict):
+        return {k: _shifted(v, shift) for k, v in value.items()}
+    return [_shifted(v, shift) for v in value] if isinstance(value, list) else value
