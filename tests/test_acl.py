@@ -222,6 +222,8 @@ def test_on_a_cluster_an_agent_s_user_is_made_on_every_node_and_reaches_its_own_
         assert store.renew_lease("delta", 1000) is False  # its own lease key, on whichever node: allowed
         upgraded = CliRunner().invoke(app, ["acl", "upgrade"])  # on every node, its password kept
         assert upgraded.output == "upgraded ACL users: agent-delta\n" and store.renew_lease("delta", 1000) is False
+        prefixes = [shard.prefix for shard in ShardedStore(cluster_url, P, 3).shards]
+        assert acl.current_users(cluster_url, prefixes) == {"agent-delta": True}  # asked on every node
         with pytest.raises(redis.exceptions.NoPermissionError):
             store.redis.get(f"{P}lease:delta")  # the unsharded key is not its own
         removed = CliRunner().invoke(app, ["acl", "remove", "--id", "delta"])
@@ -316,6 +318,9 @@ def test_upgrade_gives_users_made_by_an_older_version_this_version_s_rights_and_
     for user, read in reads.items():
         with pytest.raises(redis.exceptions.NoPermissionError):
             read(redis.Redis.from_url(urls[user]))
+    checked = CliRunner().invoke(app, ["check"])  # as an admin, after upgrading broker
+    assert "note    acl users    agent-gamma, pool-llm: made by an older version" in checked.stdout
+    assert "`broker acl upgrade`" in checked.stdout and "reader" not in checked.stdout
     admin = redis.Redis.from_url(admin_url)
     for _ in range(2):  # a second upgrade changes nothing (no selector added twice)
         upgraded = CliRunner().invoke(app, ["acl", "upgrade"])
@@ -323,6 +328,10 @@ def test_upgrade_gives_users_made_by_an_older_version_this_version_s_rights_and_
         assert len(admin.acl_getuser("pool-llm")["selectors"]) == 6  # 3 for each shard's agents
     for user, read in reads.items():
         assert read(redis.Redis.from_url(urls[user])) is None  # the same password, and now allowed (none yet)
+    checked = CliRunner().invoke(app, ["check"])
+    assert "ok      acl users    2 agent and pool users, with this version's rights" in checked.stdout
+    monkeypatch.setenv("BROKER_REDIS_URL", urls["agent-gamma"])
+    assert "acl users" not in CliRunner().invoke(app, ["check"]).stdout  # a user that may not look: nothing said
     with pytest.raises(redis.exceptions.NoPermissionError):
         redis.Redis.from_url(urls["pool-llm"]).set(f"{p[0]}pool-token:llm", "forged")  # still read only
     assert redis.Redis.from_url(other).get("elsewhere:x") is None  # another user: untouched

@@ -45,6 +45,7 @@ def checkup(settings: Settings) -> list[Finding]:
         store, findings = None, [Finding("redis", PROBLEM, str(error))]
     else:
         findings = [_redis(store, settings), _server(store), _agents(store)]
+        findings += [users] if settings.redis_url and (users := _acl_users(store, settings.redis_url)) else []
     findings.append(_prices(store))
     findings += [_credentials(cloud) for cloud in CLOUDS]
     return findings + [_checkpoints(settings), _secret(settings), _terraform()]
@@ -140,6 +141,31 @@ def _tokens_ending(store, working) -> str:
         f"; registration tokens ending, not renewed: {named}: agents running keep working, restarts and new ones "
         "will be refused: run `broker server` with BROKER_AGENT_SECRET (it renews them), or issue new tokens "
         "(`broker agents provision` again for a pool, `broker agents token`)"
+    )
+
+
+def _acl_users(store, url: str) -> Finding | None:
+    """Whether the agents' and pools' ACL users hold this version's rights, where this URL's user may look (an
+    admin's, after an upgrade); None where it may not, or there are none."""
+    from broker.store.acl import current_users
+
+    try:
+        current = current_users(url, [shard.prefix for shard in store.shards])
+    except BrokerError:  # not an admin's URL, or a Redis without ACL users
+        return None
+    old = [user for user, ok in current.items() if not ok]
+    if old:
+        named = ", ".join(old[:5]) + (f" and {len(old) - 5} more" if len(old) > 5 else "")
+        return Finding(
+            "acl users",
+            NOTE,
+            f"{named}: made by an older version, their agents may not read what this one keeps for them (renewed "
+            "tokens): `broker acl upgrade` (passwords kept)",
+        )
+    return (
+        Finding("acl users", OK, f"{len(current)} agent and pool users, with this version's rights")
+        if current
+        else None
     )
 
 

@@ -135,16 +135,35 @@ def broker_user(admin_url: str, prefix: str, name: str = "broker", password: str
     return create_user(admin_url, user_name(name=name), broker_rules(prefix), password)
 
 
+def _users(admin_url: str, prefixes: list[str]) -> dict[str, list[str]]:
+    """The agents' and pools' users (`broker acl agent`'s) and this version's rules for each."""
+    listed = _acl(admin_url, "USERS")
+    on_nodes = listed.values() if isinstance(listed, dict) else [listed]  # a cluster's: per node
+    names = sorted({n.decode() if isinstance(n, bytes) else n for users in on_nodes for n in users})
+    return {user: rules for user in names if (rules := rules_of(user, prefixes)) is not None}
+
+
+def current_users(admin_url: str, prefixes: list[str]) -> dict[str, bool]:
+    """Each agent's and pool's user, and whether it may read what this version keeps for its agents (the keys an
+    older version's users lacked: the shards' layout, its renewed token, a pool's token): ACL DRYRUN, on every
+    node of a cluster."""
+    current = {}
+    for user in _users(admin_url, prefixes):
+        kind, _, name = user.partition("-")
+        own = prefixes[shard_of(name, len(prefixes))] if kind == "agent" else prefixes[0]
+        keys = [layout_key(own), f"{own}renewed:{name if kind == 'agent' else name + '.probe'}"]
+        keys += [f"{own}pool-token:{name}"] if kind == "pool" else []
+        replies = [_acl(admin_url, "DRYRUN", user, "GET", key) for key in keys]
+        replies = [r for reply in replies for r in (reply.values() if isinstance(reply, dict) else [reply])]
+        current[user] = all(r in (b"OK", "OK", True) for r in replies)
+    return current
+
+
 def upgrade_users(admin_url: str, prefixes: list[str]) -> list[str]:
     """Give every agent's and pool's user this version's rules, keeping its password and whether it is on; returns
     their names. A user made by an older version lacks keys newer agents read (the shards' layout, renewed and pool
     tokens), and making it again changes the password its instances hold."""
-    listed = _acl(admin_url, "USERS")
-    on_nodes = listed.values() if isinstance(listed, dict) else [listed]  # a cluster's: per node
-    names = sorted({n.decode() if isinstance(n, bytes) else n for users in on_nodes for n in users})
-    upgraded = []
-    for user in names:
-        if (rules := rules_of(user, prefixes)) is not None:
-            _acl(admin_url, "SETUSER", user, "clearselectors", *rules)  # no reset: its passwords and on/off stay
-            upgraded.append(user)
-    return upgraded
+    users = _users(admin_url, prefixes)
+    for user, rules in users.items():
+        _acl(admin_url, "SETUSER", user, "clearselectors", *rules)  # no reset: its passwords and on/off stay
+    return list(users)
