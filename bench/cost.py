@@ -13,9 +13,12 @@ it is what the random victims of the traces' shrinking pools cost each policy. A
 cloud's notice and the agents checkpoint on it (as live agents do); with `--no-notices` a preemption loses the work
 since the newest periodic checkpoint instead (the world before 2026-11-26). `--if-late extend` (or `soonest`) gives
 every job of the mix that spec choice instead of its default, `cheapest`.
+`--warm`: each broker starts with a history (sim/history.py), as a live one has after its first day: another
+workload's jobs (seed HISTORY_WORKLOAD + the run's) run on on-demand over one of the fit directories (by seed),
+finished before the evaluated backtest starts.
 
     python bench/cost.py --json [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
-        [--idle-first] [--no-notices] [--if-late cheapest|soonest|extend]
+        [--idle-first] [--no-notices] [--if-late cheapest|soonest|extend] [--warm]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import argparse
 import json
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -38,11 +42,13 @@ from broker.pricing.availability import MarketModel
 from broker.pricing.traces import load_traces
 from broker.sim import backtest
 from broker.sim.calibration import job_rows
+from broker.sim.history import warm_history
 from broker.sim.market import Market, backtest_market
 from broker.sim.workloads import backtest_workload
 from broker.store import embedded
 
 POLICIES = [*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT]
+HISTORY_WORKLOAD = 1000  # `--warm`: its history's workload seeds, apart from every evaluated one
 
 
 def leaf_directories(root: Path) -> list[Path]:
@@ -77,6 +83,17 @@ def fit_market(directory: str, fit: list[str]) -> tuple[Market, MarketModel]:
     return market, MarketModel.fit(traces, market.tick_s)
 
 
+def history_jobs(
+    directory: str, fit: list[str], seed: int, jobs: int, workload: int, before: datetime, url: str
+) -> tuple[list, str]:
+    """A warm broker's history: another workload's jobs (seed HISTORY_WORKLOAD + `workload`, drawn as the evaluated
+    ones are) run on on-demand over `directory`, one of the fit traces, moved to end before `before`."""
+    market, _ = fit_market(directory, fit)
+    arrivals = backtest_workload(market, HISTORY_WORKLOAD + workload, jobs)
+    outcome = backtest.run_policy("on-demand", url, market, arrivals, seed)
+    return warm_history(outcome.jobs, before), directory
+
+
 def one(
     directory: str,
     seed: int,
@@ -86,8 +103,10 @@ def one(
     notices: bool = True,
     repeats: float = 0.0,
     if_late: IfLate | None = None,
+    warm: bool = False,
 ) -> dict:
-    """One backtest, its market model fitted on `fit`; its rows, or why the directory has no GPU offers."""
+    """One backtest, its market model fitted on `fit`; its rows, or why the directory has no GPU offers. `warm`: its
+    brokers start with a history (history_jobs)."""
     try:
         market, model = fit_market(directory, fit)
         market = replace(market, idle_first=idle_first, notices=notices)
@@ -97,7 +116,8 @@ def one(
     if if_late is not None:
         arrivals = [replace(a, spec=a.spec.model_copy(update={"if_late": if_late})) for a in arrivals]
     with embedded.scratch() as url:
-        result = backtest.run(market, arrivals, POLICIES, seed, url, model=model)
+        history = history_jobs(fit[seed % len(fit)], fit, seed, jobs, seed, market.start, url)[0] if warm else []
+        result = backtest.run(market, arrivals, POLICIES, seed, url, model=model, history=history)
     bound_status = sorted({b.status for b in result.bound.values()})
     missed = missed_jobs(result.outcomes)
     return {"traces": directory, "seed": seed, "rows": result.rows, "bound_status": bound_status, "missed": missed}
@@ -195,6 +215,7 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=float, default=0.0, help="share of jobs that are an earlier one run again")
     parser.add_argument("--if-late", choices=[i.value for i in IfLate], help="every job's if_late (default: its own)")
+    parser.add_argument("--warm", action="store_true", help="each broker starts with a history of finished jobs")
     args = parser.parse_args()
     gpu = gpu_directories_or_exit(parser, args.traces)
     tasks = [(str(d), s, [f for f in gpu if f != str(d)]) for d in leaf_directories(args.traces) for s in args.seeds]
@@ -205,6 +226,7 @@ def main() -> None:
         directories, seeds, fits = zip(*tasks)
         flags = [args.idle_first] * len(tasks), [not args.no_notices] * len(tasks), [args.repeats] * len(tasks)
         flags += ([IfLate(args.if_late) if args.if_late else None] * len(tasks),)
+        flags += ([args.warm] * len(tasks),)
         for run in pool.map(one, directories, seeds, [args.jobs] * len(tasks), fits, *flags):
             runs.append(run)
             bar.advance(task)
@@ -216,6 +238,7 @@ def main() -> None:
         "notices": not args.no_notices,
         "repeats": args.repeats,
         "if_late": args.if_late,
+        "warm": args.warm,
     }
     body["policies"] = table
     body["goals"] = goals(table)

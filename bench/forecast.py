@@ -54,6 +54,7 @@ from cost import (  # bench/cost.py, beside this file
     backtests_parser,
     fit_market,
     gpu_directories_or_exit,
+    history_jobs,
     missed_jobs,
 )
 from rich.console import Console
@@ -64,7 +65,6 @@ from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
 from broker.sim import backtest
 from broker.sim.calibration import cost_coverage, cost_errors_pct, job_rows, reliability
-from broker.sim.history import warm_history
 from broker.sim.market import OfferBook
 from broker.sim.workloads import backtest_workload
 from broker.store import embedded
@@ -72,7 +72,6 @@ from broker.store import embedded
 POLICIES = ["on-demand", "uniform-progress", "cbl-greedy", "costslo", "hedge", "hedge+bubbles"]
 # pooled as before (on-demand is certain); hedge and the default with bubbles per policy
 FORECASTING = ["uniform-progress", "cbl-greedy", "costslo"]
-HISTORY_WORKLOAD = 1000  # `--warm`: its history's workload seeds, apart from every evaluated one
 WARM_H = 24.0  # quotes made this long after a backtest's first job: `median_abs_cost_error_warm_pct`
 
 
@@ -84,7 +83,7 @@ def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int, war
     arrivals = backtest_workload(market, workload, jobs)
     with embedded.scratch() as url:
         history, source = (
-            warm_jobs(fit[seed % len(fit)], fit, seed, jobs, workload, market.start, url) if warm else ([], None)
+            history_jobs(fit[seed % len(fit)], fit, seed, jobs, workload, market.start, url) if warm else ([], None)
         )
         result = backtest.run(
             market, arrivals, POLICIES, seed, url, model=model, outlooks_for=tuple(POLICIES), history=history
@@ -102,17 +101,6 @@ def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int, war
         },
         "missed": missed_jobs(result.outcomes),
     }
-
-
-def warm_jobs(
-    directory: str, fit: list[str], seed: int, jobs: int, workload: int, before, url: str
-) -> tuple[list, str]:
-    """A warm broker's history: another workload's jobs (seed HISTORY_WORKLOAD + `workload`, drawn as the evaluated
-    ones are) run on on-demand over `directory`, one of the fit traces, moved to end before `before`."""
-    market, _ = fit_market(directory, fit)
-    arrivals = backtest_workload(market, HISTORY_WORKLOAD + workload, jobs)
-    outcome = backtest.run_policy("on-demand", url, market, arrivals, seed)
-    return warm_history(outcome.jobs, before), directory
 
 
 def with_case(rows: list[dict], directory: str, seed: int) -> list[dict]:
