@@ -12,7 +12,7 @@ runs: that is the policies' code, imported, not copied.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -107,7 +107,7 @@ def run_policy(
     on_tick: Callable[[int], None] | None = None,
     model: MarketModel | None = None,
     outlooks: bool = False,
-    history: list[Job] = (),
+    history: Sequence[Job] = (),
 ) -> Outcome:
     """Run one policy over the workload on the simulated clock; its keys are deleted afterwards. With a
     market `model` every quote carries a forecast (simulated on the model's futures, not the traces'); with
@@ -285,7 +285,7 @@ def run(
     setting: dict | None = None,
     model: MarketModel | None = None,
     outlooks_for: tuple[str, ...] = (),
-    history: list[Job] = (),
+    history: Sequence[Job] = (),
 ) -> Result:
     """Every requested policy over the workload (all on-demand too: savings are measured against it), then
     the omniscient bound when asked for; `progress(what, done, total)` is called as it goes. The policies named
