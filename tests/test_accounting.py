@@ -8,9 +8,9 @@ import pytest
 from seeded_jobs import ended_run, offer
 
 from broker import planning
-from broker.domain.figures import JobFigures, figures
+from broker.domain.figures import JobFigures, figures, hours_late
 from broker.domain.model import MAX_PROGRESS_POINTS, Job, JobState, Tier
-from broker.models.accounting import hours_late, progress_frame, quote_record, spend_over_time
+from broker.models.accounting import progress_frame, quote_record, spend_over_time
 from conftest import make_spec
 
 

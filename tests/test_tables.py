@@ -200,3 +200,6 @@ def test_what_a_job_spent_counts_its_run_under_way_up_to_now(catalog):
     console.print(render.jobs_table([job], now=later))
     row = next(line.split() for line in console.export_text().splitlines() if line.startswith("j "))
     assert spent in row
+    assert "(late)" not in row
+    console.print(render.jobs_table([job], now=spec.deadline + timedelta(minutes=1)))  # not ended by its deadline
+    assert "(late)" in console.export_text().splitlines()[-1]

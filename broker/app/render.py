@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from rich.table import Table
 
 from broker.app.narrow import Fitted, narrow_safe
-from broker.domain.figures import spend_usd
+from broker.domain.figures import missed_deadline, spend_usd
 from broker.domain.model import Forecast, IfLate, IfOverBudget, Job, Option, Quote, Tier, tier_of
 from broker.domain.rounding import up_to_cent, up_to_minute
 
@@ -220,7 +220,8 @@ def policies_table(rows: list[dict]) -> Table:
 
 def jobs_table(jobs: list[Job], total: int | None = None, now: datetime | None = None) -> Fitted:
     """Jobs with where they run (or were quoted to run), the quote and what they spent up to `now` (a run under way
-    too; None: the time of the call); `total`: how many there are, when these are the newest of them."""
+    too; None: the time of the call), late where they ended after their deadline or have not ended by it; `total`:
+    how many there are, when these are the newest of them."""
     now = now or datetime.now(UTC)
     table = Table(title=shown_of(len(jobs), total), title_justify="left")
     for col in ("id", "state", "tier", "offer", "gpus", "quote", "spent", "budget", "runs", "deadline UTC"):
@@ -230,7 +231,7 @@ def jobs_table(jobs: list[Job], total: int | None = None, now: datetime | None =
         offer = job.runs[-1].offer if job.runs else chosen.offer
         table.add_row(
             job.id,
-            " ".join([job.state.value, *(f"({tag})" for tag in job.tags)]),
+            " ".join([job.state.value, *(f"({tag})" for tag in job.tags), *["(late)"] * missed_deadline(job, now)]),
             offer.tier.value,
             f"{offer.cloud} {offer.instance_type} {offer.zone or offer.region}",
             f"{offer.accelerator_count}x {offer.accelerator}",

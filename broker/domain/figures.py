@@ -27,6 +27,18 @@ def hours_past(deadline: datetime | None, state: JobState, end: datetime) -> flo
     return max(0.0, (end - deadline).total_seconds() / 3600)
 
 
+def missed_deadline(job: Job, now: datetime) -> bool:
+    """Finished after its deadline, or still unfinished past it."""
+    return hours_late(job, now) > 0
+
+
+def hours_late(job: Job, now: datetime) -> float:
+    """Hours past its deadline it finished, or is still unfinished at `now`; 0 when on time, cancelled or without
+    one."""
+    end = job.runs[-1].ended_at if job.state == JobState.done else now
+    return hours_past(job.spec.deadline, job.state, end)
+
+
 @dataclass(frozen=True, slots=True)
 class RunSpend:
     """A run's tier, zone, span (its end: `now` while it runs) and cost."""

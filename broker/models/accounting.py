@@ -13,25 +13,13 @@ from datetime import datetime
 import numpy as np
 import pandas as pd
 
-from broker.domain.figures import JobFigures, hours_past, spend_usd
+from broker.domain.figures import JobFigures, spend_usd
 from broker.domain.model import Job, JobState
 
 
 def savings_pct(spend_usd: float, on_demand_usd: float) -> float | None:
     """The share saved against on-demand, in percent; None without an on-demand cost to compare with."""
     return 100 * (1 - spend_usd / on_demand_usd) if on_demand_usd > 0 else None
-
-
-def missed_deadline(job: Job, now: datetime) -> bool:
-    """Finished after its deadline, or still unfinished past it."""
-    return hours_late(job, now) > 0
-
-
-def hours_late(job: Job, now: datetime) -> float:
-    """Hours past its deadline it finished, or is still unfinished at `now`; 0 when on time, cancelled or without
-    one."""
-    end = job.runs[-1].ended_at if job.state == JobState.done else now
-    return hours_past(job.spec.deadline, job.state, end)
 
 
 def overview(jobs: Sequence[JobFigures], now: datetime) -> dict:

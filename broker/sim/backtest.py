@@ -22,9 +22,8 @@ from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
 from broker.core.server import BrokerServer
 from broker.domain.errors import BrokerError, InfeasibleError
-from broker.domain.figures import spend_usd
+from broker.domain.figures import hours_late, missed_deadline, spend_usd
 from broker.domain.model import Forecast, Job, JobState
-from broker.models.accounting import hours_late, missed_deadline
 from broker.planning.option_table import measured_speed
 from broker.pricing.availability import MarketModel
 from broker.sim.calibration import cost_errors_pct, job_rows, reliability

@@ -7,9 +7,8 @@ import math
 
 import numpy as np
 
-from broker.domain.figures import spend_usd
+from broker.domain.figures import missed_deadline, spend_usd
 from broker.domain.model import Job, JobState
-from broker.models.accounting import missed_deadline
 from broker.models.risk import window_hours
 
 BINS = 10  # reliability diagram: P(meet) in 10-point bins

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from broker.domain.errors import BrokerError
-from broker.domain.figures import figures
-from broker.models.accounting import missed_deadline, spend_over_time
+from broker.domain.figures import figures, missed_deadline
+from broker.models.accounting import spend_over_time
 from broker.sim.backtest import JOINT, OMNISCIENT, SCHEDULE, Result, tier_hours
 
 POLICIES_CSV, JOBS_CSV, SPEND_CSV, SUMMARY_JSON = "policies.csv", "jobs.csv", "spend.csv", "summary.json"
