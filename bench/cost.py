@@ -14,7 +14,7 @@ cloud's notice and the agents checkpoint on it (as live agents do); with `--no-n
 since the newest periodic checkpoint instead (the world before 2026-11-26). `--if-late extend` (or `soonest`) gives
 every job of the mix that spec choice instead of its default, `cheapest`.
 `--warm`: each broker starts with a history (sim/history.py), as a live one has after its first day: another
-workload's jobs (seed HISTORY_WORKLOAD + the run's) run on on-demand over one of the fit directories (by seed),
+workload's jobs (seed sim/history.SEED_OFFSET + the run's) run on on-demand over one of the fit directories (by seed),
 finished before the evaluated backtest starts.
 
     python bench/cost.py --json [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2]
@@ -42,13 +42,12 @@ from broker.pricing.availability import MarketModel
 from broker.pricing.traces import load_traces
 from broker.sim import backtest
 from broker.sim.calibration import job_rows
-from broker.sim.history import warm_history
+from broker.sim.history import SEED_OFFSET, on_demand_history
 from broker.sim.market import Market, backtest_market
 from broker.sim.workloads import backtest_workload
 from broker.store import embedded
 
 POLICIES = [*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT]
-HISTORY_WORKLOAD = 1000  # `--warm`: its history's workload seeds, apart from every evaluated one
 
 
 def leaf_directories(root: Path) -> list[Path]:
@@ -86,12 +85,11 @@ def fit_market(directory: str, fit: list[str]) -> tuple[Market, MarketModel]:
 def history_jobs(
     directory: str, fit: list[str], seed: int, jobs: int, workload: int, before: datetime, url: str
 ) -> tuple[list, str]:
-    """A warm broker's history: another workload's jobs (seed HISTORY_WORKLOAD + `workload`, drawn as the evaluated
+    """A warm broker's history: another workload's jobs (seed SEED_OFFSET + `workload`, drawn as the evaluated
     ones are) run on on-demand over `directory`, one of the fit traces, moved to end before `before`."""
     market, _ = fit_market(directory, fit)
-    arrivals = backtest_workload(market, HISTORY_WORKLOAD + workload, jobs)
-    outcome = backtest.run_policy("on-demand", url, market, arrivals, seed)
-    return warm_history(outcome.jobs, before), directory
+    arrivals = backtest_workload(market, SEED_OFFSET + workload, jobs)
+    return on_demand_history(market, arrivals, url, seed, before), directory
 
 
 def one(

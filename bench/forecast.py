@@ -35,7 +35,7 @@ again from where the job stands, taken once in the first tick its speed is measu
 median share of the jobs' windows gone when it was made: what a user who looks again once the job has run learns.
 
 `--warm`: each backtest's broker starts with a history (sim/history.py), as a live one has after its first day:
-the jobs of another workload (seed HISTORY_WORKLOAD + the workload's) run on on-demand over one of the fit
+the jobs of another workload (seed sim/history.SEED_OFFSET + the workload's) run on on-demand over one of the fit
 directories (by seed), finished before the evaluated backtest starts; its fleet learns their speeds (`history_from`).
 
     python bench/forecast.py [--traces ../shared/data/traces] [--jobs 40] [--seeds 0 1 2] [--workers 2] [--warm]

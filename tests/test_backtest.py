@@ -277,6 +277,16 @@ def test_cli_backtest_json_and_output_directory(tmp_path):
     assert (out / "cost_by_policy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_cli_backtest_warm_starts_each_broker_with_measured_jobs_that_are_not_its_own():
+    args = ["backtest", "--jobs", "3", "--tick-minutes", "30", "--policies", "on-demand,costslo", "--json"]
+    cold, warm = (json.loads(CliRunner().invoke(app, args + extra).stdout) for extra in ([], ["--warm"]))
+    assert (cold["warm"], warm["warm"]) == (False, True)
+    rows = {body["warm"]: {r["policy"]: r for r in body["policies"]} for body in (cold, warm)}
+    cold_od, warm_od = rows[False]["on-demand"], rows[True]["on-demand"]
+    assert warm_od["cost_usd"] == cold_od["cost_usd"]  # the same 3 jobs, none of the history's
+    assert warm_od["p90_abs_cost_error_pct"] != cold_od["p90_abs_cost_error_pct"]  # quoted at the measured spread
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -115,6 +115,7 @@ def test_a_backtest_whose_out_cannot_be_written_is_refused_before_it_runs(env, t
     one_error_line(run("backtest", "--jobs", 2, "--out", a_file), "is a file", "directory")
     one_error_line(run("backtest", "--jobs", 2, "--out", a_file / "below"), "cannot make", "directory you can write")
     one_error_line(run("backtest", "--single-job", "--out", tmp_path / "x"), "--single-job writes no files")
+    one_error_line(run("backtest", "--single-job", "--warm"), "warm: --single-job plays one job alone")
     assert ran == []
 
 

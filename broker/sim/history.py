@@ -10,8 +10,21 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from broker.domain.model import Job
+from broker.sim.market import Market
+from broker.sim.workloads import Arrival
 
 PREFIX = "history-"  # their ids and names: none is taken for a job of the backtest, or for one run again
+SEED_OFFSET = 1000  # a history's workload seed is the backtest's plus this: apart from every evaluated one
+
+
+def on_demand_history(
+    market: Market, arrivals: list[Arrival], redis_url: str, seed: int, before: datetime
+) -> list[Job]:
+    """`arrivals` run on on-demand over `market`, as a warm broker's history ending before `before`. On-demand reads
+    nothing of the spot market, so the history holds no more of the traces than their prices: its jobs' speeds."""
+    from broker.sim.backtest import run_policy
+
+    return warm_history(run_policy("on-demand", redis_url, market, arrivals, seed).jobs, before)
 
 
 def warm_history(jobs: list[Job], before: datetime) -> list[Job]:

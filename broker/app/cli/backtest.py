@@ -65,18 +65,27 @@ def command(
         "all together.",
     ),
     stride_hours: float = typer.Option(6.0, min=0.5, help="With --single-job: hours between two windows' starts."),
+    warm: bool = typer.Option(
+        False,
+        "--warm",
+        help="Each policy's broker starts as a live one runs after its first day: with --jobs other jobs of the mix "
+        "(workload seed + 1000) run on on-demand and finished, whose speeds its quotes learn from.",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Run the live core on a simulated clock and cloud over real spot traces, for every policy."""
     if single_job:
         if out_dir:
             raise BrokerError("out: --single-job writes no files; drop --out, or use --json for its rows")
+        if warm:
+            raise BrokerError("warm: --single-job plays one job alone, with no fleet to warm; drop --warm")
         return _single_job(traces, stride_hours, as_json)
     if out_dir:
         _writable(out_dir)
     from broker.pricing.availability import MarketModel
     from broker.pricing.traces import load_traces
     from broker.sim import backtest, results  # here: the simulator's imports would slow every `broker` command
+    from broker.sim.history import SEED_OFFSET, on_demand_history
     from broker.sim.market import PACKAGED_TRACES, backtest_market
     from broker.sim.workloads import backtest_workload
 
@@ -110,6 +119,7 @@ def command(
         "spot_instances": spot_instances,
         "spot_offers": [s.offer.id for s in market.spot],
         "start": market.start.isoformat(),
+        "warm": warm,
     }
     for line in market.skipped:
         err.print(f"[yellow]skipped[/] {line}", highlight=False)
@@ -131,7 +141,12 @@ def command(
                 tasks[name] = bar.add_task(name, total=total)
             bar.update(tasks[name], completed=done)
 
-        result = backtest.run(market, arrivals, names, seed, url, progress, setting, model)
+        history = []
+        if warm:  # a live broker's measured jobs (sim/history.py)
+            earlier = backtest_workload(market, SEED_OFFSET + seed, jobs, arrival_hours, repeats, speed_median)
+            with err.status("running the history on on-demand"):
+                history = on_demand_history(market, earlier, url, seed, market.start)
+        result = backtest.run(market, arrivals, names, seed, url, progress, setting, model, history=history)
     if out_dir:
         results.write(result, out_dir)
     if as_json:
