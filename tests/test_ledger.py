@@ -6,9 +6,8 @@ from datetime import UTC, datetime, timedelta
 import redis
 
 from broker.app.ledger import Ledger
-from broker.domain.figures import figures
+from broker.domain.figures import figures, hours_late
 from broker.domain.model import JobState, Run
-from broker.models import accounting
 from broker.store import figures as records
 from broker.store.jobs import Store
 
@@ -48,7 +47,7 @@ def test_a_failed_jobs_kept_figures_count_it_late_once_its_deadline_passes(seede
     kept = figures(crashed, now)
     later = crashed.spec.deadline + timedelta(hours=2)
     assert kept.final and kept.hours_late(now) == 0
-    assert kept.hours_late(later) == accounting.hours_late(crashed, later) > 1.99
+    assert kept.hours_late(later) == hours_late(crashed, later) > 1.99
 
 
 def test_a_store_from_before_the_records_has_its_ended_jobs_figures_kept_by_the_first_reader(
