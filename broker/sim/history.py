@@ -1,8 +1,9 @@
-"""A warm broker for a backtest: the finished jobs of a backtest on other traces, moved in time to end before this
-one starts and renamed, stored before its first job. A backtest's broker otherwise starts with an empty store, as a
-live one does only on its first day: its first quotes know no measured speed (core/fleet.Fleet: the prior's spread
-alone) and no rate of jobs to come. Their runs count as run off the clouds (Run.on_cloud False): the other traces'
-preemptions are not evidence of this market (store/evidence.py).
+"""A warm broker for a backtest: finished jobs of another workload, moved in time to end before this backtest starts
+and renamed, stored before its first job. A backtest's broker otherwise starts with an empty store, as a live one
+does only on its first day: its first quotes know no measured speed (core/fleet.Fleet: the prior's spread alone).
+The history gives them its jobs' speeds; it was submitted too long before to count as recent arrivals, so the rate
+of jobs to come warms up within the backtest as before. Its runs count as run off the clouds (Run.on_cloud False):
+no evidence of this market (store/evidence.py).
 """
 
 from __future__ import annotations

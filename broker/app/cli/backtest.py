@@ -144,8 +144,9 @@ def command(
         history = []
         if warm:  # a live broker's measured jobs (sim/history.py)
             earlier = backtest_workload(market, SEED_OFFSET + seed, jobs, arrival_hours, repeats, speed_median)
-            with err.status("running the history on on-demand"):
-                history = on_demand_history(market, earlier, url, seed, market.start)
+            shown = bar.add_task("history (on-demand)", total=None)  # one live display: the bar's
+            history = on_demand_history(market, earlier, url, seed, market.start)
+            bar.update(shown, total=1, completed=1)
         result = backtest.run(market, arrivals, names, seed, url, progress, setting, model, history=history)
     if out_dir:
         results.write(result, out_dir)
