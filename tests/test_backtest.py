@@ -1,21 +1,11 @@
 """The backtest: the live core on a simulated clock and cloud over real traces, every baseline, the bound."""
 
-import contextlib
 import json
-import math
-import signal
-import subprocess
-import sys
-import time
 from datetime import UTC, datetime
-from pathlib import Path
-from subprocess import DEVNULL
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from broker.app.cli.main import app
 from broker.core import broker as core_broker
 from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import JobState
@@ -227,117 +217,8 @@ def _v100_on_demand():
     )
 
 
-def test_cli_backtest_json_and_output_directory(tmp_path):
-    out = tmp_path / "bt"
-    result = CliRunner().invoke(
-        app,
-        [
-            "backtest",
-            "--jobs",
-            "3",
-            "--seed",
-            "2",
-            "--tick-minutes",
-            "30",
-            "--policies",
-            "uniform-progress,costslo+bubbles,omniscient",
-            "--out",
-            str(out),
-            "--json",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    body = json.loads(result.stdout)
-    names = [row["policy"] for row in body["policies"]]
-    assert names == ["uniform-progress", "costslo+bubbles", "omniscient", backtest.JOINT, backtest.SCHEDULE]
-    for row in body["policies"]:
-        assert {
-            "policy",
-            "cost_usd",
-            "savings_pct",
-            "deadline_misses",
-            "cost_vs_omniscient",
-            "migrations",
-            "work_lost_h",
-            "median_abs_cost_error_pct",
-            "p90_abs_cost_error_pct",
-            "brier",
-        } <= row.keys()
-        assert row["cost_usd"] > 0 and not math.isnan(row["cost_usd"])
-    for name in (
-        "policies.csv",
-        "jobs.csv",
-        "spend.csv",
-        "summary.json",
-        "cost_by_policy.png",
-        "spend_over_time.png",
-        "tier_mix.png",
-    ):
-        assert (out / name).stat().st_size > 0, name
-    assert (out / "cost_by_policy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_cli_backtest_warm_starts_each_broker_with_measured_jobs_that_are_not_its_own():
-    args = ["backtest", "--jobs", "3", "--tick-minutes", "30", "--policies", "on-demand,costslo", "--json"]
-    cold, warm = (json.loads(CliRunner().invoke(app, args + extra).stdout) for extra in ([], ["--warm"]))
-    assert (cold["warm"], warm["warm"]) == (False, True)
-    rows = {body["warm"]: {r["policy"]: r for r in body["policies"]} for body in (cold, warm)}
-    cold_od, warm_od = rows[False]["on-demand"], rows[True]["on-demand"]
-    assert warm_od["cost_usd"] == cold_od["cost_usd"]  # the same 3 jobs, none of the history's
-    assert warm_od["p90_abs_cost_error_pct"] != cold_od["p90_abs_cost_error_pct"]  # quoted at the measured spread
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--policies", "cheapest,nope"], "policies: unknown policy 'nope'"),
-        (["--traces", "/nonexistent/traces"], "traces: /nonexistent/traces is not a directory"),
-        (["--jobs", "0"], "Invalid value for '--jobs'"),
-    ],
-)
-def test_cli_backtest_refuses_bad_input_with_one_line(args, message):
-    result = CliRunner().invoke(app, ["backtest", *args])
-    assert result.exit_code == 2
-    assert message in result.output
-
-
 def test_trace_start_reads_the_directory_date():
     assert trace_start(PACKAGED_TRACES) == START
-
-
-def test_cli_backtest_takes_measured_bubble_profiles_and_refuses_a_bad_file(tmp_path):
-    from broker.bubbles.profiler import forecast
-
-    def bubble_hours(free_gb):
-        measured = forecast("measured", "gpipe", 4, 4, [0.25] * 4, [0.5] * 4, [int(free_gb * 1e9)] * 4, "V100", START)
-        path = tmp_path / "profiles.json"
-        path.write_text(json.dumps([p.model_dump(mode="json") for p in measured]))
-        result = CliRunner().invoke(
-            app,
-            [
-                "backtest",
-                "--jobs",
-                "4",
-                "--seed",
-                "1",
-                "--tick-minutes",
-                "30",
-                "--policies",
-                "costslo+bubbles",
-                "--profiles",
-                str(path),
-                "--json",
-            ],
-        )
-        assert result.exit_code == 0, result.output
-        (row,) = json.loads(result.stdout)["policies"]
-        return row["bubble_h"]
-
-    assert bubble_hours(12) > 0
-    assert bubble_hours(1) == 0  # no fill job fits in 1 GB: the measured profiles, not the defaults, were used
-    (tmp_path / "bad.json").write_text('[{"stage": 1}]')
-    bad = CliRunner().invoke(app, ["backtest", "--profiles", str(tmp_path / "bad.json")])
-    assert bad.exit_code == 2 and "profiles: " in bad.output and "is not a JSON list of bubble profiles" in bad.output
 
 
 def test_jobs_run_at_their_true_speed_which_the_quote_does_not_know(market, redis_server):
@@ -379,32 +260,3 @@ def test_a_warm_broker_starts_with_another_backtest_s_jobs_and_learns_their_spee
     arrivals = workload(0, jobs=3)
     warm = backtest.run(market, arrivals, ["on-demand"], 0, redis_server, history=history).outcomes[0]
     assert sorted(j.id for j in warm.jobs) == sorted(a.id for a in arrivals)  # the history is not the outcome's
-
-
-def scratch_servers() -> dict[int, int]:
-    """The running redis-servers of backtests (embedded.scratch: each in a broker-redis- temporary folder): pid ->
-    parent pid."""
-    found = {}
-    for cwd in Path("/proc").glob("[0-9]*/cwd"):
-        with contextlib.suppress(OSError):
-            if cwd.readlink().name.startswith("broker-redis-"):
-                found[int(cwd.parent.name)] = int((cwd.parent / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    return found
-
-
-def test_a_killed_backtest_stops_its_scratch_redis_server():
-    """A `kill` ended the backtest at once: its scratch redis-server ran on, its parent gone."""
-    broker = Path(sys.executable).parent / "broker"
-    command = subprocess.Popen([str(broker), "backtest", "--jobs", "40"], stdout=DEVNULL, stderr=DEVNULL)
-    try:
-        deadline, its_own = time.monotonic() + 60, set()
-        while not its_own:  # the backtest's own (other backtests may run beside this test)
-            assert time.monotonic() < deadline and command.poll() is None, "the backtest started no redis-server"
-            its_own = {pid for pid, parent in scratch_servers().items() if parent == command.pid}
-            time.sleep(0.1)
-        command.send_signal(signal.SIGTERM)
-        assert command.wait(timeout=60) == 130  # as on Ctrl-C, wherever the signal lands (pydantic's serializer too)
-        assert its_own & set(scratch_servers()) == set()
-    finally:
-        command.kill()
-        command.wait()
