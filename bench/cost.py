@@ -82,11 +82,10 @@ def fit_market(directory: str, fit: list[str]) -> tuple[Market, MarketModel]:
     return market, MarketModel.fit(traces, market.tick_s)
 
 
-def history_jobs(
-    directory: str, fit: list[str], seed: int, jobs: int, workload: int, before: datetime, url: str
-) -> tuple[list, str]:
+def history_jobs(fit: list[str], seed: int, jobs: int, workload: int, before: datetime, url: str) -> tuple[list, str]:
     """A warm broker's history: another workload's jobs (seed SEED_OFFSET + `workload`, drawn as the evaluated
-    ones are) run on on-demand over `directory`, one of the fit traces, moved to end before `before`."""
+    ones are) run on on-demand over one of the fit directories (by seed), moved to end before `before`; and which."""
+    directory = fit[seed % len(fit)]
     market, _ = fit_market(directory, fit)
     arrivals = backtest_workload(market, SEED_OFFSET + workload, jobs)
     return on_demand_history(market, arrivals, url, seed, before), directory
@@ -114,7 +113,7 @@ def one(
     if if_late is not None:
         arrivals = [replace(a, spec=a.spec.model_copy(update={"if_late": if_late})) for a in arrivals]
     with embedded.scratch() as url:
-        history = history_jobs(fit[seed % len(fit)], fit, seed, jobs, seed, market.start, url)[0] if warm else []
+        history = history_jobs(fit, seed, jobs, seed, market.start, url)[0] if warm else []
         result = backtest.run(market, arrivals, POLICIES, seed, url, model=model, history=history)
     bound_status = sorted({b.status for b in result.bound.values()})
     missed = missed_jobs(result.outcomes)

@@ -82,9 +82,7 @@ def one(directory: str, fit: list[str], seed: int, jobs: int, workload: int, war
     market, model = fit_market(directory, fit)
     arrivals = backtest_workload(market, workload, jobs)
     with embedded.scratch() as url:
-        history, source = (
-            history_jobs(fit[seed % len(fit)], fit, seed, jobs, workload, market.start, url) if warm else ([], None)
-        )
+        history, source = history_jobs(fit, seed, jobs, workload, market.start, url) if warm else ([], None)
         result = backtest.run(
             market, arrivals, POLICIES, seed, url, model=model, outlooks_for=tuple(POLICIES), history=history
         )
