@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from broker.agents import terraform
 from broker.agents.terraform import MODULES, Pool, module_variables, parse_tf, pool_name, pool_values, write_pool
+from broker.app.cli import common
 from broker.app.cli.main import app
 from broker.domain.errors import BrokerError
 from broker.domain.model import Job, JobState, Tier
@@ -247,6 +248,9 @@ def test_provision_plan_writes_one_pool_per_chosen_offer(store, catalog, redis_u
     [row] = json.loads(result.stdout)
     assert row["count"] == 2 and row["offer"] == quote.chosen.offer.id and "apply" in row["command"]
     assert (Path(row["dir"]) / f"{row['pool']}.auto.tfvars.json").exists()
+    monkeypatch.setattr(common.out, "width", 60)  # a narrow terminal wrapped the command, and a copy of it broke
+    result = CliRunner().invoke(app, ["agents", "provision", "--site", str(site), "--out", str(tmp_path / "pools")])
+    assert result.exit_code == 0 and f"  {row['command']}\n" in result.stdout, result.output
 
 
 terraform_bin = terraform.terraform_binary()

@@ -134,12 +134,13 @@ def agents_provision(
     if as_json:
         print_json(written)
         return
-    for row in written:
-        out.print(f"[bold]{row['pool']}[/]: {row['count']} x {row['offer']}\n  {row['command']}")
+    for row in written:  # commands to copy: a terminal wraps them softly, rich's hard wrap would break them
+        out.print(f"[bold]{row['pool']}[/]: {row['count']} x {row['offer']}\n  {row['command']}", soft_wrap=True)
         if _own_user(row["redis_user"], row["pool"]):
             out.print(
                 f"  its agents' Redis user: BROKER_ACL_PASSWORD=<the password in its secret> broker acl agent --pool "
-                f"{row['pool']}"
+                f"{row['pool']}",
+                soft_wrap=True,
             )
 
 
