@@ -11,7 +11,7 @@ import torch
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.bubbles.executor import FillExecutor
-from broker.bubbles.step_time import STALLED_WINDOWS
+from broker.bubbles.step_time import STALLED_WINDOWS, StepTime
 from conftest import EXAMPLES, assert_same_weights, make_spec, run_to_end
 
 FILL = EXAMPLES / "bubbles" / "fill_mlp.py"
@@ -104,6 +104,35 @@ def test_a_task_that_overruns_its_window_is_killed_and_resumes_from_its_last_sta
         assert executor.take_state()["step"] == saved  # back where the last state was taken
     finally:
         executor.stop()
+
+
+def test_a_warm_up_longer_than_the_windows_is_killed_once_not_in_every_window():
+    """A process's first step (a GPU's first kernels; `cold_s` here) is its slowest. Each process started after a kill
+    ran it in the next window and was killed again while the windows were shorter than it: a restart a window, and no
+    progress (here 4 kills, one in each short window before the long one). A restart now waits for a window as long
+    as the warm-up was seen running."""
+    executor = FillExecutor("fill_mlp:MlpFill", {"step_s": 0.0, "cold_s": 0.5}, grace_s=0.2)
+    executor.start()
+    try:
+        reports = []
+        for length_s in [0.03] * 4 + [1.5] + [0.03] * 5:
+            reports.append(executor.window(length_s))
+            time.sleep(0.02)
+        steps = executor.take_state()["step"]
+    finally:
+        executor.stop()
+    assert reports[0] is None and executor.kills == 1  # the first process's warm-up, in the first window
+    assert reports[4]["steps"] and steps > 1  # the restart's warm-up waited for the long window; steps ran after it
+
+
+def test_a_warm_up_time_that_fits_no_window_is_tried_again_after_a_stall():
+    """The warm-up's time after a kill may have been a spike's: kept for good, windows shorter than it would never
+    run the task again. It is planned with until STALLED_WINDOWS windows have gone without a step."""
+    step = StepTime(0.002, (), warm_up_s=0.4)
+    assert step.next_s(warming_up=True) == 0.4 and step.next_s(warming_up=False) == 0.002
+    for _ in range(STALLED_WINDOWS):
+        step.window_ended(0)
+    assert step.next_s(warming_up=True) == 0.002
 
 
 def test_a_trial_configuration_is_timed_but_its_steps_are_not_kept():

@@ -118,13 +118,15 @@ def _serve(
     task = _ready(conn, task_path, config, state)
     if task is None:
         return
-    step = StepTime(float(config.get("step_s", 0.0)), config.get("usual_s", ()))  # refined as steps run
+    step = StepTime(  # refined as steps run
+        float(config.get("step_s", 0.0)), config.get("usual_s", ()), float(config.get("warm_up_s", 0.0))
+    )
     warm_up = task.micro_steps()  # calls of the first whole step: timed, not planned with
     while True:
         command, arg = conn.recv()
         if command == "run":
             steps = []
-            while time.monotonic() + step.seconds < arg:
+            while time.monotonic() + step.next_s(warm_up > 0) < arg:
                 began = time.monotonic()
                 task.run_step()
                 ended = time.monotonic()
@@ -242,6 +244,8 @@ class FillExecutor:
         self.micro_steps = 1
         self.peak_bytes = 0  # the task's peak memory in its current process
         self.longest_step_s = 0.0  # in the current configuration
+        self.warm_up_s = 0.0  # the longest call of a process's first whole step seen (a restart plans with it)
+        self.calls = 0  # the calls the current task has reported (since its process started or it was rebuilt)
         self.trying = False  # the current configuration is a trial (reconfigure)
 
     def start(self, memory_fraction: float | None = None) -> None:
@@ -268,17 +272,24 @@ class FillExecutor:
         if kind != "ready":
             raise RuntimeError(f"fill task {self.task_path} did not start within {START_TIMEOUT_S} s")
         self.configurations, self.micro_steps, self.peak_bytes = about["configurations"], about["micro_steps"], 0
+        self.calls = 0  # its first whole step is a warm-up again
 
     def window(self, duration_s: float) -> dict | None:
         """A bubble starts now and lasts duration_s: let the task run steps in it. None if it had to be killed."""
-        end = time.monotonic() + duration_s
+        began = time.monotonic()
+        end = began + duration_s
         self.conn.send(("run", end))
         if self.conn.poll(max(0.0, end - time.monotonic()) + self.grace_s):
             _, report = self.conn.recv()
             self.steps += [(a, b, end) for a, b in report["steps"]]
             self.peak_bytes = max(self.peak_bytes, report["peak_bytes"])
             self.longest_step_s = max([self.longest_step_s] + [b - a for a, b in report["steps"]])
+            warm_up = report["steps"][: max(0, self.micro_steps - self.calls)]
+            self.warm_up_s = max([self.warm_up_s] + [b - a for a, b in warm_up])
+            self.calls += len(report["steps"])
             return report
+        if self.calls < self.micro_steps:  # a warm-up call overran: it ran at least since the window began
+            self.warm_up_s = max(self.warm_up_s, time.monotonic() - began)
         self.kill_and_restart()
         return None
 
@@ -291,7 +302,7 @@ class FillExecutor:
         self.kills += 1
         usual = [b - a for a, b, _ in self.steps[-USUAL_STEPS:]]  # it tries these again if the overrun was a spike
         longest = max(float(self.config.get("step_s", 0.0)), self.longest_step_s)
-        self.config = {**self.config, "step_s": longest, "usual_s": usual}
+        self.config = {**self.config, "step_s": longest, "usual_s": usual, "warm_up_s": self.warm_up_s}
         self.start()
 
     def reconfigure(self, overrides: dict, trial: bool = False) -> None:
