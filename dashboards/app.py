@@ -149,7 +149,8 @@ def jobs_page() -> None:
     budget = job.spec.budget_usd
     capped = " (stops there)" if job.spec.if_over_budget == IfOverBudget.stop else ""
     of = f"of the {money(budget)} budget{capped}" if budget else None
-    cols[1].metric("Realised so far", money(accounting.spend_usd(job, now())), delta=of, delta_color="off")
+    realised = money(accounting.spend_usd(job, now()))
+    cols[1].metric("Realised so far", realised, delta=of, delta_color="off", delta_arrow="off")  # a note, no change
     cols[2].metric("Migrations", job.migrations)
     asked = job.quote.deadline_probability
     short = f"{job.quote.p_meet_deadline - asked:+.2f} vs the {asked:.2f} asked" if job.quote.short_of_odds else None

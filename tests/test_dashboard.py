@@ -88,6 +88,7 @@ def test_jobs_page_lists_every_job_and_shows_a_jobs_runs(app, seeded):
     ]
     spent = next(m for m in app.metric if m.label == "Realised so far")
     assert spent.delta == "of the $20.00 budget"  # a capped job's says "(stops there)"
+    assert spent.proto.direction == spent.proto.MetricDirection.NONE  # a note: no arrow up as for a rise
     app.selectbox[0].set_value("waiting").run()  # not started: the quote made again now, on the market model
     metrics = {m.label: m for m in app.metric}
     assert dollars(metrics["Outlook cost p50"].value) > 0
