@@ -22,7 +22,7 @@ def command(
         "packaged AWS traces.",
     ),
     jobs: int = typer.Option(40, min=1, max=2000, help="Jobs in the seeded ML mix."),
-    seed: int = typer.Option(0, help="Workload seed: the same seed gives the same result."),
+    seed: int = typer.Option(0, min=0, help="Workload seed: the same seed gives the same result."),
     policies: str | None = typer.Option(
         None,
         help="Comma-separated: registered policies, NAME+bubbles, omniscient; default the baselines, "

@@ -32,7 +32,10 @@ def demo(
         None, help="Directory of example job specs (runnable ones in demo/); default: ./examples, else the project's."
     ),
     speedup: float = typer.Option(
-        60.0, callback=above_zero, help="Time compression: simulated seconds per wall-clock second."
+        60.0,
+        max=3600.0,  # 50,000: the demo jobs' quotes took days of its clock, and no offer met their deadlines
+        callback=above_zero,
+        help="Time compression: simulated seconds per wall-clock second (at most 3600: an hour a second).",
     ),
     timeout: float = typer.Option(150.0, callback=above_zero, help="Give up after this many wall-clock seconds."),
     bubbles: bool = typer.Option(
