@@ -130,6 +130,15 @@ def test_the_dashboard_on_a_redis_that_cannot_be_reached_is_one_line(monkeypatch
     assert no_exec == []  # every page would have shown it
 
 
+@pytest.mark.parametrize("url", ["localhost:6379", "redis://127.0.0.1:99999/0", "redis://[::1/0"])
+def test_a_redis_url_redis_py_cannot_read_is_one_line(monkeypatch, tmp_path, url):
+    """redis-py raised ValueError at the first command: an internal error, exit 1."""
+    monkeypatch.setenv("BROKER_REDIS_URL", url)
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path))
+    for command in (["list"], ["acl", "upgrade"]):
+        one_error_line(run(*command), "BROKER_REDIS_URL: not a Redis URL", "redis://")
+
+
 def test_a_broker_home_that_cannot_be_made_is_one_line(monkeypatch, tmp_path):
     """Every command that starts the private redis-server ended in an internal error (FileNotFoundError)."""
     (tmp_path / "a-file").write_text("")

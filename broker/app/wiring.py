@@ -8,6 +8,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from redis.connection import parse_url
+
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
 from broker.store import embedded
@@ -24,6 +26,13 @@ LOOPBACK = {"localhost", "127.0.0.1", "::1"}
 
 def redis_url(settings: Settings, say=lambda line: None) -> str:
     if settings.redis_url:
+        try:
+            parse_url(settings.redis_url)  # as redis-py reads it: a bad one raised ValueError inside the first command
+        except ValueError as error:  # the URL itself is not said: it may hold a password
+            raise BrokerError(
+                f"BROKER_REDIS_URL: not a Redis URL ({error}); give redis://[USER:PASSWORD@]HOST:PORT/DB (rediss:// "
+                "for TLS, unix:///PATH for a socket)"
+            ) from None
         parts = urlsplit(settings.redis_url)
         if parts.scheme in ("redis", "rediss") and parts.hostname not in LOOPBACK and not parts.password:
             raise BrokerError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from broker.app import wiring
 from broker.app.cli.common import user_errors
 from broker.app.settings import Settings
 from broker.domain.errors import BrokerError
@@ -18,7 +19,7 @@ def _admin_url() -> str:
     settings = Settings.from_env()
     if not settings.redis_url:
         raise BrokerError("BROKER_REDIS_URL: not set; ACL users are for a shared Redis: set it to an admin user's URL")
-    return settings.redis_url
+    return wiring.redis_url(settings)  # one redis-py reads, with a password where it is not this machine's
 
 
 @acl_app.command("agent")
