@@ -86,7 +86,11 @@ def test_a_job_whose_program_is_missing_is_told_it_could_not_start_and_why(env, 
 
 
 def test_status_says_what_a_queued_job_waits_for(env, store, catalog, tmp_path):
-    job_id = json.loads(runner.invoke(app, ["submit", str(spec_file(tmp_path)), "--json"]).stdout)["job"]
+    submitted = json.loads(runner.invoke(app, ["submit", str(spec_file(tmp_path)), "--json"]).stdout)
+    job_id = submitted["job"]
+    assert "no broker server is running" in submitted["waiting_for"]  # submit says it too: it said nothing of it
+    shown = runner.invoke(app, ["submit", str(spec_file(tmp_path))]).stdout
+    assert "\nwaiting: no broker server is running: start `broker server` (or `broker run " in shown
 
     def waiting():
         return json.loads(runner.invoke(app, ["status", job_id, "--json"]).stdout)["waiting_for"]

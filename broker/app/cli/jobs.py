@@ -47,16 +47,23 @@ def submit(
     broker = make_broker(with_store=not quote_only, live=not quote_only)
     spec = load_spec(job_file, broker.clock.now(), deadline=deadline, budget_usd=budget)
     note_data_region(spec, broker)
+    waiting = None
     if quote_only:
         quote, job_id = broker.quote(spec), None
     else:
+        from broker.core.waiting import waiting_for
+
         job = broker.submit(spec)
         quote, job_id = job.quote, job.id
+        waiting = waiting_for(broker.store, job)  # no server or agent: it would wait, and nothing said so
     if as_json:
-        print_json(render.quote_dict(quote, job_id, stored=job_id is not None))
+        doc = render.quote_dict(quote, job_id, stored=job_id is not None)
+        print_json(doc if job_id is None else {**doc, "waiting_for": waiting})
         return
     title = f"job {job_id} queued" if job_id else f"quote for {spec.name} (not stored)"
     out.print(render.quote_table(quote, title))
+    if waiting:
+        out.print(f"waiting: {waiting}", highlight=False)  # as `broker status` says it
 
 
 def note_data_region(spec: JobSpec, broker: Broker) -> None:
