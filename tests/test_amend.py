@@ -27,6 +27,17 @@ def test_amend_gives_a_queued_job_another_budget_and_deadline_and_says_so_in_its
     assert amended["reason"] == f"amended: deadline {after.spec.deadline:%Y-%m-%d %H:%M} UTC, budget $35.00"
 
 
+def test_amend_to_a_deadline_no_future_meets_says_so_with_the_deadline_that_would_do(env, store, tmp_path):
+    """It was taken without a word (P(meet) 0.00 showed only in `broker status`)."""
+    job_id = json.loads(run("submit", job_file(tmp_path), "--json").stdout)["job"]
+    result = run("amend", job_id, "--deadline", "+30m")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stdout.split())
+    assert "at risk: P(meet deadline) 0.00, below the" in said and f"`broker amend {job_id} --deadline 20" in said
+    outlook = json.loads(run("amend", job_id, "--budget", "30", "--json").stdout)["outlook"]
+    assert outlook["p_meet_deadline"] == 0.0 and outlook["finish_at_odds"] is not None
+
+
 def test_amend_refuses_bad_values_and_ended_jobs_in_one_line_and_changes_nothing(env, store, tmp_path):
     job_id = json.loads(run("submit", job_file(tmp_path), "--json").stdout)["job"]
     before = store.get_job(job_id)

@@ -366,15 +366,18 @@ def amend(
     """Give a job that has not ended another deadline or budget: planning, the deadline guard, the budget cap and its
     outlook use them from the next round (its quote stays the one made at submit). A job the budget cap stopped
     resumes from its checkpoint when given a larger budget."""
-    broker = make_broker()
+    broker = make_broker(live=True)
     job_id = broker.store.job_id_for(job_id)
     was = broker.get(job_id).state
     job = broker.amend(job_id, deadline=deadline, budget_usd=budget)
+    ahead = broker.outlook(job)  # what the new deadline or budget means: one no future meets was taken in silence
     if as_json:
-        print_json(render.job_dict(job))
-    else:
-        said = f"amended and {job.state.value} again ({job.reason})" if job.state != was else "amended"
-        out.print(f"{job.id} {said}: {render.job_times(job, datetime.now(UTC))}", highlight=False)
+        print_json({**render.job_dict(job), "outlook": ahead.model_dump(mode="json") if ahead else None})
+        return
+    said = f"amended and {job.state.value} again ({job.reason})" if job.state != was else "amended"
+    out.print(f"{job.id} {said}: {render.job_times(job, datetime.now(UTC))}", highlight=False)
+    if ahead is not None:
+        out.print(render.outlook_line(ahead, job.spec.deadline_probability, job.id), highlight=False)
 
 
 @user_errors
