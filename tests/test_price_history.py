@@ -74,6 +74,8 @@ def test_cli_import_and_history_with_a_sparkline(redis_url, monkeypatch, tmp_pat
     csv.write_text(header + "p3.2xlarge,V100,1.0,8.0,61.0,{},3.06,0.41,us-east-1,use1-az1\n")
     refused = runner.invoke(app, ["prices", "import", str(csv)])
     assert refused.exit_code == 2 and "--at" in refused.output
+    refused = runner.invoke(app, ["prices", "import", str(csv), "--at", "yesterday"])
+    assert refused.exit_code == 2 and refused.output.startswith("error: --at: 'yesterday' is not a time")
     for at, spot in (("2025-07-01", "0.41"), ("2025-08-01", "0.52"), ("2025-09-01", "0.47")):
         csv.write_text(header + f"p3.2xlarge,V100,1.0,8.0,61.0,{{}},3.06,{spot},us-east-1,use1-az1\n")
         assert runner.invoke(app, ["prices", "import", str(csv), "--at", at]).exit_code == 0
@@ -141,5 +143,7 @@ def test_cli_import_of_a_file_of_another_shape_says_what_shape_it_must_have(redi
         result = runner.invoke(app, ["prices", "import", str(path), "--at", "2025-07-01"])
         assert result.exit_code == 2 and shape in result.output and "internal error" not in result.output
         assert len(result.output.strip().splitlines()) == 1
+    result = runner.invoke(app, ["prices", "import", str(csv)])  # its shape first: --at given, it was refused again
+    assert result.exit_code == 2 and "csv is not a catalog CSV with the columns InstanceType" in result.output
     result = runner.invoke(app, ["prices", "import", str(csv), "--at", "yesterday"])
-    assert result.exit_code == 2 and result.output.startswith("error: --at: 'yesterday' is not a time")
+    assert result.exit_code == 2 and "is not a catalog CSV" in result.output  # the shape, then the time

@@ -136,14 +136,23 @@ def import_prices(
         raise BrokerError(
             f"path: {path.name} is neither an AWS spot price history (.tsv) nor a catalog (.csv); give one of those"
         )
-    if path.suffix != ".tsv" and at is None:
-        raise BrokerError(f"--at: {path.name} has no times in it; say when its prices were seen, e.g. --at 2025-06-01")
+    tsv = "an AWS spot price history .tsv (az_id, type, product, usd, time)"
+    kind = tsv if path.suffix == ".tsv" else f"a catalog CSV with the columns {', '.join(AWS_COLUMNS)}"
+    if path.suffix == ".csv":  # its shape before --at: a file of another shape was refused for --at first
+        try:
+            header = list(pd.read_csv(path, nrows=0).columns)
+        except (ValueError, pd.errors.ParserError):  # no columns at all (an empty file is pandas' EmptyDataError)
+            header = []
+        if missing := [column for column in AWS_COLUMNS if column not in header]:
+            raise BrokerError(f"path: {path.name} is not {kind} (it lacks {', '.join(missing)})")
+        if at is None:
+            raise BrokerError(
+                f"--at: {path.name} has no times in it; say when its prices were seen, e.g. --at 2025-06-01"
+            )
     try:
         seen = parse_deadline(at, datetime.now(UTC)) if at is not None else None
     except ValueError as error:
         raise BrokerError(f"--at: {error}") from None
-    tsv = "an AWS spot price history .tsv (az_id, type, product, usd, time)"
-    kind = tsv if path.suffix == ".tsv" else f"a catalog CSV with the columns {', '.join(AWS_COLUMNS)}"
     try:  # a file of another shape fails its parse somewhere: the user is told what shape it must have
         if path.suffix == ".tsv":
             points = points_from_spot_tsv(path)
