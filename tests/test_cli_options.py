@@ -99,6 +99,16 @@ def test_metrics_on_an_address_not_this_machines_is_one_line_naming_the_option(e
         ("agent", "--offer", "aws/use1-az1/g6.xlarge/spot", "--id", "../../elsewhere"),  # names keys and files
         ("agents", "token", "--id", "an agent"),
         ("backtest", "--jobs", 1, "--seed", -1),  # numpy's generator refused it: an internal error, exit 1
+        # inf and nan passed every option without an upper bound, and overflowed deep inside: internal errors, exit 1
+        ("demo", "--timeout", "nan"),  # it gave up at once
+        ("server", "--speedup", "inf"),
+        ("server", "--leader-lease-s", "inf"),
+        ("server", "--keep-ended-days", "inf"),
+        ("agent", "--id", "a1", "--offer", "aws/use1-az1/g6.xlarge/spot", "--lease-s", "inf"),
+        ("agents", "token", "--id", "a1", "--ttl-hours", "inf"),
+        ("agents", "provision", "--token-ttl-hours", "inf"),
+        ("backtest", "--arrival-hours", "inf"),
+        ("backtest", "--single-job", "--stride-hours", "inf"),
     ],
     ids=lambda args: " ".join(map(str, args[:3])),
 )

@@ -11,6 +11,7 @@ import typer
 
 from broker.app.cli.common import (
     JsonOpt,
+    above_zero,
     agent_id_checked,
     err,
     make_broker,
@@ -73,7 +74,10 @@ def agents_provision(
     ),
     yes: bool = typer.Option(False, "--yes", help="With --apply: create the instances without asking first."),
     token_ttl_hours: float = typer.Option(
-        168.0, min=0.1, help="Life of each pool's registration token (issued when BROKER_AGENT_SECRET is set)."
+        168.0,
+        min=0.1,
+        max=8784.0,  # a year (inf overflowed: an internal error); the server renews a token a day before it ends
+        help="Life of each pool's registration token (issued when BROKER_AGENT_SECRET is set).",
     ),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -154,7 +158,7 @@ def agents_token(
         help="Or a pool: the token admits every agent named POOL.<name>, such as a training job's pipeline stages "
         "(POOL: the main job's name, as given to attach()).",
     ),
-    ttl_hours: float = typer.Option(24.0, help="Hours until the token expires."),
+    ttl_hours: float = typer.Option(24.0, callback=above_zero, help="Hours until the token expires."),
 ) -> None:
     """Print a registration token for one agent, or a pool of them (needs BROKER_AGENT_SECRET, the broker's secret)."""
     from datetime import datetime, timedelta
@@ -166,8 +170,6 @@ def agents_token(
         raise BrokerError("--id/--pool: give one: --id AGENT for one agent, --pool NAME for the agents named NAME.*")
     if not settings.agent_secret:
         raise BrokerError("BROKER_AGENT_SECRET: not set; set the broker's secret (the server checks tokens against it)")
-    if ttl_hours <= 0:
-        raise BrokerError("--ttl-hours: must be > 0")
     expires = datetime.now(UTC) + timedelta(hours=ttl_hours)
     typer.echo(
         issue(settings.agent_secret, agent_id, expires)

@@ -35,7 +35,7 @@ def command(
     spot_instances: int = typer.Option(
         4, min=1, help="Instances a trace's peak stands for (a 1-node trace says spot could be had)."
     ),
-    arrival_hours: float = typer.Option(48.0, min=0.0, help="Jobs arrive over this many hours."),
+    arrival_hours: float = typer.Option(48.0, min=0.0, max=8784.0, help="Jobs arrive over this many hours."),
     repeats: float = typer.Option(
         0.0,
         min=0.0,
@@ -64,7 +64,9 @@ def command(
         "--stride-hours over the traces' last half (the market model learns from the first), each zone alone and "
         "all together.",
     ),
-    stride_hours: float = typer.Option(6.0, min=0.5, help="With --single-job: hours between two windows' starts."),
+    stride_hours: float = typer.Option(
+        6.0, min=0.5, max=240.0, help="With --single-job: hours between two windows' starts."
+    ),
     warm: bool = typer.Option(
         False,
         "--warm",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import shutil
 import signal
@@ -73,8 +74,10 @@ def stop_signals_as_ctrl_c(command):
 
 def above_zero(value: float) -> float:
     """An option's callback where 0 or less means nothing (a speedup, a lease): typer's `min` keeps its bound."""
-    if value <= 0:
+    if not value > 0:  # nan too
         raise typer.BadParameter(f"{value:g} is not above 0")
+    if not math.isfinite(value):  # inf overflowed deep inside: an internal error, or a clock that never ticked
+        raise typer.BadParameter(f"{value:g} is not a finite number")
     return value
 
 

@@ -160,11 +160,12 @@ def server(
         None, help="Planning policy (see `broker policies`); default BROKER_POLICY, else the servers' last, else hedge."
     ),
     leader_lease_s: float = typer.Option(
-        5.0, min=0.1, help="Planning lease: a standby replica takes over this long after the leader stops."
+        5.0, min=0.1, max=3600.0, help="Planning lease: a standby replica takes over this long after the leader stops."
     ),
     keep_ended_days: float = typer.Option(
         0.0,
         min=0.0,
+        max=3650.0,  # inf overflowed: an internal error
         envvar="BROKER_KEEP_ENDED_DAYS",
         help="Forget jobs that ended this many days ago, with their checkpoints (0: keep every job).",
     ),
