@@ -149,6 +149,13 @@ def test_a_redis_url_redis_py_cannot_read_is_one_line(monkeypatch, tmp_path, url
         one_error_line(run(*command), "BROKER_REDIS_URL: not a Redis URL", "redis://")
 
 
+@pytest.mark.parametrize("name", ["BROKER_REDIS_OUTAGE_S", "BROKER_ROUND_BUDGET_USD"])
+def test_a_setting_of_infinite_seconds_or_dollars_is_one_line(env, monkeypatch, name):
+    """BROKER_REDIS_OUTAGE_S=inf overflowed in the store's retries: an internal error, exit 1."""
+    monkeypatch.setenv(name, "inf")
+    one_error_line(run("list"), f"{name}: 'inf' is not a positive number", "or unset it")
+
+
 def test_a_broker_home_that_cannot_be_made_is_one_line(monkeypatch, tmp_path):
     """Every command that starts the private redis-server ended in an internal error (FileNotFoundError)."""
     (tmp_path / "a-file").write_text("")

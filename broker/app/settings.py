@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -106,7 +107,7 @@ def _positive(env: Mapping[str, str], name: str, unit: str = "USD", example: flo
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value > 0:
+    if not (value > 0 and math.isfinite(value)):  # inf overflowed in the store's retries: an internal error
         raise BrokerError(
             f"{name}: {text!r} is not a positive number of {unit}; set it like {name}={example} or unset it"
         )
