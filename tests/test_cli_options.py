@@ -109,6 +109,8 @@ def test_metrics_on_an_address_not_this_machines_is_one_line_naming_the_option(e
         ("agents", "provision", "--token-ttl-hours", "inf"),
         ("backtest", "--arrival-hours", "inf"),
         ("backtest", "--single-job", "--stride-hours", "inf"),
+        ("list", "--limit", 10**20),  # past Redis's 64-bit range: a ResponseError
+        ("backtest", "--spot-instances", 10**12),  # it built as many simulated instances and never came back
     ],
     ids=lambda args: " ".join(map(str, args[:3])),
 )

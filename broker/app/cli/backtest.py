@@ -33,7 +33,10 @@ def command(
     ),
     tick_minutes: float = typer.Option(10.0, min=1.0, max=120.0, help="Simulated tick."),
     spot_instances: int = typer.Option(
-        4, min=1, help="Instances a trace's peak stands for (a 1-node trace says spot could be had)."
+        4,
+        min=1,
+        max=1000,  # 10^12 built as many simulated instances: the command never came back
+        help="Instances a trace's peak stands for (a 1-node trace says spot could be had).",
     ),
     arrival_hours: float = typer.Option(48.0, min=0.0, max=8784.0, help="Jobs arrive over this many hours."),
     repeats: float = typer.Option(

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from broker.core.broker import Broker
     from broker.store.jobs import Store
 
-JobLimit = typer.Option(50, min=0, help="The newest jobs to show (0 for all).")
+# a limit past Redis's 64-bit range was a ResponseError from the store: an internal error
+JobLimit = typer.Option(50, min=0, max=10**9, help="The newest jobs to show (0 for all).")
 
 
 @user_errors
