@@ -138,6 +138,11 @@ CLI = st.one_of(
     st.tuples(st.sampled_from(["cost-report", "policies"]), st.sampled_from(["", "--json", "--state"])),
     st.tuples(st.just("agents"), st.sampled_from(["list", "provision", "", "--json"]), st.text(max_size=20)),
     st.tuples(st.just("prices"), st.sampled_from(["risk", "history"]), st.text(max_size=15), st.just("--json")),
+    # numbers at the edges of what an option parses (inf, nan, past 64 bits): they overflowed deep inside, exit 1
+    st.tuples(
+        st.sampled_from(["list", "status", "cost-report", "prices", "submit --budget", "submit --quote --budget"]),
+        st.sampled_from(["inf", "-inf", "nan", "1e308", "-1", "0", "1" + "0" * 20, "0.5"]),
+    ).map(lambda pair: (*pair[0].split(), *(["--limit"] if " " not in pair[0] else []), pair[1])),
 )
 
 
