@@ -9,6 +9,7 @@ import pytest
 
 from broker.agents import notices as notices_module
 from broker.agents.notices import AwsSpotNotices, AzureScheduledEvents, GcpPreemptionNotices, TraceNotices, watcher
+from broker.domain.errors import BrokerError
 
 
 class MetadataServer:
@@ -237,3 +238,7 @@ def test_watcher_specs_that_cannot_work_are_refused_before_the_agent_starts(tmp_
     with pytest.raises(ValueError, match="'169.254.169.254' is no URL; give aws=http://"):
         watcher("aws=169.254.169.254")
     assert watcher("azure=https://example.test").url.startswith("https://example.test/metadata/")
+    for body in ("{}", "not json"):  # a KeyError (an internal error) and a JSON error that named no file
+        trace.write_text(body)
+        with pytest.raises(BrokerError, match=f"trace {trace}: not a spot trace .*expected {{metadata"):
+            watcher(f"trace={trace}@3")

@@ -198,9 +198,10 @@ class TraceNotices:
     def __init__(
         self, path: Path, start_tick: int = 0, speedup: float = 1.0, lead_s: float = 120.0, from_job: bool = False
     ):
-        data = json.loads(Path(path).read_text())
-        self.gap_s = float(data["metadata"]["gap_seconds"])
-        values = data["data"][start_tick:]
+        from broker.pricing.traces import read_ticks  # numpy: only for an agent replaying a trace
+
+        self.gap_s, ticks = read_ticks(Path(path))  # a file of another shape is one line naming it (was a KeyError)
+        values = ticks[start_tick:].tolist()
         lost = next((i for i, v in enumerate(values) if v <= 0), None)
         self.preempt_after_s = None if lost is None else lost * self.gap_s  # trace seconds from start
         self.speedup, self.lead_s = speedup, lead_s
