@@ -119,7 +119,7 @@ def test_an_option_out_of_its_range_is_refused_naming_it(env, args):
     assert result.exit_code == 2 and f"Invalid value for '{args[-2]}'" in result.stderr, result.stderr
 
 
-def test_a_backtest_whose_out_cannot_be_written_is_refused_before_it_runs(env, tmp_path, monkeypatch):
+def test_a_backtest_whose_options_cannot_work_is_refused_before_it_runs(env, tmp_path, monkeypatch):
     from broker.sim import backtest
 
     ran = []
@@ -130,6 +130,8 @@ def test_a_backtest_whose_out_cannot_be_written_is_refused_before_it_runs(env, t
     one_error_line(run("backtest", "--jobs", 2, "--out", a_file / "below"), "cannot make", "directory you can write")
     one_error_line(run("backtest", "--single-job", "--out", tmp_path / "x"), "--single-job writes no files")
     one_error_line(run("backtest", "--single-job", "--warm"), "warm: --single-job plays one job alone")
+    (tmp_path / "empty").mkdir()
+    one_error_line(run("backtest", "--fit-traces", tmp_path / "empty"), "fit-traces:", "has no trace files")
     assert ran == []
 
 

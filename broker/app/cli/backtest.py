@@ -100,6 +100,8 @@ def command(
     if not fit_traces.is_dir():
         raise BrokerError(f"fit-traces: {fit_traces} is not a directory; point --fit-traces at trace JSON files")
     fit = load_traces(fit_traces)
+    if not fit:  # it fitted the market model on nothing, and the backtest ran on it without a word
+        raise BrokerError(f"fit-traces: {fit_traces} has no trace files (*.json); point --fit-traces at some")
     model = MarketModel.fit(fit, tick_minutes * 60)
     policies = policies or ",".join([*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT])
     names = [n.strip() for n in policies.split(",") if n.strip()]
