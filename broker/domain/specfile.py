@@ -132,6 +132,9 @@ def _message(error: dict) -> str:
         )
     if error["type"] == "value_error":
         return f"{_path(loc)}: {error['ctx']['error']}"
+    if error["type"] in ("too_short", "string_too_short"):  # pydantic's words named no fix ("run: List should ...")
+        least, what = error["ctx"]["min_length"], "item" if error["type"] == "too_short" else "character"
+        return f"{_path(loc)}: empty; give at least {least} {what}{'s' * (least != 1)}"
     return f"{_path(loc)}: {error['msg']}"
 
 
