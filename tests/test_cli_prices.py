@@ -27,6 +27,16 @@ def test_each_price_row_names_its_offer_ids_for_broker_agent(env, catalog):
     assert any(r["spot_offer_id"] for r in rows) and any(r["spot_offer_id"] is None for r in rows)
 
 
+def test_prices_of_a_shape_as_a_spec_writes_it(env):
+    """`--gpu H100:8`, as a spec's accelerators say it, was an unknown accelerator."""
+    rows = json.loads(run("prices", "--gpu", "h100:8", "--limit", "0", "--json").stdout)
+    assert rows and {(r["accelerator"], r["accelerator_count"]) for r in rows} == {("H100", 8)}
+    risk = json.loads(run("prices", "risk", "--gpu", "H100:8", "--limit", "0", "--json").stdout)
+    assert risk and all(r["gpus"] == "8x H100" for r in risk)
+    result = run("prices", "--gpu", "H100:eight")
+    assert result.exit_code == 2 and "--gpu: the count in 'H100:eight' is a whole number" in result.stderr
+
+
 def test_prices_with_an_unknown_gpu_suggests_names(env):
     result = run("prices", "--gpu", "H1000")
     assert result.exit_code == 2 and "did you mean H100" in result.stderr

@@ -113,11 +113,15 @@ class PriceCatalog:
         cloud: str | None = None,
         region: str | None = None,
         spot_only: bool = False,
+        count: int | None = None,
     ) -> pd.DataFrame:
-        """Price rows filtered for display, cheapest first, with spot savings and hazard band."""
+        """Price rows filtered for display, cheapest first, with spot savings and hazard band; `count`: that many
+        accelerators on one instance."""
         rows = self.rows
         if gpu:
             rows = rows[rows["accelerator"].str.lower() == gpu.lower()]
+        if count is not None:
+            rows = rows[rows["accelerator_count"] == count]
         if cloud:
             rows = rows[rows["cloud"] == cloud.lower()]
         if region:

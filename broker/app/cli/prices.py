@@ -15,7 +15,20 @@ from broker.domain.model import Tier, parse_deadline
 
 prices_app = typer.Typer(help="GPU instance prices and their preemption risk.")
 
-Gpu = typer.Option(None, help="Only this accelerator (A100, L4, H100, ...).")
+Gpu = typer.Option(None, help="Only this accelerator (A100, L4, H100, ...), or this many on one instance (H100:8).")
+
+
+def gpu_shape(gpu: str | None) -> tuple[str | None, int | None]:
+    """--gpu as a spec's accelerators write it: A100 (any count) or A100:8 (eight on one instance), which was an
+    unknown accelerator."""
+    if not gpu:
+        return None, None
+    name, _, count = gpu.partition(":")
+    if count and not count.isdigit():
+        raise BrokerError(f"--gpu: the count in {gpu!r} is a whole number, as in H100:8")
+    return lookup(name).name, int(count) if count else None
+
+
 Cloud = typer.Option(None, help="Only this cloud (aws, gcp, azure).")
 Region = typer.Option(None, help="Only this region.")
 Limit = typer.Option(20, min=0, help="Rows to show (0 for all).")
@@ -54,7 +67,8 @@ def prices(
         return
     catalog = make_broker(live=True).catalog  # refreshed prices and their age
     known_place(catalog, cloud, region)
-    rows = catalog.table(gpu=lookup(gpu).name if gpu else None, cloud=cloud, region=region, spot_only=spot)
+    name, count = gpu_shape(gpu)
+    rows = catalog.table(gpu=name, count=count, cloud=cloud, region=region, spot_only=spot)
     shown = rows.head(limit) if limit else rows
     print_json(render_prices.prices_records(shown)) if as_json else out.print(
         render_prices.prices_table(shown, total=len(rows))
@@ -77,7 +91,8 @@ def risk(
 
     broker = make_broker(live=True)  # preemptions our agents saw count as evidence
     known_place(broker.catalog, cloud, region)
-    rows = broker.catalog.table(gpu=lookup(gpu).name if gpu else None, cloud=cloud, region=region, spot_only=True)
+    name, count = gpu_shape(gpu)
+    rows = broker.catalog.table(gpu=name, count=count, cloud=cloud, region=region, spot_only=True)
     rows = rows.drop_duplicates(["cloud", "region", "instance_type"])
     records = []
     spot = {(o.cloud, o.region, o.instance_type): o for o in broker.catalog.offers if o.tier == Tier.spot}
