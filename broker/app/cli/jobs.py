@@ -335,7 +335,10 @@ def cancel(
     if every and ids and not yes:
         if as_json:
             raise BrokerError(f"--all: it would cancel {len(ids)} jobs; add --yes (--json asks no question)")
-        typer.confirm(f"cancel {len(ids)} job{'s' * (len(ids) != 1)} that have not ended?", abort=True)
+        one = len(ids) == 1
+        typer.confirm(
+            f"cancel {len(ids)} job{'' if one else 's'} that {'has' if one else 'have'} not ended?", abort=True
+        )
     rows, refused = [], 0
     for job_id in ids:  # every id resolved first: a typo cancels nothing
         try:
