@@ -28,6 +28,9 @@ MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError, OSE
 # unfit: a bubble agent found that no configuration of the job's steps fits its windows (time or free memory)
 END_REASONS = {"finished", "failed", "preempted", "lost", "fenced", "cancelled", "moved", "unfit"}
 
+# what a report leaves as it was on a job that has ended (a cancel or the budget cap ended it while its run went on)
+ENDED_KEEPS = ("state", "reason", "restarts")
+
 # (job, its current run (a copy to change), the report's data, the report's time, the checkpoint store)
 #   -> the job's other fields to update, or None when the report changes nothing
 Handler = Callable[[Job, Run, dict, datetime, CheckpointStore], dict | None]
@@ -103,6 +106,8 @@ def fold(job: Job, report: dict, now: datetime, checkpoints: CheckpointStore) ->
     update = handler(job, run, report["data"], now, checkpoints)
     if update is None:
         return None
+    if job.state.terminal:  # ended while its run went on (cancelled, stopped at its budget): the run is recorded,
+        update = {k: v for k, v in update.items() if k not in ENDED_KEEPS}  # the job is not started or queued again
     return job.model_copy(update={"updated_at": now, **update, "runs": job.runs[:-1] + [run]})
 
 

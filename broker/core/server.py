@@ -196,14 +196,10 @@ class BrokerServer:
                     return None
                 live = live.model_copy()
                 end_run(live, now, "lost", None)
-                return current.model_copy(
-                    update={
-                        "state": JobState.migrating,
-                        "reason": f"lost agent {live.agent}",
-                        "updated_at": now,
-                        "runs": current.runs[:-1] + [live],
-                    }
-                )
+                update = {"updated_at": now, "runs": current.runs[:-1] + [live]}
+                if not current.state.terminal:  # one that ended while its run went on (a cancel) stays ended
+                    update |= {"state": JobState.migrating, "reason": f"lost agent {live.agent}"}
+                return current.model_copy(update=update)
 
             if self.store.update_job(job.id, lose) is not None and self.metrics:
                 self.metrics.preemptions.inc()
