@@ -49,6 +49,27 @@ def test_an_idle_agent_reads_once_a_turn_and_an_assignment_it_did_not_settle_is_
     assert len(system.reports("started")) == 1
 
 
+def test_a_start_is_reported_and_acked_in_one_transaction_and_the_next_turn_reads_only_new_assignments(system):
+    agent = system.agent("spot-a")
+
+    def calls(command):
+        return system.store.redis.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
+
+    job = system.broker.submit(l4_spec("long", "import time; time.sleep(60)"))
+    system.server.dispatch()
+    before = {c: calls(c) for c in ("xreadgroup", "multi", "xack")}
+    agent.step(block_ms=10)  # reads the assignment, starts the job, reports it and acks the assignment
+    assert agent.job is not None and system.reports("started")
+    assert {c: calls(c) - n for c, n in before.items()} == {"xreadgroup": 2, "multi": 1, "xack": 1}
+    assert system.store.redis.xpending("broker:assign:spot-a", "agent")["pending"] == 0
+    system.broker.cancel(job.id)
+    system.drive(lambda: system.job(job.id).current_run is None, timeout_s=20)
+    reads = calls("xreadgroup")
+    for _ in range(3):
+        agent.step(block_ms=10)
+    assert calls("xreadgroup") - reads == 3  # it acked all it took: no look for ones read before and never acked
+
+
 def test_stale_assignments_and_reports_change_nothing(system):
     system.agent("spot-a")
     job = system.broker.submit(quick_spec())

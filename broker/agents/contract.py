@@ -2,9 +2,9 @@
 instance, a training stage's fill agent, and the backtest's simulated fleet.
 
 An agent registers the capacity it stands for and keeps a lease. It takes assignments from its own
-stream and acknowledges one only after the job started, so a crash before that redelivers it. It starts
-an assignment only while the broker's view of the job says the fence is the newest and the job is its
-own; it stops a job when the view moves on (a newer fence, a cancel), checkpoints and hands it back
+stream and acknowledges one only with its report that the job started (one transaction), so a crash before
+that redelivers it. It starts an assignment only while the broker's view of the job says the fence is the
+newest and the job is its own; it stops a job when the view moves on (a newer fence, a cancel), checkpoints and hands it back
 when the view asks for a move, and checkpoints and runs on when the view asks for a checkpoint. It
 reports with its own key. It reads nothing of jobs but its assignments and those views, so its Redis
 user can be limited to them (broker/store/acl.py).
@@ -46,6 +46,7 @@ class Assignment:
     run: str
     spec: JobSpec
     resume_from: str | None
+    redelivered: bool = False  # read before and never acked (a restart): others may still wait behind it
 
 
 class Verdict(StrEnum):
@@ -159,13 +160,13 @@ class Contract:
         self._may_hold = entry is not None  # none held, none taken: an idle agent's next turn is one read, not two
         if entry is None:
             return None
-        entry_id, fields = entry
+        entry_id, fields, redelivered = entry
         try:
             job, fence, run = fields["job"], int(fields["fence"]), fields["run"]
             spec = JobSpec.model_validate_json(fields["spec"])
         except (KeyError, ValueError, ValidationError):  # not an assignment the broker wrote: drop it, loudly
             log.warning("agent=%s dropped malformed assignment %s", self.id, entry_id)
-            self.store.ack_assignment(self.id, entry_id)
+            self._settle(entry_id, redelivered)
             return None
         view = self.store.ownership(self.id, job)  # only the broker writes it: an entry it did not send is stale
         if (
@@ -176,25 +177,32 @@ class Contract:
             or (job, fence) in self._started
         ):
             log.info("agent=%s skip job=%s fence=%d (stale or already started)", self.id, job, fence)
-            self.store.ack_assignment(self.id, entry_id)
+            self._settle(entry_id, redelivered)
             return None
         if view["terminal"]:  # cancelled between dispatch and now: close the run so the broker frees us
             self.exited(job, fence, "cancelled")
-            self.store.ack_assignment(self.id, entry_id)
+            self._settle(entry_id, redelivered)
             return None
-        return Assignment(entry_id, job, fence, run, spec, fields.get("resume_from") or None)
+        return Assignment(entry_id, job, fence, run, spec, fields.get("resume_from") or None, redelivered)
+
+    def _settle(self, entry_id: str, redelivered: bool) -> None:
+        """Acknowledge an assignment taken and done with. A new one (read when none was held) leaves none held
+        once acked: the next turn reads only new ones."""
+        self.store.ack_assignment(self.id, entry_id)
+        self._may_hold = redelivered
 
     def started(self, assignment: Assignment, at: float | None = None, **data) -> None:
-        """The job runs: report it, then acknowledge the assignment."""
+        """The job runs: report it and acknowledge the assignment, in one transaction."""
         self._started.add((assignment.job, assignment.fence))
-        self.report(assignment.job, assignment.fence, "started", at=at, resume_from=assignment.resume_from, **data)
-        self.store.ack_assignment(self.id, assignment.entry_id)
+        data.update(resume_from=assignment.resume_from)
+        self.report(assignment.job, assignment.fence, "started", at=at, ack=assignment.entry_id, **data)
+        self._may_hold = assignment.redelivered
 
     def refuse(self, assignment: Assignment, why: str) -> None:
         """The job could not start here: it failed with `why`, and the assignment is done."""
         self._started.add((assignment.job, assignment.fence))
         self.exited(assignment.job, assignment.fence, "failed", log_tail=[why])
-        self.store.ack_assignment(self.id, assignment.entry_id)
+        self._settle(assignment.entry_id, assignment.redelivered)
 
     def verdict(self, job: str, fence: int) -> Verdict:
         """What the broker's view says of the job this agent runs with `fence`."""
@@ -211,11 +219,12 @@ class Contract:
             self._asked[job] = request
         return verdict
 
-    def report(self, job: str, fence: int, kind: str, at: float | None = None, **data) -> None:
-        """Tell the broker what happened; `at` (epoch seconds) for a simulated clock, else the broker's now."""
+    def report(self, job: str, fence: int, kind: str, at: float | None = None, ack: str | None = None, **data) -> None:
+        """Tell the broker what happened; `at` (epoch seconds) for a simulated clock, else the broker's now; `ack`:
+        an assignment entry acknowledged with it (Store.report)."""
         if at is not None:
             data["at"] = at
-        self.store.report(self.id, job, fence, kind, **data)
+        self.store.report(self.id, job, fence, kind, ack=ack, **data)
 
     def log(self, job: str, fence: int, lines: list[str]) -> None:
         """The job's output lines, to this agent's log stream (`broker logs` reads them)."""

@@ -225,9 +225,10 @@ class AgentChannels:
         }
         pipe.xadd(self._key("assign", agent_id), fields)
 
-    def read_assignment(self, agent_id: str, block_ms: int, pending: bool = True) -> tuple[str, dict] | None:
-        """The next assignment for the agent: with `pending`, redelivered ones (read, never acked) first; then new
-        ones. `pending=False` skips that read, for an agent that holds none (it found none and took none since)."""
+    def read_assignment(self, agent_id: str, block_ms: int, pending: bool = True) -> tuple[str, dict, bool] | None:
+        """The next assignment for the agent, as (entry id, fields, whether it was read before): with `pending`,
+        redelivered ones (read, never acked) first; then new ones. `pending=False` skips that read, for an agent
+        that holds none (it found none and took none since)."""
         stream = self._key("assign", agent_id)
         for start in ("0", ">") if pending else (">",):
             reply = self.redis.xreadgroup(
@@ -235,19 +236,26 @@ class AgentChannels:
             )
             entries = reply[0][1] if reply else []
             if entries and entries[0][1]:
-                return entries[0]
+                return entries[0][0], entries[0][1], start == "0"
         return None
 
     def ack_assignment(self, agent_id: str, entry_id: str) -> None:
         self.redis.xack(self._key("assign", agent_id), AGENT_GROUP, entry_id)
 
-    def report(self, agent_id: str, job_id: str, fence: int, kind: str, **data) -> str:
-        """An agent's event for the broker (started, progress, checkpoint, notice, exited); `at` is when it happened."""
+    def report(self, agent_id: str, job_id: str, fence: int, kind: str, ack: str | None = None, **data) -> str:
+        """An agent's event for the broker (started, progress, checkpoint, notice, exited); `at` is when it happened.
+        With `ack`, that assignment entry is acknowledged in the same transaction (a start's report and its ack:
+        one round trip and one write to disk, and never the one without the other)."""
         data.setdefault("at", time.time())
         fields = {"agent": agent_id, "job": job_id, "fence": fence, "type": kind, "data": json.dumps(data, default=str)}
         if agent_id in self._report_keys:
             fields["key"] = self._report_keys[agent_id]
-        return self.redis.xadd(self._key("agent-events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
+        if ack is None:
+            return self.redis.xadd(self._key("agent-events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(self._key("agent-events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
+            pipe.xack(self._key("assign", agent_id), AGENT_GROUP, ack)
+            return pipe.execute()[0]
 
     def wake(self, pipe, job_id: str) -> None:
         """Queue a nudge on the report stream, in the transaction that queues the job: a server waiting there for
