@@ -110,6 +110,19 @@ def test_the_guard_takes_a_job_back_from_on_demand_to_spot_by_the_policys_rule(
         assert server.step() == [("j", "spot")]  # re-dispatched to the idle spot agent
 
 
+def test_the_guard_moves_no_job_cancelled_while_its_run_goes_on(redis_url, catalog, tmp_path):
+    """A job cancelled whose agent has not stopped it yet is left to stop: not asked to move (its idle spot agent
+    stays free, its reason says it was cancelled)."""
+    store, clock = Store(redis_url, prefix="return-cancelled:"), SimulatedClock(NOW)
+    policy = planning.get("uniform-progress")
+    server, _, _, spot = an_hour_on_demand(store, catalog, policy, clock, tmp_path, 900, "soonest")
+    Contract(store, "spot").register(spot, 10**10, host="test", pid=0, at=clock.now())
+    Broker(store, catalog, policy, clock).cancel("j")
+    server.step()
+    job = store.get_job("j")
+    assert not job.move_requested and job.reason == "cancelled by user"
+
+
 @pytest.mark.parametrize(
     "name, done, queue, waits",
     [

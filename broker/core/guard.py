@@ -50,6 +50,7 @@ class DeadlineGuard:
             run, baseline = job.current_run, job.quote.on_demand_baseline
             if (
                 run is None
+                or job.state.terminal  # cancelled (or stopped) while its run goes on: its agent is stopping it
                 or run.started_at is None
                 or job.spec.deadline is None
                 or baseline is None
