@@ -4,10 +4,10 @@ instance, a training stage's fill agent, and the backtest's simulated fleet.
 An agent registers the capacity it stands for and keeps a lease. It takes assignments from its own
 stream and acknowledges one only with its report that the job started (one transaction), so a crash before
 that redelivers it. It starts an assignment only while the broker's view of the job says the fence is the
-newest and the job is its own; it stops a job when the view moves on (a newer fence, a cancel), checkpoints and hands it back
-when the view asks for a move, and checkpoints and runs on when the view asks for a checkpoint. It
-reports with its own key. It reads nothing of jobs but its assignments and those views, so its Redis
-user can be limited to them (broker/store/acl.py).
+newest and the job is its own; it stops a job when the view moves on (a newer fence, a cancel), checkpoints
+and hands it back when the view asks for a move, and checkpoints and runs on when the view asks for a
+checkpoint. It reports with its own key. It reads nothing of jobs but its assignments and those views, so
+its Redis user can be limited to them (broker/store/acl.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,224 @@
+"""Jobs' lifecycles under random interleavings of what users (submit, cancel, amend), agents (take and start,
+progress, exit, heed the broker's view, lose their lease) and two server replicas (rounds on a simulated clock, the
+planning lease lost) do, over the real store (hypothesis's stateful testing). After every step the store keeps its
+promises: a job that ended stays ended (but a budget-stopped one given more budget), a job has one run under way at
+most, an agent's record names only the job whose run it holds, and the indexes and counters kept beside the jobs
+agree with the jobs."""
+
+import itertools
+import math
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+
+from broker import planning
+from broker.agents.checkpoints import CheckpointStore
+from broker.agents.contract import Contract, Unregistered, Verdict
+from broker.core.broker import Broker
+from broker.core.clock import SimulatedClock
+from broker.core.server import BrokerServer
+from broker.domain.errors import BrokerError
+from broker.domain.model import Job, JobState, Tier
+from broker.store import figures, totals
+from broker.store.jobs import Store
+from conftest import NOW, make_spec
+
+AGENTS = ("a0", "a1")
+LEASE_MS = 10**10  # the simulated clock does not move leases: they lapse only when a rule takes one
+PREFIXES = itertools.count()
+QUOTES = {}  # (hours, deadline, budget) -> the quote of such a job, or None where it is refused
+
+
+class Lifecycle(RuleBasedStateMachine):
+    redis_url = catalog = root = None  # set by the test
+
+    def __init__(self):
+        super().__init__()
+        self.store = Store(self.redis_url, prefix=f"life{next(PREFIXES)}:")
+        self.clock = SimulatedClock(NOW)
+        policy = planning.get()
+        self.broker = Broker(self.store, self.catalog, policy, self.clock)
+        checkpoints = CheckpointStore(str(self.root))
+        # a lease longer than any test: a replica that led believes it still leads (it renews every quarter lease,
+        # by wall time), so one deposed by a lapse goes on with its rounds, and only the fences stop its writes
+        self.servers = [
+            BrokerServer(self.store, policy, self.clock, checkpoints, consumer=f"s{i}", leader_lease_s=10**6)
+            for i in (1, 2)
+        ]
+        l4 = [o for o in self.catalog.offers if o.accelerator == "L4" and o.accelerator_count == 1]
+        spot = min((o for o in l4 if o.tier == Tier.spot), key=lambda o: o.price_usd_per_h)
+        on_demand = min((o for o in l4 if o.tier == Tier.on_demand), key=lambda o: o.price_usd_per_h)
+        self.offers = dict(zip(AGENTS, (spot, on_demand)))
+        self.contracts = {name: Contract(self.store, name) for name in AGENTS}
+        self.registered = set(AGENTS)
+        self.holding: dict[str, tuple[str, int]] = {}  # agent -> (job, fence) it runs
+        self.lapsed: set[str] = set()  # agents whose lease lapsed and that have not noticed yet
+        self.jobs: list[str] = []
+        self.ended: set[str] = set()  # jobs seen ended
+
+    def now_s(self) -> float:
+        return self.clock.now().timestamp()
+
+    # -- users ---------------------------------------------------------------------------
+
+    @rule(
+        hours=st.sampled_from([0.5, 2.0, 8.0]),
+        deadline=st.sampled_from([None, "+6h", "+48h"]),
+        budget=st.sampled_from([None, 0.5, 50.0]),
+        restarts=st.integers(0, 2),
+    )
+    def submit(self, hours, deadline, budget, restarts):
+        """A job stored as `broker submit` stores it, with the quote of its kind made once (a quote simulates its
+        futures: most of a step's time), or refused as that quote was."""
+        fields = {"resources": {"accelerators": ["L4:1"]}, "work": {"gpu_hours": hours}, "max_restarts": restarts}
+        fields |= {k: v for k, v in (("deadline", deadline), ("budget_usd", budget)) if v is not None}
+        spec = make_spec(self.clock.now(), **fields)
+        kind = (hours, deadline, budget)
+        if kind not in QUOTES:
+            try:
+                QUOTES[kind] = self.broker.quote(make_spec(NOW, **fields))
+            except BrokerError:  # refused (no option meets it): nothing stored
+                QUOTES[kind] = None
+        if QUOTES[kind] is not None:
+            job_id = f"job-{len(self.jobs)}"
+            now = self.clock.now()
+            self.store.add_job(Job(id=job_id, spec=spec, submitted_at=now, updated_at=now, quote=QUOTES[kind]))
+            self.jobs.append(job_id)
+
+    @rule(pick=st.integers(0, 50))
+    def cancel(self, pick):
+        if self.jobs:
+            try:
+                self.broker.cancel(self.jobs[pick % len(self.jobs)])
+            except BrokerError:  # ended already
+                pass
+
+    @rule(pick=st.integers(0, 50), budget=st.sampled_from([1.0, 100.0]))
+    def amend_budget(self, pick, budget):
+        if self.jobs:
+            job_id = self.jobs[pick % len(self.jobs)]
+            try:
+                self.broker.amend(job_id, budget_usd=budget)
+            except BrokerError:  # ended, or its stopped run not closed yet, or less than it spent
+                return
+            if not self.store.get_job(job_id).state.terminal:
+                self.ended.discard(job_id)  # a budget-stopped job given more: back in the queue
+
+    # -- agents --------------------------------------------------------------------------
+
+    @initialize()
+    def register(self):
+        for name in AGENTS:
+            self.contracts[name].register(self.offers[name], LEASE_MS, host="test", pid=0, at=self.clock.now())
+
+    @rule(name=st.sampled_from(AGENTS))
+    def take_and_start(self, name):
+        if name not in self.registered or name in self.holding or name in self.lapsed:
+            return
+        try:
+            assignment = self.contracts[name].take(None)
+        except Unregistered:  # removed as lost: it registers again
+            self.registered.discard(name)
+            return
+        if assignment is not None:
+            self.contracts[name].started(assignment, at=self.now_s())
+            self.holding[name] = (assignment.job, assignment.fence)
+
+    @rule(name=st.sampled_from(AGENTS), done=st.integers(1, 999))
+    def progress(self, name, done):
+        if name in self.holding:
+            job, fence = self.holding[name]
+            self.contracts[name].report(job, fence, "progress", at=self.now_s(), done=done, total=1000)
+
+    @rule(name=st.sampled_from(AGENTS), reason=st.sampled_from(["finished", "failed", "preempted"]))
+    def exit(self, name, reason):
+        if name in self.holding:
+            job, fence = self.holding.pop(name)
+            self.contracts[name].exited(job, fence, reason, code=int(reason == "failed"), at=self.now_s())
+
+    @rule(name=st.sampled_from(AGENTS))
+    def heed_the_view(self, name):
+        """What an agent's heartbeat does with the job it runs: stop it when the view moved on, hand it back when
+        the guard moves it."""
+        if name in self.holding:
+            job, fence = self.holding[name]
+            verdict = self.contracts[name].verdict(job, fence)
+            if verdict in (Verdict.fenced, Verdict.moved):
+                del self.holding[name]
+                self.contracts[name].exited(job, fence, verdict.value, at=self.now_s())
+
+    @rule(name=st.sampled_from(AGENTS))
+    def lease_lapses(self, name):
+        if name in self.registered:
+            self.store.redis.delete(self.store.key("lease", name))
+            self.lapsed.add(name)
+
+    @rule(name=st.sampled_from(AGENTS))
+    def notice_the_lapse(self, name):
+        """As Agent.step on a lease found lapsed: the job killed and reported lost, then a new registration."""
+        if name in self.lapsed:
+            self.lapsed.discard(name)
+            if name in self.holding:
+                job, fence = self.holding.pop(name)
+                self.contracts[name].exited(job, fence, "lost", at=self.now_s())
+            self.contracts[name].register(self.offers[name], LEASE_MS, host="test", pid=0, at=self.clock.now())
+            self.registered.add(name)
+
+    # -- the server ----------------------------------------------------------------------
+
+    @rule(minutes=st.sampled_from([1, 30, 240]), replica=st.sampled_from([0, 1]))
+    def server_round(self, minutes, replica):
+        """A round of either replica: one that never led stands by, one deposed still believes it leads."""
+        self.clock.advance(minutes=minutes)
+        self.servers[replica].step()
+
+    @rule()
+    def planning_lease_lapses(self):
+        self.store.redis.delete(self.store.key("leader"))
+
+    # -- what holds after every step -----------------------------------------------------
+
+    @invariant()
+    def an_ended_job_stays_ended_and_runs_once_at_a_time(self):
+        for job in self.store.jobs_by_id(self.jobs):
+            if job.id in self.ended:
+                assert job.state.terminal, f"{job.id} ended, now {job.state.value}: {job.reason}"
+            if job.state.terminal:
+                self.ended.add(job.id)
+            assert all(run.ended_at is not None for run in job.runs[:-1]), job.id
+
+    @invariant()
+    def an_agent_names_only_the_job_it_runs(self):
+        for agent in self.store.agents():
+            if agent.job is not None:
+                run = self.store.get_job(agent.job).current_run
+                assert run is not None and run.agent == agent.id, (agent.id, agent.job)
+
+    @invariant()
+    def the_indexes_and_counters_agree_with_the_jobs(self):
+        jobs = self.store.jobs_by_id(self.jobs)
+        assert set(self.store.redis.zrange(self.store.key("pending"), 0, -1)) == {j.id for j in jobs if j.pending}
+        assert self.store.redis.smembers(self.store.key("active")) == {j.id for j in jobs if j.current_run}
+        counted = totals.Totals.parse(self.store.redis.hgetall(self.store.key(totals.KEY)))
+        ended = [j for j in jobs if j.current_run is None]
+        assert {s: n for s, n in counted.jobs.items() if n} == {
+            s: sum(j.state == s for j in ended) for s in JobState if any(j.state == s for j in ended)
+        }
+        assert math.isclose(counted.spend_usd, sum(j.cost_usd for j in ended), abs_tol=1e-6)
+        kept = self.store.redis.hgetall(self.store.key(figures.KEY))
+        assert kept == {j.id: figures.record(j) for j in ended}
+
+
+def test_the_store_keeps_its_promises_whatever_the_order_of_events(redis_url, catalog, tmp_path):
+    Lifecycle.redis_url, Lifecycle.catalog, Lifecycle.root = redis_url, catalog, tmp_path
+    run_state_machine_as_test(
+        Lifecycle,
+        settings=settings(
+            max_examples=200,
+            stateful_step_count=30,
+            derandomize=True,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
