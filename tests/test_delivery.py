@@ -122,6 +122,21 @@ def test_an_agent_whose_lease_lapsed_drops_its_job_and_registers_again(system):
     system.drive(lambda: system.job(job.id).current_run is None, timeout_s=20)
 
 
+def test_a_job_whose_agent_restarted_before_its_lease_lapsed_is_moved_not_left_running(system):
+    system.agent("spot-a")
+    job = system.broker.submit(l4_spec("long", "import time; time.sleep(60)"))
+    system.drive(lambda: system.job(job.id).state == JobState.running)
+    orphan = system.agents.pop("spot-a").job  # the agent process died (its job's process with it, below)
+    orphan.kill()
+    system.agent("spot-a")  # its service restarted it under the same id, its lease still alive
+    system.drive(lambda: len(system.job(job.id).runs) == 2, timeout_s=20)
+    first = system.job(job.id).runs[0]
+    assert (first.agent, first.end_reason) == ("spot-a", "lost")
+    assert system.store.get_agent("spot-a").job == job.id  # the new process runs it again
+    system.broker.cancel(job.id)
+    system.drive(lambda: system.job(job.id).current_run is None, timeout_s=20)
+
+
 def test_a_job_cancelled_before_its_agent_started_it_frees_the_agent(system):
     agent = system.agent("spot-a")
     job = system.broker.submit(quick_spec())

@@ -1,9 +1,9 @@
 """Jobs' lifecycles under random interleavings of what users (submit, cancel, amend), agents (take and start,
-progress, exit, heed the broker's view, lose their lease) and two server replicas (rounds on a simulated clock, the
-planning lease lost) do, over the real store (hypothesis's stateful testing). After every step the store keeps its
-promises: a job that ended stays ended (but a budget-stopped one given more budget), a job has one run under way at
-most, an agent's record names only the job whose run it holds, and the indexes and counters kept beside the jobs
-agree with the jobs."""
+progress, exit, heed the broker's view, lose their lease, restart) and two server replicas (rounds on a simulated
+clock, the planning lease lost) do, over the real store (hypothesis's stateful testing). After every step the store
+keeps its promises: a job that ended stays ended (but a budget-stopped one given more budget), a job has one run
+under way at most, an agent's record names only the job whose run it holds, and the indexes and counters kept beside
+the jobs agree with the jobs. After a round, every run under way is held by a live agent that names it."""
 
 import itertools
 import math
@@ -165,6 +165,15 @@ class Lifecycle(RuleBasedStateMachine):
             self.contracts[name].register(self.offers[name], LEASE_MS, host="test", pid=0, at=self.clock.now())
             self.registered.add(name)
 
+    @rule(name=st.sampled_from(AGENTS))
+    def restart(self, name):
+        """The agent's process dies, with what it ran, and its service starts a new one under the same id."""
+        if name not in self.lapsed:
+            self.holding.pop(name, None)
+            self.contracts[name] = Contract(self.store, name)
+            self.contracts[name].register(self.offers[name], LEASE_MS, host="test", pid=1, at=self.clock.now())
+            self.registered.add(name)
+
     # -- the server ----------------------------------------------------------------------
 
     @rule(minutes=st.sampled_from([1, 30, 240]), replica=st.sampled_from([0, 1]))
@@ -172,6 +181,10 @@ class Lifecycle(RuleBasedStateMachine):
         """A round of either replica: one that never led stands by, one deposed still believes it leads."""
         self.clock.advance(minutes=minutes)
         self.servers[replica].step()
+        if self.servers[replica].token is not None:  # it acted (the other only stands by)
+            holding = {agent.id: agent.job for agent, lease in self.store.agents_with_leases() if lease}
+            for job in self.store.active_jobs():
+                assert holding.get(job.current_run.agent) == job.id, (job.id, job.current_run.agent, holding)
 
     @rule()
     def planning_lease_lapses(self):

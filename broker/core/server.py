@@ -181,16 +181,21 @@ class BrokerServer:
     # -- lost agents ----------------------------------------------------------------------
 
     def reclaim_lost(self) -> None:
-        """End the runs of agents whose lease expired; their jobs go back to be dispatched."""
+        """End the runs of agents whose lease expired, or that registered again since (a restarted process: its
+        record no longer names the job, whose reports will never come); their jobs go back to be dispatched."""
         now = self.clock.now()
         active = self.store.active_jobs()
-        leases = self.store.leases(sorted({j.current_run.agent for j in active if j.current_run}))
+        agents = self.store.agents_with_leases()  # after the jobs: a run dispatched meanwhile is not among them
+        holding = {agent.id: agent.job for agent, lease in agents if lease is not None}
         for job in active:
             run = job.current_run
-            if run is None or leases[run.agent] is not None:
+            if run is None or holding.get(run.agent) == job.id:
                 continue
+            why = (
+                f"agent {run.agent} registered again without it" if run.agent in holding else f"lost agent {run.agent}"
+            )
 
-            def lose(current: Job, fence=job.fence) -> Job | None:
+            def lose(current: Job, fence=job.fence, why=why) -> Job | None:
                 live = current.current_run
                 if live is None or current.fence != fence:
                     return None
@@ -198,12 +203,11 @@ class BrokerServer:
                 end_run(live, now, "lost", None)
                 update = {"updated_at": now, "runs": current.runs[:-1] + [live]}
                 if not current.state.terminal:  # one that ended while its run went on (a cancel) stays ended
-                    update |= {"state": JobState.migrating, "reason": f"lost agent {live.agent}"}
+                    update |= {"state": JobState.migrating, "reason": why}
                 return current.model_copy(update=update)
 
             if self.store.update_job(job.id, lose) is not None and self.metrics:
                 self.metrics.preemptions.inc()
-        agents = self.store.agents_with_leases()
         live = [a for a, lease in agents if lease not in (None, "leaving") and a.on_cloud]  # stand-ins: no evidence
         self.capacity.record(now, live)  # market evidence
         tell_ended(self.store, agents)
