@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from broker.store.agents import is_wake
+from broker.store.report_stream import is_wake
 
 CLOUDS = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}  # each cloud's notice lead, seconds
 

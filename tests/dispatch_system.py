@@ -25,10 +25,11 @@ class System:
         self.offers = {name: offer for name, offer, _ in pick_agents(catalog)}  # spot-a is the cheapest
         self.agents: dict[str, Agent] = {}
 
-    def agent(self, name, notices=None, offer=None, for_job=None):
-        """A registered agent the rounds step, on the offer of its name (or `offer`'s); `for_job`: that job's alone."""
+    def agent(self, name, notices=None, offer=None, for_job=None, store=None):
+        """A registered agent the rounds step, on the offer of its name (or `offer`'s); `for_job`: that job's alone;
+        `store`: its own (another process's: its own report key)."""
         agent = Agent(
-            self.store,
+            store or self.store,
             name,
             self.offers[offer or name],
             self.root,

@@ -12,6 +12,7 @@ from broker import planning
 from broker.core.clock import SystemClock
 from broker.core.server import BrokerServer
 from broker.domain.model import JobState
+from broker.store.jobs import Store
 
 
 def test_a_duplicate_delivery_starts_one_run(system):
@@ -133,6 +134,29 @@ def test_a_job_whose_agent_restarted_before_its_lease_lapsed_is_moved_not_left_r
     first = system.job(job.id).runs[0]
     assert (first.agent, first.end_reason) == ("spot-a", "lost")
     assert system.store.get_agent("spot-a").job == job.id  # the new process runs it again
+    system.broker.cancel(job.id)
+    system.drive(lambda: system.job(job.id).current_run is None, timeout_s=20)
+
+
+def test_an_agent_that_registers_again_during_a_round_keeps_its_new_record(system, monkeypatch, redis_url):
+    """The round read the agent idle, then its process restarted and registered again (a new report key) before
+    the round's dispatch: the dispatch leaves the new record as it is (had it written the one it read, every report
+    of the new process would be dropped as forged for good); the job goes to the new process a round later."""
+    system.agent("spot-a")
+    job = system.broker.submit(l4_spec("long", "import time; time.sleep(60)"))
+    read = system.store.working_agents
+
+    def restarted_meanwhile():
+        agents = read()
+        system.agent("spot-a", store=Store(redis_url))  # another process: another store, another report key
+        return agents
+
+    monkeypatch.setattr(system.store, "working_agents", restarted_meanwhile)
+    system.server.dispatch()
+    monkeypatch.undo()
+    assert system.store.get_agent("spot-a").report_key == system.agents["spot-a"].store._report_keys["spot-a"]
+    system.drive(lambda: system.job(job.id).state == JobState.running, timeout_s=20)
+    assert system.job(job.id).current_run.agent == "spot-a"
     system.broker.cancel(job.id)
     system.drive(lambda: system.job(job.id).current_run is None, timeout_s=20)
 

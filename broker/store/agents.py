@@ -1,6 +1,6 @@
-"""The store's side of the agent channel: agent records and their leases, each agent's assignment stream,
-the report stream the broker reads (reports authenticated by the key the agent registered; new jobs' wakes ride on
-it too), and agents' views of their jobs. Store inherits it; the key schema is at the top of jobs.py."""
+"""The store's side of the agent channel: agent records and their leases, each agent's assignment stream and log
+stream, and agents' views of their jobs (the report stream they answer on: report_stream.py). Store inherits it;
+the key schema is at the top of jobs.py."""
 
 from __future__ import annotations
 
@@ -20,13 +20,21 @@ from broker.domain.model import AgentInfo, Job, Offer
 log = logging.getLogger(__name__)
 
 AGENT_GROUP = "agent"
-BROKER_GROUP = "broker"
 STREAM_MAXLEN = 1_000_000  # the event streams are capped (approximately) so Redis memory stays bounded
 LOG_MAXLEN = 20_000  # batches of output lines kept per agent (approximately)
 OWN_TTL_S = 7 * 24 * 3600  # an agent's view of a job outlives any run of it
 REFUSAL_TTL_S = 24 * 3600  # why an agent was refused is kept for it (and a restart of it) to read
 ADMISSION_KEPT_S = 24 * 3600  # a removed agent's admission waits this long for its process to register again
-WAKE = "submitted"  # a report-stream entry with no agent: a job joined the queue (Store.wake)
+# SET the agent's record (ARGV[2]) only if the stored one has the report key ARGV[1] (JSON: a string, or null)
+SAME_REGISTRATION = """
+local raw = redis.call('GET', KEYS[1])
+local parsed, record = pcall(cjson.decode, raw or '')
+if parsed and type(record) == 'table' and cjson.encode(record['report_key']) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
 
 
 class AgentChannels:
@@ -192,8 +200,11 @@ class AgentChannels:
         return {a.id: a for a in map(_agent_info, raws) if a is not None}
 
     def put_agent(self, pipe, agent: AgentInfo) -> None:
-        """Queue an agent record update on a transaction pipeline (with its job's change)."""
-        pipe.set(self._key("agent", agent.id), agent.model_dump_json())
+        """Queue an agent record update on a transaction pipeline (with its job's change), written only while the
+        stored record is still the registration `agent` was read from (the same report key): a process that
+        registered again since (a restart) keeps its own record, and the key its reports carry."""
+        key, record = self._key("agent", agent.id), agent.model_dump_json()  # EVAL by name: a cluster's pipeline
+        pipe.execute_command("EVAL", SAME_REGISTRATION, 1, key, json.dumps(agent.report_key), record)  # has no eval()
 
     def remove_agent(self, agent_id: str, refusal: dict | None = None) -> None:
         """Delete the agent's record, lease and stream; its admission is kept a day for the process to come back in.
@@ -242,27 +253,6 @@ class AgentChannels:
     def ack_assignment(self, agent_id: str, entry_id: str) -> None:
         self.redis.xack(self._key("assign", agent_id), AGENT_GROUP, entry_id)
 
-    def report(self, agent_id: str, job_id: str, fence: int, kind: str, ack: str | None = None, **data) -> str:
-        """An agent's event for the broker (started, progress, checkpoint, notice, exited); `at` is when it happened.
-        With `ack`, that assignment entry is acknowledged in the same transaction (a start's report and its ack:
-        one round trip and one write to disk, and never the one without the other)."""
-        data.setdefault("at", time.time())
-        fields = {"agent": agent_id, "job": job_id, "fence": fence, "type": kind, "data": json.dumps(data, default=str)}
-        if agent_id in self._report_keys:
-            fields["key"] = self._report_keys[agent_id]
-        if ack is None:
-            return self.redis.xadd(self._key("agent-events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(self._key("agent-events"), fields, maxlen=STREAM_MAXLEN, approximate=True)
-            pipe.xack(self._key("assign", agent_id), AGENT_GROUP, ack)
-            return pipe.execute()[0]
-
-    def wake(self, pipe, job_id: str) -> None:
-        """Queue a nudge on the report stream, in the transaction that queues the job: a server waiting there for
-        reports reads it and dispatches the job now, not at the end of its wait. It is no report (no agent):
-        read_reports acks it and leaves it out."""
-        pipe.xadd(self._key("agent-events"), {"type": WAKE, "job": job_id}, maxlen=STREAM_MAXLEN, approximate=True)
-
     def append_log(self, agent_id: str, job_id: str, fence: int, lines: list[str]) -> None:
         """A batch of the job's output lines, to the agent's own log stream (its ACL user may write nothing else)."""
         if lines:
@@ -291,78 +281,6 @@ class AgentChannels:
                 lines += fields.get("lines", "").split("\n")
         return after, lines
 
-    def _ensure_broker_group(self) -> None:
-        try:
-            self.redis.xgroup_create(self._key("agent-events"), BROKER_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as err:
-            if "BUSYGROUP" not in str(err):
-                raise
-
-    def read_reports(
-        self,
-        consumer: str,
-        count: int = 200,
-        block_ms: int | None = None,
-        reclaim_idle_ms: int = 30_000,
-        recover: bool = True,
-    ) -> list[tuple[str, dict]]:
-        """Agent events for this broker replica. With `recover`, first its own unacked ones (a round that failed
-        after reading) and stale ones of dead replicas; then, if none, new ones. A server recovers only when it
-        may have left some and now and then (core/server.py): each is a round trip of every round otherwise."""
-        stream = self._key("agent-events")
-        entries = []
-        if recover:
-            self._ensure_broker_group()
-            mine = self.redis.xreadgroup(BROKER_GROUP, consumer, {stream: "0"}, count=count)
-            entries = [e for e in (mine[0][1] if mine else []) if e[1]]
-            _, claimed, _ = self.redis.xautoclaim(stream, BROKER_GROUP, consumer, reclaim_idle_ms, "0-0", count=count)
-            entries += [e for e in claimed if e[1] and e[0] not in {x[0] for x in entries}]
-        page = None  # new entries: until a report comes or none are left (a burst of wakes may hide reports)
-        while all(is_wake(fields) for _, fields in entries) and (page is None or len(page) == count):
-            page = self._read_new(consumer, count, block_ms if page is None else None)
-            entries += page
-        wakes = [entry_id for entry_id, fields in entries if is_wake(fields)]
-        parsed = [(entry_id, _parse_report(fields)) for entry_id, fields in entries if not is_wake(fields)]
-        named = sorted({report["agent"] for _, report in parsed if report is not None})
-        with self.redis.pipeline(transaction=False) as pipe:  # one round trip: the wakes acked, the agents read
-            if wakes:
-                pipe.xack(stream, BROKER_GROUP, *wakes)
-            if named:  # MGET by name: a cluster's pipeline refuses mget()
-                pipe.execute_command("MGET", *(self._key("agent", i) for i in named))
-            replies = pipe.execute() if wakes or named else []
-        records = dict(zip(named, map(_agent_info, replies[-1]))) if named else {}
-        reports, dropped = [], []
-        for entry_id, report in parsed:
-            if report is not None and _authentic(report, records[report["agent"]]):
-                reports.append((entry_id, report))
-            else:
-                dropped.append(entry_id)
-        if dropped:  # broken, hostile or forged (another agent's name without its key): drop it, loudly
-            log.warning("reports=dropped (malformed or forged) count=%d ids=%s", len(dropped), dropped[:5])
-            self.ack_reports(dropped)
-        return reports
-
-    def _read_new(self, consumer: str, count: int, block_ms: int | None) -> list:
-        """Entries no replica has read yet (waiting up to `block_ms` for one)."""
-        try:
-            new = self.redis.xreadgroup(
-                BROKER_GROUP, consumer, {self._key("agent-events"): ">"}, count=count, block=block_ms
-            )
-        except redis.ResponseError as err:  # NOGROUP: the stream is new (or was cleared); nothing to read yet
-            if "NOGROUP" not in str(err):
-                raise
-            self._ensure_broker_group()
-            return []
-        return new[0][1] if new else []
-
-    def ack_reports(self, entry_ids: list[str]) -> None:
-        self.redis.xack(self._key("agent-events"), BROKER_GROUP, *entry_ids)
-
-
-def is_wake(fields: dict) -> bool:
-    """Whether a report-stream entry is a new job's wake, not an agent's report."""
-    return fields.get("type") == WAKE and "agent" not in fields
-
 
 @functools.lru_cache(maxsize=4096)
 def _agent_info(raw: str | None) -> AgentInfo | None:
@@ -372,28 +290,6 @@ def _agent_info(raw: str | None) -> AgentInfo | None:
     except ValueError:
         log.warning("agent record malformed: %.80r", raw)
         return None
-
-
-def _authentic(report: dict, agent: AgentInfo | None) -> bool:
-    """Whether the report carries the key of the agent it names (records without a key predate keys)."""
-    return agent is None or agent.report_key is None or hmac.compare_digest(report.get("key", ""), agent.report_key)
-
-
-def _parse_report(fields: dict) -> dict | None:
-    """An agent report with its fence as int and data as a dict, or None when malformed."""
-    try:
-        data = json.loads(fields["data"])
-        report = {
-            "agent": fields["agent"],
-            "job": fields["job"],
-            "type": fields["type"],
-            "fence": int(fields["fence"]),
-            "data": data,
-            "key": str(fields.get("key", "")),
-        }
-    except (KeyError, TypeError, ValueError):
-        return None
-    return report if isinstance(data, dict) else None
 
 
 def _view(raw: str | None) -> dict | None:

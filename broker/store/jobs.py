@@ -65,13 +65,14 @@ from broker.store.agents import LOG_MAXLEN, STREAM_MAXLEN, AgentChannels
 from broker.store.connection import patient_retry, redact_url, unreachable
 from broker.store.lease import PlanningLease
 from broker.store.parsed import ParsedJobs
+from broker.store.report_stream import ReportStream
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "broker:"
 
 
-class Store(AgentChannels, PlanningLease):
+class Store(AgentChannels, ReportStream, PlanningLease):
     """Jobs and their event log in Redis."""
 
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, outage_s: float = 0.0, client=None):
