@@ -1,13 +1,15 @@
 """Jobs' lifecycles under random interleavings of what users (submit, cancel, amend), agents (take and start,
-progress, exit, heed the broker's view, lose their lease, restart) and two server replicas (rounds on a simulated
-clock, the planning lease lost) do, over the real store (hypothesis's stateful testing). After every step the store
-keeps its promises: a job that ended stays ended (but a budget-stopped one given more budget), a job has one run
-under way at most, an agent's record names only the job whose run it holds, and the indexes and counters kept beside
-the jobs agree with the jobs. After a round, every run under way is held by a live agent that names it."""
+progress, a preemption notice, exit, heed the broker's view, lose their lease, restart) and two server replicas
+(rounds on a simulated clock, the planning lease lost) do, over the real store (hypothesis's stateful testing). After
+every step the store keeps its promises: a job that ended stays ended (but a budget-stopped one given more budget), a
+job has one run under way at most, an agent's record names only the job whose run it holds, and the indexes and
+counters kept beside the jobs agree with the jobs. After a round, every run under way is held by a live agent that
+names it."""
 
 import itertools
 import math
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
@@ -94,12 +96,12 @@ class Lifecycle(RuleBasedStateMachine):
             except BrokerError:  # ended already
                 pass
 
-    @rule(pick=st.integers(0, 50), budget=st.sampled_from([1.0, 100.0]))
-    def amend_budget(self, pick, budget):
-        if self.jobs:
+    @rule(pick=st.integers(0, 50), budget=st.sampled_from([None, 1.0, 100.0]), deadline=st.sampled_from([None, "+3h"]))
+    def amend(self, pick, budget, deadline):
+        if self.jobs and (budget or deadline):
             job_id = self.jobs[pick % len(self.jobs)]
             try:
-                self.broker.amend(job_id, budget_usd=budget)
+                self.broker.amend(job_id, deadline=deadline, budget_usd=budget)
             except BrokerError:  # ended, or its stopped run not closed yet, or less than it spent
                 return
             if not self.store.get_job(job_id).state.terminal:
@@ -136,6 +138,13 @@ class Lifecycle(RuleBasedStateMachine):
         if name in self.holding:
             job, fence = self.holding.pop(name)
             self.contracts[name].exited(job, fence, reason, code=int(reason == "failed"), at=self.now_s())
+
+    @rule(name=st.sampled_from(AGENTS))
+    def preemption_notice(self, name):
+        """The cloud says the instance goes soon: the agent says so, checkpoints and stops the job, and leaves."""
+        if name in self.holding:
+            job, fence = self.holding[name]
+            self.contracts[name].report(job, fence, "notice", at=self.now_s(), lead_s=120)
 
     @rule(name=st.sampled_from(AGENTS))
     def heed_the_view(self, name):
@@ -211,7 +220,8 @@ class Lifecycle(RuleBasedStateMachine):
     @invariant()
     def the_indexes_and_counters_agree_with_the_jobs(self):
         jobs = self.store.jobs_by_id(self.jobs)
-        assert set(self.store.redis.zrange(self.store.key("pending"), 0, -1)) == {j.id for j in jobs if j.pending}
+        queue = dict(self.store.redis.zrange(self.store.key("pending"), 0, -1, withscores=True))
+        assert queue == {j.id: pytest.approx(j.urgency) for j in jobs if j.pending}
         assert self.store.redis.smembers(self.store.key("active")) == {j.id for j in jobs if j.current_run}
         counted = totals.Totals.parse(self.store.redis.hgetall(self.store.key(totals.KEY)))
         ended = [j for j in jobs if j.current_run is None]
