@@ -106,8 +106,14 @@ def fold(job: Job, report: dict, now: datetime, checkpoints: CheckpointStore) ->
     update = handler(job, run, report["data"], now, checkpoints)
     if update is None:
         return None
-    if job.state.terminal:  # ended while its run went on (cancelled, stopped at its budget): the run is recorded,
-        update = {k: v for k, v in update.items() if k not in ENDED_KEEPS}  # the job is not started or queued again
+    return with_run(job, run, update, now)
+
+
+def with_run(job: Job, run: Run, update: dict, now: datetime) -> Job:
+    """The job with its current run replaced by `run` and its other fields by `update`. One that ended while its run
+    went on (cancelled, stopped at its budget) has the run recorded, and is not started or queued again."""
+    if job.state.terminal:
+        update = {k: v for k, v in update.items() if k not in ENDED_KEEPS}
     return job.model_copy(update={"updated_at": now, **update, "runs": job.runs[:-1] + [run]})
 
 

@@ -21,7 +21,7 @@ from broker.agents.tokens import refusal, stale_pool
 from broker.core.budget import fallback_option, stop_over_budget
 from broker.core.guard import DeadlineGuard
 from broker.core.renewal import renew_tokens
-from broker.core.reports import end_run, fold, folding
+from broker.core.reports import end_run, fold, folding, with_run
 from broker.core.reserved import reserved_pairs, tell_ended
 from broker.core.rounds import serve_rounds
 from broker.domain.errors import InfeasibleError
@@ -201,10 +201,7 @@ class BrokerServer:
                     return None
                 live = live.model_copy()
                 end_run(live, now, "lost", None)
-                update = {"updated_at": now, "runs": current.runs[:-1] + [live]}
-                if not current.state.terminal:  # one that ended while its run went on (a cancel) stays ended
-                    update |= {"state": JobState.migrating, "reason": why}
-                return current.model_copy(update=update)
+                return with_run(current, live, {"state": JobState.migrating, "reason": why}, now)
 
             if self.store.update_job(job.id, lose) is not None and self.metrics:
                 self.metrics.preemptions.inc()

@@ -94,7 +94,7 @@ class AgentChannels:
         key = self._key("agent", agent_id)
 
         def replace(pipe) -> bool:
-            agent = _agent_info(pipe.get(key))
+            agent = agent_info(pipe.get(key))
             if agent is None:
                 return False
             pipe.multi()
@@ -159,7 +159,7 @@ class AgentChannels:
         if not ids:
             return []
         raws = self.redis.mget([self._key("agent", i) for i in ids] + [self._key("lease", i) for i in ids])
-        records = map(_agent_info, raws[: len(ids)])
+        records = map(agent_info, raws[: len(ids)])
         return [(agent, lease) for agent, lease in zip(records, raws[len(ids) :]) if agent is not None]
 
     def admitted(self, agents: list[AgentInfo]) -> set[str]:
@@ -192,12 +192,12 @@ class AgentChannels:
 
     def get_agent(self, agent_id: str) -> AgentInfo | None:
         """The agent's record; None when there is none or it does not parse (an agent writes its own)."""
-        return _agent_info(self.redis.get(self._key("agent", agent_id)))
+        return agent_info(self.redis.get(self._key("agent", agent_id)))
 
     def get_agents(self, agent_ids: list[str]) -> dict[str, AgentInfo]:
         """The records of these agents (one MGET); ids without a parsable record are left out."""
         raws = self.redis.mget([self._key("agent", i) for i in agent_ids]) if agent_ids else []
-        return {a.id: a for a in map(_agent_info, raws) if a is not None}
+        return {a.id: a for a in map(agent_info, raws) if a is not None}
 
     def put_agent(self, pipe, agent: AgentInfo) -> None:
         """Queue an agent record update on a transaction pipeline (with its job's change), written only while the
@@ -283,7 +283,7 @@ class AgentChannels:
 
 
 @functools.lru_cache(maxsize=4096)
-def _agent_info(raw: str | None) -> AgentInfo | None:
+def agent_info(raw: str | None) -> AgentInfo | None:
     """The record parsed, once for each stored text: a server reads every idle agent's record every round."""
     try:
         return AgentInfo.model_validate_json(raw) if raw else None

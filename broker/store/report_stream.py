@@ -11,7 +11,7 @@ import time
 import redis
 
 from broker.domain.model import AgentInfo
-from broker.store.agents import AGENT_GROUP, STREAM_MAXLEN, _agent_info
+from broker.store.agents import AGENT_GROUP, STREAM_MAXLEN, agent_info
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class ReportStream:
             if named:  # MGET by name: a cluster's pipeline refuses mget()
                 pipe.execute_command("MGET", *(self._key("agent", i) for i in named))
             replies = pipe.execute() if wakes or named else []
-        records = dict(zip(named, map(_agent_info, replies[-1]))) if named else {}
+        records = dict(zip(named, map(agent_info, replies[-1]))) if named else {}
         reports, dropped = [], []
         for entry_id, report in parsed:
             if report is not None and _authentic(report, records[report["agent"]]):
