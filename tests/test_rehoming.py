@@ -169,6 +169,22 @@ def test_a_job_cancelled_before_the_hand_over_stays_cancelled_where_it_was(world
     assert not store.shards[1].redis.hlen(store.shards[1].key(MOVING))
 
 
+def test_a_cancel_follows_a_job_handed_over_between_the_route_s_read_and_the_write(world, monkeypatch):
+    store, job = world.store, world.job
+    world.lead(1)
+    of_job = ShardedStore.of_job
+
+    def moved_meanwhile(self, job_id):  # the client reads where the job is, then the move hands it over
+        shard = of_job(self, job_id)
+        monkeypatch.setattr(ShardedStore, "of_job", of_job)
+        assert rehome(store, {1: "replica-a"}, NOW) == 1
+        return shard
+
+    monkeypatch.setattr(ShardedStore, "of_job", moved_meanwhile)
+    assert world.broker.cancel(job.id).state == JobState.cancelled  # not "no job"
+    assert store.of_job(job.id) is store.shards[2] and store.get_job(job.id).state == JobState.cancelled
+
+
 def test_a_job_moved_there_and_back_is_found_in_its_home_shard(world):
     store, job = world.store, world.job
     world.lead(1)

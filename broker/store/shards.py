@@ -125,7 +125,19 @@ class ShardedStore:
         return self.of_job(job.id).add_job(job)
 
     def get_job(self, job_id: str) -> Job:
-        return self.of_job(job_id).get_job(job_id)
+        return self._at_job(job_id, lambda shard: shard.get_job(job_id))
+
+    def _at_job(self, job_id: str, act):
+        """act(shard) on the job's shard, and where its routes lead now if a move handed the job over between the
+        routes' read and the act (the job is not gone: its client would say it is, and a cancel would be lost)."""
+        shard = self.of_job(job_id)
+        try:
+            return act(shard)
+        except NotFoundError:
+            moved = self.of_job(job_id)
+            if moved is shard:
+                raise
+            return act(moved)
 
     def job_id_for(self, given: str) -> str:
         """The id of the job a user named: the id itself, or the one job whose id starts with it (its name without
@@ -143,10 +155,10 @@ class ShardedStore:
         raise NotFoundError(f"job: no job {given!r}; `broker list` shows the ids")
 
     def update_job(self, job_id: str, change, also=None, reason=None, emit=True, leader=None) -> Job | None:
-        return self.of_job(job_id).update_job(job_id, change, also, reason, emit, leader)
+        return self._at_job(job_id, lambda shard: shard.update_job(job_id, change, also, reason, emit, leader))
 
     def set_state(self, job_id: str, state: JobState, now: datetime, reason: str | None = None) -> Job:
-        return self.of_job(job_id).set_state(job_id, state, now, reason)
+        return self._at_job(job_id, lambda shard: shard.set_state(job_id, state, now, reason))
 
     def get_agent(self, agent_id: str) -> AgentInfo | None:
         return self.of_agent(agent_id).get_agent(agent_id)
