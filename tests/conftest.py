@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 import torch
+from hypothesis import HealthCheck, settings
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -209,3 +210,21 @@ def seeded(store, catalog):
     from seeded_jobs import seed_jobs
 
     return seed_jobs(store, catalog)
+
+
+def run_machine(machine) -> None:
+    """A stateful test (its steps on a real Redis: no deadline), 200 derandomized examples of 30 steps; to hunt for
+    defects, BROKER_HUNT=3000 draws that many random examples instead."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    hunt = int(os.environ.get("BROKER_HUNT", 0))
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=hunt or 200,
+            stateful_step_count=30,
+            derandomize=not hunt,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )

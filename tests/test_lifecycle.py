@@ -10,9 +10,8 @@ import itertools
 import math
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from broker import planning
 from broker.agents.checkpoints import CheckpointStore
@@ -24,7 +23,7 @@ from broker.domain.errors import BrokerError
 from broker.domain.model import Job, JobState, Tier
 from broker.store import figures, totals
 from broker.store.jobs import Store
-from conftest import NOW, make_spec
+from conftest import NOW, make_spec, run_machine
 
 AGENTS = ("a0", "a1")
 LEASE_MS = 10**10  # the simulated clock does not move leases: they lapse only when a rule takes one
@@ -235,13 +234,4 @@ class Lifecycle(RuleBasedStateMachine):
 
 def test_the_store_keeps_its_promises_whatever_the_order_of_events(redis_url, catalog, tmp_path):
     Lifecycle.redis_url, Lifecycle.catalog, Lifecycle.root = redis_url, catalog, tmp_path
-    run_state_machine_as_test(
-        Lifecycle,
-        settings=settings(
-            max_examples=200,
-            stateful_step_count=30,
-            derandomize=True,
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-        ),
-    )
+    run_machine(Lifecycle)

@@ -20,7 +20,7 @@ from broker.domain.figures import JobFigures, figures
 from broker.domain.model import JobState, Tier
 from broker.store import figures as records
 from broker.store import moves
-from broker.store.moves import MOVING, ROUTE
+from broker.store.moves import MOVING, ROUTE, parse_mark
 from broker.store.shards import ShardedStore, shard_of
 from conftest import NOW, make_spec
 
@@ -93,7 +93,7 @@ def test_a_stranded_job_moves_to_a_shard_with_an_agent_and_runs_there_on_a_clust
     replica = Replica(store, make, "replica-a", lease_s=1.0)
     replica.round(block_ms=1)  # it plans every shard, and its first round looks for stranded jobs
     assert store.of_job(job.id) is store.shards[2]
-    assert store.shards[1].redis.hget(store.shards[1].key(ROUTE), job.id) == "2"
+    assert parse_mark(store.shards[1].redis.hget(store.shards[1].key(ROUTE), job.id))[0] == 2
     assert store.shards[1].pending_count() == 0 and not store.shards[1].list_jobs()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and store.get_job(job.id).state != JobState.done:
@@ -134,7 +134,7 @@ def test_a_move_cut_off_after_the_hand_over_is_finished_by_the_next_pass(world, 
     target = store.shards[2]
     assert store.get_job(job.id).state == JobState.queued  # read through the route: nothing lost
     assert target.pending_count() == 0  # not yet in the target's queue: no server there runs it half moved
-    assert store.shards[1].redis.hget(store.shards[1].key(MOVING), job.id) == "2"
+    assert parse_mark(store.shards[1].redis.hget(store.shards[1].key(MOVING), job.id))[0] == 2
     assert queued_in_totals(store) == [0, 0, 0, 0]  # counted in neither shard until it lands
     assert kept_figures(store) == [{}] * 4  # nor its figures kept: it is read (through the route)
     assert rehome(store, {1: "replica-a"}, NOW) == 0  # finished, not moved again
@@ -196,6 +196,61 @@ def test_a_job_moved_there_and_back_is_found_in_its_home_shard(world):
     assert [j.id for j in store.shards[1].pending_jobs()] == [job.id] and store.shards[2].pending_count() == 0
     assert [j.id for j in store.list_jobs()] == [job.id] and queued_in_totals(store) == [0, 1, 0, 0]
     assert [list(kept) for kept in kept_figures(store)] == [[], [job.id], [], []]  # none left where it was
+
+
+def test_a_job_amended_after_its_move_was_noted_leaves_nothing_in_the_queue_it_left(world, monkeypatch):
+    store, job = world.store, world.job
+    world.lead(1)
+    cut_off(monkeypatch, "finish_move", lambda: moves.move_job(store.shards, job.id, 1, 2, "replica-a", NOW))
+    world.broker.amend(job.id, budget_usd=80.0)  # the move is only noted: the amend queues it in shard 1 again
+    rehome(store, {1: "replica-a"}, NOW)  # the next pass finishes the move
+    assert store.of_job(job.id) is store.shards[2] and store.get_job(job.id).spec.budget_usd == 80.0
+    assert store.shards[1].pending_count() == 0
+
+
+def moved_around(world) -> None:
+    """The job moved from shard 1 to 2 and on to 3: shards 1 and 2 keep routes, shard 2's the newer."""
+    for shard in (1, 2, 3):
+        world.lead(shard)
+    assert moves.move_job(world.store.shards, world.job.id, 1, 2, "replica-a", NOW)
+    assert moves.move_job(world.store.shards, world.job.id, 2, 3, "replica-a", NOW)
+
+
+def test_a_cancel_while_a_job_moves_back_to_a_shard_it_was_in_is_kept(world, monkeypatch):
+    """The copy written in shard 2 is not reached through the route of the job's earlier stay there (a cancel reached
+    it, and the next pass wrote the copy again over the cancel)."""
+    store, job = world.store, world.job
+    moved_around(world)
+    hand_over = moves._hand_over
+
+    def died_after_the_copy(*args):
+        hand_over(*args)
+        raise ConnectionError("the mover died")
+
+    monkeypatch.setattr(moves, "_hand_over", died_after_the_copy)
+    with pytest.raises(ConnectionError):
+        moves.move_job(store.shards, job.id, 3, 2, "replica-a", NOW)
+    monkeypatch.undo()
+    assert world.broker.cancel(job.id).state == JobState.cancelled
+    assert rehome(store, {3: "replica-a"}, NOW) == 0  # the next pass calls the move off: the job changed
+    assert store.of_job(job.id) is store.shards[3] and store.get_job(job.id).state == JobState.cancelled
+    assert store.shards[2].redis.get(store.shards[2].key("job", job.id)) is None  # the copy is gone
+
+
+def test_a_mover_deposed_mid_move_that_goes_on_later_hides_nothing(world, monkeypatch):
+    store, job = world.store, world.job
+    moved_around(world)
+    cut_off(monkeypatch, "finish_move", lambda: moves.move_job(store.shards, job.id, 3, 2, "replica-a", NOW))
+    noted = moves.unfinished_moves(store.shards[3])[job.id]  # its mover pauses here and loses shard 3's lease
+    store.shards[3].redis.delete(store.shards[3].key("leader"))
+    world.lead(3, "replica-b")
+    rehome(store, {3: "replica-b"}, NOW)  # the new leader finishes the move: the job waits in shard 2
+    assert store.of_job(job.id) is store.shards[2]
+    assert moves.move_job(store.shards, job.id, 2, 3, "replica-a", NOW)  # and it moves on to shard 3 again
+    assert not moves.finish_move(store.shards, job.id, 3, noted, "replica-a", NOW)  # the paused mover goes on
+    assert store.of_job(job.id) is store.shards[3]  # found where it waits (its routes were broken at shard 2)
+    assert [j.id for j in store.shards[3].pending_jobs()] == [job.id] and world.broker.cancel(job.id)
+    assert store.shards[3].pending_count() == 0 and store.get_job(job.id).state == JobState.cancelled
 
 
 def test_a_moved_job_s_deadline_is_indexed_where_it_waits_now(world):

@@ -55,8 +55,8 @@ def rehome(store: ShardedStore, leaders: dict[int, str], now: datetime) -> int:
     agents = None  # the fleet is read only when a led shard has a job waiting: an idle pass reads the queues alone
     moved = 0
     for index, leader in leaders.items():
-        for job_id, target in unfinished_moves(shards[index]).items():
-            finish_move(shards, job_id, index, target, leader, now)
+        for job_id, move in unfinished_moves(shards[index]).items():
+            finish_move(shards, job_id, index, move, leader, now)
         if not waiting[index]:
             continue
         if agents is None:

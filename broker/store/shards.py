@@ -28,7 +28,7 @@ from broker.domain.model import AgentInfo, Job, JobState
 from broker.store.connection import patient_retry, redact_url, unreachable
 from broker.store.jobs import DEFAULT_PREFIX, Store
 from broker.store.layout import shard_count, shard_prefix, tagged
-from broker.store.moves import ROUTE
+from broker.store.moves import ROUTE, parse_mark
 
 
 def shard_of(name: str, count: int) -> int:
@@ -88,12 +88,16 @@ class ShardedStore:
 
     def _route(self, job_id: str) -> list[Store]:
         """The shards from the job's home to where it is now (one read a shard: only moved jobs have routes)."""
-        path = [self.shards[shard_of(job_id, len(self.shards))]]
+        path, arrived = [self.shards[shard_of(job_id, len(self.shards))]], 0
         while len(self.shards) > 1 and len(path) <= len(self.shards):
-            to = path[-1].redis.hget(path[-1].key(ROUTE), job_id)
-            if to is None:
+            route = path[-1].redis.hget(path[-1].key(ROUTE), job_id)
+            if route is None:
                 break
-            path.append(self.shards[int(to)])
+            to, epoch = parse_mark(route)
+            if arrived and epoch <= arrived:  # the route of an earlier stay: the job came back here since
+                break
+            path.append(self.shards[to])
+            arrived = epoch
         return path
 
     def of_agent(self, agent_id: str) -> Store:
