@@ -212,16 +212,16 @@ def seeded(store, catalog):
     return seed_jobs(store, catalog)
 
 
-def run_machine(machine) -> None:
-    """A stateful test (its steps on a real Redis: no deadline), 200 derandomized examples of 30 steps; to hunt for
-    defects, BROKER_HUNT=3000 draws that many random examples instead."""
+def run_machine(machine, examples: int = 200) -> None:
+    """A stateful test (its steps on a real Redis: no deadline), `examples` derandomized examples of 30 steps; to hunt
+    for defects, BROKER_HUNT=3000 draws that many random examples instead."""
     from hypothesis.stateful import run_state_machine_as_test
 
     hunt = int(os.environ.get("BROKER_HUNT", 0))
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=hunt or 200,
+            max_examples=hunt or examples,
             stateful_step_count=30,
             derandomize=not hunt,
             deadline=None,

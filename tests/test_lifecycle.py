@@ -2,16 +2,18 @@
 progress, a preemption notice, exit, heed the broker's view, lose their lease, restart) and two server replicas
 (rounds on a simulated clock, the planning lease lost) do, over the real store (hypothesis's stateful testing). After
 every step the store keeps its promises: a job that ended stays ended (but a budget-stopped one given more budget), a
-job has one run under way at most, an agent's record names only the job whose run it holds, and the indexes and
+job has one run under way at most and never runs again in a zone it was handed back from as unfit (a bubble its steps
+do not fit), an agent's record names only the job whose run it holds, and the indexes and
 counters kept beside the jobs agree with the jobs. After a round, every run under way is held by a live agent that
 names it."""
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from broker import planning
 from broker.agents.checkpoints import CheckpointStore
@@ -36,11 +38,14 @@ class Lifecycle(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.store = Store(self.redis_url, prefix=f"life{next(PREFIXES)}:")
+        self.prefix = prefix = f"life{next(PREFIXES)}"
+        self.store = Store(self.redis_url, prefix=f"{prefix}:")
         self.clock = SimulatedClock(NOW)
         policy = planning.get()
         self.broker = Broker(self.store, self.catalog, policy, self.clock)
-        checkpoints = CheckpointStore(str(self.root))
+        self.checkpoints = checkpoints = CheckpointStore(str(self.root / prefix))
+        self.saved: dict[str, list[tuple[int, str]]] = {}  # job -> (step, url) of each checkpoint saved, oldest first
+        self.rotten: set[str] = set()  # urls of checkpoints whose file no longer matches its manifest
         # a lease longer than any test: a replica that led believes it still leads (it renews every quarter lease,
         # by wall time), so one deposed by a lapse goes on with its rounds, and only the fences stop its writes
         self.servers = [
@@ -60,6 +65,15 @@ class Lifecycle(RuleBasedStateMachine):
 
     def now_s(self) -> float:
         return self.clock.now().timestamp()
+
+    def free(self, name: str) -> bool:
+        """Whether the agent would take work now."""
+        return name in self.registered and name not in self.holding and name not in self.lapsed
+
+    def holder(self, pick: int) -> str | None:
+        """One of the agents that run a job (rules that act on a run are drawn only while one does)."""
+        names = sorted(self.holding)
+        return names[pick % len(names)] if names else None
 
     # -- users ---------------------------------------------------------------------------
 
@@ -87,6 +101,7 @@ class Lifecycle(RuleBasedStateMachine):
             self.store.add_job(Job(id=job_id, spec=spec, submitted_at=now, updated_at=now, quote=QUOTES[kind]))
             self.jobs.append(job_id)
 
+    @precondition(lambda self: self.jobs)
     @rule(pick=st.integers(0, 50))
     def cancel(self, pick):
         if self.jobs:
@@ -95,6 +110,7 @@ class Lifecycle(RuleBasedStateMachine):
             except BrokerError:  # ended already
                 pass
 
+    @precondition(lambda self: self.jobs)
     @rule(pick=st.integers(0, 50), budget=st.sampled_from([None, 1.0, 100.0]), deadline=st.sampled_from([None, "+3h"]))
     def amend(self, pick, budget, deadline):
         if self.jobs and (budget or deadline):
@@ -110,12 +126,16 @@ class Lifecycle(RuleBasedStateMachine):
 
     @initialize()
     def register(self):
+        """The fleet registered and two jobs waiting (an example that starts empty spends its steps filling it)."""
         for name in AGENTS:
             self.contracts[name].register(self.offers[name], LEASE_MS, host="test", pid=0, at=self.clock.now())
+        self.submit(2.0, None, 50.0, 1)
+        self.submit(0.5, "+48h", None, 0)
 
+    @precondition(lambda self: any(self.free(name) for name in AGENTS))
     @rule(name=st.sampled_from(AGENTS))
     def take_and_start(self, name):
-        if name not in self.registered or name in self.holding or name in self.lapsed:
+        if not self.free(name):
             return
         try:
             assignment = self.contracts[name].take(None)
@@ -126,42 +146,63 @@ class Lifecycle(RuleBasedStateMachine):
             self.contracts[name].started(assignment, at=self.now_s())
             self.holding[name] = (assignment.job, assignment.fence)
 
-    @rule(name=st.sampled_from(AGENTS), done=st.integers(1, 999))
-    def progress(self, name, done):
-        if name in self.holding:
+    @precondition(lambda self: self.holding)
+    @rule(pick=st.integers(0, 1), done=st.integers(1, 999), saved=st.booleans())
+    def progress(self, pick, done, saved):
+        """The job's progress, and a checkpoint it saved (its files, then its manifest) reported with it."""
+        if name := self.holder(pick):
             job, fence = self.holding[name]
             self.contracts[name].report(job, fence, "progress", at=self.now_s(), done=done, total=1000)
+            if saved:
+                step = len(self.saved.setdefault(job, [])) + 1
+                files = self.root / "out" / f"{self.prefix}-{job}-{step}"
+                files.mkdir(parents=True)
+                (files / "state.pt").write_bytes(f"{job} {step}".encode())
+                url = self.checkpoints.publish(job, step, files).url
+                self.saved[job].append((step, url))
+                self.contracts[name].report(job, fence, "checkpoint", at=self.now_s(), step=step, url=url)
 
-    @rule(name=st.sampled_from(AGENTS), reason=st.sampled_from(["finished", "failed", "preempted"]))
-    def exit(self, name, reason):
-        if name in self.holding:
+    @precondition(lambda self: self.holding)
+    @rule(pick=st.integers(0, 1), reason=st.sampled_from(["finished", "failed", "preempted", "unfit"]))
+    def exit(self, pick, reason):
+        if name := self.holder(pick):
             job, fence = self.holding.pop(name)
             self.contracts[name].exited(job, fence, reason, code=int(reason == "failed"), at=self.now_s())
 
-    @rule(name=st.sampled_from(AGENTS))
-    def preemption_notice(self, name):
+    def checkpoint_rots(self, pick):
+        """A kept checkpoint of a job is damaged on disk (a torn upload, bit rot)."""
+        kept = [url for saved in self.saved.values() for _, url in saved[-self.checkpoints.keep :]]
+        if kept:
+            url = kept[pick % len(kept)]
+            (Path(self.checkpoints.path(url)) / "state.pt").write_bytes(b"rotten")
+            self.rotten.add(url)
+
+    @precondition(lambda self: self.holding)
+    @rule(pick=st.integers(0, 1))
+    def preemption_notice(self, pick):
         """The cloud says the instance goes soon: the agent says so, checkpoints and stops the job, and leaves."""
-        if name in self.holding:
+        if name := self.holder(pick):
             job, fence = self.holding[name]
             self.contracts[name].report(job, fence, "notice", at=self.now_s(), lead_s=120)
 
-    @rule(name=st.sampled_from(AGENTS))
-    def heed_the_view(self, name):
+    @precondition(lambda self: self.holding)
+    @rule(pick=st.integers(0, 1))
+    def heed_the_view(self, pick):
         """What an agent's heartbeat does with the job it runs: stop it when the view moved on, hand it back when
         the guard moves it."""
-        if name in self.holding:
+        if name := self.holder(pick):
             job, fence = self.holding[name]
             verdict = self.contracts[name].verdict(job, fence)
             if verdict in (Verdict.fenced, Verdict.moved):
                 del self.holding[name]
                 self.contracts[name].exited(job, fence, verdict.value, at=self.now_s())
 
-    @rule(name=st.sampled_from(AGENTS))
     def lease_lapses(self, name):
         if name in self.registered:
             self.store.redis.delete(self.store.key("lease", name))
             self.lapsed.add(name)
 
+    @precondition(lambda self: self.lapsed)
     @rule(name=st.sampled_from(AGENTS))
     def notice_the_lapse(self, name):
         """As Agent.step on a lease found lapsed: the job killed and reported lost, then a new registration."""
@@ -173,7 +214,6 @@ class Lifecycle(RuleBasedStateMachine):
             self.contracts[name].register(self.offers[name], LEASE_MS, host="test", pid=0, at=self.clock.now())
             self.registered.add(name)
 
-    @rule(name=st.sampled_from(AGENTS))
     def restart(self, name):
         """The agent's process dies, with what it ran, and its service starts a new one under the same id."""
         if name not in self.lapsed:
@@ -188,15 +228,33 @@ class Lifecycle(RuleBasedStateMachine):
     def server_round(self, minutes, replica):
         """A round of either replica: one that never led stands by, one deposed still believes it leads."""
         self.clock.advance(minutes=minutes)
+        before = {job.id: len(job.runs) for job in self.store.jobs_by_id(self.jobs)}
         self.servers[replica].step()
+        for job in self.store.jobs_by_id(self.jobs):  # a run dispatched resumes from the newest sound checkpoint
+            if len(job.runs) > before[job.id]:
+                sound = [
+                    url for _, url in self.saved.get(job.id, [])[-self.checkpoints.keep :] if url not in self.rotten
+                ]
+                assert job.runs[-1].resume_from == (sound[-1] if sound else None), job.id
         if self.servers[replica].token is not None:  # it acted (the other only stands by)
             holding = {agent.id: agent.job for agent, lease in self.store.agents_with_leases() if lease}
             for job in self.store.active_jobs():
                 assert holding.get(job.current_run.agent) == job.id, (job.id, job.current_run.agent, holding)
 
-    @rule()
     def planning_lease_lapses(self):
         self.store.redis.delete(self.store.key("leader"))
+
+    @rule(
+        fault=st.sampled_from(["lease_lapses", "restart", "planning_lease_lapses", "checkpoint_rots"]),
+        name=st.sampled_from(AGENTS),
+        pick=st.integers(0, 50),
+    )
+    def a_fault(self, fault, name, pick):
+        """One rule for the faults, so the ordinary course (jobs dispatched, run, saved, ended) gets most steps."""
+        if fault == "planning_lease_lapses":
+            self.planning_lease_lapses()
+        else:
+            getattr(self, fault)(pick if fault == "checkpoint_rots" else name)
 
     # -- what holds after every step -----------------------------------------------------
 
@@ -208,6 +266,8 @@ class Lifecycle(RuleBasedStateMachine):
             if job.state.terminal:
                 self.ended.add(job.id)
             assert all(run.ended_at is not None for run in job.runs[:-1]), job.id
+            unfit = {run.offer.zone for run in job.runs[:-1] if run.end_reason == "unfit"}
+            assert not job.runs or job.runs[-1].offer.zone not in unfit or job.runs[-1].end_reason == "unfit", job.id
 
     @invariant()
     def an_agent_names_only_the_job_it_runs(self):
