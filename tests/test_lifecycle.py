@@ -154,13 +154,17 @@ class Lifecycle(RuleBasedStateMachine):
             job, fence = self.holding[name]
             self.contracts[name].report(job, fence, "progress", at=self.now_s(), done=done, total=1000)
             if saved:
-                step = len(self.saved.setdefault(job, [])) + 1
-                files = self.root / "out" / f"{self.prefix}-{job}-{step}"
-                files.mkdir(parents=True)
-                (files / "state.pt").write_bytes(f"{job} {step}".encode())
-                url = self.checkpoints.publish(job, step, files).url
-                self.saved[job].append((step, url))
-                self.contracts[name].report(job, fence, "checkpoint", at=self.now_s(), step=step, url=url)
+                self.save(name, job, fence)
+
+    def save(self, name: str, job: str, fence: int) -> None:
+        """The job saves a checkpoint (its files, then its manifest) and the agent reports it."""
+        step = len(self.saved.setdefault(job, [])) + 1
+        files = self.root / "out" / f"{self.prefix}-{job}-{step}"
+        files.mkdir(parents=True)
+        (files / "state.pt").write_bytes(f"{job} {step}".encode())
+        url = self.checkpoints.publish(job, step, files).url
+        self.saved[job].append((step, url))
+        self.contracts[name].report(job, fence, "checkpoint", at=self.now_s(), step=step, url=url)
 
     @precondition(lambda self: self.holding)
     @rule(pick=st.integers(0, 1), reason=st.sampled_from(["finished", "failed", "preempted", "unfit"]))
@@ -189,11 +193,13 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 1))
     def heed_the_view(self, pick):
         """What an agent's heartbeat does with the job it runs: stop it when the view moved on, hand it back when
-        the guard moves it."""
+        the guard moves it, save a checkpoint when the guard asks for one."""
         if name := self.holder(pick):
             job, fence = self.holding[name]
             verdict = self.contracts[name].verdict(job, fence)
-            if verdict in (Verdict.fenced, Verdict.moved):
+            if verdict == Verdict.checkpoint:
+                self.save(name, job, fence)
+            elif verdict in (Verdict.fenced, Verdict.moved):
                 del self.holding[name]
                 self.contracts[name].exited(job, fence, verdict.value, at=self.now_s())
 
