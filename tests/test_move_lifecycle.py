@@ -277,7 +277,7 @@ class Moves(RuleBasedStateMachine):
             source = next((s for s in self.store.shards if job_id in moves.unfinished_moves(s)), None)
             raw = None if source is None else source.redis.get(source.key("job", job_id))
             target = self.store.of_job(job_id)
-            held = moves._handed(target.redis.hget(target.key(moves.HANDED), job_id))
+            held = moves.parse_handed(target.redis.hget(target.key(moves.HANDED), job_id))
             if source is None or raw is not None or held is None:  # no move, not handed over, or landed
                 counted.append((job if raw is None else Job.model_validate_json(raw), 1))
                 records[job_id] = figures.record(counted[-1][0])

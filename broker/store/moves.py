@@ -113,7 +113,7 @@ def forget_routes(shards: list[Store], job_ids: list[str]) -> None:
         shard.redis.hdel(shard.key(ROUTE), *job_ids)
 
 
-def _handed(text: str | None) -> tuple[int, str] | None:
+def parse_handed(text: str | None) -> tuple[int, str] | None:
     """(epoch, job text) of a copy handed over (one written before epochs: epoch 0), or None."""
     if text is None:
         return None
@@ -130,7 +130,7 @@ def _hand_over(dst: Store, job_id: str, epoch: int, raw: str) -> bool:
         while True:
             try:
                 pipe.watch(dst.key("job", job_id), dst.key(HANDED))
-                held = _handed(pipe.hget(dst.key(HANDED), job_id))
+                held = parse_handed(pipe.hget(dst.key(HANDED), job_id))
                 if held[0] > epoch if held else pipe.exists(dst.key("job", job_id)):
                     return False
                 pipe.multi()
@@ -163,7 +163,7 @@ def _call_off(src: Store, dst: Store, job_id: str, move: tuple[int, int], leader
         while True:
             try:
                 pipe.watch(dst.key(HANDED))
-                held = _handed(pipe.hget(dst.key(HANDED), job_id))
+                held = parse_handed(pipe.hget(dst.key(HANDED), job_id))
                 if held is None or held[0] != move[1]:
                     return False  # no copy of this move there
                 pipe.multi()
@@ -182,7 +182,7 @@ def _land(dst: Store, job_id: str, source: int, epoch: int, now: datetime) -> No
             try:
                 pipe.watch(dst.key("job", job_id), dst.key(HANDED), dst.key(ROUTE))
                 raw = pipe.get(dst.key("job", job_id))
-                held = _handed(pipe.hget(dst.key(HANDED), job_id))
+                held = parse_handed(pipe.hget(dst.key(HANDED), job_id))
                 if raw is None or (held is not None and held[0] != epoch):
                     return  # gone from both shards (a note of a finished move), or another move's copy
                 job = Job.model_validate_json(raw)
