@@ -46,14 +46,14 @@ def parse_mark(text: str) -> tuple[int, int]:
 def move_job(shards: list[Store], job_id: str, source: int, target: int, leader: str, now: datetime) -> bool:
     """Move a waiting job from shard `source`, whose planning lease `leader` holds, to shard `target`; False when it
     no longer waits there or the lease is lost (nothing moved)."""
-    src, epoch = shards[source], shards[0].redis.incr(shards[0].key(EPOCHS))
+    src = shards[source]
     with src.redis.pipeline(transaction=True) as pipe:
         try:
             pipe.watch(src.key("job", job_id), src.key("leader"))
-            raw = pipe.get(src.key("job", job_id))
             queued = pipe.zscore(src.key("pending"), job_id) is not None  # not a move noted already
-            if pipe.get(src.key("leader")) != leader or raw is None or not queued:
+            if pipe.get(src.key("leader")) != leader or not pipe.exists(src.key("job", job_id)) or not queued:
                 return False
+            epoch = shards[0].redis.incr(shards[0].key(EPOCHS))  # another slot: beside the transaction, not in it
             pipe.multi()
             pipe.zrem(src.key("pending"), job_id)
             pipe.hset(src.key(MOVING), job_id, mark(target, epoch))
