@@ -182,12 +182,18 @@ class Lifecycle(RuleBasedStateMachine):
             self.rotten.add(url)
 
     @precondition(lambda self: self.holding)
-    @rule(pick=st.integers(0, 1))
-    def preemption_notice(self, pick):
-        """The cloud says the instance goes soon: the agent says so, checkpoints and stops the job, and leaves."""
+    @rule(pick=st.integers(0, 1), saved=st.booleans(), gone=st.booleans())
+    def preemption_notice(self, pick, saved, gone):
+        """The cloud says the instance goes soon: the agent says so, the job saves a checkpoint (unless the notice was
+        too short) and, once the instance is gone, the run ends preempted."""
         if name := self.holder(pick):
             job, fence = self.holding[name]
             self.contracts[name].report(job, fence, "notice", at=self.now_s(), lead_s=120)
+            if saved:
+                self.save(name, job, fence)
+            if gone:
+                del self.holding[name]
+                self.contracts[name].exited(job, fence, "preempted", at=self.now_s())
 
     @precondition(lambda self: self.holding)
     @rule(pick=st.integers(0, 1))
