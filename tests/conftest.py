@@ -20,12 +20,15 @@ import pytest
 import redis
 import torch
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from broker.agents.notices import Notice
 from broker.agents.runner import JobProcess
 from broker.core.clock import ManualClock
+from broker.domain.errors import BrokerError
 from broker.domain.specfile import validate_spec
 from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
@@ -210,6 +213,19 @@ def seeded(store, catalog):
     from seeded_jobs import seed_jobs
 
     return seed_jobs(store, catalog)
+
+
+class Users:
+    """What the users of every lifecycle machine do alike (tests/test_lifecycle.py, tests/test_move_lifecycle.py): a
+    machine keeps the ids it submitted in `jobs` and its Broker in `broker`."""
+
+    @precondition(lambda self: self.jobs)
+    @rule(pick=st.integers(0, 50))
+    def cancel(self, pick):
+        try:
+            self.broker.cancel(self.jobs[pick % len(self.jobs)])
+        except BrokerError:  # ended already
+            pass
 
 
 def run_machine(machine, examples: int = 200) -> None:

@@ -25,7 +25,7 @@ from broker.domain.errors import BrokerError
 from broker.domain.model import Job, JobState, Tier
 from broker.store import figures, totals
 from broker.store.jobs import Store
-from conftest import NOW, make_spec, run_machine
+from conftest import NOW, Users, make_spec, run_machine
 
 AGENTS = ("a0", "a1")
 LEASE_MS = 10**10  # the simulated clock does not move leases: they lapse only when a rule takes one
@@ -33,7 +33,7 @@ PREFIXES = itertools.count()
 QUOTES = {}  # (hours, deadline, budget) -> the quote of such a job, or None where it is refused
 
 
-class Lifecycle(RuleBasedStateMachine):
+class Lifecycle(Users, RuleBasedStateMachine):
     redis_url = catalog = root = None  # set by the test
 
     def __init__(self):
@@ -70,10 +70,9 @@ class Lifecycle(RuleBasedStateMachine):
         """Whether the agent would take work now."""
         return name in self.registered and name not in self.holding and name not in self.lapsed
 
-    def holder(self, pick: int) -> str | None:
+    def holder(self, pick: int) -> str:
         """One of the agents that run a job (rules that act on a run are drawn only while one does)."""
-        names = sorted(self.holding)
-        return names[pick % len(names)] if names else None
+        return sorted(self.holding)[pick % len(self.holding)]
 
     # -- users ---------------------------------------------------------------------------
 
@@ -102,18 +101,9 @@ class Lifecycle(RuleBasedStateMachine):
             self.jobs.append(job_id)
 
     @precondition(lambda self: self.jobs)
-    @rule(pick=st.integers(0, 50))
-    def cancel(self, pick):
-        if self.jobs:
-            try:
-                self.broker.cancel(self.jobs[pick % len(self.jobs)])
-            except BrokerError:  # ended already
-                pass
-
-    @precondition(lambda self: self.jobs)
     @rule(pick=st.integers(0, 50), budget=st.sampled_from([None, 1.0, 100.0]), deadline=st.sampled_from([None, "+3h"]))
     def amend(self, pick, budget, deadline):
-        if self.jobs and (budget or deadline):
+        if budget or deadline:
             job_id = self.jobs[pick % len(self.jobs)]
             try:
                 self.broker.amend(job_id, deadline=deadline, budget_usd=budget)
@@ -150,11 +140,11 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 1), done=st.integers(1, 999), saved=st.booleans())
     def progress(self, pick, done, saved):
         """The job's progress, and a checkpoint it saved (its files, then its manifest) reported with it."""
-        if name := self.holder(pick):
-            job, fence = self.holding[name]
-            self.contracts[name].report(job, fence, "progress", at=self.now_s(), done=done, total=1000)
-            if saved:
-                self.save(name, job, fence)
+        name = self.holder(pick)
+        job, fence = self.holding[name]
+        self.contracts[name].report(job, fence, "progress", at=self.now_s(), done=done, total=1000)
+        if saved:
+            self.save(name, job, fence)
 
     def save(self, name: str, job: str, fence: int) -> None:
         """The job saves a checkpoint (its files, then its manifest) and the agent reports it."""
@@ -169,9 +159,9 @@ class Lifecycle(RuleBasedStateMachine):
     @precondition(lambda self: self.holding)
     @rule(pick=st.integers(0, 1), reason=st.sampled_from(["finished", "failed", "preempted", "unfit"]))
     def exit(self, pick, reason):
-        if name := self.holder(pick):
-            job, fence = self.holding.pop(name)
-            self.contracts[name].exited(job, fence, reason, code=int(reason == "failed"), at=self.now_s())
+        name = self.holder(pick)
+        job, fence = self.holding.pop(name)
+        self.contracts[name].exited(job, fence, reason, code=int(reason == "failed"), at=self.now_s())
 
     def checkpoint_rots(self, pick):
         """A kept checkpoint of a job is damaged on disk (a torn upload, bit rot)."""
@@ -186,28 +176,28 @@ class Lifecycle(RuleBasedStateMachine):
     def preemption_notice(self, pick, saved, gone):
         """The cloud says the instance goes soon: the agent says so, the job saves a checkpoint (unless the notice was
         too short) and, once the instance is gone, the run ends preempted."""
-        if name := self.holder(pick):
-            job, fence = self.holding[name]
-            self.contracts[name].report(job, fence, "notice", at=self.now_s(), lead_s=120)
-            if saved:
-                self.save(name, job, fence)
-            if gone:
-                del self.holding[name]
-                self.contracts[name].exited(job, fence, "preempted", at=self.now_s())
+        name = self.holder(pick)
+        job, fence = self.holding[name]
+        self.contracts[name].report(job, fence, "notice", at=self.now_s(), lead_s=120)
+        if saved:
+            self.save(name, job, fence)
+        if gone:
+            del self.holding[name]
+            self.contracts[name].exited(job, fence, "preempted", at=self.now_s())
 
     @precondition(lambda self: self.holding)
     @rule(pick=st.integers(0, 1))
     def heed_the_view(self, pick):
         """What an agent's heartbeat does with the job it runs: stop it when the view moved on, hand it back when
         the guard moves it, save a checkpoint when the guard asks for one."""
-        if name := self.holder(pick):
-            job, fence = self.holding[name]
-            verdict = self.contracts[name].verdict(job, fence)
-            if verdict == Verdict.checkpoint:
-                self.save(name, job, fence)
-            elif verdict in (Verdict.fenced, Verdict.moved):
-                del self.holding[name]
-                self.contracts[name].exited(job, fence, verdict.value, at=self.now_s())
+        name = self.holder(pick)
+        job, fence = self.holding[name]
+        verdict = self.contracts[name].verdict(job, fence)
+        if verdict == Verdict.checkpoint:
+            self.save(name, job, fence)
+        elif verdict in (Verdict.fenced, Verdict.moved):
+            del self.holding[name]
+            self.contracts[name].exited(job, fence, verdict.value, at=self.now_s())
 
     def lease_lapses(self, name):
         if name in self.registered:

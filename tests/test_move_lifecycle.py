@@ -24,7 +24,7 @@ from broker.domain.errors import BrokerError
 from broker.domain.model import Job, JobState, Tier
 from broker.store import figures, moves, totals
 from broker.store.shards import ShardedStore, agent_id_in
-from conftest import NOW, make_spec, run_machine
+from conftest import NOW, Users, make_spec, run_machine
 
 SHARDS = 3
 LEASE_MS = 10**10  # leases lapse only when a rule takes one
@@ -49,7 +49,7 @@ def dies_after(transactions: int):
     return mock.patch.object(redis.client.Pipeline, "execute", counted)
 
 
-class Moves(RuleBasedStateMachine):
+class Moves(Users, RuleBasedStateMachine):
     redis_url = catalog = root = None  # set by the test
 
     def __init__(self):
@@ -102,24 +102,14 @@ class Moves(RuleBasedStateMachine):
         self.budgets[job_id] = budget
 
     @precondition(lambda self: self.jobs)
-    @rule(pick=st.integers(0, 50))
-    def cancel(self, pick):
-        if self.jobs:
-            try:
-                self.broker.cancel(self.jobs[pick % len(self.jobs)])
-            except BrokerError:  # ended already
-                pass
-
-    @precondition(lambda self: self.jobs)
     @rule(pick=st.integers(0, 50), budget=st.sampled_from([60.0, 70.0]))
     def amend(self, pick, budget):
-        if self.jobs:
-            job_id = self.jobs[pick % len(self.jobs)]
-            try:
-                self.broker.amend(job_id, budget_usd=budget)
-            except BrokerError:  # ended
-                return
-            self.budgets[job_id] = budget
+        job_id = self.jobs[pick % len(self.jobs)]
+        try:
+            self.broker.amend(job_id, budget_usd=budget)
+        except BrokerError:  # ended
+            return
+        self.budgets[job_id] = budget
 
     # -- agents --------------------------------------------------------------------------
 
@@ -208,8 +198,6 @@ class Moves(RuleBasedStateMachine):
     def move(self, pick, to, dies, paused):
         """A move of a job by its shard's leader, which may die after any transaction, or be deposed there and go on
         later (`paused`)."""
-        if not self.jobs:
-            return
         job_id = self.jobs[pick % len(self.jobs)]
         source = self.index(self.store.of_job(job_id))
         leader = self.store.shards[source].planner()
