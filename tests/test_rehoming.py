@@ -185,6 +185,28 @@ def test_a_cancel_follows_a_job_handed_over_between_the_route_s_read_and_the_wri
     assert store.of_job(job.id) is store.shards[2] and store.get_job(job.id).state == JobState.cancelled
 
 
+def test_an_amend_whose_job_is_handed_over_as_it_is_changed_is_made_where_the_job_went_on_a_cluster(
+    cluster_url, tmp_path, catalog, monkeypatch
+):
+    world = World(cluster_url, tmp_path, catalog)
+    store, job = world.store, world.job
+    world.lead(1)
+    from broker.domain import specfile
+
+    validate, moved = specfile.validate_spec, []
+
+    def moved_meanwhile(*args):  # the amend has read the job in shard 1; the move hands it over before the write
+        if not moved:
+            moved.append(rehome(store, {1: "replica-a"}, NOW))
+        return validate(*args)
+
+    monkeypatch.setattr(specfile, "validate_spec", moved_meanwhile)
+    amended = world.broker.amend(job.id, budget_usd=7)  # not refused as a transaction across two slots
+    assert moved == [1] and amended.spec.budget_usd == 7 and store.of_job(job.id) is store.shards[2]
+    assert store.get_job(job.id).spec.budget_usd == 7
+    assert [e["reason"] for e in store.events(job.id)][-1] == "amended: budget $7.00"
+
+
 def test_a_job_moved_there_and_back_is_found_in_its_home_shard(world):
     store, job = world.store, world.job
     world.lead(1)

@@ -298,10 +298,10 @@ class Broker:
                 return resumed(job, spec, now)
             return job.model_copy(update={"spec": spec, "updated_at": now})
 
-        def event(pipe, job: Job) -> None:
+        def event(shard, pipe, job: Job) -> None:  # the shard whose transaction writes the job
             said = [f"deadline {job.spec.deadline:%Y-%m-%d %H:%M} UTC"] if "deadline" in given else []
             said += [f"budget ${job.spec.budget_usd:,.2f}"] if "budget_usd" in given else []
-            self.store.of_job(job.id).event(pipe, job.id, job.state, now, "amended: " + ", ".join(said))
+            shard.event(pipe, job.id, job.state, now, "amended: " + ", ".join(said))
 
         return self.store.update_job(job_id, change, also=event)
 

@@ -183,11 +183,11 @@ def folding(
 
     agents = [exited[r["agent"]] for r in reports if r["type"] == "exited" and r["agent"] in exited]
 
-    def also(pipe, job: Job) -> None:
+    def also(shard, pipe, job: Job) -> None:
         for state, reason in transitions:
-            store.event(pipe, job.id, state, job.updated_at, reason)
+            shard.event(pipe, job.id, state, job.updated_at, reason)
         for agent in agents:
             if agent.job == job.id:
-                store.put_agent(pipe, agent.model_copy(update={"job": None, "fence": None}))
+                shard.put_agent(pipe, agent.model_copy(update={"job": None, "fence": None}))
 
     return job_id, change, also

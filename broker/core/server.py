@@ -383,8 +383,8 @@ class BrokerServer:
                 return None  # someone else moved it meanwhile
             return current.model_copy(update={"fence": fence, "runs": current.runs + [run], "updated_at": now})
 
-        def send(pipe, assigned: Job) -> None:
-            self.store.assign(pipe, agent.id, assigned)
-            self.store.put_agent(pipe, agent.model_copy(update={"job": job.id, "fence": fence}))
+        def send(shard, pipe, assigned: Job) -> None:
+            shard.assign(pipe, agent.id, assigned)
+            shard.put_agent(pipe, agent.model_copy(update={"job": job.id, "fence": fence}))
 
         return job.id, change, send

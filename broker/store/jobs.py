@@ -247,12 +247,13 @@ class Store(AgentChannels, ReportStream, PlanningLease):
         self,
         job_id: str,
         change: Callable[[Job], Job | None],
-        also: Callable[[redis.client.Pipeline, Job], None] | None = None,
+        also: Callable[[Store, redis.client.Pipeline, Job], None] | None = None,
         reason: str | None = None,
         emit: bool = True,
         leader: str | None = None,
     ) -> Job | None:
-        """Apply `change` to the job atomically (None means no change); `also` adds commands to the same transaction.
+        """Apply `change` to the job atomically (None means no change); `also` adds commands to the same transaction
+        (given this store: in a sharded store, the shard the job is in as it is written, which a move may change).
 
         With `emit`, a change of state writes its event; callers that fold several changes write their own.
         With `leader`, the change applies only while that replica holds the planning lease (the lease key is
@@ -262,7 +263,9 @@ class Store(AgentChannels, ReportStream, PlanningLease):
 
     def update_jobs(
         self,
-        changes: list[tuple[str, Callable[[Job], Job | None], Callable[[redis.client.Pipeline, Job], None] | None]],
+        changes: list[
+            tuple[str, Callable[[Job], Job | None], Callable[[Store, redis.client.Pipeline, Job], None] | None]
+        ],
         reason: str | None = None,
         emit: bool = True,
         leader: str | None = None,
@@ -323,7 +326,7 @@ class Store(AgentChannels, ReportStream, PlanningLease):
         if emit and job.state != before.state:
             self._event(pipe, job, reason or job.reason)
         if also:
-            also(pipe, job)
+            also(self, pipe, job)
 
     def set_state(self, job_id: str, state: JobState, now: datetime, reason: str | None = None) -> Job:
         """Move a job to `state` with its event, atomically; a terminal job cannot move."""
