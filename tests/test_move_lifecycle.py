@@ -256,6 +256,18 @@ class Moves(Users, RuleBasedStateMachine):
             assert queued == job.pending or job.id in noted, (job.id, job.state, queued)
 
     @invariant()
+    def every_copy_handed_over_is_one_a_move_can_still_land(self):
+        """A copy in a target belongs to a move noted in its source (or to a paused mover, which may yet drop it):
+        none is left behind that no step would land or delete."""
+        moving = {
+            (job_id, move) for shard in self.store.shards for job_id, move in moves.unfinished_moves(shard).items()
+        }
+        moving |= {(job_id, move) for job_id, _, move, _ in self.paused}
+        for i, shard in enumerate(self.store.shards):
+            for job_id, text in shard.redis.hgetall(shard.key(moves.HANDED)).items():
+                assert (job_id, (i, moves.parse_handed(text)[0])) in moving, (job_id, i, text[:20])
+
+    @invariant()
     def the_totals_and_figures_agree_with_the_jobs(self):
         """As moves.py counts a job in a move: in the shard it leaves until it is handed over; then in the target's,
         its changes since the hand-over alone, until it lands there."""

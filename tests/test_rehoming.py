@@ -259,7 +259,7 @@ def test_a_cancel_while_a_job_moves_back_to_a_shard_it_was_in_is_kept(world, mon
     assert store.shards[2].redis.get(store.shards[2].key("job", job.id)) is None  # the copy is gone
 
 
-def test_a_mover_deposed_mid_move_that_goes_on_later_hides_nothing(world, monkeypatch):
+def test_a_mover_deposed_mid_move_that_goes_on_later_hides_nothing_and_leaves_no_copy(world, monkeypatch):
     store, job = world.store, world.job
     moved_around(world)
     cut_off(monkeypatch, "finish_move", lambda: moves.move_job(store.shards, job.id, 3, 2, "replica-a", NOW))
@@ -271,6 +271,8 @@ def test_a_mover_deposed_mid_move_that_goes_on_later_hides_nothing(world, monkey
     assert moves.move_job(store.shards, job.id, 2, 3, "replica-a", NOW)  # and it moves on to shard 3 again
     assert not moves.finish_move(store.shards, job.id, 3, noted, "replica-a", NOW)  # the paused mover goes on
     assert store.of_job(job.id) is store.shards[3]  # found where it waits (its routes were broken at shard 2)
+    two = store.shards[2]  # nor a copy left there that no move will land or delete
+    assert two.redis.get(two.key("job", job.id)) is None and not two.redis.hlen(two.key(moves.HANDED))
     assert [j.id for j in store.shards[3].pending_jobs()] == [job.id] and world.broker.cancel(job.id)
     assert store.shards[3].pending_count() == 0 and store.get_job(job.id).state == JobState.cancelled
 

@@ -16,7 +16,8 @@ by the next leader of the source, and no server ever sees the job waiting in two
 Each move has an epoch, a number that rises over the store's life (`{p}move-epochs` in shard 0), so the steps of one
 move are told from another's: a route is followed only to a later move (a shard the job comes back to keeps the route
 of its earlier stay, and the job is found there), and a step in the target acts only on its own move's copy. A mover
-that dies, or is deposed and goes on later, can then neither break a job's routes nor undo a newer move. (A route
+that dies, or is deposed and goes on later, can then neither break a job's routes nor undo a newer move, and a copy
+it writes late for a move that is over is deleted again. (A route
 written before epochs reads as epoch 0: routes of that time are followed as they were.)
 """
 
@@ -82,10 +83,8 @@ def finish_move(
         with src.redis.pipeline(transaction=True) as pipe:
             try:
                 pipe.watch(src.key("job", job_id), src.key("leader"))
-                if pipe.get(src.key("leader")) != leader:
-                    return False  # the shard's next leader finishes it
-                if pipe.get(src.key("job", job_id)) != raw:
-                    raise redis.WatchError
+                if pipe.get(src.key("leader")) != leader or pipe.get(src.key("job", job_id)) != raw:
+                    raise redis.WatchError  # the lease lost, or the job changed since the copy
                 pipe.multi()
                 pipe.delete(src.key("job", job_id))
                 totals.count(pipe, src.key(totals.KEY), job, None)
@@ -96,7 +95,7 @@ def finish_move(
                 pipe.zrem(src.key(overdue.KEY), job_id)
                 pipe.hset(src.key(ROUTE), job_id, mark(*move))
                 pipe.execute()
-            except redis.WatchError:  # changed since the copy: the move is off, the next pass looks again
+            except redis.WatchError:  # the move is off, or the shard's leader finishes it (_call_off)
                 return _call_off(src, dst, job_id, move, leader)
     _land(dst, job_id, source, move[1], now)
     _clear_note(src, job_id, move)
@@ -144,19 +143,22 @@ def _hand_over(dst: Store, job_id: str, epoch: int, raw: str) -> bool:
 
 def _call_off(src: Store, dst: Store, job_id: str, move: tuple[int, int], leader: str) -> bool:
     """Undo a move not handed over, while it is the source's note and `leader` leads the source: the job back in the
-    source's queue if it still waits, this move's copy deleted."""
+    source's queue if it still waits, this move's copy deleted. A deposed mover leaves a move still noted to the
+    shard's leader; one no longer noted was finished or called off, so a copy of it (written since by a mover that
+    went on late) would never land: deleted."""
     with src.redis.pipeline(transaction=True) as pipe:
         try:
             pipe.watch(src.key("job", job_id), src.key(MOVING), src.key("leader"))
             noted = pipe.hget(src.key(MOVING), job_id)
-            if pipe.get(src.key("leader")) != leader or noted is None or parse_mark(noted) != move:
-                return False  # the shard's leader calls it off (or did)
-            raw = pipe.get(src.key("job", job_id))
-            pipe.multi()
-            if raw is not None:
-                src._index(pipe, Job.model_validate_json(raw))
-            pipe.hdel(src.key(MOVING), job_id)
-            pipe.execute()
+            if noted is not None and parse_mark(noted) == move:
+                if pipe.get(src.key("leader")) != leader:
+                    return False  # the shard's leader finishes it or calls it off
+                raw = pipe.get(src.key("job", job_id))
+                pipe.multi()
+                if raw is not None:
+                    src._index(pipe, Job.model_validate_json(raw))
+                pipe.hdel(src.key(MOVING), job_id)
+                pipe.execute()
         except redis.WatchError:
             return False  # changed again: the note stays, the next pass calls it off
     with dst.redis.pipeline(transaction=True) as pipe:
