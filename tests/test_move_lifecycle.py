@@ -5,13 +5,15 @@ later (hypothesis's stateful testing over the real store). After every step: eac
 routes; a shard queues or runs only the jobs that are its own; an ended job stays ended and an amend stays made; and
 the shards' totals and figures agree with the jobs (but those of a move noted and not finished)."""
 
+import contextlib
 import itertools
 from unittest import mock
 
 import pytest
-import redis
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from redis.client import Pipeline
+from redis.cluster import ClusterPipeline
 
 from broker import planning
 from broker.agents.checkpoints import CheckpointStore
@@ -36,17 +38,24 @@ class MoverDied(Exception):
     """The process moving a job died (its transactions after this one never ran)."""
 
 
+@contextlib.contextmanager
 def dies_after(transactions: int):
-    """Patch a mover to die at its transaction number `transactions` + 1 (it never runs)."""
+    """Patch a mover to die at its transaction number `transactions` + 1 (it never runs), on one Redis or a cluster."""
     done = itertools.count()
-    execute = redis.client.Pipeline.execute
 
-    def counted(pipe, *args, **kwargs):
-        if next(done) >= transactions:
-            raise MoverDied
-        return execute(pipe, *args, **kwargs)
+    def counting(execute):
+        def counted(pipe, *args, **kwargs):
+            if next(done) >= transactions:
+                raise MoverDied
+            return execute(pipe, *args, **kwargs)
 
-    return mock.patch.object(redis.client.Pipeline, "execute", counted)
+        return counted
+
+    with (
+        mock.patch.object(Pipeline, "execute", counting(Pipeline.execute)),
+        mock.patch.object(ClusterPipeline, "execute", counting(ClusterPipeline.execute)),
+    ):
+        yield
 
 
 class Moves(Users, RuleBasedStateMachine):
@@ -305,3 +314,9 @@ class Moves(Users, RuleBasedStateMachine):
 def test_moves_between_shards_lose_nothing_whatever_the_order_of_events(redis_url, catalog, tmp_path):
     Moves.redis_url, Moves.catalog, Moves.root = redis_url, catalog, tmp_path
     run_machine(Moves, examples=100)  # each step reads three shards: 200 take 1.5 min
+
+
+def test_moves_between_shards_on_a_cluster_write_each_transaction_in_one_slot(cluster_url, catalog, tmp_path):
+    """The same on a real Redis Cluster, which refuses a transaction across slots (a write given the wrong shard)."""
+    Moves.redis_url, Moves.catalog, Moves.root = cluster_url, catalog, tmp_path
+    run_machine(Moves, examples=25)  # a cluster client's step is slower: 25 take 20 s
