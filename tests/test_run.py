@@ -112,7 +112,7 @@ def test_status_says_what_a_queued_job_waits_for(env, store, catalog, tmp_path):
 
     def small_holds(job: str | None) -> None:
         with store.redis.pipeline() as pipe:
-            store.put_agent(pipe, store.get_agent("small").model_copy(update={"job": job, "fence": 1}))
+            store.set_agent_job(pipe, store.get_agent("small"), job, 1)
             pipe.execute()
 
     small_holds(job_id)  # dispatched to it, and its start not reported yet

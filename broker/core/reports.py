@@ -188,6 +188,6 @@ def folding(
             shard.event(pipe, job.id, state, job.updated_at, reason)
         for agent in agents:
             if agent.job == job.id:
-                shard.put_agent(pipe, agent.model_copy(update={"job": None, "fence": None}))
+                shard.set_agent_job(pipe, agent, None, None)
 
     return job_id, change, also

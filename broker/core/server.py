@@ -385,6 +385,6 @@ class BrokerServer:
 
         def send(shard, pipe, assigned: Job) -> None:
             shard.assign(pipe, agent.id, assigned)
-            shard.put_agent(pipe, agent.model_copy(update={"job": job.id, "fence": fence}))
+            shard.set_agent_job(pipe, agent, job.id, fence)
 
         return job.id, change, send

@@ -25,12 +25,20 @@ LOG_MAXLEN = 20_000  # batches of output lines kept per agent (approximately)
 OWN_TTL_S = 7 * 24 * 3600  # an agent's view of a job outlives any run of it
 REFUSAL_TTL_S = 24 * 3600  # why an agent was refused is kept for it (and a restart of it) to read
 ADMISSION_KEPT_S = 24 * 3600  # a removed agent's admission waits this long for its process to register again
-# SET the agent's record (ARGV[2]) only if the stored one has the report key ARGV[1] (JSON: a string, or null)
-SAME_REGISTRATION = """
+# The server's write of an agent's job and fence (ARGV[2]: the record it read, ARGV[1], with them): the record as
+# given if the stored one is still the one read; else, if it is still that registration's (report key ARGV[3], JSON:
+# a string or null), the stored one with the job and fence set (the agent changed its offer since the read).
+SET_AGENT_JOB = """
 local raw = redis.call('GET', KEYS[1])
-local parsed, record = pcall(cjson.decode, raw or '')
-if parsed and type(record) == 'table' and cjson.encode(record['report_key']) == ARGV[1] then
+if raw == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2])
+  return 1
+end
+local parsed, record = pcall(cjson.decode, raw or '')
+if parsed and type(record) == 'table' and cjson.encode(record['report_key']) == ARGV[3] then
+  local given = cjson.decode(ARGV[2])
+  record['job'], record['fence'] = given['job'], given['fence']
+  redis.call('SET', KEYS[1], cjson.encode(record))
   return 1
 end
 return 0
@@ -98,7 +106,7 @@ class AgentChannels:
             if agent is None:
                 return False
             pipe.multi()
-            self.put_agent(pipe, agent.model_copy(update={"offer": offer}))
+            pipe.set(key, agent.model_copy(update={"offer": offer}).model_dump_json())  # the key watched: as read
             return True
 
         return self.redis.transaction(replace, key, value_from_callable=True)
@@ -199,12 +207,21 @@ class AgentChannels:
         raws = self.redis.mget([self._key("agent", i) for i in agent_ids]) if agent_ids else []
         return {a.id: a for a in map(agent_info, raws) if a is not None}
 
-    def put_agent(self, pipe, agent: AgentInfo) -> None:
-        """Queue an agent record update on a transaction pipeline (with its job's change), written only while the
-        stored record is still the registration `agent` was read from (the same report key): a process that
-        registered again since (a restart) keeps its own record, and the key its reports carry."""
-        key, record = self._key("agent", agent.id), agent.model_dump_json()  # EVAL by name: a cluster's pipeline
-        pipe.execute_command("EVAL", SAME_REGISTRATION, 1, key, json.dumps(agent.report_key), record)  # has no eval()
+    def set_agent_job(self, pipe, agent: AgentInfo, job: str | None, fence: int | None) -> None:
+        """Queue, on a transaction pipeline (with the job's change), the server's part of an agent's record: the job
+        it runs and its fence, on `agent` as the server read it. Written only while the stored record is still that
+        registration's (the same report key): a process that registered again since (a restart) keeps its own record,
+        and the key its reports carry; an offer the agent changed since the read is kept (SET_AGENT_JOB)."""
+        given = agent.model_copy(update={"job": job, "fence": fence}).model_dump_json()
+        pipe.execute_command(  # EVAL by name: a cluster's pipeline has no eval()
+            "EVAL",
+            SET_AGENT_JOB,
+            1,
+            self._key("agent", agent.id),
+            agent.model_dump_json(),
+            given,
+            json.dumps(agent.report_key),
+        )
 
     def remove_agent(self, agent_id: str, refusal: dict | None = None) -> None:
         """Delete the agent's record, lease and stream; its admission is kept a day for the process to come back in.
