@@ -17,8 +17,8 @@ Each move has an epoch, a number that rises over the store's life (`{p}move-epoc
 move are told from another's: a route is followed only to a later move (a shard the job comes back to keeps the route
 of its earlier stay, and the job is found there), and a step in the target acts only on its own move's copy. A mover
 that dies, or is deposed and goes on later, can then neither break a job's routes nor undo a newer move, and a copy
-it writes late for a move that is over is deleted again. (A route
-written before epochs reads as epoch 0: routes of that time are followed as they were.)
+it writes late, for a move that is over, it deletes again. (A route written before epochs reads as epoch 0: routes
+of that time are followed as they were.)
 """
 
 from __future__ import annotations
