@@ -3,9 +3,9 @@ progress, a preemption notice, exit, heed the broker's view, lose their lease, r
 (rounds on a simulated clock, the planning lease lost) do, over the real store (hypothesis's stateful testing). After
 every step the store keeps its promises: a job that ended stays ended (but a budget-stopped one given more budget), a
 job has one run under way at most and never runs again in a zone it was handed back from as unfit (a bubble its steps
-do not fit), an agent's record names only the job whose run it holds, and the indexes and
-counters kept beside the jobs agree with the jobs. After a round, every run under way is held by a live agent that
-names it."""
+do not fit), an agent's record names only the job whose run it holds and offers what the agent last offered (one
+may offer another speed in the middle of a round), and the indexes and counters kept beside the jobs agree with the
+jobs. After a round, every run under way is held by a live agent that names it."""
 
 import itertools
 import math
@@ -226,12 +226,35 @@ class Lifecycle(Users, RuleBasedStateMachine):
 
     # -- the server ----------------------------------------------------------------------
 
-    @rule(minutes=st.sampled_from([1, 30, 240]), replica=st.sampled_from([0, 1]))
-    def server_round(self, minutes, replica):
-        """A round of either replica: one that never led stands by, one deposed still believes it leads."""
+    def reoffer(self, name: str) -> None:
+        """The agent offers another speed (as a fill agent does once its steps are measured)."""
+        speed = 0.5 if self.offers[name].speed_factor == 1.0 else 1.0
+        self.offers[name] = self.offers[name].model_copy(update={"speed_factor": speed})
+        self.contracts[name].offer(self.offers[name])
+
+    @rule(
+        minutes=st.sampled_from([1, 30, 240]), replica=st.sampled_from([0, 1]), reoffer=st.sampled_from([None, *AGENTS])
+    )
+    def server_round(self, minutes, replica, reoffer):
+        """A round of either replica: one that never led stands by, one deposed still believes it leads; an agent
+        may offer another speed while it folds or plans (after the round has read the agents)."""
         self.clock.advance(minutes=minutes)
         before = {job.id: len(job.runs) for job in self.store.jobs_by_id(self.jobs)}
-        self.servers[replica].step()
+        server, pending = self.servers[replica], [reoffer] if reoffer else []
+        for step in ("_fold", "_plan_page"):
+
+            def meanwhile(*args, _step=getattr(server, step)):
+                while pending:
+                    self.reoffer(pending.pop())
+                return _step(*args)
+
+            setattr(server, step, meanwhile)
+        try:
+            server.step()
+        finally:
+            del server._fold, server._plan_page  # the class's again
+        while pending:
+            self.reoffer(pending.pop())
         for job in self.store.jobs_by_id(self.jobs):  # a run dispatched resumes from the newest sound checkpoint
             if len(job.runs) > before[job.id]:
                 sound = [
@@ -272,11 +295,12 @@ class Lifecycle(Users, RuleBasedStateMachine):
             assert not job.runs or job.runs[-1].offer.zone not in unfit or job.runs[-1].end_reason == "unfit", job.id
 
     @invariant()
-    def an_agent_names_only_the_job_it_runs(self):
+    def an_agent_names_only_the_job_it_runs_and_offers_what_it_last_offered(self):
         for agent in self.store.agents():
             if agent.job is not None:
                 run = self.store.get_job(agent.job).current_run
                 assert run is not None and run.agent == agent.id, (agent.id, agent.job)
+            assert agent.offer.speed_factor == self.offers[agent.id].speed_factor, (agent.id, agent.offer.speed_factor)
 
     @invariant()
     def the_indexes_and_counters_agree_with_the_jobs(self):
