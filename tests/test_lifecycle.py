@@ -4,8 +4,8 @@ progress, a preemption notice, exit, heed the broker's view, lose their lease, r
 every step the store keeps its promises: a job that ended stays ended (but a budget-stopped one given more budget), a
 job has one run under way at most and never runs again in a zone it was handed back from as unfit (a bubble its steps
 do not fit), an agent's record names only the job whose run it holds and offers what the agent last offered (one
-may offer another speed in the middle of a round), and the indexes and counters kept beside the jobs agree with the
-jobs. After a round, every run under way is held by a live agent that names it."""
+may offer another speed in the middle of a round, as a user may cancel a job), and the indexes and counters kept
+beside the jobs agree with the jobs. After a round, every run under way is held by a live agent that names it."""
 
 import itertools
 import math
@@ -233,28 +233,33 @@ class Lifecycle(Users, RuleBasedStateMachine):
         self.contracts[name].offer(self.offers[name])
 
     @rule(
-        minutes=st.sampled_from([1, 30, 240]), replica=st.sampled_from([0, 1]), reoffer=st.sampled_from([None, *AGENTS])
+        minutes=st.sampled_from([1, 30, 240]),
+        replica=st.sampled_from([0, 1]),
+        meanwhile=st.sampled_from([None, "reoffer", "cancel"]),
+        pick=st.integers(0, 50),
     )
-    def server_round(self, minutes, replica, reoffer):
-        """A round of either replica: one that never led stands by, one deposed still believes it leads; an agent
-        may offer another speed while it folds or plans (after the round has read the agents)."""
+    def server_round(self, minutes, replica, meanwhile, pick):
+        """A round of either replica: one that never led stands by, one deposed still believes it leads. While it
+        folds or plans (it has read the jobs and agents), an agent may offer another speed or a user cancel a job."""
         self.clock.advance(minutes=minutes)
         before = {job.id: len(job.runs) for job in self.store.jobs_by_id(self.jobs)}
-        server, pending = self.servers[replica], [reoffer] if reoffer else []
+        server = self.servers[replica]
+        act = {"reoffer": lambda: self.reoffer(AGENTS[pick % 2]), "cancel": lambda: self.cancel(pick)}
+        pending = [act[meanwhile]] if meanwhile else []
         for step in ("_fold", "_plan_page"):
 
-            def meanwhile(*args, _step=getattr(server, step)):
+            def interleaved(*args, _step=getattr(server, step)):
                 while pending:
-                    self.reoffer(pending.pop())
+                    pending.pop()()
                 return _step(*args)
 
-            setattr(server, step, meanwhile)
+            setattr(server, step, interleaved)
         try:
             server.step()
         finally:
             del server._fold, server._plan_page  # the class's again
         while pending:
-            self.reoffer(pending.pop())
+            pending.pop()()
         for job in self.store.jobs_by_id(self.jobs):  # a run dispatched resumes from the newest sound checkpoint
             if len(job.runs) > before[job.id]:
                 sound = [
