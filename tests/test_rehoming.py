@@ -15,6 +15,7 @@ from broker.core.rehoming import rehome
 from broker.core.replica import Replica
 from broker.core.server import BrokerServer
 from broker.core.waiting import waiting_for
+from broker.domain import specfile
 from broker.domain.errors import NotFoundError
 from broker.domain.figures import JobFigures, figures
 from broker.domain.model import JobState, Tier
@@ -191,8 +192,6 @@ def test_an_amend_whose_job_is_handed_over_as_it_is_changed_is_made_where_the_jo
     world = World(cluster_url, tmp_path, catalog)
     store, job = world.store, world.job
     world.lead(1)
-    from broker.domain import specfile
-
     validate, moved = specfile.validate_spec, []
 
     def moved_meanwhile(*args):  # the amend has read the job in shard 1; the move hands it over before the write
