@@ -1,6 +1,7 @@
 """An agent's record has two writers: the server gives it a job and a fence (a dispatch) and takes them back (the
-fold of its exit), the agent changes what it offers (a fill agent's measured speed). Neither write may undo the
-other's, whatever the order: the server read the record at the start of its round."""
+fold of its exit), or removes it once its lease lapsed; the agent registers and changes what it offers (a fill
+agent's measured speed). Neither write may undo the other's, whatever the order: the server read the record at the
+start of its round."""
 
 import pytest
 from dispatch_system import quick_spec
@@ -61,3 +62,20 @@ def test_a_dispatch_to_an_agent_no_one_else_wrote_keeps_its_record_exactly(syste
     record = system.store.get_agent("spot-a")
     assert record.offer.hazard_per_h == 0.06912345678901234  # not re-encoded by Redis's JSON (14 digits)
     assert record.model_copy(update={"job": None, "fence": None}).model_dump_json() == before
+
+
+def test_an_agent_that_registers_again_after_the_round_read_its_lease_lapsed_is_not_removed(system, monkeypatch):
+    contract = Contract(system.store, "spot-a")
+    contract.register(system.offers["spot-a"], 60_000, host="test", pid=0)
+    system.store.redis.delete(system.store.key("lease", "spot-a"))  # a long pause: its lease lapsed
+    read = system.store.agents_with_leases
+
+    def registered_meanwhile():  # the round has read the lapse; the agent notices it and registers again
+        agents = read()
+        contract.register(system.offers["spot-a"], 60_000, host="test", pid=0)
+        return agents
+
+    monkeypatch.setattr(system.store, "agents_with_leases", registered_meanwhile)
+    system.server.reclaim_lost()
+    assert system.store.get_agent("spot-a") is not None
+    assert system.store.lease_alive("spot-a")

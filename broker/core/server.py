@@ -212,7 +212,7 @@ class BrokerServer:
             renew_tokens(self.store, self.agent_secret, agents, now)
         for agent, lease in agents:  # gone: its job (if any) was handled above
             if lease is None:
-                self.store.remove_agent(agent.id)
+                self.store.remove_agent(agent.id, lapsed=True)
 
     # -- dispatch -------------------------------------------------------------------------
 

@@ -98,7 +98,8 @@ class AgentChannels:
 
     def set_agent_offer(self, agent_id: str, offer: Offer) -> bool:
         """Replace a registered agent's offer (its measured speed changed), keeping the rest of its record and
-        its lease; False when the agent is not registered. Only the agent writes its record after registering."""
+        its lease; False when the agent is not registered. The server's writes of its job and fence keep it
+        (set_agent_job)."""
         key = self._key("agent", agent_id)
 
         def replace(pipe) -> bool:
@@ -223,11 +224,17 @@ class AgentChannels:
             json.dumps(agent.report_key),
         )
 
-    def remove_agent(self, agent_id: str, refusal: dict | None = None) -> None:
+    def remove_agent(self, agent_id: str, refusal: dict | None = None, lapsed: bool = False) -> bool:
         """Delete the agent's record, lease and stream; its admission is kept a day for the process to come back in.
         With `refusal` the admission goes, and the agent is left why, in the same transaction. When it went is kept
-        (`{p}removed`): its log stream goes with the jobs it ran (store/retention.py)."""
+        (`{p}removed`): its log stream goes with the jobs it ran (store/retention.py). With `lapsed`, only while its
+        lease is still lapsed (False: the agent registered again since the lapse was read)."""
         with self.redis.pipeline(transaction=True) as pipe:
+            if lapsed:
+                pipe.watch(self._key("lease", agent_id))
+                if pipe.exists(self._key("lease", agent_id)):
+                    return False
+                pipe.multi()
             keys = [self._key(kind, agent_id) for kind in ("agent", "lease", "assign")]
             pipe.execute_command("DEL", *keys)  # one command: a cluster pipeline's delete takes one key
             pipe.srem(self._key("agents"), agent_id)
@@ -237,7 +244,11 @@ class AgentChannels:
                 pipe.set(self._key("refused", agent_id), json.dumps(refusal), ex=REFUSAL_TTL_S)
             else:
                 pipe.expire(self._key("admitted", agent_id), ADMISSION_KEPT_S)
-            pipe.execute()
+            try:
+                pipe.execute()
+            except redis.WatchError:
+                return False
+        return True
 
     # -- streams ------------------------------------------------------------------------
 
