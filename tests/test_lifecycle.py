@@ -235,29 +235,43 @@ class Lifecycle(Users, RuleBasedStateMachine):
     @rule(
         minutes=st.sampled_from([1, 30, 240]),
         replica=st.sampled_from([0, 1]),
-        meanwhile=st.sampled_from([None, "reoffer", "cancel"]),
+        meanwhile=st.sampled_from([None, "reoffer", "cancel", "notice_the_lapse"]),
+        at=st.sampled_from(["_fold", "agents_with_leases", "_plan_page"]),
         pick=st.integers(0, 50),
     )
-    def server_round(self, minutes, replica, meanwhile, pick):
-        """A round of either replica: one that never led stands by, one deposed still believes it leads. While it
-        folds or plans (it has read the jobs and agents), an agent may offer another speed or a user cancel a job."""
+    def server_round(self, minutes, replica, meanwhile, at, pick):
+        """A round of either replica: one that never led stands by, one deposed still believes it leads. Once it
+        has read the jobs and agents (`at`: as it folds a report, reads the agents' leases, or plans), an agent may
+        offer another speed or register again after a lapse, or a user cancel a job (else after the round)."""
         self.clock.advance(minutes=minutes)
         before = {job.id: len(job.runs) for job in self.store.jobs_by_id(self.jobs)}
         server = self.servers[replica]
-        act = {"reoffer": lambda: self.reoffer(AGENTS[pick % 2]), "cancel": lambda: self.cancel(pick)}
+        name = AGENTS[pick % 2]
+        act = {
+            "reoffer": lambda: self.reoffer(name),
+            "cancel": lambda: self.cancel(pick),
+            "notice_the_lapse": lambda: self.notice_the_lapse(name),
+        }
         pending = [act[meanwhile]] if meanwhile else []
-        for step in ("_fold", "_plan_page"):
+        holder = server.store if at == "agents_with_leases" else server
+        step = getattr(holder, at)
 
-            def interleaved(*args, _step=getattr(server, step)):
-                while pending:
-                    pending.pop()()
-                return _step(*args)
+        def after_the_read(*args):
+            read = step(*args)  # the round goes on with what it read
+            while pending:
+                pending.pop()()
+            return read
 
-            setattr(server, step, interleaved)
+        def before_the_step(*args):
+            while pending:
+                pending.pop()()
+            return step(*args)
+
+        setattr(holder, at, after_the_read if at == "agents_with_leases" else before_the_step)
         try:
             server.step()
         finally:
-            del server._fold, server._plan_page  # the class's again
+            delattr(holder, at)  # the class's again
         while pending:
             pending.pop()()
         for job in self.store.jobs_by_id(self.jobs):  # a run dispatched resumes from the newest sound checkpoint
@@ -306,6 +320,8 @@ class Lifecycle(Users, RuleBasedStateMachine):
                 run = self.store.get_job(agent.job).current_run
                 assert run is not None and run.agent == agent.id, (agent.id, agent.job)
             assert agent.offer.speed_factor == self.offers[agent.id].speed_factor, (agent.id, agent.offer.speed_factor)
+        kept = {agent.id for agent in self.store.agents()}
+        assert self.registered - self.lapsed <= kept, (self.registered, self.lapsed, kept)  # none removed alive
 
     @invariant()
     def the_indexes_and_counters_agree_with_the_jobs(self):
