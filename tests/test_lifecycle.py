@@ -224,13 +224,13 @@ class Lifecycle(Users, RuleBasedStateMachine):
             self.contracts[name].register(self.offers[name], LEASE_MS, host="test", pid=1, at=self.clock.now())
             self.registered.add(name)
 
-    # -- the server ----------------------------------------------------------------------
-
     def reoffer(self, name: str) -> None:
         """The agent offers another speed (as a fill agent does once its steps are measured)."""
         speed = 0.5 if self.offers[name].speed_factor == 1.0 else 1.0
         self.offers[name] = self.offers[name].model_copy(update={"speed_factor": speed})
         self.contracts[name].offer(self.offers[name])
+
+    # -- the server ----------------------------------------------------------------------
 
     @rule(
         minutes=st.sampled_from([1, 30, 240]),
@@ -240,9 +240,10 @@ class Lifecycle(Users, RuleBasedStateMachine):
         pick=st.integers(0, 50),
     )
     def server_round(self, minutes, replica, meanwhile, at, pick):
-        """A round of either replica: one that never led stands by, one deposed still believes it leads. Once it
-        has read the jobs and agents (`at`: as it folds a report, reads the agents' leases, or plans), an agent may
-        offer another speed or register again after a lapse, or a user cancel a job (else after the round)."""
+        """A round of either replica: one that never led stands by, one deposed still believes it leads. After it has
+        read the jobs and agents and before it writes (`at`: once it folds a report, reads the agents' leases, or
+        plans), an agent may offer another speed or register again after a lapse, or a user cancel a job (else after
+        the round)."""
         self.clock.advance(minutes=minutes)
         before = {job.id: len(job.runs) for job in self.store.jobs_by_id(self.jobs)}
         server = self.servers[replica]
@@ -253,27 +254,25 @@ class Lifecycle(Users, RuleBasedStateMachine):
             "notice_the_lapse": lambda: self.notice_the_lapse(name),
         }
         pending = [act[meanwhile]] if meanwhile else []
-        holder = server.store if at == "agents_with_leases" else server
+
+        def act_once() -> None:
+            while pending:
+                pending.pop()()
+
+        holder = self.store if at == "agents_with_leases" else server
         step = getattr(holder, at)
 
-        def after_the_read(*args):
-            read = step(*args)  # the round goes on with what it read
-            while pending:
-                pending.pop()()
-            return read
+        def then_act(*args):  # the round goes on with what it read or worked out, and writes it later
+            done = step(*args)
+            act_once()
+            return done
 
-        def before_the_step(*args):
-            while pending:
-                pending.pop()()
-            return step(*args)
-
-        setattr(holder, at, after_the_read if at == "agents_with_leases" else before_the_step)
+        setattr(holder, at, then_act)
         try:
             server.step()
         finally:
             delattr(holder, at)  # the class's again
-        while pending:
-            pending.pop()()
+        act_once()
         for job in self.store.jobs_by_id(self.jobs):  # a run dispatched resumes from the newest sound checkpoint
             if len(job.runs) > before[job.id]:
                 sound = [
