@@ -166,3 +166,14 @@ def test_only_an_agent_watching_its_clouds_notices_is_market_evidence(store, tmp
     ]
     job = Job(id="j", spec=_quote_spec(30.0), submitted_at=NOW, updated_at=NOW, quote=quote, runs=runs)
     assert [r.agent for r in job.market_runs()] == ["cloud"]  # the cloud agent's run only
+
+
+def test_a_zone_our_fleet_saw_that_has_no_traces_keeps_its_regions_traced_zones_as_its_prior(store):
+    spot = _offer("us-east-1a").model_copy(update={"zone": "use1-az4"})  # a live offer names the zone id
+    model = MarketModel.fit([trace("us-east-1a", [1] * 6 + [0] * 6, 300), trace("us-west-2a", [1] * 60 + [0] * 6, 50)])
+    broker = Broker(store, OfferBook([spot]), planning.get("cbl-greedy"), SimulatedClock(NOW), model)
+    Contract(store, "a").register(spot, 3_600_000, host="test", pid=0, at=NOW)
+    CapacityHistory(store).record(NOW, [store.get_agent("a")])
+    broker.clock.advance(hours=1)
+    seen = broker.market_now().zones[("aws", "use1-az4", "p3.2xlarge")]
+    assert "traced zones in us-east-1" in seen.evidence and "spells our fleet saw" in seen.evidence

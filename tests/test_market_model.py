@@ -49,6 +49,22 @@ def test_a_zone_with_little_evidence_borrows_from_its_siblings():
     assert unseen.mean_up_h == pytest.approx(10.0, rel=0.05) and "no trace of this zone" in unseen.evidence
 
 
+def test_a_zone_without_traces_borrows_from_its_regions_traced_zones_before_the_others():
+    calm = [trace(z, [1] * 60 + [0] * 6, 50) for z in ("us-west-2a", "us-west-2b")]  # up 10 h, down 1 h
+    flaky = [trace(z, [1] * 6 + [0] * 6, 300) for z in ("us-east-1a", "us-east-1b")]  # up 1 h, down 1 h
+    model = MarketModel.fit([*calm, *flaky])
+    zone_id = _offer("us-east-1a").model_copy(update={"zone": "use1-az4"})  # live AWS offers name zone ids
+    east = model.for_offer(zone_id)
+    assert east.mean_up_h == pytest.approx(1.0) and east.p_launch == pytest.approx(0.5)
+    assert "traced zones in us-east-1" in east.evidence
+    assert model.for_offer(_offer("us-west-2z")).mean_up_h == pytest.approx(10.0)
+    elsewhere = model.for_offer(_offer("eu-west-1a"))  # no zone of its region traced: its type's zones anywhere
+    assert 2.0 < elsewhere.mean_up_h < 9.0 and "traced zones in" not in elsewhere.evidence
+    key = ("aws", "use1-az4", "p3.2xlarge")  # our fleet's agents there keep the region's zones as its prior
+    seen = model.with_recent({key: np.array([1, 1, 1, 0])}, {key: "us-east-1"}).zones[key]
+    assert "traced zones in us-east-1" in seen.evidence and seen.mean_up_h < 2.0
+
+
 def test_hazard_falls_with_run_age_when_up_spells_are_heavy_tailed():
     model = MarketModel.fit([trace("us-east-1a", [1] * 2 + [0] * 2 + [1] * 120 + [0] * 2, 30)])
     rates = [rate for _, _, rate in model.zones[("aws", "us-east-1a", "p3.2xlarge")].hazard_by_age()]

@@ -37,7 +37,7 @@ from broker.models.risk import fits
 from broker.planning.cheapest import ALTERNATIVES
 from broker.pricing.availability import MarketModel, seen_counts
 from broker.pricing.catalog import PriceCatalog
-from broker.store.capacity import fleet_seen
+from broker.store.capacity import fleet_seen, zone_of
 from broker.store.jobs import Store
 
 OTHERS_SEEN = 1000  # jobs a quote looks at: those waiting ahead of it, and the finished ones it learns speed from
@@ -105,7 +105,8 @@ class Broker:
             since, tick_s = now - timedelta(hours=RECENT_H), base.tick_h * 3600
             seen = fleet_seen(self.store.shards, since)
             counts = {z: seen_counts(p, since.timestamp(), now.timestamp(), tick_s) for z, p in seen.items()}
-            self._recent = (now, base.with_recent(counts))
+            regions = {zone_of(o): o.region for o in self.catalog.offers if zone_of(o) in counts}
+            self._recent = (now, base.with_recent(counts, regions))
         return self._recent[1]
 
     def offers(self, agents: list[AgentInfo] | None = None) -> list[Offer]:
