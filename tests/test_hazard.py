@@ -102,6 +102,26 @@ def test_advisor_bands_scale_the_anchor_and_other_clouds_get_the_cautious_defaul
     assert gcp.per_hour == pytest.approx(0.4, rel=1e-3) and "default" in gcp.source
 
 
+def test_an_offer_without_availability_evidence_gets_the_gaps_its_siblings_or_the_anchor_show_not_always_up():
+    m = model(
+        [
+            ["t", "preemption", "aws", "us-west-2", "us-west-2b", "p3.2xlarge", 100, 40, 100.0, 0.0, 0.6],
+            ["t", "availability", "aws", "us-east-1", "us-east-1a", "p3.2xlarge", 100, 0, 0.0, 0.0, 0.4],
+        ],
+        {("us-west-2", "p3.2xlarge"): ">20%", ("us-east-1", "p3.2xlarge"): ">20%", ("us-east-1", "g6.xlarge"): "<5%"},
+    )
+    assert m.spot("aws", "us-west-2", "p3.2xlarge").availability == 0.6  # its region's traces
+    assert m.spot("aws", "eu-west-1", "p3.2xlarge").availability == pytest.approx(0.5)  # its type's elsewhere
+    # no trace of the type: the anchor's traced types are up half the time at 0.4 preemptions an hour, so down 2.5 h
+    # a spell; after up-spells of 1 / hazard, a cautious default's 2.5 h and a calm band's 25 h
+    gap_h = (1 - 0.5) / (0.5 * 0.4)
+    gcp = m.spot("gcp", "us-central1", "a2-highgpu-1g")
+    assert gcp.availability == pytest.approx(1 / (1 + 0.4 * gap_h), rel=1e-3) == pytest.approx(0.5, rel=1e-3)
+    g6 = m.spot("aws", "us-east-1", "g6.xlarge")
+    assert g6.availability == pytest.approx(1 / (1 + g6.per_hour * gap_h)) and 0.85 < g6.availability < 0.95
+    assert model([], {}).spot("gcp", "us-central1", "a2-highgpu-1g").availability == 1.0  # no evidence of anything
+
+
 def test_the_band_widens_with_dispersion():
     narrow, wide = gamma_band(50, 100, 0.0), gamma_band(50, 100, 0.8)
     assert wide[0] < narrow[0] < 0.5 < narrow[1] < wide[1]

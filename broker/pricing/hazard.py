@@ -16,6 +16,9 @@ spot, added online with `observe`). The prior, in order of preference:
 The band (low, high) is the 5-95% range of the rate over the next period: posterior uncertainty
 plus the day-to-day dispersion the traces show (a rate that is itself Gamma distributed), which is
 what `bench/hazard.py` checks against the last 30% of every trace.
+An offer's availability (the share of time spot can be had) follows the same order: its region's traces, else its
+type's in other regions, else the gaps the anchor's traced types show (their mean gap, from their availability and
+rate, after up-spells of 1 / its hazard): no evidence is not evidence of capacity always there.
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ class HazardModel:
         self.traces = len(preempt)
         self.cloud_bands: dict[Key, str] = {}  # bands of clouds other than AWS, added by with_bands
         self.anchor = self._anchor()
+        anchored = [a for (c, r, t), a in self.availability.items() if c == "aws" and bands.get((r, t)) == ANCHOR_BAND]
+        self.anchor_availability = sum(anchored) / len(anchored) if anchored else None
 
     @classmethod
     def packaged(cls, evidence: pd.DataFrame | None = None) -> HazardModel:
@@ -158,6 +163,21 @@ class HazardModel:
             source = f"{instance_type} in other regions"
         return mean, dispersion, band, source
 
+    def _availability(self, cloud: str, region: str, instance_type: str, per_hour: float) -> float:
+        """The share of time spot can be had, from evidence in the hazard prior's order: the region's traces, its
+        type's in other regions, else the anchor's mean gap (from its availability and rate: down for (1 - a) / (a x
+        rate) hours an up-spell) after up-spells of 1 / `per_hour`. Without any evidence: always."""
+        own = self.availability.get((cloud, region, instance_type))
+        if own is not None:
+            return own
+        same_type = [a for (c, _r, t), a in self.availability.items() if c == cloud and t == instance_type]
+        if same_type:
+            return sum(same_type) / len(same_type)
+        a, rate = self.anchor_availability, self.anchor.preemptions / self.anchor.hours if self.anchor.hours else 0.0
+        if not a or rate <= 0:
+            return 1.0
+        return 1 / (1 + per_hour * (1 - a) / (a * rate))
+
     def spot(self, cloud: str, region: str, instance_type: str) -> Hazard:
         """The spot hazard of an instance type in a region, with its 90% band and the evidence behind it."""
         key = (cloud, region, instance_type)
@@ -168,7 +188,7 @@ class HazardModel:
             dispersion = weigh(mean0, dispersion, seen)[1]
             source = f"{counted(seen)} observed, prior: {source}"
         low, high = gamma_band(shape, rate, dispersion)
-        return Hazard(shape / rate, low, high, band, source, self.availability.get(key, 1.0))
+        return Hazard(shape / rate, low, high, band, source, self._availability(*key, shape / rate))
 
 
 def weigh(mean: float, dispersion: float, seen: Evidence) -> tuple[float, float]:
