@@ -312,7 +312,8 @@ class MarketModel:
             self.tick_h,
             offer.hazard_per_h,
             offer.availability,
-            f"hazard {offer.hazard_per_h:.3f}/h ({offer.hazard_source})",
+            f"hazard {offer.hazard_per_h:.3f}/h ({offer.hazard_source}), "
+            f"spot there {offer.availability:.0%} of the time",
         )
 
     def with_recent(
