@@ -65,6 +65,14 @@ def test_a_zone_without_traces_borrows_from_its_regions_traced_zones_before_the_
     assert "traced zones in us-east-1" in seen.evidence and seen.mean_up_h < 2.0
 
 
+def test_a_type_without_traces_is_modelled_at_its_offers_hazard_and_availability():
+    model = MarketModel.fit([trace("us-east-1a", [1] * 6 + [0] * 6, 300, kind="r5.16xlarge")])
+    offer = _offer("us-east-1a").model_copy(update={"hazard_per_h": 0.229, "availability": 0.62})
+    zone = model.for_offer(offer)
+    assert zone.evidence.startswith("no trace;") and "spot there 62% of the time" in zone.evidence
+    assert zone.mean_up_h == pytest.approx(1 / 0.229, rel=0.02) and zone.p_launch == pytest.approx(0.62, abs=0.01)
+
+
 def test_hazard_falls_with_run_age_when_up_spells_are_heavy_tailed():
     model = MarketModel.fit([trace("us-east-1a", [1] * 2 + [0] * 2 + [1] * 120 + [0] * 2, 30)])
     rates = [rate for _, _, rate in model.zones[("aws", "us-east-1a", "p3.2xlarge")].hazard_by_age()]
