@@ -7,6 +7,9 @@ trace, and asks it for the held-out zone as a live offer there: once named in it
 from the region's traced zones), once in a region with no trace (the type's zones anywhere, what it did before).
 Each is compared with the zone's own spells: its share of time up (P(launch)) and its mean up- and down-spells.
 Only zones whose region has another traced zone of their type are counted (elsewhere both priors are the same).
+The offers' availability (`HazardModel`, per region) is held out the same way, a region at a time from the shipped
+evidence: what the model gives it from the rest (its type elsewhere, else the traced types' gaps), against the 1.0
+an offer without evidence of its own had before.
 
     python bench/sibling_prior.py --json [--traces ../shared/data/traces]
 """
@@ -18,11 +21,14 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
 from broker.domain.model import Offer, Tier
 from broker.pricing.availability import MarketModel
+from broker.pricing.hazard import HazardModel
+from broker.pricing.snapshot import packaged_dir
 from broker.pricing.traces import load_traces
 
 NOWHERE = "nowhere-1"  # a region no trace is in
@@ -78,7 +84,30 @@ def run(root: Path) -> dict:
             ),
         }
 
-    return {"zones": rows, "region_prior": mean_error("region"), "type_prior": mean_error("type")}
+    return {
+        "zones": rows,
+        "region_prior": mean_error("region"),
+        "type_prior": mean_error("type"),
+        "availability": availability_held_out(),
+    }
+
+
+def availability_held_out() -> dict:
+    """Each traced region's availability (per instance type) from the shipped evidence without its rows."""
+    evidence = pd.read_csv(packaged_dir() / "trace_evidence.csv")
+    shipped = HazardModel.packaged()
+    rows = []
+    for key, truth in sorted(shipped.availability.items()):
+        cloud, region, kind = key
+        mine = (evidence.cloud == cloud) & (evidence.region == region) & (evidence.instance_type == kind)
+        held_out = HazardModel(evidence[~mine], shipped.bands).spot(*key)
+        rows.append({"region": "/".join(key), "own": round(truth, 3), "held_out": round(held_out.availability, 3)})
+    n = len(rows)
+    return {
+        "regions": rows,
+        "held_out_abs_error": round(sum(abs(r["held_out"] - r["own"]) for r in rows) / n, 3),
+        "always_abs_error": round(sum(abs(1.0 - r["own"]) for r in rows) / n, 3),
+    }
 
 
 def main() -> None:
@@ -102,6 +131,11 @@ def main() -> None:
         table.add_row(*(str(r[c]) for c in columns))
     Console(width=140).print(table)
     print(f"region prior: {result['region_prior']}\ntype prior:   {result['type_prior']}")
+    held = result["availability"]
+    print(
+        f"availability held out by region: {held['held_out_abs_error']} mean abs error "
+        f"(taken as always there: {held['always_abs_error']})"
+    )
 
 
 if __name__ == "__main__":
