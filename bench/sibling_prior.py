@@ -35,7 +35,8 @@ NOWHERE = "nowhere-1"  # a region no trace is in
 
 
 def live_offer(cloud: str, region: str, instance_type: str) -> Offer:
-    """A spot offer as a live catalog names one: a zone the traces do not (an AWS zone id)."""
+    """A spot offer as a live catalog names one: a zone the traces do not (an AWS zone id); the model reads its
+    cloud, region, zone and instance type only."""
     return Offer(
         cloud=cloud,
         region=region,

@@ -173,7 +173,8 @@ class HazardModel:
         same_type = [a for (c, _r, t), a in self.availability.items() if c == cloud and t == instance_type]
         if same_type:
             return sum(same_type) / len(same_type)
-        a, rate = self.anchor_availability, self.anchor.preemptions / self.anchor.hours if self.anchor.hours else 0.0
+        a = self.anchor_availability
+        rate = self.anchor.preemptions / self.anchor.hours if self.anchor.hours else 0.0
         if not a or rate <= 0:
             return 1.0
         return 1 / (1 + per_hour * (1 - a) / (a * rate))
