@@ -113,7 +113,7 @@ def test_an_offer_without_availability_evidence_gets_the_gaps_its_siblings_or_th
     assert m.spot("aws", "us-west-2", "p3.2xlarge").availability == 0.6  # its region's traces
     assert m.spot("aws", "eu-west-1", "p3.2xlarge").availability == pytest.approx(0.5)  # its type's elsewhere
     # no trace of the type: the anchor's traced types are up half the time at 0.4 preemptions an hour, so down 2.5 h
-    # a spell; after up-spells of 1 / hazard, a cautious default's 2.5 h and a calm band's 25 h
+    # a spell, after up-spells of 1 / hazard: 2.5 h at the cautious default (half the time up), 25 h in "<5%" (0.91)
     gap_h = (1 - 0.5) / (0.5 * 0.4)
     gcp = m.spot("gcp", "us-central1", "a2-highgpu-1g")
     assert gcp.availability == pytest.approx(1 / (1 + 0.4 * gap_h), rel=1e-3) == pytest.approx(0.5, rel=1e-3)
