@@ -61,9 +61,9 @@ def run(root: Path) -> dict:
     for cloud, region, zone, kind in keys:
         if not any(k[:2] == (cloud, region) and k[3] == kind and k[2] != zone for k in keys):
             continue  # no other zone of its region traced: both priors are its type's
-        own = [t for t in traces if (t.cloud, t.zone, t.instance_type) == (cloud, zone, kind)]
-        truth = MarketModel.fit(own).zones[(cloud, zone, kind)]
-        rest = MarketModel.fit([t for t in traces if t not in own])
+        mine = [(t.cloud, t.zone, t.instance_type) == (cloud, zone, kind) for t in traces]
+        truth = MarketModel.fit([t for t, m in zip(traces, mine) if m]).zones[(cloud, zone, kind)]
+        rest = MarketModel.fit([t for t, m in zip(traces, mine) if not m])
         row = {"zone": f"{cloud}/{zone}", "instance_type": kind}
         for name, model in (
             ("truth", truth),

@@ -105,7 +105,7 @@ class Broker:
             since, tick_s = now - timedelta(hours=RECENT_H), base.tick_h * 3600
             seen = fleet_seen(self.store.shards, since)
             counts = {z: seen_counts(p, since.timestamp(), now.timestamp(), tick_s) for z, p in seen.items()}
-            regions = {zone_of(o): o.region for o in self.catalog.offers if zone_of(o) in counts}
+            regions = {zone: o.region for o in self.catalog.offers if (zone := zone_of(o)) in counts}
             self._recent = (now, base.with_recent(counts, regions))
         return self._recent[1]
 
