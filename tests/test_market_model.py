@@ -63,6 +63,8 @@ def test_a_zone_without_traces_borrows_from_its_regions_traced_zones_before_the_
     key = ("aws", "use1-az4", "p3.2xlarge")  # our fleet's agents there keep the region's zones as its prior
     seen = model.with_recent({key: np.array([1, 1, 1, 0])}, {key: "us-east-1"}).zones[key]
     assert "traced zones in us-east-1" in seen.evidence and seen.mean_up_h < 2.0
+    west = model.zones[("aws", "us-west-2a", "p3.2xlarge")]  # its own spells, its siblings' as prior
+    assert model.share_up(zone_id) == pytest.approx(0.5) and model.share_up(_offer("us-west-2a")) == west.p_launch
 
 
 def test_a_type_without_traces_is_modelled_at_its_offers_hazard_and_availability():
@@ -71,6 +73,9 @@ def test_a_type_without_traces_is_modelled_at_its_offers_hazard_and_availability
     zone = model.for_offer(offer)
     assert zone.evidence.startswith("no trace;") and "spot there 62% of the time" in zone.evidence
     assert zone.mean_up_h == pytest.approx(1 / 0.229, rel=0.02) and zone.p_launch == pytest.approx(0.62, abs=0.01)
+    assert model.share_up(offer) is None  # nothing measured: the offer's own availability stands
+    never_up = MarketModel.fit([trace("us-east-1a", [0] * 6, 10)])
+    assert never_up.share_up(_offer("us-east-1a")) == pytest.approx(1e-3)  # an availability the money model can use
 
 
 def test_hazard_falls_with_run_age_when_up_spells_are_heavy_tailed():

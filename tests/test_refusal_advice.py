@@ -76,11 +76,11 @@ def test_the_budget_a_refused_job_is_told_is_kept_by_most_of_its_futures():
 
 def test_a_job_that_starts_on_on_demand_lists_no_alternative_on_the_same_offer():
     """The start on on-demand takes the baseline's offer for the chosen one: the alternatives listed it again."""
-    flaky = MarketModel.fit([trace("us-east-1a", [1] * 3 + [0] * 9, 300)])
+    half = MarketModel.fit([trace("us-east-1a", [1] * 6 + [0] * 6, 300)])  # spot half the time
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
-    broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), flaky)
-    # 10 h of work in 13.5 h, half an hour to restore after each preemption: the reserve's start costs no more
-    quote = broker.quote(_quote_spec(13.5, restore_minutes=30.0).model_copy(update={"budget_usd": 100.0}))
+    broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), half)
+    # 10 h of work in 14 h, half an hour to restore after each preemption: the reserve's start costs no more
+    quote = broker.quote(_quote_spec(14.0, restore_minutes=30.0).model_copy(update={"budget_usd": 100.0}))
     assert quote.chosen.offer.tier.value == "on_demand", quote.forecast.evidence
     assert quote.chosen.offer.id not in [o.offer.id for o in quote.alternatives]
     assert [o.offer.tier.value for o in quote.alternatives] == ["spot"]  # the money model's choice heads them

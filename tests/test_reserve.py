@@ -27,14 +27,14 @@ def test_a_job_whose_odds_hold_without_the_reserve_starts_on_spot_and_the_planne
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
     spec = _quote_spec(13.0).model_copy(update={"budget_usd": None, "deadline_probability": 0.85})
     quote = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm).quote(spec)
-    assert quote.chosen.offer == offers[0] and quote.forecast.measures_on_spot and not quote.short_of_odds
+    assert quote.chosen.offer.id == offers[0].id and quote.forecast.measures_on_spot and not quote.short_of_odds
     assert "measures its speed on spot" in quote.forecast.evidence
     job = Job(id="j", spec=spec, submitted_at=NOW, updated_at=NOW, quote=quote)
     assert PlanItem.from_job(job).measures_on_spot
     # asked for odds neither start reaches, the reserve's start would add less than ODDS_TRADE to them: on spot
     sure = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm)
     surer = sure.quote(spec.model_copy(update={"deadline_probability": 0.99}))
-    assert surer.chosen.offer == offers[0] and surer.forecast.measures_on_spot and surer.short_of_odds
+    assert surer.chosen.offer.id == offers[0].id and surer.forecast.measures_on_spot and surer.short_of_odds
     told = re.search(
         r"falls short of the 0.99 asked too, at P\(meet deadline\) ([\d.]+) for \$([\d.,]+)", surer.forecast.evidence
     )
@@ -58,7 +58,7 @@ def test_a_reserve_that_adds_odds_starts_the_job_on_on_demand_and_says_what_spot
     assert said and float(said[2]) < quote.forecast.cost_p50_usd
     assert float(said[1]) < quote.forecast.p_meet_deadline - ODDS_TRADE
     there = broker.quote(spec.model_copy(update={"deadline_probability": float(said[3])}))
-    assert there.chosen.offer == offers[0] and there.forecast.p_meet_deadline == pytest.approx(float(said[1]))
+    assert there.chosen.offer.id == offers[0].id and there.forecast.p_meet_deadline == pytest.approx(float(said[1]))
 
 
 def test_a_job_falls_back_to_an_on_demand_offer_whose_window_holds_the_reserve_for_its_speed():
@@ -71,14 +71,15 @@ def test_a_job_falls_back_to_an_on_demand_offer_whose_window_holds_the_reserve_f
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06), fast]
     broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model)
     quote = broker.quote(_quote_spec(13.0).model_copy(update={"budget_usd": 100.0}))  # 10 h of work on the slow one
-    assert quote.on_demand_baseline.offer == fast and quote.chosen.offer == offers[0]
+    assert quote.on_demand_baseline.offer.id == fast.id and quote.chosen.offer.id == offers[0].id
     assert quote.forecast.spot_share > 0.9 and not quote.short_of_odds, quote.forecast
     tight = broker.quote(_quote_spec(6.0).model_copy(update={"budget_usd": 100.0}))  # 5 h on the fast one
-    assert tight.on_demand_baseline.offer == fast  # no offer holds the reserve; the slow one cannot even be in time
+    # no offer holds the reserve; the slow one cannot even be in time
+    assert tight.on_demand_baseline.offer.id == fast.id
     slow_only = Broker(None, OfferBook(offers[:2]), planning.get("hedge"), SimulatedClock(NOW), model)
     held = slow_only.quote(_quote_spec(13.0).model_copy(update={"budget_usd": 100.0}))
-    assert held.on_demand_baseline.offer == offers[1]  # none faster: the reserve's start is weighed there
-    assert held.measures_on_spot or held.chosen.offer == offers[1], held.forecast.evidence
+    assert held.on_demand_baseline.offer.id == offers[1].id  # none faster: the reserve's start is weighed there
+    assert held.measures_on_spot or held.chosen.offer.id == offers[1].id, held.forecast.evidence
 
 
 def test_a_job_falls_back_where_its_futures_cost_least_at_the_asked_odds_not_where_the_reserve_barely_fits():
@@ -92,8 +93,8 @@ def test_a_job_falls_back_where_its_futures_cost_least_at_the_asked_odds_not_whe
     spec = _quote_spec(15.2).model_copy(update={"budget_usd": 100.0})
     both = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model).quote(spec)
     slow_only = Broker(None, OfferBook(offers[:2]), planning.get("hedge"), SimulatedClock(NOW), model).quote(spec)
-    assert slow_only.on_demand_baseline.offer == offers[1]  # it holds the reserve: the cheapest that does
-    assert both.on_demand_baseline.offer == fast and both.chosen.offer == offers[0]
+    assert slow_only.on_demand_baseline.offer.id == offers[1].id  # it holds the reserve: the cheapest that does
+    assert both.on_demand_baseline.offer.id == fast.id and both.chosen.offer.id == offers[0].id
     assert both.forecast.cost_mean_usd < slow_only.forecast.cost_mean_usd
     assert both.forecast.p_meet_deadline >= slow_only.forecast.p_meet_deadline >= spec.deadline_probability
 

@@ -185,7 +185,9 @@ def test_each_kind_of_estimate_is_as_unsure_as_its_measured_jobs_were(store):
     for job in wide + sure:
         store.add_job(job)
     learned = broker.quote(spec)  # a quarter more time than the work holds its kind's 16% reserve
-    assert learned.chosen.offer == offers[0] and learned.forecast.speed_sigma == pytest.approx(rated.sigma, abs=0.01)
+    assert learned.chosen.offer.id == offers[0].id and learned.forecast.speed_sigma == pytest.approx(
+        rated.sigma, abs=0.01
+    )
     assert not any(said in learned.forecast.evidence for said in reserve_weighed)  # on spot with no weighing
 
 

@@ -111,8 +111,10 @@ class Broker:
 
     def offers(self, agents: list[AgentInfo] | None = None) -> list[Offer]:
         """The catalog's offers and the bubble offers of the fill executors registered now (`agents`, read from
-        the store when not given)."""
-        offers = list(self.catalog.offers)
+        the store when not given); a spot offer's launch odds are the market model's where it measured the zone
+        (the traces, its siblings', our fleet's spells lately), not its region's mean of traces."""
+        market = self.market_now()
+        offers = [with_share_up(o, market) for o in self.catalog.offers] if market else list(self.catalog.offers)
         if self.store is not None:
             known = {o.id for o in offers}
             agents = self.store.agents() if agents is None else agents
@@ -308,3 +310,9 @@ class Broker:
 
     def get(self, job_id: str) -> Job:
         return self.store.get_job(job_id)
+
+
+def with_share_up(offer: Offer, market: MarketModel) -> Offer:
+    """A spot offer with the market model's share of time up as its availability, where the model measured it."""
+    share = market.share_up(offer) if offer.tier == Tier.spot else None
+    return offer if share is None or share == offer.availability else offer.model_copy(update={"availability": share})

@@ -28,6 +28,7 @@ import numpy as np
 PRIOR_STRENGTH = 20.0  # up-spells of evidence a zone needs before its own spells weigh as much as its siblings'
 AGE_EDGES_H = (0.0, 1.0, 4.0, 12.0, math.inf)  # run-age bins of the hazard by age
 RECENT_STRENGTH = 4.0  # spells our fleet saw in a zone before they weigh as much as all its traces
+MIN_SHARE_UP = 1e-3  # a zone never seen up: launch odds the money model can divide by (its cost comes out huge)
 
 
 def tick_minimum(data: np.ndarray, gap_s: float, tick_s: float) -> np.ndarray:
@@ -258,6 +259,7 @@ class MarketModel:
     zones: dict[tuple[str, str, str], ZoneModel]
     pooled: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # per type
     regional: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # per region
+    _shares: dict = field(default_factory=dict, repr=False, compare=False)  # share_up's, per zone
 
     @classmethod
     def fit(cls, traces: list, tick_s: float = 600.0) -> MarketModel:
@@ -316,6 +318,16 @@ class MarketModel:
             f"hazard {offer.hazard_per_h:.3f}/h ({offer.hazard_source}), "
             f"spot there {offer.availability:.0%} of the time",
         )
+
+    def share_up(self, offer) -> float | None:
+        """The offer's zone's long-run share of time up, where traces or our fleet measured it or its siblings
+        (None where the model knows only the offer's own hazard and availability): the money model's launch odds,
+        so a quote's choice and its futures read one market. Kept per zone for this model's life (a model tick)."""
+        key = (offer.cloud, offer.zone or offer.region, offer.instance_type, offer.region)
+        if key not in self._shares:
+            known = self.zones.get(key[:3]) or self._siblings(*key)
+            self._shares[key] = None if known is None else max(known.p_launch, MIN_SHARE_UP)
+        return self._shares[key]
 
     def with_recent(
         self, seen: dict[tuple[str, str, str], np.ndarray], regions: dict[tuple[str, str, str], str] | None = None
