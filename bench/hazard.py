@@ -8,7 +8,8 @@ day-to-day dispersion of the rate). Calibration is the share of traces whose obs
 falls inside its interval (goal >= 85%); `calibration_poisson` is the same without dispersion,
 for comparison, and `mean_width_ratio` how wide the intervals are relative to the mean.
 
-    python bench/hazard.py --json [--traces ../shared/data/traces]
+    python bench/hazard.py --json [--traces ../shared/data/traces/preemption]
+        [--pools ../shared/data/traces/node-events/gcloud]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rich.table import Table
 from scipy import stats
 
 from broker.pricing.hazard import PRIOR_HOURS, HazardModel
-from broker.pricing.traces import evidence, load_traces
+from broker.pricing.traces import evidence, load_pool, load_traces
 
 FIT_SHARE = 0.7
 
@@ -37,8 +38,9 @@ def interval(rate: float, shape: float, dispersion: float, exposure_h: float, le
     return int(stats.nbinom.ppf(tail, r, p)), int(stats.nbinom.ppf(1 - tail, r, p))
 
 
-def run(directory: Path) -> dict:
+def run(directory: Path, pools: Path | None = None) -> dict:
     traces = [t for t in load_traces(directory) if t.kind == "preemption"]
+    traces += [load_pool(p) for p in sorted(pools.glob("*.txt"))] if pools else []
     fitted = HazardModel(evidence([t.window(0, FIT_SHARE) for t in traces]), HazardModel.packaged().bands)
     rows, inside, inside_poisson, widths = [], 0, 0, []
     for t in traces:
@@ -79,9 +81,15 @@ def main() -> None:
     parser.add_argument(
         "--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "preemption"
     )
+    parser.add_argument(
+        "--pools",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "node-events" / "gcloud",
+        help="Bamboo's GCP pool logs (traces.load_pool), validated the same way",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = run(args.traces)
+    result = run(args.traces, args.pools if args.pools.is_dir() else None)
     if args.json:
         print(json.dumps(result))
         return

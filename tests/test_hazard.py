@@ -9,7 +9,7 @@ import pytest
 from broker.domain.errors import BrokerError
 from broker.pricing.hazard import PRIOR_HOURS, Evidence, HazardModel, gamma_band
 from broker.pricing.snapshot import packaged_dir
-from broker.pricing.traces import EVIDENCE_COLUMNS, evidence, load_trace, load_traces
+from broker.pricing.traces import EVIDENCE_COLUMNS, evidence, load_pool, load_trace, load_traces, shared_traces
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 needs_traces = pytest.mark.skipif(not TRACES.exists(), reason="../shared/data/traces is not here")
@@ -18,7 +18,8 @@ needs_traces = pytest.mark.skipif(not TRACES.exists(), reason="../shared/data/tr
 @needs_traces
 def test_packaged_evidence_is_what_the_shared_traces_say():
     packaged = pd.read_csv(packaged_dir() / "trace_evidence.csv")
-    fresh = evidence(load_traces(TRACES))
+    fresh = evidence(shared_traces(TRACES))
+    assert {"a2-highgpu-1g", "v100x1"} <= set(fresh["instance_type"])  # Bamboo's GCP pools too
     pd.testing.assert_frame_equal(packaged, fresh.astype(packaged.dtypes.to_dict()), check_exact=False, rtol=1e-3)
 
 
@@ -76,6 +77,34 @@ def test_a_steady_rate_has_no_dispersion_and_a_bursty_one_has_some(tmp_path):
 
 def model(rows, bands=None):
     return HazardModel(pd.DataFrame(rows, columns=EVIDENCE_COLUMNS), bands or {})
+
+
+def test_a_pool_log_counts_drops_as_preemptions_but_says_nothing_of_availability(tmp_path):
+    """Bamboo's GCP pools: the live count at each change, refilled to its size. 4 lost in 2 h of 100 instances."""
+    log = tmp_path / "a100x1-east1b.txt"
+    log.write_text(
+        "2021-12-11, 10:00:00, 100\n2021-12-11, 10:01:00, 100\n2021-12-11, 10:30:00, 97\n"
+        "2021-12-11, 10:45:00, 100\n2021-12-11, 11:20:00, 99\n2021-12-11, 12:00:00, 100\n"
+    )
+    pool = load_pool(log)
+    assert (pool.cloud, pool.region, pool.zone, pool.instance_type) == (
+        "gcp",
+        "us-east1",
+        "us-east1-b",
+        "a2-highgpu-1g",
+    )
+    assert pool.preemptions() == 4 and pool.hours == pytest.approx(2.0)
+    assert pool.exposure_hours() == pytest.approx((30 * 100 + 15 * 97 + 35 * 100 + 40 * 99) / 60)
+    rows = evidence([pool])
+    assert rows["availability"].isna().all() and rows["dispersion"].isna().all()  # a day cannot show either
+    shipped = HazardModel.packaged()
+    aws = pd.read_csv(packaged_dir() / "trace_evidence.csv").query("cloud == 'aws'")  # the anchor's evidence
+    cautious = HazardModel(aws, shipped.bands).spot("gcp", "us-east1", "a2-highgpu-1g")
+    seen = HazardModel(pd.concat([aws, rows]), shipped.bands).spot("gcp", "us-east1", "a2-highgpu-1g")
+    assert seen.per_hour < cautious.per_hour / 3 and "4 preemptions in 199 h observed" in seen.source
+    assert cautious.availability < seen.availability < 1.0  # the anchor's gaps after longer up-spells: not always up
+    with pytest.raises(BrokerError, match="name it <gpu>x<count>"):
+        load_pool(write_trace(tmp_path / "pool.txt", [1]))
 
 
 def test_observed_preemptions_dominate_the_prior_and_narrow_the_band():

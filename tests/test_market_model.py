@@ -2,6 +2,7 @@
 
 The futures a job is played out on are tested in test_futures.py, quotes simulated on them in test_quotes.py."""
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import numpy as np
@@ -74,6 +75,8 @@ def test_a_type_without_traces_is_modelled_at_its_offers_hazard_and_availability
     assert zone.evidence.startswith("no trace;") and "spot there 62% of the time" in zone.evidence
     assert zone.mean_up_h == pytest.approx(1 / 0.229, rel=0.02) and zone.p_launch == pytest.approx(0.62, abs=0.01)
     assert model.share_up(offer) is None  # nothing measured: the offer's own availability stands
+    pool = replace(trace("us-east1-b", [64, 60, 64], 100, kind="a2-highgpu-1g"), pool=True)  # Bamboo's GCP pools
+    assert MarketModel.fit([pool]).zones == {}  # refilled to its size: no gap shows, so no spells of it
     never_up = MarketModel.fit([trace("us-east-1a", [0] * 6, 10)])
     assert never_up.share_up(_offer("us-east-1a")) == pytest.approx(1e-3)  # an availability the money model can use
 

@@ -267,7 +267,7 @@ class MarketModel:
         tick_h = tick_s / 3600
         own: dict[tuple[str, str, str], list[tuple[np.ndarray, np.ndarray, float]]] = {}
         region: dict[tuple[str, str, str], str] = {}
-        for trace in traces:
+        for trace in (t for t in traces if not t.pool):  # a pool refilled to its size never shows a gap
             up, down = spells(tick_minimum(trace.data, trace.gap_s, tick_s) > 0)
             own.setdefault((trace.cloud, trace.zone, trace.instance_type), []).append((up, down, trace.hours))
             region[(trace.cloud, trace.zone, trace.instance_type)] = trace.region

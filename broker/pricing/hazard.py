@@ -92,11 +92,12 @@ class HazardModel:
         self.evidence: dict[Key, Evidence] = {}
         for row in preempt.itertuples(index=False):
             key = (row.cloud, row.region, row.instance_type)
+            dispersion = DEFAULT_DISPERSION if pd.isna(row.dispersion) else row.dispersion  # a day's trace: unknown
             self.evidence[key] = self.evidence.get(key, Evidence()) + Evidence(
-                row.preemptions, row.exposure_h, row.dispersion
+                row.preemptions, row.exposure_h, dispersion
             )
-        avail = evidence.groupby(["cloud", "region", "instance_type"])["availability"].mean()
-        self.availability = {k: float(v) for k, v in avail.items()}
+        avail = evidence.dropna(subset=["availability"]).groupby(["cloud", "region", "instance_type"])["availability"]
+        self.availability = {k: float(v) for k, v in avail.mean().items()}  # a pool's log has none (traces.py)
         self.traces = len(preempt)
         self.cloud_bands: dict[Key, str] = {}  # bands of clouds other than AWS, added by with_bands
         self.anchor = self._anchor()

@@ -4,13 +4,17 @@ A trace file is `{"metadata": {"gap_seconds": N}, "data": [v0, v1, ...]}`; v is 
 instances were running (preemption traces: relaunched after each loss) or obtainable
 (availability traces) at each tick. A file's name says where and what: `us-west-2b_v100_1`
 is zone us-west-2b, one V100; the directory above it says the cloud (`aws-04-22-2023`).
+
+Bamboo's GCP pools (`node-events/gcloud/a100x1-east1b.txt`: `date, time, live instances` at each change, in
+us-east1-b) are read as preemption traces at one-minute ticks: a pool kept at its size, so its drops are instances
+lost, but a count that never reaches zero does not say whether capacity could be had (`pool`: no availability).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +33,9 @@ INSTANCE_TYPES = {
     ("gcp", "c3-88"): "c3-highcpu-88",
 }
 _NAME = re.compile(r"^(?P<zone>[a-z]+-[a-z]+-?\d+-?[a-z])_(?P<shape>[a-z0-9_-]+)$")
+GCP_POOL_TYPES = {"a100x1": "a2-highgpu-1g"}  # Bamboo's GCP pools -> the catalog's type (V100s have none there)
+_POOL_NAME = re.compile(r"^(?P<shape>[a-z0-9]+x\d+)-(?P<region>[a-z]+\d+)(?P<zone>[a-z])$")  # a100x1-east1b
+POOL_TICK_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class Trace:
     instance_type: str
     gap_s: float
     data: np.ndarray
+    pool: bool = False  # a pool refilled to its size: preemptions, not availability
 
     @property
     def hours(self) -> float:
@@ -51,9 +59,7 @@ class Trace:
     def window(self, start: float, end: float) -> Trace:
         """The part of the trace between two fractions of its length (0.0-1.0)."""
         a, b = int(len(self.data) * start), int(len(self.data) * end)
-        return Trace(
-            self.name, self.kind, self.cloud, self.region, self.zone, self.instance_type, self.gap_s, self.data[a:b]
-        )
+        return replace(self, data=self.data[a:b])
 
     def preemptions(self) -> int:
         """Instances lost: every drop in the running count."""
@@ -65,12 +71,15 @@ class Trace:
 
     def dispersion(self, block_h: float = 24.0) -> float:
         """Squared coefficient of variation of the preemption rate between blocks (days by default):
-        how much more the count varies than a constant-rate Poisson process would (0 = not at all)."""
+        how much more the count varies than a constant-rate Poisson process would (0 = not at all); NaN for a trace
+        shorter than two blocks, which cannot say."""
         per = max(2, int(block_h * 3600 / self.gap_s))
         blocks = [self.data[i : i + per] for i in range(0, len(self.data) - per + 1, per)]
         counts = np.array([np.maximum(0, b[:-1] - b[1:]).sum() for b in blocks])
         exposure = np.array([b.sum() * self.gap_s / 3600 for b in blocks])
-        if len(blocks) < 2 or exposure.sum() <= 0:
+        if len(blocks) < 2:
+            return float("nan")
+        if exposure.sum() <= 0:
             return 0.0
         mean = counts.sum() / exposure.sum() * exposure
         return float(max(0.0, np.sum((counts - mean) ** 2 - mean) / max(np.sum(mean**2), 1e-9)))
@@ -114,6 +123,32 @@ def load_traces(directory: Path, pattern: str = "**/*.json") -> list[Trace]:
     return [load_trace(p) for p in sorted(Path(directory).glob(pattern))]
 
 
+def load_pool(path: Path) -> Trace:
+    """One of Bamboo's GCP pool logs (`date, time, live instances` at each change; `<gpu>x<count>-<region><zone>`,
+    regions in the us), as a preemption trace of the count in effect at each minute."""
+    path = Path(path)
+    match = _POOL_NAME.match(path.stem)
+    try:
+        if match is None:
+            raise ValueError("name it <gpu>x<count>-<region><zone>.txt, e.g. a100x1-east1b.txt")
+        log = pd.read_csv(path, header=None, names=["date", "time", "count"], skipinitialspace=True)
+        at = (pd.to_datetime(log["date"] + " " + log["time"]) - pd.Timestamp(0)).dt.total_seconds()
+        counts = log["count"].astype(float).to_numpy()
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise BrokerError(f"pool log {path}: {err}") from None
+    ticks = np.arange(at.min(), at.max(), POOL_TICK_S)
+    data = counts[np.searchsorted(at.to_numpy(), ticks, side="right") - 1]  # the newest count by each minute
+    region = f"us-{match['region']}"
+    zone, shape = f"{region}-{match['zone']}", match["shape"]
+    instance_type = GCP_POOL_TYPES.get(shape, shape)
+    return Trace(path.stem, "preemption", "gcp", region, zone, instance_type, POOL_TICK_S, data, pool=True)
+
+
+def shared_traces(root: Path) -> list[Trace]:
+    """Every trace the shared data holds: the Can't Be Late files, then Bamboo's GCP pool logs (what is shipped)."""
+    return load_traces(root) + [load_pool(p) for p in sorted(Path(root).glob("node-events/gcloud/*.txt"))]
+
+
 EVIDENCE_COLUMNS = [
     "trace",
     "kind",
@@ -143,7 +178,7 @@ def evidence(traces: list[Trace]) -> pd.DataFrame:
             t.preemptions() if t.kind == "preemption" else 0,
             round(t.exposure_hours(), 3) if t.kind == "preemption" else 0.0,
             round(t.dispersion(), 4) if t.kind == "preemption" else 0.0,
-            round(t.availability(), 4),
+            float("nan") if t.pool else round(t.availability(), 4),
         ]
         for t in traces
     ]
@@ -155,4 +190,4 @@ if (
 ):  # python -m broker.pricing.traces ../shared/data/traces > broker/pricing/data/trace_evidence.csv
     import sys
 
-    evidence(load_traces(Path(sys.argv[1]))).to_csv(sys.stdout, index=False)
+    evidence(shared_traces(Path(sys.argv[1]))).to_csv(sys.stdout, index=False)
