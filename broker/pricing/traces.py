@@ -136,8 +136,14 @@ def load_pool(path: Path) -> Trace:
         counts = log["count"].astype(float).to_numpy()
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise BrokerError(f"pool log {path}: {err}") from None
-    ticks = np.arange(at.min(), at.max(), POOL_TICK_S)
-    data = counts[np.searchsorted(at.to_numpy(), ticks, side="right") - 1]  # the newest count by each minute
+    # each change is logged on three rows a minute apart, the next change's rows may start before those end: a
+    # change is the first row of its count, and the changes are in time order
+    first, end = np.r_[True, counts[1:] != counts[:-1]], at.max()  # the log runs to its last row
+    at, counts = at.to_numpy()[first], counts[first]
+    order = np.argsort(at, kind="stable")
+    at, counts = at[order], counts[order]
+    ticks = np.arange(at[0], end, POOL_TICK_S)
+    data = counts[np.searchsorted(at, ticks, side="right") - 1]  # the newest count by each minute
     region = f"us-{match['region']}"
     zone, shape = f"{region}-{match['zone']}", match["shape"]
     instance_type = GCP_POOL_TYPES.get(shape, shape)
