@@ -302,15 +302,12 @@ class MarketModel:
         """The offer's zone model: its own, else its instance type's siblings in its region or, where none is
         traced, anywhere (the prior alone), else an exponential one from the offer's hazard and availability (set by
         the catalog's hazard model)."""
-        zone = offer.zone or offer.region
-        found = self.zones.get((offer.cloud, zone, offer.instance_type)) or self._siblings(
-            offer.cloud, zone, offer.instance_type, offer.region
-        )
+        found = self._measured(offer)
         if found is not None:
             return found
         return exponential_zone(
             offer.cloud,
-            zone,
+            offer.zone or offer.region,
             offer.instance_type,
             self.tick_h,
             offer.hazard_per_h,
@@ -325,9 +322,16 @@ class MarketModel:
         so a quote's choice and its futures read one market. Kept per zone for this model's life (a model tick)."""
         key = (offer.cloud, offer.zone or offer.region, offer.instance_type, offer.region)
         if key not in self._shares:
-            known = self.zones.get(key[:3]) or self._siblings(*key)
+            known = self._measured(offer)
             self._shares[key] = None if known is None else max(known.p_launch, MIN_SHARE_UP)
         return self._shares[key]
+
+    def _measured(self, offer) -> ZoneModel | None:
+        """The offer's zone as traces (its own, else its siblings') and our fleet measured it; None where none did."""
+        zone = offer.zone or offer.region
+        return self.zones.get((offer.cloud, zone, offer.instance_type)) or self._siblings(
+            offer.cloud, zone, offer.instance_type, offer.region
+        )
 
     def with_recent(
         self, seen: dict[tuple[str, str, str], np.ndarray], regions: dict[tuple[str, str, str], str] | None = None
