@@ -49,7 +49,8 @@ def test_a_checkpoint_request_is_saved_at_the_next_step_and_the_job_runs_on(tmp_
     asked_at = wait_for(job, lambda e: e["type"] == "progress" and e["done"] >= 13)["done"]
     job.request_checkpoint()
     saved = wait_for(job, lambda e: e["type"] == "checkpoint")["step"]
-    assert asked_at < saved < asked_at + 10 and not job.checkpoint_request.exists()  # the save answered it
+    # the job reports step 13's progress before it asks should_save(): a request made between the two is saved at 13
+    assert asked_at <= saved < asked_at + 10 and not job.checkpoint_request.exists()  # the save answered it
     assert job.wait(timeout=60) == 0 and [m.step for m in CheckpointStore(tmp_path / "ckpt").manifests("train")] == [
         saved
     ]  # one save: the request, not a periodic one, and the job went on to the end
