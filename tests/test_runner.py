@@ -65,11 +65,13 @@ def test_killed_job_resumes_from_its_last_checkpoint_losing_at_most_one_interval
     first.start()
     reached = wait_for(first, lambda e: e["type"] == "progress" and e["done"] >= 27)["done"]
     first.kill()  # no notice: the instance vanished
+    last_done = max([reached] + [e["done"] for e in first.events() if e["type"] == "progress"])
     latest, _ = CheckpointStore(root).latest_verified("train")
-    assert latest.step == 20 and reached - latest.step <= 10
+    # a save every 10 steps: at most one interval lost (on a busy machine the job may pass 30 before the kill lands)
+    assert latest.step >= 20 and latest.step % 10 == 0 and last_done - latest.step <= 10
 
     resumed = run_to_end(spec, "train", root, tmp_path / "run2", resume_from=latest.url)
-    assert {"type": "restored", "step": 20}.items() <= next(
+    assert {"type": "restored", "step": latest.step}.items() <= next(
         e for e in resumed.events() if e["type"] == "restored"
     ).items()
     assert_same_weights(torch.load(out), uninterrupted)
@@ -137,10 +139,12 @@ def test_argv_is_not_run_through_a_shell_unless_asked(tmp_path):
 
 
 def test_a_job_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
-    spec = make_spec(run="trap '' TERM; sleep 30 & wait; sleep 30", shell=True)
+    spec = make_spec(run="trap '' TERM; echo trapped; sleep 30 & wait; sleep 30", shell=True)
     job = JobProcess(spec, "stubborn", "/tmp/c/s", tmp_path)
     job.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while job.log_tail() != ["trapped"] and time.monotonic() < deadline:  # a busy machine: bash may take a while
+        time.sleep(0.05)
     started = time.monotonic()
     assert job.stop(grace_s=0.5) == -9
     assert time.monotonic() - started < 5
