@@ -1,6 +1,7 @@
 """Agents and a broker server over a real Redis, turned by hand (the `system` fixture, conftest.py)."""
 
 import sys
+import threading
 import time
 
 from broker import planning
@@ -45,15 +46,39 @@ class System:
         return agent
 
     def drive(self, until, timeout_s=90, silent=()):
-        """Turn every live agent and the server until `until()` holds."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for name, agent in list(self.agents.items()):
-                if name not in silent and agent.step(block_ms=10):
-                    del self.agents[name]  # the agent ended (preempted, stopped)
-            self.server.round(block_ms=10)
-            if until():
-                return
+        """Turn the server until `until()` holds, each live agent (but the `silent`) meanwhile in its own thread, as
+        its own process would: one agent's long turn (its job's save on a stop, up to its grace) starved the others'
+        lease renewals when one loop turned them all, and on a busy machine a bystander was taken for lost."""
+        stop, failed = threading.Event(), []
+
+        def turn(name, agent):
+            try:
+                while not stop.is_set():
+                    if agent.step(block_ms=10):
+                        del self.agents[name]  # the agent ended (preempted, stopped)
+                        return
+            except Exception as err:  # noqa: BLE001 - raised in the test's thread below
+                failed.append(err)
+
+        turning = [
+            threading.Thread(target=turn, args=(name, agent), daemon=True)
+            for name, agent in self.agents.items()
+            if name not in silent
+        ]
+        for thread in turning:
+            thread.start()
+        try:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and not failed:
+                self.server.round(block_ms=10)
+                if until():
+                    return
+        finally:
+            stop.set()
+            for thread in turning:
+                thread.join(timeout=60)
+            if failed:
+                raise failed[0]
         jobs = [
             (j.id, j.state.value, j.reason, [(r.agent, r.end_reason) for r in j.runs]) for j in self.store.list_jobs()
         ]
