@@ -85,7 +85,7 @@ def test_the_quotes_record_sets_what_jobs_cost_and_when_they_finished_against_th
     start = datetime(2026, 11, 23, tzinfo=UTC)
     spot = offer(catalog, Tier.spot)
 
-    def job(name, state, times, deadline_h=26.0, on_cloud=True):
+    def job(name, state, times, deadline_h=20.0, on_cloud=True):
         """A job that ran `times` the hours its quote's cost buys on `spot` (1: it cost its quote to the cent)."""
         spec = make_spec(name=name, deadline=f"+{deadline_h}h", now=start, resources={"accelerators": ["L4:1"]})
         quote = planning.get().quote(spec, [spot], start)
@@ -99,7 +99,7 @@ def test_the_quotes_record_sets_what_jobs_cost_and_when_they_finished_against_th
     )
     jobs = [
         job("on-quote", JobState.done, 1),
-        job("dearer", JobState.done, 3),  # 200% off, and it finished late
+        job("dearer", JobState.done, 2, deadline_h=15),  # 100% off, and it finished late
         job("cheaper", JobState.done, 0.5),
         job("open", JobState.running, 0, deadline_h=40),  # its deadline is ahead: undecided
         job("past", JobState.queued, 0),  # unfinished past its deadline: missed

@@ -9,7 +9,7 @@ import pytest
 from broker import planning
 from broker.domain.errors import BrokerError, InfeasibleError
 from broker.domain.model import Tier
-from broker.models.risk import down_hours, evaluate
+from broker.models.risk import evaluate
 from conftest import NOW, make_spec
 
 POLICY = planning.get("cheapest")
@@ -59,14 +59,10 @@ def test_chosen_offer_is_the_cheapest_feasible_one_by_brute_force(name, catalog)
     assert quote.chosen.feasible
 
 
-def test_quote_cost_is_price_times_expected_time_less_the_waits_for_capacity(catalog):
+def test_quote_cost_is_price_times_expected_time(catalog):
     quote = POLICY.quote(make_spec(**SPECS["lora-any-24gb"]), catalog.offers, NOW)
     for option in [quote.chosen, *quote.alternatives, quote.on_demand_baseline]:
-        billed = option.offer.price_usd_per_h * option.expected_wall_h
-        if down_hours(option.offer) == 0:  # capacity always there: every hour is billed
-            assert option.expected_cost_usd == pytest.approx(billed)
-        else:  # waiting for spot capacity is not
-            assert option.offer.price_usd_per_h * option.exclusive_h < option.expected_cost_usd < billed
+        assert option.expected_cost_usd == pytest.approx(option.offer.price_usd_per_h * option.expected_wall_h)
 
 
 def test_a_tight_deadline_moves_the_job_to_faster_gpus(catalog):

@@ -23,7 +23,7 @@ def test_a_job_whose_odds_hold_without_the_reserve_starts_on_spot_and_the_planne
     keeps the spot offer and says so, and the planner's view of the stored job carries it to the guard's rule."""
     from broker.planning.option_table import PlanItem
 
-    calm = MarketModel.fit([trace("us-east-1a", [1] * 100 + [0] * 1, 60)])  # up 17 h at a time
+    calm = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
     spec = _quote_spec(13.0).model_copy(update={"budget_usd": None, "deadline_probability": 0.85})
     quote = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm).quote(spec)
@@ -43,10 +43,10 @@ def test_a_job_whose_odds_hold_without_the_reserve_starts_on_spot_and_the_planne
 
 
 def test_a_reserve_that_adds_odds_starts_the_job_on_on_demand_and_says_what_spot_would_keep():
-    """Where spot is lost every 10 hours and a restart takes half an hour, the reserve's start on on-demand adds more
+    """Where spot is lost every 5 hours and a restart takes half an hour, the reserve's start on on-demand adds more
     than ODDS_TRADE to odds neither start reaches: the job starts there, and its quote says what the start on spot
     would cost and keep, and the asked odds at which the job starts there."""
-    choppy = MarketModel.fit([trace("us-east-1a", [1] * 60 + [0] * 3, 50)])
+    choppy = MarketModel.fit([trace("us-east-1a", [1] * 30 + [0] * 3, 100)])
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
     spec = _quote_spec(14.0, restore_minutes=30.0).model_copy(update={"budget_usd": None})
     broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), choppy)

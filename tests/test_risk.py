@@ -13,7 +13,6 @@ from broker.models.risk import (
     RESTART_OVERHEAD_H,
     STARTUP_H,
     checkpoint_hours,
-    down_hours,
     evaluate,
     exclusive_hours,
     fits,
@@ -150,48 +149,6 @@ def test_expected_wall_time_agrees_with_simulated_preemptions():
     delta, restart = checkpoint_hours(spec), RESTART_OVERHEAD_H + 0.1
     runs = [simulate_wall_h(30, delta, option.checkpoint_interval_h, lam, restart, rng) for _ in range(4000)]
     assert sum(runs) / len(runs) == pytest.approx(option.expected_wall_h, rel=0.03)
-
-
-def simulate_on_a_zone(t, delta, tau, lam, restart, down_h, up_share, rng):
-    """One run where spot is up a share of the time, in spells down of mean `down_h`: a start finds it down with
-    1 - up_share and waits out the spell; a preemption ends a spell up, and the restart waits a whole spell down.
-    The wall hours and the hours of them spent waiting (unbilled)."""
-    waited = rng.expovariate(1 / down_h) if rng.random() > up_share else 0.0
-    clock, done = STARTUP_H + waited, 0.0
-    next_preemption = clock + rng.expovariate(lam)
-    while done < t - 1e-12:
-        segment = min(tau, t - done)
-        span = segment + (delta if done + segment < t else 0)
-        if clock + span > next_preemption:
-            wait = rng.expovariate(1 / down_h)
-            waited += wait
-            clock = next_preemption + wait + restart
-            next_preemption = clock + rng.expovariate(lam)
-            continue
-        clock += span
-        done += segment
-    return clock, waited
-
-
-def test_a_start_and_each_restart_wait_out_a_spell_without_capacity_and_pay_nothing_for_it():
-    """A zone up 40% of the time, down 2 h at a time. The money model priced a start that found no capacity as 1/a
-    paid launch attempts of 5 minutes (7.5 minutes here) and a restart as one more: the wait is the spell's, unpaid."""
-    spec = make_spec(work={"gpu_hours": 30}, checkpoint={"size_gb": 45, "restore_minutes": 6})
-    lam, down_h, up_share = 0.08, 2.0, 0.4
-    zone = offer(hazard=lam, price=1.5).model_copy(update={"availability": up_share, "mean_down_h": down_h})
-    option = evaluate(spec, zone, NOW)
-    rng = random.Random(11)
-    delta, restart = checkpoint_hours(spec), RESTART_OVERHEAD_H + 0.1
-    tau = option.checkpoint_interval_h
-    runs = [simulate_on_a_zone(30, delta, tau, lam, restart, down_h, up_share, rng) for _ in range(4000)]
-    assert sum(w for w, _ in runs) / len(runs) == pytest.approx(option.expected_wall_h, rel=0.03)
-    assert sum(1.5 * (w - waited) for w, waited in runs) / len(runs) == pytest.approx(
-        option.expected_cost_usd, rel=0.03
-    )
-    always_up = evaluate(spec, offer(hazard=lam, price=1.5), NOW)
-    assert option.expected_wall_h - always_up.expected_wall_h > 5  # 0.6 x 2 h, then 2 h for each of 2.5 preemptions
-    # an offer the market model did not measure: exponential spells from its hazard and availability
-    assert down_hours(offer(hazard=lam).model_copy(update={"availability": up_share})) == pytest.approx(0.6 / 0.4 / lam)
 
 
 def test_deadline_odds_fall_as_the_deadline_tightens():
