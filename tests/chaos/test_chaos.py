@@ -37,7 +37,8 @@ def test_jobs_survive_kill_9_of_instances_and_of_the_server(redis_url):
     assert result["duplicated"] == 0
     assert result["migrations"] >= 1
     assert result["max_work_lost_steps"] <= result["checkpoint_interval_steps"]
-    assert result["notices"] >= 3 and result["notices_missed"] == 0, result["missed"]
+    # a string: pytest cuts a list (a fresh clone's miss showed agent, job and fence only, not what became of it)
+    assert result["notices"] >= 3 and result["notices_missed"] == 0, json.dumps(result["missed"], default=str)
     outcomes = {k: result[k] for k in ("notices_job_finished_first", "notices_run_lost_first")}
     assert result["notices_checkpointed_in_time"] >= 1, outcomes
     assert 0 < result["notice_to_checkpoint_p50_s"] <= result["notice_to_checkpoint_p99_s"] < 30
