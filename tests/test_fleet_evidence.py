@@ -103,16 +103,16 @@ def test_a_quote_learns_the_capacity_our_fleet_had_where_the_traces_said_calm(st
 
 
 def test_a_quotes_money_model_reads_the_zones_share_of_time_up_the_market_model_learned(store):
-    """The catalog's availability is its region's mean of traces; the quote's choice reads the zone's own share up,
-    and once our fleet saw the zone come and go, that, as the quote's futures do."""
+    """The catalog's availability and hazard are its region's means of traces; the quote's choice reads the zone's
+    own spells up and down, and once our fleet saw the zone come and go, those, as the quote's futures do."""
     spot, od = _offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)  # the catalog says 0.9
     untraced = spot.model_copy(update={"instance_type": "g5.xlarge", "availability": 0.62, "price_usd_per_h": 0.91})
-    calm = MarketModel.fit([trace("us-east-1a", [1] * 12 + [0] * 6, 50)])  # up 2 h, down 1 h
+    calm = MarketModel.fit([trace("us-east-1a", [1] * 60 + [0] * 6, 50)])  # up 10 h, down 1 h
     clock = SimulatedClock(NOW)
     broker = Broker(store, OfferBook([spot, od, untraced]), planning.get("cbl-greedy"), clock, calm)
     spec = _quote_spec(30.0).model_copy(update={"deadline": NOW + timedelta(hours=30)})
     before = {o.id: o.availability for o in broker.offers([])}
-    assert before[spot.id] == pytest.approx(2 / 3) and before[od.id] == 1.0
+    assert before[spot.id] == pytest.approx(10 / 11) and before[od.id] == 1.0
     assert before[untraced.id] == 0.62  # no trace of its type: the hazard model's stands
     quoted = broker.quote(spec).chosen
     history = CapacityHistory(store)
@@ -122,7 +122,8 @@ def test_a_quotes_money_model_reads_the_zones_share_of_time_up_the_market_model_
         history.record(NOW + timedelta(minutes=10 * tick), [store.get_agent("a")] if tick % 4 == 0 else [])
     clock.advance(hours=24)
     after = {o.id: o.availability for o in broker.offers([])}
-    assert after[spot.id] == pytest.approx(broker.market_now().zones[ZONE].p_launch) and after[spot.id] < 0.35
+    assert after[spot.id] == pytest.approx(broker.market_now().zones[ZONE].p_launch) and after[spot.id] < 0.6
+    assert next(o for o in broker.offers([]) if o.id == spot.id).hazard_per_h > 1.0  # its runs last minutes, not 10 h
     spec = spec.model_copy(update={"deadline": clock.now() + timedelta(hours=30)})
     requoted = broker.quote(spec).chosen
     assert quoted.offer.id == spot.id and requoted.offer.id == untraced.id  # a zone that is seldom up is dearer

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
+from broker.models.risk import down_hours
 from broker.pricing.availability import MarketModel, spell_at_ticks, spells, tick_minimum
 from broker.pricing.traces import Trace
 
@@ -65,7 +66,8 @@ def test_a_zone_without_traces_borrows_from_its_regions_traced_zones_before_the_
     seen = model.with_recent({key: np.array([1, 1, 1, 0])}, {key: "us-east-1"}).zones[key]
     assert "traced zones in us-east-1" in seen.evidence and seen.mean_up_h < 2.0
     west = model.zones[("aws", "us-west-2a", "p3.2xlarge")]  # its own spells, its siblings' as prior
-    assert model.share_up(zone_id) == pytest.approx(0.5) and model.share_up(_offer("us-west-2a")) == west.p_launch
+    assert model.spot_spells(zone_id) == pytest.approx((0.5, 1.0, 1.0))  # the region's zones: up 1 h, down 1 h
+    assert model.spot_spells(_offer("us-west-2a")) == (west.p_launch, west.mean_up_h, west.mean_down_h)
 
 
 def test_a_type_without_traces_is_modelled_at_its_offers_hazard_and_availability():
@@ -74,11 +76,12 @@ def test_a_type_without_traces_is_modelled_at_its_offers_hazard_and_availability
     zone = model.for_offer(offer)
     assert zone.evidence.startswith("no trace;") and "spot there 62% of the time" in zone.evidence
     assert zone.mean_up_h == pytest.approx(1 / 0.229, rel=0.02) and zone.p_launch == pytest.approx(0.62, abs=0.01)
-    assert model.share_up(offer) is None  # nothing measured: the offer's own availability stands
+    assert model.spot_spells(offer) is None  # nothing measured: the offer's own availability stands
+    assert down_hours(offer) == pytest.approx(zone.mean_down_h, rel=0.02)  # and the money model waits as it draws
     pool = replace(trace("us-east1-b", [64, 60, 64], 100, kind="a2-highgpu-1g"), pool=True)  # Bamboo's GCP pools
     assert MarketModel.fit([pool]).zones == {}  # refilled to its size: no gap shows, so no spells of it
     never_up = MarketModel.fit([trace("us-east-1a", [0] * 6, 10)])
-    assert never_up.share_up(_offer("us-east-1a")) == pytest.approx(1e-3)  # an availability the money model can use
+    assert never_up.spot_spells(_offer("us-east-1a"))[0] == pytest.approx(1e-3)  # odds the money model can use
 
 
 def test_hazard_falls_with_run_age_when_up_spells_are_heavy_tailed():

@@ -76,9 +76,9 @@ def test_the_budget_a_refused_job_is_told_is_kept_by_most_of_its_futures():
 
 def test_a_job_that_starts_on_on_demand_lists_no_alternative_on_the_same_offer():
     """The start on on-demand takes the baseline's offer for the chosen one: the alternatives listed it again."""
-    half = MarketModel.fit([trace("us-east-1a", [1] * 6 + [0] * 6, 300)])  # spot half the time
+    lost = MarketModel.fit([trace("us-east-1a", [1] * 60 + [0] * 3, 50)])  # spot lost every 10 hours
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
-    broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), half)
+    broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), lost)
     # 10 h of work in 14 h, half an hour to restore after each preemption: the reserve's start costs no more
     quote = broker.quote(_quote_spec(14.0, restore_minutes=30.0).model_copy(update={"budget_usd": 100.0}))
     assert quote.chosen.offer.tier.value == "on_demand", quote.forecast.evidence

@@ -23,7 +23,7 @@ def test_a_job_whose_odds_hold_without_the_reserve_starts_on_spot_and_the_planne
     keeps the spot offer and says so, and the planner's view of the stored job carries it to the guard's rule."""
     from broker.planning.option_table import PlanItem
 
-    calm = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    calm = MarketModel.fit([trace("us-east-1a", [1] * 100 + [0] * 1, 60)])  # up 17 h at a time
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
     spec = _quote_spec(13.0).model_copy(update={"budget_usd": None, "deadline_probability": 0.85})
     quote = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), calm).quote(spec)
@@ -42,11 +42,31 @@ def test_a_job_whose_odds_hold_without_the_reserve_starts_on_spot_and_the_planne
     assert surer.forecast.cost_p50_usd < float(told[2])
 
 
+def test_a_job_the_money_model_sends_to_on_demand_may_still_measure_its_speed_on_spot():
+    """Down 2 hours after each 10 up, spot alone does not keep the odds of a 10-hour job in 13 hours, so the money
+    model chooses on-demand; the rule still runs it on spot while in time. Its quote skipped the reserve's question
+    for a choice of on-demand: the job kept the reserve on spot, and the rule sent it to on-demand hours early (a
+    backtest's Greedy paid 57% more once the money model saw the waits)."""
+    from broker.core.broker import with_market_spells
+    from broker.models.launch_waits import with_launch_waits
+
+    model = MarketModel.fit([trace("us-east-1a", [1] * 60 + [0] * 12, 80)])
+    offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
+    spec = _quote_spec(13.0).model_copy(update={"budget_usd": None, "deadline_probability": 0.85})
+    money = planning.get("hedge").quote(spec, with_launch_waits([with_market_spells(o, model) for o in offers]), NOW)
+    assert money.chosen.offer.tier == "on_demand"
+    quote = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model).quote(spec)
+    assert quote.forecast.measures_on_spot and "measures its speed on spot" in quote.forecast.evidence
+    assert not quote.short_of_odds and quote.forecast.spot_share > 0.5
+    only_on_demand = Broker(None, OfferBook(offers[1:]), planning.get("hedge"), SimulatedClock(NOW), model)
+    assert not only_on_demand.quote(spec).forecast.measures_on_spot  # no spot to measure it on
+
+
 def test_a_reserve_that_adds_odds_starts_the_job_on_on_demand_and_says_what_spot_would_keep():
-    """Where spot is lost every 5 hours and a restart takes half an hour, the reserve's start on on-demand adds more
+    """Where spot is lost every 10 hours and a restart takes half an hour, the reserve's start on on-demand adds more
     than ODDS_TRADE to odds neither start reaches: the job starts there, and its quote says what the start on spot
     would cost and keep, and the asked odds at which the job starts there."""
-    choppy = MarketModel.fit([trace("us-east-1a", [1] * 30 + [0] * 3, 100)])
+    choppy = MarketModel.fit([trace("us-east-1a", [1] * 60 + [0] * 3, 50)])
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
     spec = _quote_spec(14.0, restore_minutes=30.0).model_copy(update={"budget_usd": None})
     broker = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), choppy)

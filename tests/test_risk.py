@@ -9,10 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.domain.model import Offer, Tier
+from broker.models.launch_waits import with_launch_waits
 from broker.models.risk import (
     RESTART_OVERHEAD_H,
     STARTUP_H,
     checkpoint_hours,
+    down_hours,
     evaluate,
     exclusive_hours,
     fits,
@@ -149,6 +151,68 @@ def test_expected_wall_time_agrees_with_simulated_preemptions():
     delta, restart = checkpoint_hours(spec), RESTART_OVERHEAD_H + 0.1
     runs = [simulate_wall_h(30, delta, option.checkpoint_interval_h, lam, restart, rng) for _ in range(4000)]
     assert sum(runs) / len(runs) == pytest.approx(option.expected_wall_h, rel=0.03)
+
+
+def simulate_on_a_zone(t, delta, tau, lam, restart, down_h, up_share, rng):
+    """One run where spot is up a share of the time, in spells down of mean `down_h`: a start finds it down with
+    1 - up_share and waits out the spell; a preemption ends a spell up, and the restart waits a whole spell down.
+    The wall hours and the hours of them spent waiting (unbilled)."""
+    waited = rng.expovariate(1 / down_h) if rng.random() > up_share else 0.0
+    clock, done = STARTUP_H + waited, 0.0
+    next_preemption = clock + rng.expovariate(lam)
+    while done < t - 1e-12:
+        segment = min(tau, t - done)
+        span = segment + (delta if done + segment < t else 0)
+        if clock + span > next_preemption:
+            wait = rng.expovariate(1 / down_h)
+            waited += wait
+            clock = next_preemption + wait + restart
+            next_preemption = clock + rng.expovariate(lam)
+            continue
+        clock += span
+        done += segment
+    return clock, waited
+
+
+def test_a_start_and_each_restart_wait_out_a_spell_without_capacity_and_pay_nothing_for_it():
+    """A zone up 40% of the time, down 2 h at a time, the only one of its speed. The money model priced a start that
+    found no capacity as 1/a paid launch attempts of 5 minutes (7.5 minutes here) and a restart as one more: the wait
+    is the spell's, unpaid."""
+    spec = make_spec(work={"gpu_hours": 30}, checkpoint={"size_gb": 45, "restore_minutes": 6})
+    lam, down_h, up_share = 0.08, 2.0, 0.4
+    zone = offer(hazard=lam, price=1.5).model_copy(update={"availability": up_share, "mean_down_h": down_h})
+    (zone,) = with_launch_waits([zone])  # the only zone of its speed
+    assert zone.launch_waits_h == pytest.approx((0.6 * down_h, down_h))
+    option = evaluate(spec, zone, NOW)
+    rng = random.Random(11)
+    delta, restart = checkpoint_hours(spec), RESTART_OVERHEAD_H + 0.1
+    tau = option.checkpoint_interval_h
+    runs = [simulate_on_a_zone(30, delta, tau, lam, restart, down_h, up_share, rng) for _ in range(4000)]
+    assert sum(w for w, _ in runs) / len(runs) == pytest.approx(option.expected_wall_h, rel=0.03)
+    assert sum(1.5 * (w - waited) for w, waited in runs) / len(runs) == pytest.approx(
+        option.expected_cost_usd, rel=0.03
+    )
+    always_up = evaluate(spec, offer(hazard=lam, price=1.5), NOW)
+    assert option.expected_wall_h - always_up.expected_wall_h > 5  # 0.6 x 2 h, then 2 h for each of 2.5 preemptions
+    # an offer the market model did not measure: exponential spells from its hazard and availability
+    assert down_hours(offer(hazard=lam).model_copy(update={"availability": up_share})) == pytest.approx(0.6 / 0.4 / lam)
+
+
+def test_a_start_waits_only_while_every_region_with_a_zone_of_its_speed_is_down():
+    """The rule launches a job in any zone of its speed that has capacity: one zone's spells overstated the wait. A
+    region's zones go down together, so a region counts as its zone up the most."""
+    east_a = offer(hazard=0.2).model_copy(update={"availability": 0.5, "mean_down_h": 2.0})
+    east_b = east_a.model_copy(update={"zone": "use1-az2", "availability": 0.25, "mean_down_h": 6.0})
+    west = east_a.model_copy(update={"region": "us-west-2", "zone": "usw2-az1", "availability": 0.75})
+    slower = east_a.model_copy(update={"accelerator": "L4", "zone": "use1-az3"})  # another speed: its own
+    on_demand = offer(tier=Tier.on_demand, price=3.0)
+    waits = {o.id: o.launch_waits_h for o in with_launch_waits([east_a, east_b, west, slower, on_demand])}
+    back_per_h = 1 / 2.0 + 1 / 2.0  # us-east-1 as use1-az1 (up half the time), us-west-2
+    assert waits[east_a.id] == pytest.approx((0.5 * 0.25 / back_per_h, 0.25 / back_per_h))
+    assert waits[east_b.id] == waits[east_a.id]  # its region's best zone stands for it
+    assert waits[west.id] == pytest.approx((0.25 * 0.5 / back_per_h, 0.5 / back_per_h))
+    assert waits[slower.id] == pytest.approx((0.5 * 2.0, 2.0))  # alone at its speed: its own spells
+    assert waits[on_demand.id] is None
 
 
 def test_deadline_odds_fall_as_the_deadline_tightens():

@@ -132,7 +132,7 @@ def test_a_quotes_odds_hardly_move_with_the_futures_seed_where_the_speed_is_what
     from broker.core.forecast import forecast
 
     model = MarketModel.fit([trace("us-east-1a", [1] * 3 + [0] * 9, 300)])
-    quote = _quote(model, 18.0)
+    quote = _quote(model, 18.0, budget_usd=None)
     on_demand = quote.model_copy(update={"chosen": quote.on_demand_baseline})
     offers = [_offer("us-east-1a"), _offer("us-east-1z", "on_demand", 3.06)]
     spec = _quote_spec(quote.on_demand_baseline.expected_wall_h * 1.05)  # tight: its odds are the speed's

@@ -103,7 +103,9 @@ def quote_table(quote: Quote, title: str) -> Fitted:
     if quote.forecast is not None:
         note = "time, cost and finish are the futures' medians, P(meet) their odds"
         if any(o.forecast is None for o in quote.alternatives):  # a quote made without them (a backtest's)
-            note += " (alternatives: the money model's: spot always launchable, a constant hazard, the estimated speed)"
+            note += (
+                " (alternatives: the money model's: mean waits for capacity, a constant hazard, the estimated speed)"
+            )
         elif quote.alternatives:
             note += "; each alternative run on its own offer"
         notes.append(note)

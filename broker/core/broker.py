@@ -32,6 +32,7 @@ from broker.domain.model import (
     Quote,
     Tier,
 )
+from broker.models.launch_waits import with_launch_waits
 from broker.models.placement import unknown_exclusions
 from broker.models.risk import fits
 from broker.planning.cheapest import ALTERNATIVES
@@ -114,7 +115,8 @@ class Broker:
         the store when not given); a spot offer's launch odds are the market model's where it measured the zone
         (the traces, its siblings', our fleet's spells lately), not its region's mean of traces."""
         market = self.market_now()
-        offers = [with_share_up(o, market) for o in self.catalog.offers] if market else list(self.catalog.offers)
+        offers = [with_market_spells(o, market) for o in self.catalog.offers] if market else list(self.catalog.offers)
+        offers = with_launch_waits(offers)
         if self.store is not None:
             known = {o.id for o in offers}
             agents = self.store.agents() if agents is None else agents
@@ -212,7 +214,7 @@ class Broker:
                 for o in quote.alternatives
             ]
             # the best by their futures, listed as their rows read: those that keep the asked odds first, then by
-            # their median cost (the money model's next cheapest may be a zone spot is seldom up in)
+            # their median cost (the money model's next cheapest, by its means, may keep the odds less often)
             asked = spec.deadline_probability - ODDS_NOISE
             update["alternatives"] = sorted(
                 alternatives, key=lambda o: (o.forecast.p_meet_deadline < asked, o.forecast.cost_p50_usd)
@@ -312,7 +314,15 @@ class Broker:
         return self.store.get_job(job_id)
 
 
-def with_share_up(offer: Offer, market: MarketModel) -> Offer:
-    """A spot offer with the market model's share of time up as its availability, where the model measured it."""
-    share = market.share_up(offer) if offer.tier == Tier.spot else None
-    return offer if share is None or share == offer.availability else offer.model_copy(update={"availability": share})
+def with_market_spells(offer: Offer, market: MarketModel) -> Offer:
+    """A spot offer as the market model measured its zone: its share of time up, a run's preemptions (one an
+    up-spell) and the spells down a start waits out. The hazard model's rate is its region's mean over traces: a zone
+    our fleet saw up 10 minutes at a time was priced as if a run there lasted 5 hours."""
+    spells = market.spot_spells(offer) if offer.tier == Tier.spot else None
+    if spells is None:
+        return offer
+    share, up_h, down_h = spells
+    update = {"availability": share, "mean_down_h": down_h}
+    if up_h > 0:
+        update |= {"hazard_per_h": 1 / up_h, "hazard_source": "the market model's spells up"}
+    return offer.model_copy(update=update)

@@ -118,9 +118,14 @@ def starts_for_reserve(quote: Quote, spec: JobSpec, offers: list[Offer], now: da
     """Whether a policy that places by its rule starts the job on on-demand, whatever the money model chose: its
     window does not hold the reserve for a speed not yet measured (uniform_progress.starts_on_demand). Its quote
     then chooses its on-demand baseline, so the quote, `broker run`'s local agent and the Terraform plan name where
-    the job will run."""
-    if quote.on_demand_baseline is None or quote.chosen.offer.tier == Tier.on_demand:
+    the job will run. The money model's own choice of on-demand (no spot offer alone keeps the odds) is no start
+    there: the rule still runs the job on spot while in time, so it too may measure its speed there."""
+    if quote.on_demand_baseline is None:
         return False
+    if quote.chosen.offer.tier == Tier.on_demand and not any(
+        o.tier != Tier.on_demand and fits(spec, o) for o in offers
+    ):
+        return False  # no spot to measure the speed on
     unsure, speed = _reserve(spec, fleet)
     # the guard measures progress on the baseline's hours (PlanItem.from_job), not on the fastest on-demand offer's
     return starts_on_demand(spec, offers, now, unsure, speed, quote.on_demand_baseline.exclusive_h)

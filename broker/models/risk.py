@@ -238,30 +238,61 @@ def poisson_cdf(k, mean):
     return p.item() if p.ndim == 0 else p
 
 
-def expectation(t, delta, restart, hazard, price, window_h, availability=1.0, notice_h=math.nan) -> Expectation:
+def down_hours(offer: Offer) -> float:
+    """Mean hours a spell without spot capacity lasts in the offer's zone: the market model's where it measured it
+    (core/broker.with_market_spells), else those of its exponential spells for an untraced zone (up 1 / hazard)."""
+    if offer.mean_down_h is not None:
+        return offer.mean_down_h
+    a, hazard = offer.availability, offer.hazard_per_h
+    return (1 - a) / (a * hazard) if hazard > 0 and a < 1 else 0.0
+
+
+def launch_waits(offer: Offer) -> tuple[float, float]:
+    """Hours a start and a restart on the offer wait for spot capacity (models/launch_waits.py), NaN where not known:
+    the money model then prices a start as launch attempts."""
+    return offer.launch_waits_h if offer.launch_waits_h is not None else (math.nan, math.nan)
+
+
+def expectation(
+    t,
+    delta,
+    restart,
+    hazard,
+    price,
+    window_h,
+    availability=1.0,
+    notice_h=math.nan,
+    start_wait_h=math.nan,
+    restart_wait_h=math.nan,
+) -> Expectation:
     """The money model for exclusive hours t, checkpoint hours delta, restart hours R, hazard per hour,
     price per hour and hours until the deadline (inf for none). Arrays broadcast; numbers give numbers.
     A preemption loses tau/2 of work, or `notice_h` where the job checkpoints on the cloud's notice
     (`notice_loss_h`; NaN: no such checkpoint), whichever is less.
 
-    With spot `availability` a < 1 each launch succeeds with probability a, so a start (and every
-    restart) takes 1/a launch attempts on average: (1/a - 1) extra start-ups."""
-    t, delta, restart, hazard, price, window_h, availability, notice_h = np.broadcast_arrays(
-        *(np.asarray(x, dtype=float) for x in (t, delta, restart, hazard, price, window_h, availability, notice_h))
+    A start waits `start_wait_h` for spot capacity and each restart after a preemption `restart_wait_h`
+    (`launch_waits`): unbilled, but they spend the window. Where those are not known (NaN), spot `availability` a
+    < 1 makes each launch succeed with probability a: a start and every restart take 1/a paid launch attempts."""
+    given = (t, delta, restart, hazard, price, window_h, availability, notice_h, start_wait_h, restart_wait_h)
+    t, delta, restart, hazard, price, window_h, availability, notice_h, start_wait_h, restart_wait_h = (
+        np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in given))
     )
-    waiting = STARTUP_H * (1 / availability - 1)
-    restart = restart + waiting
+    known = np.isfinite(start_wait_h)
+    attempts = STARTUP_H * (1 / availability - 1)
+    waiting, rewaiting = np.where(known, start_wait_h, attempts), np.where(known, restart_wait_h, attempts)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a hazard of 1e-300 divides to inf
         tau = np.where(hazard > 0, np.minimum(np.sqrt(2 * delta / hazard), t), np.nan)
         writes = np.where(tau > 0, delta / tau, 0.0)  # share of time spent checkpointing
         running = t * (1 + writes)
-        per_preemption = restart + np.fmin(np.where(hazard > 0, tau, 0.0) / 2, notice_h)  # fmin: NaN is none
+        lost = restart + np.fmin(np.where(hazard > 0, tau, 0.0) / 2, notice_h)  # fmin: NaN is none
+        per_preemption = lost + rewaiting
         mean_preemptions = hazard * running
         wall = STARTUP_H + waiting + running + mean_preemptions * per_preemption
+        paid = np.where(known, STARTUP_H + running + mean_preemptions * lost, wall)  # attempts are billed start-ups
         slack = window_h - STARTUP_H - waiting - running
         allowed = np.where(np.isfinite(slack), np.floor(slack / per_preemption), 0.0)
         p_meet = np.where(np.isinf(window_h), 1.0, np.where(slack < 0, 0.0, poisson_cdf(allowed, mean_preemptions)))
-    out = Expectation(tau, running, wall, price * wall, p_meet)
+    out = Expectation(tau, running, wall, price * paid, p_meet)
     return Expectation(*(float(x) for x in out)) if t.ndim == 0 else out
 
 
@@ -318,6 +349,7 @@ def spot_work_usd(
         window_h,
         np.array([o.availability for o in offers], dtype=float),
         np.array([notices[o.cloud, o.tier] for o in offers], dtype=float),
+        *np.array([launch_waits(o) for o in offers], dtype=float).reshape(len(offers), 2).T,
     )
     if not falls_back:
         return spot.cost_usd[0]
@@ -340,6 +372,7 @@ def evaluate(spec: JobSpec, offer: Offer, now: datetime, remaining: float = 1.0)
         window_hours(spec, now),
         offer.availability,
         _notice_h(spec, offer),
+        *launch_waits(offer),
     )
     return _option(spec, offer, now, t, e)
 
@@ -359,6 +392,7 @@ def evaluate_with_fallback(
         window,
         spot.availability,
         _notice_h(spec, spot),
+        *launch_waits(spot),
     )
     e = fallback_expectation(
         alone, spot.price_usd_per_h, t, on_demand.expected_cost_usd, on_demand.exclusive_h, restart, window

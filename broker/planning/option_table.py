@@ -177,6 +177,7 @@ def _offer_columns(offers: list[Offer]) -> dict[str, np.ndarray]:
         "mem": np.array([o.memory_gb or 0 for o in offers], dtype=float),
         "speed": np.array([o.speed_factor for o in offers], dtype=float),
         "availability": np.array([o.availability for o in offers], dtype=float),
+        "waits": np.array([risk.launch_waits(o) for o in offers], dtype=float).reshape(len(offers), 2),
         "notice": np.array([risk.notice_window_h(o) for o in offers], dtype=float).reshape(len(offers), 2),
     }
 
@@ -263,7 +264,16 @@ def option_table(items: list[PlanItem], offers: list[Offer], now: datetime) -> O
     restart, window = j["restart"][job], j["window"][job]
     notice_h = risk.notice_loss(j["delta"][job], o["notice"][offer, 0], o["notice"][offer, 1])
     e = risk.expectation(
-        t, j["delta"][job], restart, o["hazard"][offer], o["price"][offer], window, o["availability"][offer], notice_h
+        t,
+        j["delta"][job],
+        restart,
+        o["hazard"][offer],
+        o["price"][offer],
+        window,
+        o["availability"][offer],
+        notice_h,
+        o["waits"][offer, 0],
+        o["waits"][offer, 1],
     )
     staying = j["current"][job] == offer  # its input is there already
     cost, wall, p_meet = e.cost_usd + np.where(staying, 0.0, moving_data), e.wall_h.copy(), e.p_meet.copy()

@@ -259,7 +259,7 @@ class MarketModel:
     zones: dict[tuple[str, str, str], ZoneModel]
     pooled: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # per type
     regional: dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # per region
-    _shares: dict = field(default_factory=dict, repr=False, compare=False)  # share_up's, per zone
+    _spells: dict = field(default_factory=dict, repr=False, compare=False)  # spot_spells', per zone
 
     @classmethod
     def fit(cls, traces: list, tick_s: float = 600.0) -> MarketModel:
@@ -316,15 +316,18 @@ class MarketModel:
             f"spot there {offer.availability:.0%} of the time",
         )
 
-    def share_up(self, offer) -> float | None:
-        """The offer's zone's long-run share of time up, where traces or our fleet measured it or its siblings
-        (None where the model knows only the offer's own hazard and availability): the money model's launch odds,
-        so a quote's choice and its futures read one market. Kept per zone for this model's life (a model tick)."""
+    def spot_spells(self, offer) -> tuple[float, float, float] | None:
+        """The offer's zone's long-run share of time up and the mean hours of a spell up and of one down, where
+        traces or our fleet measured it or its siblings (None where the model knows only the offer's own hazard and
+        availability): the money model's odds, preemptions and waits (risk.expectation), so a quote's choice and its
+        futures read one market. Kept per zone for this model's life (a model tick)."""
         key = (offer.cloud, offer.zone or offer.region, offer.instance_type, offer.region)
-        if key not in self._shares:
+        if key not in self._spells:
             known = self._measured(offer)
-            self._shares[key] = None if known is None else max(known.p_launch, MIN_SHARE_UP)
-        return self._shares[key]
+            self._spells[key] = (
+                None if known is None else (max(known.p_launch, MIN_SHARE_UP), known.mean_up_h, known.mean_down_h)
+            )
+        return self._spells[key]
 
     def _measured(self, offer) -> ZoneModel | None:
         """The offer's zone as traces (its own, else its siblings') and our fleet measured it; None where none did."""
