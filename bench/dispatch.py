@@ -43,7 +43,8 @@ from broker import planning
 from broker.agents.agent import Agent
 from broker.app import wiring
 from broker.core.clock import SystemClock
-from broker.domain.model import Job, Offer, Tier
+from broker.domain.model import Job, Tier
+from broker.domain.offer import Offer
 from broker.domain.specfile import validate_spec
 from broker.pricing.catalog import PriceCatalog
 from broker.store import embedded

@@ -22,7 +22,8 @@ from datetime import UTC, datetime
 from rich.console import Console
 from rich.table import Table
 
-from broker.domain.model import Offer, Tier
+from broker.domain.model import Tier
+from broker.domain.offer import Offer
 from broker.domain.specfile import validate_spec
 from broker.planning.costslo import CostSLO
 from broker.planning.option_table import PlanItem

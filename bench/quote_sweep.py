@@ -25,7 +25,8 @@ from broker.core.clock import SimulatedClock
 from broker.domain.errors import InfeasibleError
 from broker.domain.model import Tier
 from broker.domain.specfile import load_spec
-from broker.models.risk import evaluate, fits
+from broker.models.fit import fits
+from broker.models.risk import evaluate
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
 SWEPT = ["finetune-lora.yaml", "batch-inference.yaml", "pretrain-gpt-1b3.yaml"]

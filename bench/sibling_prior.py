@@ -25,7 +25,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from broker.domain.model import Offer, Tier
+from broker.domain.model import Tier
+from broker.domain.offer import Offer
 from broker.pricing.availability import MarketModel
 from broker.pricing.hazard import HazardModel
 from broker.pricing.snapshot import packaged_dir

@@ -200,7 +200,8 @@ def test_a_workload_with_repeats_runs_earlier_jobs_again_as_jobs_of_their_own(ma
 
 
 def _v100_on_demand():
-    from broker.domain.model import Offer, Tier
+    from broker.domain.model import Tier
+    from broker.domain.offer import Offer
 
     return Offer(
         cloud="aws",

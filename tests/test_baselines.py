@@ -5,7 +5,8 @@ from datetime import timedelta
 
 import pytest
 
-from broker.domain.model import Offer, Tier
+from broker.domain.model import Tier
+from broker.domain.offer import Offer
 from broker.models.risk import STARTUP_H, Expectation, fallback_expectation
 from broker.planning import get
 from broker.planning.costslo import CostSLO, may_wait

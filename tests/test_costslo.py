@@ -8,8 +8,10 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from broker.domain.model import Offer, Tier
-from broker.models.risk import evaluate, fits
+from broker.domain.model import Tier
+from broker.domain.offer import Offer
+from broker.models.fit import fits
+from broker.models.risk import evaluate
 from broker.planning import get, names
 from broker.planning.costslo import CostSLO
 from broker.planning.option_table import PlanItem, option_table

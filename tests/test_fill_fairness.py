@@ -2,7 +2,8 @@
 
 import pytest
 
-from broker.domain.model import AgentInfo, Offer, Tier
+from broker.domain.model import AgentInfo, Tier
+from broker.domain.offer import Offer
 from broker.planning.fairness import MaxMinFairness, MinMakespan
 from broker.planning.fill import FillJob, next_fill_job
 from broker.planning.option_table import PlanItem

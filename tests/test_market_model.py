@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-from broker.models.risk import down_hours
+from broker.models.launch_waits import down_hours
 from broker.pricing.availability import MarketModel, spell_at_ticks, spells, tick_minimum
 from broker.pricing.traces import Trace
 
@@ -91,7 +91,7 @@ def test_hazard_falls_with_run_age_when_up_spells_are_heavy_tailed():
 
 
 def _offer(zone: str, tier: str = "spot", price: float = 0.9):
-    from broker.domain.model import Offer
+    from broker.domain.offer import Offer
 
     return Offer(
         cloud="aws",

@@ -8,9 +8,11 @@ from dataclasses import replace
 import pytest
 
 from broker.domain.errors import SpecError
-from broker.domain.model import Offer, Tier, TransformerSpec
+from broker.domain.model import Tier, TransformerSpec
+from broker.domain.offer import Offer
 from broker.models import parallel
-from broker.models.risk import evaluate, exclusive_hours, fits
+from broker.models.fit import fits
+from broker.models.risk import evaluate, exclusive_hours
 from broker.models.transformer import (
     MARGIN,
     Hardware,

@@ -8,18 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.domain.model import Offer, Tier
-from broker.models.launch_waits import with_launch_waits
+from broker.domain.model import Tier
+from broker.domain.offer import Offer
+from broker.models.fit import fits, unfit
+from broker.models.launch_waits import down_hours, with_launch_waits
 from broker.models.risk import (
     RESTART_OVERHEAD_H,
     STARTUP_H,
     checkpoint_hours,
-    down_hours,
     evaluate,
     exclusive_hours,
-    fits,
     poisson_cdf,
-    unfit,
     young_interval_h,
 )
 from conftest import NOW, make_spec

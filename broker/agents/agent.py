@@ -24,7 +24,7 @@ from broker.agents.notices import watches_cloud
 from broker.agents.runner import JobProcess
 from broker.agents.tokens import longest, read_file, write_file
 from broker.domain.errors import RefusedError
-from broker.domain.model import Offer, notice_grace_s
+from broker.domain.offer import Offer, notice_grace_s
 from broker.store.connection import give_up_waiting_when
 from broker.store.jobs import Store
 

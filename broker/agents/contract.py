@@ -24,7 +24,8 @@ from pydantic import ValidationError
 
 from broker.agents.tokens import longest, pool_of
 from broker.domain.jobspec import JobSpec
-from broker.domain.model import AgentInfo, Offer
+from broker.domain.model import AgentInfo
+from broker.domain.offer import Offer
 from broker.store.jobs import Store
 from broker.store.renewals import pool_tokens, renewed_token
 from broker.store.shards import ShardedStore

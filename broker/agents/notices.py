@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 
-from broker.domain.model import NOTICE_LEAD_S
+from broker.domain.offer import NOTICE_LEAD_S
 
 log = logging.getLogger(__name__)
 

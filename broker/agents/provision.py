@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from broker.agents.tokens import issue
-from broker.domain.model import Offer
+from broker.domain.offer import Offer
 
 LOCAL_TOKEN_TTL = timedelta(days=30)  # a local agent lives as long as the command that started it
 

@@ -22,7 +22,8 @@ import hcl2
 
 import broker
 from broker.domain.errors import BrokerError
-from broker.domain.model import Job, Offer, Tier
+from broker.domain.model import Job, Tier
+from broker.domain.offer import Offer
 from broker.pricing.catalog import PriceCatalog
 
 MODULES = {"aws": "agent-aws", "gcp": "agent-gcp", "azure": "agent-azure"}

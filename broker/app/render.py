@@ -8,7 +8,8 @@ from rich.table import Table
 
 from broker.app.narrow import Fitted, narrow_safe
 from broker.domain.figures import missed_deadline, spend_usd
-from broker.domain.model import Forecast, IfLate, IfOverBudget, Job, Option, Quote, Tier, tier_of
+from broker.domain.model import Forecast, IfLate, IfOverBudget, Job, Option, Quote, Tier
+from broker.domain.offer import tier_of
 from broker.domain.rounding import up_to_cent, up_to_minute
 
 

@@ -12,7 +12,8 @@ from rich.text import Text
 
 from broker.app.narrow import Fitted, narrow_safe
 from broker.app.render import relative, when
-from broker.domain.model import Tier, offer_id
+from broker.domain.model import Tier
+from broker.domain.offer import offer_id
 
 PRICE_COLUMNS = {
     "cloud": "cloud",

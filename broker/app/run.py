@@ -15,7 +15,8 @@ from broker.agents.provision import LocalProvisioner
 from broker.agents.runner import DEFAULT_GRACE_S
 from broker.core.waiting import waiting_for
 from broker.domain.errors import BrokerError
-from broker.domain.model import Job, JobSpec, JobState, Offer, Quote, Tier
+from broker.domain.model import Job, JobSpec, JobState, Quote, Tier
+from broker.domain.offer import Offer
 from broker.store.agents import LOG_MAXLEN
 from broker.store.jobs import Store
 from broker.store.shards import agent_id_in
@@ -91,7 +92,7 @@ def local_offer(quote: Quote, spec: JobSpec) -> Offer | None:
     """The offer a local agent stands for: the first of the quote's choice, its alternatives and their on-demand
     fallbacks that fits the job as the planner sees it (`spec`: the guard's pinned tier) and is no pipeline bubble
     (bubbles come from training jobs, not from a process started here)."""
-    from broker.models.risk import fits  # numpy and scipy: only here
+    from broker.models.fit import fits  # numpy and scipy: only here
 
     options = [quote.chosen, *quote.alternatives]
     offers = [o.offer for o in options] + [o.fallback for o in options if o.fallback]
@@ -114,7 +115,7 @@ class LocalAgents:
 
     def serve(self, job: Job) -> None:
         """Start an agent for the waiting job where it needs one (returns once it registered)."""
-        from broker.models.risk import fits  # numpy and scipy: only here
+        from broker.models.fit import fits  # numpy and scipy: only here
         from broker.planning.option_table import PlanItem
 
         if not job.pending:
@@ -192,7 +193,7 @@ def idle_agent_fits(store: Store, job: Job, spec: JobSpec) -> bool:
     """Whether an idle registered agent can run the job (`spec`: as the planner sees it): else `broker run` starts
     one (an idle agent of another shape, left by an earlier command, kept it from starting one, and the job waited
     for an agent that fits)."""
-    from broker.models.risk import fits  # numpy and scipy: only here
+    from broker.models.fit import fits  # numpy and scipy: only here
 
     return any(a.job is None and a.may_take(job.id) and fits(spec, a.offer) for a in store.working_agents())
 

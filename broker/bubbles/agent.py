@@ -33,7 +33,7 @@ from broker.bubbles.probe import NEXT, TIMING, UNFIT, ConfigurationProbe
 from broker.bubbles.profiler import profile
 from broker.bubbles.recorder import BubbleRecorder
 from broker.domain.bubbles import BubbleProfile, FillStats, stage_agent_id
-from broker.domain.model import Offer
+from broker.domain.offer import Offer
 from broker.sdk import STATE_FILE
 from broker.store.jobs import Store
 from broker.store.profiles import save_fill_stats, save_profile

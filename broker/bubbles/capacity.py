@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from broker.bubbles.fill_plan import Node, fill_throughput
 from broker.domain.bubbles import BubbleProfile, stage_agent_id
-from broker.domain.model import Offer, Tier
+from broker.domain.model import Tier
+from broker.domain.offer import Offer
 
 FILL_EFFICIENCY = 0.9  # share of a usable window spent in fill steps (step granularity, pause latency)
 

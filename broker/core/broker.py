@@ -27,14 +27,14 @@ from broker.domain.model import (
     Job,
     JobSpec,
     JobState,
-    Offer,
     Option,
     Quote,
     Tier,
 )
+from broker.domain.offer import Offer
+from broker.models.fit import fits
 from broker.models.launch_waits import with_launch_waits
 from broker.models.placement import unknown_exclusions
-from broker.models.risk import fits
 from broker.planning.cheapest import ALTERNATIVES
 from broker.pricing.availability import MarketModel, seen_counts
 from broker.pricing.catalog import PriceCatalog
@@ -79,6 +79,7 @@ class Broker:
         if store is not None and getattr(policy, "live_spot", False) is None:  # ... and tells market from queue
             policy.live_spot = self.live_spot
         self._live_spot: tuple[datetime | None, list[AgentInfo]] = (None, [])
+        self._catalog_offers: tuple[object, object, list[Offer]] = (None, None, [])  # (market, catalog's list, offers)
 
     def live_spot(self) -> list[AgentInfo]:
         """The fleet's working spot agents, busy or idle; read at most once in LIVE_SPOT_S (the policy asks every
@@ -114,15 +115,23 @@ class Broker:
         """The catalog's offers and the bubble offers of the fill executors registered now (`agents`, read from
         the store when not given); a spot offer's launch odds are the market model's where it measured the zone
         (the traces, its siblings', our fleet's spells lately), not its region's mean of traces."""
-        market = self.market_now()
-        offers = [with_market_spells(o, market) for o in self.catalog.offers] if market else list(self.catalog.offers)
-        offers = with_launch_waits(offers)
+        offers = self._priced_catalog()
         if self.store is not None:
             known = {o.id for o in offers}
             agents = self.store.agents() if agents is None else agents
             bubbles = {a.offer.id: a.offer for a in agents if a.offer.tier == Tier.bubble and a.offer.id not in known}
             offers += bubbles.values()
         return offers
+
+    def _priced_catalog(self) -> list[Offer]:
+        """The catalog's offers with the market model's spells and the waits for capacity they give, computed again
+        only when the model (learned again once a tick) or the catalog changes: each quote, outlook and hedge view
+        reads them (27 ms on the packaged catalog's 4,190 offers)."""
+        market, catalog = self.market_now(), self.catalog.offers
+        if self._catalog_offers[0] is not market or self._catalog_offers[1] is not catalog:
+            offers = [with_market_spells(o, market) for o in catalog] if market else list(catalog)
+            self._catalog_offers = (market, catalog, with_launch_waits(offers))
+        return list(self._catalog_offers[2])
 
     def quote(self, spec: JobSpec, agents: list[AgentInfo] | None = None) -> Quote:
         """Price the job on every offer and pick one, then simulate the choice by the policy's rule on the market

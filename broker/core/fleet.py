@@ -14,7 +14,8 @@ from typing import NamedTuple
 import numpy as np
 
 from broker.domain.jobspec import JobSpec
-from broker.domain.model import Job, Offer, Tier, tier_of
+from broker.domain.model import Job, Tier
+from broker.domain.offer import Offer, tier_of
 from broker.models.contention import arrivals, launchable
 from broker.models.risk import SPEED_PRIOR_SIGMA, window_hours
 from broker.planning.option_table import measured_speed, work_left

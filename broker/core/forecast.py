@@ -23,8 +23,10 @@ from scipy.special import ndtri
 from broker.core.fleet import Fleet, SpeedPrior
 from broker.core.hedging import MAX_ZONES, MarketHedge
 from broker.domain.figures import spend_usd
-from broker.domain.model import Forecast, IfLate, IfOverBudget, Job, JobSpec, Offer, Option, Quote, Tier
+from broker.domain.model import Forecast, IfLate, IfOverBudget, Job, JobSpec, Option, Quote, Tier
+from broker.domain.offer import Offer
 from broker.domain.rounding import up_to_cent
+from broker.models.fit import fits
 from broker.models.futures import HEDGING, ON_DEMAND_NOW, Setting, simulate
 from broker.models.placement import transfer_usd
 from broker.models.risk import (
@@ -33,7 +35,6 @@ from broker.models.risk import (
     checkpoint_hours,
     evaluate,
     exclusive_hours,
-    fits,
     lost_per_preemption_h,
     notice_loss_h,
     restart_hours,

@@ -16,8 +16,10 @@ import logging
 from dataclasses import replace
 from datetime import datetime
 
-from broker.domain.model import AgentInfo, Job, Offer, Tier
-from broker.models.risk import as_fast, checkpoint_hours, fit_key, fits, notice_loss_h
+from broker.domain.model import AgentInfo, Job, Tier
+from broker.domain.offer import Offer
+from broker.models.fit import fit_key, fits
+from broker.models.risk import as_fast, checkpoint_hours, notice_loss_h
 from broker.planning.option_table import PlanItem, work_unsaved
 from broker.planning.uniform_progress import Move, checkpoint_due, decide, progress_of
 from broker.store.jobs import Store

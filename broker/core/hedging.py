@@ -14,9 +14,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from broker.domain.model import JobSpec, Offer, Tier
+from broker.domain.model import JobSpec, Tier
+from broker.domain.offer import Offer
+from broker.models.fit import fit_key, fits
 from broker.models.futures import Hedge
-from broker.models.risk import fit_key, fits
 from broker.pricing.availability import MarketModel, spells
 
 HORIZON_H = 400.0  # hours of sampled futures: long enough for the heavy tail of the spells

@@ -14,7 +14,7 @@ import logging
 from datetime import datetime
 
 from broker.domain.model import AgentInfo
-from broker.models.risk import fits
+from broker.models.fit import fits
 from broker.store.moves import finish_move, move_job, unfinished_moves
 from broker.store.shards import ShardedStore
 

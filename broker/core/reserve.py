@@ -10,8 +10,10 @@ from collections.abc import Callable
 from datetime import datetime
 
 from broker.core.fleet import Fleet
-from broker.domain.model import ODDS_NOISE, Forecast, JobSpec, Offer, Option, Quote, Tier
-from broker.models.risk import evaluate, fits, unmeasured_margin
+from broker.domain.model import ODDS_NOISE, Forecast, JobSpec, Option, Quote, Tier
+from broker.domain.offer import Offer
+from broker.models.fit import fits
+from broker.models.risk import evaluate, unmeasured_margin
 from broker.planning.cheapest import ALTERNATIVES
 from broker.planning.uniform_progress import SPEEDS_DIFFER, holds_reserve, starts_on_demand
 

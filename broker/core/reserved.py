@@ -7,7 +7,7 @@ from datetime import datetime
 
 from broker.core.budget import stop_over_budget
 from broker.domain.model import AgentInfo, Job
-from broker.models.risk import fits
+from broker.models.fit import fits
 from broker.planning.option_table import PlanItem
 from broker.store.jobs import Store
 

@@ -25,8 +25,9 @@ from broker.core.reports import end_run, fold, folding, with_run
 from broker.core.reserved import reserved_pairs, tell_ended
 from broker.core.rounds import serve_rounds
 from broker.domain.errors import InfeasibleError
-from broker.domain.model import AgentInfo, Job, JobSpec, JobState, Offer, Run
-from broker.models.risk import fits
+from broker.domain.model import AgentInfo, Job, JobSpec, JobState, Run
+from broker.domain.offer import Offer
+from broker.models.fit import fits
 from broker.planning.fill import SCORES, order_bubbles
 from broker.planning.option_table import PlanItem
 from broker.store.capacity import CapacityHistory

@@ -22,7 +22,7 @@ def waiting_for(store: Store, job: Job, planning_here: bool = False) -> str | No
     agents = store.working_agents()
     if not agents and len(shards) == 1:
         return f"no agent is registered: start one (`broker agent`, `broker agents provision`, `broker run {job.id}`)"
-    from broker.models.risk import fits, unfit  # numpy and scipy: only once there are agents to match
+    from broker.models.fit import fits, unfit  # numpy and scipy: only once there are agents to match
 
     fitting = [a for a in agents if fits(job.spec, a.offer)]
     if not fitting and len(shards) > 1:

@@ -3,7 +3,7 @@
 The rule (planning/uniform_progress.py) places a job on whatever spot offer of its speed has capacity, so a start
 waits only while every such zone is down. Zones of one region go down together in the traces
 (bench/results/forecast.md), so a region counts once, as its zone up the most; regions are taken as independent.
-With each region r up a share a_r of the time in spells down of D_r hours on average (risk.down_hours):
+With each region r up a share a_r of the time in spells down of D_r hours on average (down_hours):
     a start waits  prod_r (1 - a_r) / sum_r (1 / D_r)   (all down; the first region back ends the wait)
     a restart      prod_(r != own) (1 - a_r) / sum_r (1 / D_r)   (a preemption: its own region's capacity gone)
 One zone alone: (1 - a) D and D. The money model priced a start as 1/a paid launch attempts of 5 minutes; one zone's
@@ -16,8 +16,22 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from broker.domain.model import Offer, Tier
-from broker.models.risk import down_hours
+from broker.domain.model import Tier
+from broker.domain.offer import Offer, exponential_down_h
+
+
+def down_hours(offer: Offer) -> float:
+    """Mean hours a spell without spot capacity lasts in the offer's zone: the market model's where it measured it
+    (core/broker.with_market_spells), else those of exponential spells for an untraced zone (up 1 / hazard)."""
+    if offer.mean_down_h is not None:
+        return offer.mean_down_h
+    return exponential_down_h(offer.availability, offer.hazard_per_h)
+
+
+def waits_h(offer: Offer) -> tuple[float, float]:
+    """Hours a start and a restart on the offer wait for spot capacity, NaN where not known (no Broker set them):
+    the money model then prices a start as launch attempts (risk.expectation)."""
+    return offer.launch_waits_h if offer.launch_waits_h is not None else (math.nan, math.nan)
 
 
 def with_launch_waits(offers: list[Offer]) -> list[Offer]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 
 from broker.domain.jobspec import JobSpec
-from broker.domain.model import Offer
+from broker.domain.offer import Offer
 
 INTER_REGION_USD_PER_GB = {"aws": 0.02, "gcp": 0.02, "azure": 0.02}
 INTERNET_USD_PER_GB = {"aws": 0.09, "gcp": 0.12, "azure": 0.087}

@@ -22,8 +22,10 @@ import numpy as np
 from scipy.special import gammaincc
 
 from broker.domain.accelerators import ACCELERATORS
-from broker.domain.model import NOTICE_LEAD_S, JobSpec, Offer, Option, Tier, notice_grace_s
-from broker.models.placement import placed, transfer_usd
+from broker.domain.model import JobSpec, Option, Tier
+from broker.domain.offer import NOTICE_LEAD_S, Offer, notice_grace_s
+from broker.models.launch_waits import waits_h
+from broker.models.placement import transfer_usd
 
 # Sustained checkpoint upload to object storage (a single stream to S3/GCS/Blob typically
 # sustains 100-500 MB/s); 250 MB/s is the planning figure.
@@ -47,94 +49,6 @@ class Expectation(NamedTuple):
     wall_h: object  # expected wall time, start-up and preemptions included
     cost_usd: object
     p_meet: object  # P(finish within window_h)
-
-
-def fits(spec: JobSpec, offer: Offer) -> bool:
-    """Whether the offer's tier, hardware and place satisfy the job's resources."""
-    for ok, _ in FIT_CHECKS:  # a loop, not all(): the planner asks it of every job kind and offer
-        if not ok(spec, offer):
-            return False
-    return True
-
-
-def unfit(spec: JobSpec, offer: Offer) -> str | None:
-    """What the offer lacks of the job's asks, naming the spec's field (a queued job says it of the agents it waits
-    beside: "agents have L4:1" told a job asking for L4:1 and 32 GB nothing); None when it fits."""
-    return next((says(spec, offer) for ok, says in FIT_CHECKS if not ok(spec, offer)), None)
-
-
-def fit_key(spec: JobSpec) -> str:
-    """What `fits` reads of a spec, as a key: jobs alike in it fit the same offers (a plan checks each kind once)."""
-    return spec.model_dump_json(include={"resources", "tiers", "fill", "transformer"})
-
-
-def allowed_tiers(spec: JobSpec) -> set[Tier]:
-    """The tiers the job accepts; bubbles only for jobs that implement the fill step interface."""
-    return {t for t in spec.tiers if t != Tier.bubble or spec.fill}
-
-
-def shape_fits(spec: JobSpec, offer: Offer) -> bool:
-    """Whether the offer has one of the accelerator shapes (name and count) the job accepts."""
-    return any(a.name == offer.accelerator and a.count == offer.accelerator_count for a in spec.resources.accelerators)
-
-
-def tier_fits(spec: JobSpec, offer: Offer) -> bool:
-    return offer.tier in allowed_tiers(spec)
-
-
-def gpu_memory_fits(spec: JobSpec, offer: Offer) -> bool:
-    asked = spec.resources.gpu_memory_gb
-    return not asked or offer.gpu_memory_gb >= asked
-
-
-def cpus_fit(spec: JobSpec, offer: Offer) -> bool:
-    asked = spec.resources.cpus
-    return not asked or (offer.vcpus or 0) >= asked
-
-
-def host_memory_fits(spec: JobSpec, offer: Offer) -> bool:
-    asked = spec.resources.memory_gb
-    return not asked or (offer.memory_gb or 0) >= asked
-
-
-def memory_fits(spec: JobSpec, offer: Offer) -> bool:
-    """Whether the offer has the GPU memory, host memory and CPUs the job asks for."""
-    return all(ok(spec, offer) for ok in (gpu_memory_fits, model_fits, cpus_fit, host_memory_fits))
-
-
-def model_fits(spec: JobSpec, offer: Offer) -> bool:
-    """Whether a job with a `transformer:` model has a parallel layout that fits in the offer's GPUs' memory."""
-    return spec.transformer is None or math.isfinite(
-        exclusive_hours_on(spec, offer.accelerator, offer.accelerator_count)
-    )
-
-
-def _shape(offer: Offer) -> str:
-    return f"{offer.accelerator}:{offer.accelerator_count}"
-
-
-# what `fits` checks, in order, each with what `unfit` says when it fails (the spec's field named)
-FIT_CHECKS = (
-    (
-        tier_fits,
-        lambda s, o: f"{o.tier.value} is not among its tiers ({', '.join(t.value for t in allowed_tiers(s))})",
-    ),
-    (
-        shape_fits,
-        lambda s, o: (
-            f"{_shape(o)} is not among its accelerators "
-            f"({', '.join(f'{a.name}:{a.count}' for a in s.resources.accelerators)})"
-        ),
-    ),
-    (
-        gpu_memory_fits,
-        lambda s, o: f"{o.gpu_memory_gb:g} GB a GPU, it asks gpu_memory_gb: {s.resources.gpu_memory_gb:g}",
-    ),
-    (model_fits, lambda s, o: f"no layout of its transformer: model fits in {_shape(o)}'s memory"),
-    (cpus_fit, lambda s, o: f"{o.vcpus or 0:g} vCPUs, it asks cpus: {s.resources.cpus:g}"),
-    (host_memory_fits, lambda s, o: f"{o.memory_gb or 0:g} GB of memory, it asks memory_gb: {s.resources.memory_gb:g}"),
-    (placed, lambda s, o: f"{o.zone or o.region} is not where its resources place it (cloud, region, zone, exclude)"),
-)
 
 
 def exclusive_hours_on(spec: JobSpec, accelerator: str, count: int) -> float:
@@ -238,21 +152,6 @@ def poisson_cdf(k, mean):
     return p.item() if p.ndim == 0 else p
 
 
-def down_hours(offer: Offer) -> float:
-    """Mean hours a spell without spot capacity lasts in the offer's zone: the market model's where it measured it
-    (core/broker.with_market_spells), else those of its exponential spells for an untraced zone (up 1 / hazard)."""
-    if offer.mean_down_h is not None:
-        return offer.mean_down_h
-    a, hazard = offer.availability, offer.hazard_per_h
-    return (1 - a) / (a * hazard) if hazard > 0 and a < 1 else 0.0
-
-
-def launch_waits(offer: Offer) -> tuple[float, float]:
-    """Hours a start and a restart on the offer wait for spot capacity (models/launch_waits.py), NaN where not known:
-    the money model then prices a start as launch attempts."""
-    return offer.launch_waits_h if offer.launch_waits_h is not None else (math.nan, math.nan)
-
-
 def expectation(
     t,
     delta,
@@ -271,8 +170,8 @@ def expectation(
     (`notice_loss_h`; NaN: no such checkpoint), whichever is less.
 
     A start waits `start_wait_h` for spot capacity and each restart after a preemption `restart_wait_h`
-    (`launch_waits`): unbilled, but they spend the window. Where those are not known (NaN), spot `availability` a
-    < 1 makes each launch succeed with probability a: a start and every restart take 1/a paid launch attempts."""
+    (launch_waits.waits_h): unbilled, but they spend the window. Where those are not known (NaN), spot `availability`
+    a < 1 makes each launch succeed with probability a: a start and every restart take 1/a paid launch attempts."""
     given = (t, delta, restart, hazard, price, window_h, availability, notice_h, start_wait_h, restart_wait_h)
     t, delta, restart, hazard, price, window_h, availability, notice_h, start_wait_h, restart_wait_h = (
         np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in given))
@@ -349,7 +248,7 @@ def spot_work_usd(
         window_h,
         np.array([o.availability for o in offers], dtype=float),
         np.array([notices[o.cloud, o.tier] for o in offers], dtype=float),
-        *np.array([launch_waits(o) for o in offers], dtype=float).reshape(len(offers), 2).T,
+        *np.array([waits_h(o) for o in offers], dtype=float).reshape(len(offers), 2).T,
     )
     if not falls_back:
         return spot.cost_usd[0]
@@ -372,7 +271,7 @@ def evaluate(spec: JobSpec, offer: Offer, now: datetime, remaining: float = 1.0)
         window_hours(spec, now),
         offer.availability,
         _notice_h(spec, offer),
-        *launch_waits(offer),
+        *waits_h(offer),
     )
     return _option(spec, offer, now, t, e)
 
@@ -392,7 +291,7 @@ def evaluate_with_fallback(
         window,
         spot.availability,
         _notice_h(spec, spot),
-        *launch_waits(spot),
+        *waits_h(spot),
     )
     e = fallback_expectation(
         alone, spot.price_usd_per_h, t, on_demand.expected_cost_usd, on_demand.exclusive_h, restart, window

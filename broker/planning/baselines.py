@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from broker.domain.model import JobSpec, Offer, Option, Tier
+from broker.domain.model import JobSpec, Option, Tier
+from broker.domain.offer import Offer
 from broker.domain.plan import Plan, Unplaced
-from broker.models.risk import fits
+from broker.models.fit import fits
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
 from broker.planning.option_table import PlanItem

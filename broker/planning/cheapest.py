@@ -7,11 +7,13 @@ import math
 from datetime import datetime
 
 from broker.domain.errors import InfeasibleError
-from broker.domain.model import JobSpec, Offer, Option, Quote, Tier
+from broker.domain.model import JobSpec, Option, Quote, Tier
+from broker.domain.offer import Offer
 from broker.domain.plan import Plan, Unplaced
 from broker.domain.rounding import up_to_cent, up_to_minute
+from broker.models.fit import allowed_tiers, fits, memory_fits, model_fits, shape_fits
 from broker.models.placement import where
-from broker.models.risk import allowed_tiers, evaluate, fits, memory_fits, model_fits, shape_fits
+from broker.models.risk import evaluate
 from broker.planning import register
 from broker.planning.option_table import PlanItem
 

@@ -13,17 +13,12 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
-from broker.domain.model import JobSpec, Offer, Tier
+from broker.domain.model import JobSpec, Tier
+from broker.domain.offer import Offer
 from broker.domain.plan import Plan
 from broker.models.cost_to_go import IDLE, OD, SPOT
-from broker.models.risk import (
-    checkpoint_hours,
-    exclusive_hours,
-    fits,
-    lost_per_preemption_h,
-    notice_loss_h,
-    young_interval_h,
-)
+from broker.models.fit import fits
+from broker.models.risk import checkpoint_hours, exclusive_hours, lost_per_preemption_h, notice_loss_h, young_interval_h
 from broker.planning import register
 from broker.planning.hedge import HedgePolicy
 from broker.planning.option_table import PlanItem

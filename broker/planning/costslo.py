@@ -26,7 +26,8 @@ from datetime import datetime
 import highspy
 import numpy as np
 
-from broker.domain.model import Offer, Option, Tier
+from broker.domain.model import Option, Tier
+from broker.domain.offer import Offer
 from broker.domain.plan import Plan, Unplaced, relative_gap
 from broker.models.risk import evaluate_with_fallback, window_hours
 from broker.planning import register

@@ -15,9 +15,10 @@ from datetime import datetime
 
 import pulp
 
-from broker.domain.model import Offer
+from broker.domain.offer import Offer
 from broker.domain.plan import Plan, Unplaced
-from broker.models.risk import exclusive_hours, fits
+from broker.models.fit import fits
+from broker.models.risk import exclusive_hours
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
 from broker.planning.option_table import PlanItem

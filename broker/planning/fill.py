@@ -15,8 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from broker.domain.model import AgentInfo, Offer, Tier
-from broker.models.risk import exclusive_hours, fits
+from broker.domain.model import AgentInfo, Tier
+from broker.domain.offer import Offer
+from broker.models.fit import fits
+from broker.models.risk import exclusive_hours
 from broker.planning import FILL_ORDERS
 from broker.planning.option_table import PlanItem
 

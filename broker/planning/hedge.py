@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from broker.domain.model import AgentInfo, JobSpec, Offer, Tier
+from broker.domain.model import AgentInfo, JobSpec, Tier
+from broker.domain.offer import Offer
 from broker.domain.plan import Plan
+from broker.models.fit import fits
 from broker.models.futures import Hedge
-from broker.models.risk import fits
 from broker.planning import register
 from broker.planning.option_table import PlanItem
 from broker.planning.uniform_progress import Move, Progress, UniformProgress, decide

@@ -14,9 +14,12 @@ from datetime import datetime
 
 import numpy as np
 
-from broker.domain.model import Job, JobSpec, Offer, Run, Tier
+from broker.domain.model import Job, JobSpec, Run, Tier
+from broker.domain.offer import Offer
 from broker.domain.plan import Unplaced
 from broker.models import placement, risk
+from broker.models.fit import allowed_tiers
+from broker.models.launch_waits import waits_h
 
 TIERS = list(Tier)
 
@@ -177,7 +180,7 @@ def _offer_columns(offers: list[Offer]) -> dict[str, np.ndarray]:
         "mem": np.array([o.memory_gb or 0 for o in offers], dtype=float),
         "speed": np.array([o.speed_factor for o in offers], dtype=float),
         "availability": np.array([o.availability for o in offers], dtype=float),
-        "waits": np.array([risk.launch_waits(o) for o in offers], dtype=float).reshape(len(offers), 2),
+        "waits": np.array([waits_h(o) for o in offers], dtype=float).reshape(len(offers), 2),
         "notice": np.array([risk.notice_window_h(o) for o in offers], dtype=float).reshape(len(offers), 2),
     }
 
@@ -186,7 +189,7 @@ def _job_columns(items: list[PlanItem], now: datetime, offer_index: dict[str, in
     specs = [i.spec for i in items]
     allowed = np.zeros((len(items), len(TIERS)), dtype=bool)
     for row, spec in enumerate(specs):
-        allowed[row, [TIERS.index(t) for t in risk.allowed_tiers(spec)]] = True
+        allowed[row, [TIERS.index(t) for t in allowed_tiers(spec)]] = True
     return {
         "allowed": allowed,
         "gpu_mem": np.array([s.resources.gpu_memory_gb or 0 for s in specs], dtype=float),

@@ -33,19 +33,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import Enum
 
-from broker.domain.model import IfLate, JobSpec, Offer, Option, Tier, tier_of
+from broker.domain.model import IfLate, JobSpec, Option, Tier
+from broker.domain.offer import Offer, tier_of
 from broker.domain.plan import Plan, Unplaced
+from broker.models.fit import fit_key, fits
 from broker.models.placement import transfer_usd
-from broker.models.risk import (
-    changeover_hours,
-    evaluate,
-    exclusive_hours,
-    fit_key,
-    fits,
-    restart_hours,
-    spot_work_usd,
-    window_hours,
-)
+from broker.models.risk import changeover_hours, evaluate, exclusive_hours, restart_hours, spot_work_usd, window_hours
 from broker.planning import register
 from broker.planning.cheapest import CheapestFeasible
 from broker.planning.option_table import PlanItem

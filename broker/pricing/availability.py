@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from broker.domain.offer import exponential_down_h
+
 PRIOR_STRENGTH = 20.0  # up-spells of evidence a zone needs before its own spells weigh as much as its siblings'
 AGE_EDGES_H = (0.0, 1.0, 4.0, 12.0, math.inf)  # run-age bins of the hazard by age
 RECENT_STRENGTH = 4.0  # spells our fleet saw in a zone before they weigh as much as all its traces
@@ -244,7 +246,7 @@ def exponential_zone(
     """A zone without traces: exponential up-spells of mean 1/hazard and down-spells giving `availability`, as
     the distribution's evenly spaced quantiles (400 random draws put the mean up-spell 13% off the hazard's)."""
     mean_up = 1 / hazard_per_h / tick_h if hazard_per_h > 0 else 1e6
-    mean_down = mean_up * (1 - availability) / availability  # a preemption ends the tick's capacity at least
+    mean_down = exponential_down_h(availability, 1 / (mean_up * tick_h)) / tick_h  # as the money model prices it
     quantiles = -np.log1p(-(np.arange(400) + 0.5) / 400)  # of the exponential with mean 1
     up = np.maximum(1, np.round(mean_up * quantiles)).astype(int)
     down = np.maximum(1, np.round(mean_down * quantiles)).astype(int)

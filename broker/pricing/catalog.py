@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from broker.domain.errors import BrokerError
-from broker.domain.model import Offer, Tier, offer_id
+from broker.domain.model import Tier
+from broker.domain.offer import Offer, offer_id
 from broker.pricing.hazard import HazardModel
 from broker.pricing.snapshot import load_snapshot
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from broker.domain.model import Tier, offer_id
+from broker.domain.model import Tier
+from broker.domain.offer import offer_id
 
 
 def points_from_rows(rows: pd.DataFrame, at: datetime) -> pd.DataFrame:

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from broker.agents.checkpoints import CheckpointStore
 from broker.agents.contract import Contract, Verdict
-from broker.domain.model import JobSpec, Offer
+from broker.domain.model import JobSpec
+from broker.domain.offer import Offer
 from broker.models.risk import checkpoint_hours, exclusive_hours, notice_loss_h, restart_hours, young_interval_h
 from broker.sim.market import Market
 from broker.store.capacity import CapacityHistory

@@ -25,7 +25,8 @@ import yaml
 from broker.bubbles.capacity import bubble_offer
 from broker.domain.bubbles import BubbleProfile
 from broker.domain.errors import BrokerError
-from broker.domain.model import Offer, Tier
+from broker.domain.model import Tier
+from broker.domain.offer import Offer
 from broker.pricing.availability import tick_minimum
 from broker.pricing.catalog import PriceCatalog
 from broker.pricing.hazard import HazardModel

@@ -21,7 +21,8 @@ import numpy as np
 import pulp
 
 from broker.domain.model import JobSpec, Tier
-from broker.models.risk import exclusive_hours, fits, restart_hours
+from broker.models.fit import fits
+from broker.models.risk import exclusive_hours, restart_hours
 from broker.sim.market import Market
 
 MIP_GAP = 1e-6

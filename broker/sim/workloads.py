@@ -19,7 +19,8 @@ import numpy as np
 from broker.bubbles.capacity import bubble_offer
 from broker.bubbles.profiler import forecast
 from broker.domain.accelerators import ACCELERATORS
-from broker.domain.model import JobSpec, Offer
+from broker.domain.model import JobSpec
+from broker.domain.offer import Offer
 from broker.models.risk import RESTART_OVERHEAD_H, STARTUP_H
 
 # How far a job's real speed is from the planner's estimate (log-normal sigma): per-GPU throughput from a

@@ -15,7 +15,8 @@ from datetime import datetime
 
 import redis
 
-from broker.domain.model import AgentInfo, Job, Offer
+from broker.domain.model import AgentInfo, Job
+from broker.domain.offer import Offer
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from broker.domain.model import AgentInfo, Offer, Tier, tier_of
+from broker.domain.model import AgentInfo, Tier
+from broker.domain.offer import Offer, tier_of
 from broker.store.jobs import Store
 from broker.store.series import ChangeSeries
 
@@ -59,7 +60,7 @@ class CapacityHistory:
         """The spot zones of these offers (ids) where a pool was destroyed: recorded no more, and what was recorded
         of them drops out of the evidence, since no agent there no longer says no capacity (a zone counts again from an
         agent's first sight there, or a new pool)."""
-        spot = [i.split("/") for i in offer_ids if tier_of(i) == Tier.spot]  # domain.model.offer_id's parts
+        spot = [i.split("/") for i in offer_ids if tier_of(i) == Tier.spot]  # domain.offer.offer_id's parts
         self.series.forget(_member(tuple(parts[:3])) for parts in spot)
 
     def seen(self, since: datetime) -> dict[Zone, list[tuple[float, float]]]:
