@@ -4,6 +4,7 @@ one-line refusals of bad input, and a kill that stops its scratch redis-server."
 import contextlib
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -141,19 +142,33 @@ def scratch_servers() -> dict[int, int]:
     return found
 
 
-def test_a_killed_backtest_stops_its_scratch_redis_server():
-    """A `kill` ended the backtest at once: its scratch redis-server ran on, its parent gone."""
+def test_a_killed_backtest_stops_its_scratch_redis_server(tmp_path):
+    """A `kill` ended the backtest at once: its scratch redis-server ran on, its parent gone. A backtest that does
+    not stop within a minute is aborted, and the failure shows where each of its threads was (faulthandler): a loaded
+    full run once saw it run on."""
     broker = Path(sys.executable).parent / "broker"
-    command = subprocess.Popen([str(broker), "backtest", "--jobs", "40"], stdout=DEVNULL, stderr=DEVNULL)
+    stderr = (tmp_path / "stderr").open("w+")
+    env = os.environ | {"PYTHONFAULTHANDLER": "1"}
+    command = subprocess.Popen([str(broker), "backtest", "--jobs", "40"], stdout=DEVNULL, stderr=stderr, env=env)
+    deadline, its_own = time.monotonic() + 60, set()
     try:
-        deadline, its_own = time.monotonic() + 60, set()
         while not its_own:  # the backtest's own (other backtests may run beside this test)
             assert time.monotonic() < deadline and command.poll() is None, "the backtest started no redis-server"
             its_own = {pid for pid, parent in scratch_servers().items() if parent == command.pid}
             time.sleep(0.1)
         command.send_signal(signal.SIGTERM)
-        assert command.wait(timeout=60) == 130  # as on Ctrl-C, wherever the signal lands (pydantic's serializer too)
+        try:
+            code = command.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            command.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack
+            command.wait(timeout=30)
+            stderr.seek(0)
+            pytest.fail("the backtest ran on a minute after SIGTERM:\n" + stderr.read()[-6000:])
+        assert code == 130  # as on Ctrl-C, wherever the signal lands (pydantic's serializer too)
         assert its_own & set(scratch_servers()) == set()
     finally:
         command.kill()
         command.wait()
+        stderr.close()
+        for pid in its_own & set(scratch_servers()):  # a failed run's: not left to the next tests
+            os.kill(pid, signal.SIGKILL)
