@@ -104,3 +104,35 @@ def _agent(offer):
     from broker.domain.model import AgentInfo
 
     return AgentInfo(id=offer.zone, offer=offer, host="test", pid=0, registered_at=NOW)
+
+
+def test_a_pool_shrunk_at_quote_time_has_the_slots_it_had_lately(store):
+    """Our pool in the zone had 3 agents for 12 hours; two were taken back a minute ago and the one left runs one of
+    two jobs there. Its slots while up are the 3 it had lately (core/fleet.pool_sizes), not the 1 left: it fills again
+    when capacity comes back. Held at 1, a backtest's job quoted at such a moment found no slot in any future and was
+    quoted on-demand's $12.58, where it ran on spot for $1.23."""
+    from broker.core.fleet import Fleet
+    from broker.core.forecast import forecast
+    from broker.store.capacity import CapacityHistory
+
+    cheap, od = _offer("us-east-1a", price=0.9), _offer("us-east-1z", "on_demand", 3.06)
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    spec = _quote_spec(30.0)
+    broker = Broker(store, OfferBook([cheap, od]), planning.get("cbl-greedy"), SimulatedClock(NOW), model)
+    pool = [_agent(cheap).model_copy(update={"id": f"a{i}"}) for i in range(3)]
+    CapacityHistory(store).record(NOW - timedelta(hours=12), pool)
+    CapacityHistory(store).record(NOW - timedelta(minutes=1), pool[:1])
+    Contract(store, "a0").register(cheap, 60_000, host="test", pid=0, at=NOW)
+    assert broker._fleet(store.working_agents(), NOW).sizes == {cheap.id: 3.0}
+
+    quote = broker.quote(spec)
+    ahead = [(frozenset({cheap.id}), 20.0)] * 2  # two jobs on spot there, 20 hours left each
+
+    def played(fleet: Fleet):
+        return forecast(spec, quote, [cheap, od], model, "greedy", NOW, fleet=fleet)
+
+    quiet = played(Fleet(agents={cheap.id: 3}))
+    refilled = played(Fleet(agents={cheap.id: 1}, others=ahead, sizes={cheap.id: 3.0}))
+    shrunk = played(Fleet(agents={cheap.id: 1}, others=ahead))
+    assert refilled.cost_p50_usd == pytest.approx(quiet.cost_p50_usd, rel=0.02) and refilled.spot_share > 0.9
+    assert shrunk.cost_p50_usd > 1.5 * quiet.cost_p50_usd and shrunk.spot_share < 0.5

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import cached_property
 
-from broker.core.fleet import Fleet
+from broker.core.fleet import Fleet, pool_sizes
 from broker.core.forecast import FUTURES, Underway, forecast
 from broker.core.hedging import MarketHedge
 from broker.core.refusals import told_by_futures
@@ -72,7 +72,8 @@ class Broker:
         # the time between the deadline guard's passes where quoted jobs run, for their futures (Setting.pass_h): a
         # live server's (wiring.make_broker); None: the market model's tick, as the simulated server steps
         self.guard_pass_h = guard_pass_h
-        self._recent: tuple[datetime, MarketModel] | None = None  # (when learned, the model with our spells)
+        # (when learned, the model with our spells, our pools' sizes lately: core/fleet.pool_sizes)
+        self._recent: tuple[datetime, MarketModel, dict[str, float]] | None = None
         self.hedges = MarketHedge(self.market_now, lambda: self.catalog.offers) if market is not None else None
         if self.hedges and getattr(policy, "hedge", False) is None:  # a policy that decides from the market
             policy.hedge = self.hedges
@@ -108,7 +109,7 @@ class Broker:
             seen = fleet_seen(self.store.shards, since)
             counts = {z: seen_counts(p, since.timestamp(), now.timestamp(), tick_s) for z, p in seen.items()}
             regions = {zone: o.region for o in self.catalog.offers if (zone := zone_of(o)) in counts}
-            self._recent = (now, base.with_recent(counts, regions))
+            self._recent = (now, base.with_recent(counts, regions), pool_sizes(counts))
         return self._recent[1]
 
     def offers(self, agents: list[AgentInfo] | None = None) -> list[Offer]:
@@ -260,7 +261,9 @@ class Broker:
         others = self.store.active_jobs() + self.store.pending_jobs(0, OTHERS_SEEN)
         others = [j for j in others if j.id != without]
         recent = [j for j in self.store.recent_jobs(OTHERS_SEEN) if not j.demo_copy]
-        return Fleet.of([a for a in agents if a.may_take(without)], others, now, recent)
+        self.market_now()  # our fleet's spot capacity lately, read once a model tick
+        sizes = self._recent[2] if self._recent else {}
+        return Fleet.of([a for a in agents if a.may_take(without)], others, now, recent, sizes)
 
     def submit(self, spec: JobSpec, job_id: str | None = None) -> Job:
         """Quote the job and store it as queued; an infeasible job is refused and nothing is stored.

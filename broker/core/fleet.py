@@ -15,7 +15,7 @@ import numpy as np
 
 from broker.domain.jobspec import JobSpec
 from broker.domain.model import Job, Tier
-from broker.domain.offer import Offer, tier_of
+from broker.domain.offer import Offer, offer_id, tier_of
 from broker.models.contention import arrivals, launchable
 from broker.models.risk import SPEED_PRIOR_SIGMA, window_hours
 from broker.planning.option_table import measured_speed, work_left
@@ -54,14 +54,19 @@ class Fleet:
     # per kind of estimate, the spread of its measured jobs about that median (speed_spread of that kind alone): rates
     # a user measured may miss by 2% where a datasheet's ratio misses by 30%; a kind not yet measured: speed_sigma
     spread: dict[str, float] = field(default_factory=dict)
+    # per spot offer id, the agents our fleet had there lately while it had any (pool_sizes): a zone's slots while up
+    sizes: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, agents: list, jobs: list[Job], now: datetime, recent: list[Job] = ()) -> Fleet:
+    def of(
+        cls, agents: list, jobs: list[Job], now: datetime, recent: list[Job] = (), sizes: dict[str, float] | None = None
+    ) -> Fleet:
         """From the live agents (AgentInfo), the active jobs and the newest ones (`recent`); a job pinned to or
         running on on-demand holds no spot slot. The estimate's error is learned from every job whose speed was
         measured (speed_spread), running or done: a run's rate counts after its first half hour of progress
         (option_table.measured_speed), so quotes learn it hours before the first jobs finish. The jobs to come are
-        like those submitted in the last ARRIVALS_H hours: their rate (from the first of them to now) and kind."""
+        like those submitted in the last ARRIVALS_H hours: their rate (from the first of them to now) and kind.
+        `sizes`: pool_sizes of our fleet's spot capacity lately."""
         count: dict[str, int] = {}
         for agent in agents:
             count[agent.offer.id] = count.get(agent.offer.id, 0) + 1
@@ -89,7 +94,7 @@ class Fleet:
             if j.quote.chosen.offer.tier != Tier.on_demand
         ]
         spread = {kind: speed_spread({kind: x}) for kind, x in kinds.items()}
-        return cls(count, others, speed_spread(kinds), rate, arrived, repeats, bias, spread)
+        return cls(count, others, speed_spread(kinds), rate, arrived, repeats, bias, spread, sizes or {})
 
     def speed_prior(self, spec: JobSpec) -> SpeedPrior:
         """A new job's speed over the estimate before it is measured. Estimates made the same way (estimate_kind) may
@@ -125,9 +130,12 @@ class Fleet:
         return min(total, (REPEAT_PRIOR_RUNS * total + within) / (REPEAT_PRIOR_RUNS + df))
 
     def slots(self, zones: list[Offer]) -> np.ndarray | None:
-        """Slots per zone while up: its agents now, or for a zone with none now the most any of them has;
-        None when the fleet has no agent in any of them (nothing known: capacity is not the limit)."""
-        now = np.asarray([self.agents.get(o.id, 0) for o in zones])
+        """Slots per zone while up: its agents now, or as many as it had lately while it had any where that is more
+        (a pool shrunk at quote time fills again when capacity comes back: the count now held for the whole future
+        once made a zone down to 1 of its 16 instances full for every job quoted then), or for a zone with neither the
+        most any of them has; None when the fleet has no agent in any of them (nothing known: capacity is not the
+        limit)."""
+        now = np.asarray([max(self.agents.get(o.id, 0), self.sizes.get(o.id, 0)) for o in zones])
         if now.sum() == 0:
             return None
         return np.where(now > 0, now, now.max())
@@ -176,6 +184,17 @@ class Fleet:
             else:
                 pooled.append(held)
         return pinned, np.asarray(pooled, dtype=int)
+
+
+def pool_sizes(counts: dict[tuple[str, str, str], np.ndarray]) -> dict[str, float]:
+    """Per spot offer id, the agents our fleet had in its zone on average over the ticks it had any (`counts`: per
+    (cloud, zone, instance type) the least each tick, store/capacity.fleet_seen read as the market model reads it),
+    rounded; a zone it never had one in is left out."""
+    return {
+        offer_id(cloud, zone, kind, Tier.spot): float(max(1, round(float(seen[seen > 0].mean()))))
+        for (cloud, zone, kind), seen in counts.items()
+        if (np.asarray(seen) > 0).any()
+    }
 
 
 def estimate_kind(spec: JobSpec) -> str:
