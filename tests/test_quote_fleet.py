@@ -33,6 +33,25 @@ def test_a_running_job_holds_a_slot_only_where_it_runs_and_a_waiting_one_where_i
     assert pinned[:, 0].tolist() == [1, 1] and len(pooled) == 0
 
 
+def test_another_job_holds_a_spot_slot_for_the_hours_its_futures_run_on_spot():
+    """A job whose futures run half their hours on on-demand holds a spot slot for half its hours left: counted for
+    all of them, the jobs ahead of a quote filled the zones' slots for twice as long as they ran there, and its futures
+    paid on-demand where it ran on spot (bench/results/forecast.md)."""
+    from broker.core.fleet import Fleet
+    from broker.planning.option_table import work_left
+
+    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    quote = _quote(model, 30.0)
+    half, whole = (
+        quote.model_copy(update={"forecast": quote.forecast.model_copy(update={"spot_share": share})})
+        for share in (0.5, 1.0)
+    )
+    jobs = [_finished(half, 1.0, "half", JobState.running), _finished(whole, 1.0, "whole", JobState.running)]
+    (_, half_h), (_, whole_h) = Fleet.of([_agent(quote.chosen.offer)], jobs, NOW, []).others
+    assert whole_h == pytest.approx(work_left(jobs[1]) * quote.chosen.expected_wall_h) and whole_h > 0
+    assert half_h == pytest.approx(whole_h / 2)
+
+
 def test_a_quote_sees_the_jobs_ahead_of_it_in_the_fleet(store):
     """One agent in a cheap zone and one in a dear one: the first job is quoted in the cheap zone, the second behind
     it in the dear one (before the fleet was counted, both were quoted at the cheap zone's price)."""

@@ -39,7 +39,7 @@ class SpeedPrior(NamedTuple):
 class Fleet:
     """The broker's own capacity at quote time: live agents per offer id, and per other active job that may use
     spot or bubble capacity, where it holds a slot (the offer it runs on, or while it waits the ones it may use) and
-    the hours it has left."""
+    the hours it has left there (_spot_hours)."""
 
     agents: dict[str, int] = field(default_factory=dict)
     others: list[tuple[frozenset[str], float]] = field(default_factory=list)
@@ -70,7 +70,7 @@ class Fleet:
         count: dict[str, int] = {}
         for agent in agents:
             count[agent.offer.id] = count.get(agent.offer.id, 0) + 1
-        others = [(_holds(job), work_left(job) * job.quote.chosen.expected_wall_h) for job in jobs if _on_spot(job)]
+        others = [(_holds(job), work_left(job) * _spot_hours(job)) for job in jobs if _on_spot(job)]
         seen = {job.id: job for job in [*recent, *jobs]}  # a job both recent and active counts once
         measured = [
             (job.spec.name, estimate_kind(job.spec), math.log(v))
@@ -89,7 +89,7 @@ class Fleet:
         span_h = (now - min((j.submitted_at for j in lately), default=now)).total_seconds() / 3600
         rate = (len(lately) - 1) / span_h if len(lately) >= 2 and span_h > 0 else 0.0
         arrived = [
-            (_zones(j), j.quote.chosen.expected_wall_h, window_hours(j.spec, j.submitted_at))
+            (_zones(j), _spot_hours(j), window_hours(j.spec, j.submitted_at))
             for j in lately
             if j.quote.chosen.offer.tier != Tier.on_demand
         ]
@@ -231,6 +231,13 @@ def _zones(job: Job) -> frozenset[str]:
     if job.current_run is not None:
         offers.add(job.current_run.offer.id)
     return frozenset(offers)
+
+
+def _spot_hours(job: Job) -> float:
+    """The hours a job's quote expects it to hold a slot: its wall time's share on spot or bubbles in its futures
+    (the rest on on-demand, where it holds none)."""
+    share = job.quote.forecast.spot_share if job.quote.forecast else 1.0
+    return job.quote.chosen.expected_wall_h * share
 
 
 def _holds(job: Job) -> frozenset[str]:
