@@ -49,9 +49,8 @@ class Offer(BaseModel):
     hazard_per_h: float = 0.0  # preemptions per hour (0 for on-demand)
     hazard_source: str = "none"
     availability: float = Field(1.0, gt=0, le=1)  # share of time spot capacity can be had
-    mean_down_h: float | None = Field(
-        None, ge=0
-    )  # hours a spell without it lasts, where measured (launch_waits.down_hours)
+    # hours a spell without it lasts, where measured (models/launch_waits.down_hours)
+    mean_down_h: float | None = Field(None, ge=0)
     launch_waits_h: tuple[float, float] | None = None  # a start's and a restart's wait for it (models/launch_waits.py)
     speed_factor: float = Field(1.0, gt=0, le=1)  # share of exclusive speed a job gets (a bubble's fill throughput)
 

@@ -2,7 +2,8 @@
 
 The rule (planning/uniform_progress.py) places a job on whatever spot offer of its speed has capacity, so a start
 waits only while every such zone is down. Zones of one region go down together in the traces
-(bench/results/forecast.md), so a region counts once, as its zone up the most; regions are taken as independent.
+(bench/results/forecast.md), so a region counts once, as its zone up the most. Regions are taken as independent; they
+are not quite (bench/region_waits.py: the traces' waits are up to 3x these, still minutes).
 With each region r up a share a_r of the time in spells down of D_r hours on average (down_hours):
     a start waits  prod_r (1 - a_r) / sum_r (1 / D_r)   (all down; the first region back ends the wait)
     a restart      prod_(r != own) (1 - a_r) / sum_r (1 / D_r)   (a preemption: its own region's capacity gone)
