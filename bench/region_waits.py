@@ -26,6 +26,7 @@ from broker.domain.offer import Offer
 from broker.models.launch_waits import with_launch_waits
 from broker.pricing.availability import MarketModel, spells, tick_minimum
 from broker.pricing.traces import load_traces
+from broker.sim.market import backtest_market
 
 TICK_S = 600.0
 
@@ -38,31 +39,17 @@ def wait_from_each(up: np.ndarray, starts: np.ndarray, tick_h: float) -> float:
     return float(np.mean(next_up[starts] - starts) * tick_h) if len(starts) else float("nan")
 
 
-def offer(trace) -> Offer:
-    return Offer(
-        cloud=trace.cloud,
-        region=trace.region,
-        zone=trace.zone,
-        instance_type=trace.instance_type,
-        tier="spot",
-        accelerator="V100",
-        accelerator_count=1,
-        gpu_memory_gb=16,
-        vcpus=8,
-        memory_gb=61,
-        price_usd_per_h=0.9,
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=Path, default=Path(__file__).parents[2] / "shared/data/traces")
     args = parser.parse_args()
-    traces = [t for t in load_traces(args.traces / "availability") if t.gap_s == 195.0 and not t.pool]
+    directory = args.traces / "availability/1-node/aws-02-15-2023"
+    traces = load_traces(directory)
     tick_h = TICK_S / 3600
     up = {t.zone: tick_minimum(t.data, t.gap_s, TICK_S) > 0 for t in traces}
     model = MarketModel.fit(traces, TICK_S)
-    offers = with_launch_waits([with_market_spells(offer(t), model) for t in traces])
+    market = backtest_market(directory, tick_s=TICK_S, hazard_from=traces)  # its spot offers, as a backtest's
+    offers = with_launch_waits([with_market_spells(s.offer, model) for s in market.spot])
     by_region: dict[str, list[Offer]] = defaultdict(list)
     for o in offers:
         by_region[o.region].append(o)
