@@ -202,7 +202,8 @@ def forecast(
     # each zone's futures go on from the spell our fleet saw it in, as long as that has lasted
     sampled = [z.sample(rng, futures, ticks, up, shrinks=True, aged=True) for z, up in zip(zone_models, up_now)]
     available = np.stack(sampled)
-    free = None if slots is None else fleet.free(zones, available, tick_h, rng, window)
+    urgency = spec.urgency(underway.submitted_at if underway and underway.submitted_at else now)
+    free = None if slots is None else fleet.free(zones, available, tick_h, rng, window, urgency)
     work_h = exclusive_hours(spec, played)
     measured = underway is not None and underway.speed is not None
     setting = Setting(
