@@ -2,13 +2,12 @@
 
 A forecast that plays one job alone in the market puts it in the cheapest zone with spot whenever there
 is any; in a busy fleet that zone is full. Here each zone has a number of slots (the agents the broker
-can dispatch to there) while its spot is up, none while down; a job running in a zone holds a slot there,
-and the other active jobs ahead of the new one (running, or waiting before it in the queue, which goes by
-deadline), each for the hours it has left on spot, hold the cheapest slots with capacity first (the broker fills
-the cheapest first; core/fleet.Fleet.held picks them). The new job can start in a
-zone at a tick only if a slot is left there after them. It does not evict a running job: a run survives
-wherever spot stays up (the caller keeps that separate, models/futures.simulate's `available` against
-`launchable`). Pure numpy.
+can dispatch to there) while its spot is up, none while down; a job running in a zone holds a slot there
+(`pinned`), and the jobs waiting ahead of the new one in the queue (priority, then deadline), each for the hours
+it has left on spot, hold the cheapest slots with capacity first (the broker fills the cheapest first;
+core/fleet.Fleet.held tells the two apart). The new job can start in a zone at a tick only if a slot is left
+there after them. It does not evict a running job: a run survives wherever spot stays up (the caller keeps that
+separate, models/futures.simulate's `available` against `launchable`). Pure numpy.
 """
 
 from __future__ import annotations
