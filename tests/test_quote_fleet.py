@@ -1,7 +1,6 @@
 """What a quote sees of the broker's own fleet (core/fleet.Fleet): the slots the other jobs hold, the jobs waiting
 ahead of it, and the jobs still to come at the rate they came."""
 
-import math
 from datetime import timedelta
 
 import pytest
@@ -12,15 +11,27 @@ from broker import planning
 from broker.agents.contract import Contract
 from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
+from broker.core.fleet import RUNNING, Fleet
+from broker.core.forecast import forecast
 from broker.domain.model import Job, JobState
 from broker.pricing.availability import MarketModel
 from broker.sim.market import OfferBook
 
 
-def test_a_running_job_holds_a_slot_only_where_it_runs_and_a_waiting_one_where_it_may_launch():
-    from broker.core.fleet import Fleet
+def _calm(*zones: str) -> MarketModel:
+    """Zones (us-east-1a alone by default) with spot 300 ticks in every 301, 20 times over: the fleet's slots, not the
+    market, are what the tests vary."""
+    return MarketModel.fit([trace(z, [1] * 300 + [0] * 1, 20) for z in zones or ("us-east-1a",)])
 
-    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+
+def _greedy_quote(offers, model: MarketModel, spec):
+    """The quote cbl-greedy makes with no store (no fleet), which the tests then play against a Fleet of their own."""
+    return Broker(None, OfferBook(offers), planning.get("cbl-greedy"), SimulatedClock(NOW), model).quote(spec)
+
+
+def test_a_running_job_holds_a_slot_only_where_it_runs_and_a_waiting_one_where_it_may_launch():
+
+    model = _calm()
     quote = _quote(model, 30.0)
     running = _finished(quote, 1.0, "r", JobState.running)
     elsewhere = _offer("us-east-1q", price=0.7)
@@ -38,10 +49,9 @@ def test_another_job_holds_a_spot_slot_for_the_hours_its_futures_run_on_spot():
     """A job whose futures run half their hours on on-demand holds a spot slot for half its hours left: counted for
     all of them, the jobs ahead of a quote filled the zones' slots for twice as long as they ran there, and its futures
     paid on-demand where it ran on spot (bench/results/forecast.md)."""
-    from broker.core.fleet import Fleet
     from broker.planning.option_table import work_left
 
-    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    model = _calm()
     quote = _quote(model, 30.0)
     half, whole = (
         quote.model_copy(update={"forecast": quote.forecast.model_copy(update={"spot_share": share})})
@@ -63,7 +73,7 @@ def test_a_quote_sees_the_jobs_ahead_of_it_in_the_fleet(store):
     )
     for agent, offer in (("a", cheap), ("b", dear)):
         Contract(store, agent).register(offer, 60_000, host="test", pid=0, at=NOW)
-    model = MarketModel.fit([trace(z, [1] * 300 + [0] * 1, 20) for z in ("us-east-1a", "us-east-1b")])
+    model = _calm("us-east-1a", "us-east-1b")
     broker = Broker(store, OfferBook([cheap, dear, od]), planning.get("cbl-greedy"), SimulatedClock(NOW), model)
     spec = _quote_spec(30.0)
     first = broker.submit(spec).quote.forecast
@@ -80,7 +90,7 @@ def test_a_quote_does_not_count_an_agent_started_for_another_job(store):
     quoted behind the first for a slot neither could have."""
     cheap, od = _offer("us-east-1a", price=0.9), _offer("us-east-1z", "on_demand", 3.06)
     Contract(store, "theirs").register(cheap, 60_000, host="test", pid=0, at=NOW, for_job="their-job")
-    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    model = _calm()
     broker = Broker(store, OfferBook([cheap, od]), planning.get("cbl-greedy"), SimulatedClock(NOW), model)
     first, second = (broker.submit(_quote_spec(30.0)).quote.forecast for _ in range(2))
     assert abs(second.finish_p50 - first.finish_p50) < timedelta(minutes=2)  # no slot of ours: the market's alone
@@ -91,14 +101,12 @@ def test_a_quote_counts_the_jobs_that_will_arrive_ahead_of_it_where_jobs_keep_ar
     """Jobs came every half hour lately, each due 10 h after it came and holding a spot slot for hours: those that
     come in the next 20 h are due before this job (30 h) and take the fleet's one cheap slot ahead of it, so its
     quote is dearer than in a quiet fleet. Jobs due later than it wait behind it and change nothing."""
-    from broker.core.fleet import Fleet
-    from broker.core.forecast import forecast
 
     cheap, dear = _offer("us-east-1a", price=0.9), _offer("us-east-1b", price=1.8)
     offers = [cheap, dear, _offer("us-east-1z", "on_demand", 3.06)]
     model = MarketModel.fit([trace(z, [1] * 60 + [0] * 1, 50) for z in ("us-east-1a", "us-east-1b")])
     spec = _quote_spec(30.0)
-    quote = Broker(None, OfferBook(offers), planning.get("cbl-greedy"), SimulatedClock(NOW), model).quote(spec)
+    quote = _greedy_quote(offers, model, spec)
 
     def came(due_h: float) -> list[Job]:
         times = [NOW - timedelta(minutes=30 * i) for i in range(8)]
@@ -131,12 +139,10 @@ def test_a_pool_shrunk_at_quote_time_has_the_slots_it_had_lately(store):
     two jobs there. Its slots while up are the 3 it had lately (core/fleet.pool_sizes), not the 1 left: it fills again
     when capacity comes back. Held at 1, a backtest's job quoted at such a moment (9 jobs ahead) found a free slot in
     0.18% of its futures' zone-ticks and was quoted on-demand's $12.58, where it ran on spot for $1.23."""
-    from broker.core.fleet import Fleet
-    from broker.core.forecast import forecast
     from broker.store.capacity import CapacityHistory
 
     cheap, od = _offer("us-east-1a", price=0.9), _offer("us-east-1z", "on_demand", 3.06)
-    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    model = _calm()
     spec = _quote_spec(30.0)
     broker = Broker(store, OfferBook([cheap, od]), planning.get("cbl-greedy"), SimulatedClock(NOW), model)
     pool = [_agent(cheap).model_copy(update={"id": f"a{i}"}) for i in range(3)]
@@ -146,7 +152,7 @@ def test_a_pool_shrunk_at_quote_time_has_the_slots_it_had_lately(store):
     assert broker._fleet(store.working_agents(), NOW).sizes == {cheap.id: 3.0}
 
     quote = broker.quote(spec)
-    ahead = [(frozenset({cheap.id}), 20.0, -math.inf)] * 2  # two jobs running on spot there, 20 hours left each
+    ahead = [(frozenset({cheap.id}), 20.0, RUNNING)] * 2  # two jobs running on spot there, 20 hours left each
 
     def played(fleet: Fleet):
         return forecast(spec, quote, [cheap, od], model, "greedy", NOW, fleet=fleet)
@@ -163,13 +169,11 @@ def test_a_job_waiting_behind_a_quote_in_the_queue_holds_no_slot_ahead_of_it():
     later, it takes the slot after the new job, which is quoted at spot's price; due sooner, it takes it first. Counted
     ahead whatever its deadline, the waiting jobs due later made a backtest's short jobs quoted at the dearer zones'
     prices, and they ran in the cheap one (a fill quoted $3.09 with 99.6% of its hours on spot ran for $1.22)."""
-    from broker.core.fleet import Fleet
-    from broker.core.forecast import forecast
 
     cheap, od = _offer("us-east-1a", price=0.9), _offer("us-east-1z", "on_demand", 3.06)
-    model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
+    model = _calm()
     spec = _quote_spec(30.0)
-    quote = Broker(None, OfferBook([cheap, od]), planning.get("cbl-greedy"), SimulatedClock(NOW), model).quote(spec)
+    quote = _greedy_quote([cheap, od], model, spec)
 
     def played(due_h: float):
         queued = _quote_spec(due_h).urgency(NOW)
@@ -180,7 +184,7 @@ def test_a_job_waiting_behind_a_quote_in_the_queue_holds_no_slot_ahead_of_it():
     behind, ahead = played(60.0), played(20.0)
     assert behind.cost_p50_usd == pytest.approx(alone.cost_p50_usd) and behind.spot_share > 0.9
     assert ahead.cost_p50_usd > 1.5 * alone.cost_p50_usd and ahead.spot_share < 0.5
-    running = Fleet({cheap.id: 1}, [(frozenset({cheap.id}), 40.0, -math.inf)])  # a run holds its slot
+    running = Fleet({cheap.id: 1}, [(frozenset({cheap.id}), 40.0, RUNNING)])  # a run holds its slot
     held = forecast(spec, quote, [cheap, od], model, "greedy", NOW, fleet=running)
     assert held.cost_p50_usd == pytest.approx(ahead.cost_p50_usd)
 
@@ -189,18 +193,16 @@ def test_a_job_running_in_a_dear_zone_leaves_the_cheap_zones_slot_free():
     """One slot in a cheap zone and one in a dear zone, another job running in the dear one for 40 hours: the new job
     is quoted in the cheap zone, as in a fleet with no other job. Counted among the jobs that take the cheapest free
     slot, the run took the cheap zone's slot in the futures and the new job was quoted at the dear zone's price."""
-    from broker.core.fleet import Fleet
-    from broker.core.forecast import forecast
 
     cheap, dear = _offer("us-east-1a", price=0.9), _offer("us-east-1b", price=1.8)
     offers = [cheap, dear, _offer("us-east-1z", "on_demand", 3.06)]
-    model = MarketModel.fit([trace(z, [1] * 300 + [0] * 1, 20) for z in ("us-east-1a", "us-east-1b")])
+    model = _calm("us-east-1a", "us-east-1b")
     spec = _quote_spec(30.0)
-    quote = Broker(None, OfferBook(offers), planning.get("cbl-greedy"), SimulatedClock(NOW), model).quote(spec)
+    quote = _greedy_quote(offers, model, spec)
     agents = {cheap.id: 1, dear.id: 1}
 
     def played(running_in) -> float:
-        others = [(frozenset({running_in.id}), 40.0, -math.inf)]
+        others = [(frozenset({running_in.id}), 40.0, RUNNING)]
         return forecast(spec, quote, offers, model, "greedy", NOW, fleet=Fleet(agents, others)).cost_p50_usd
 
     alone = forecast(spec, quote, offers, model, "greedy", NOW, fleet=Fleet(agents)).cost_p50_usd

@@ -1,7 +1,6 @@
 """Quotes simulated on the market model's futures (core/forecast.py): against the fleet, the jobs ahead and to come,
 the policy's placement, and the speed error the measured jobs show."""
 
-import math
 from datetime import timedelta
 
 import pytest
@@ -119,7 +118,7 @@ def test_a_quote_chosen_on_demand_runs_on_spot_while_in_time_under_a_policy_that
 def test_a_job_chosen_for_a_bubble_is_quoted_on_spot_while_the_bubbles_are_busy():
     """Fill jobs wait for no bubble: where the bubbles are held by other jobs and spot is free, the policy places
     the job on spot at spot's pace, and its quote says so rather than the on-demand the futures fell back to."""
-    from broker.core.fleet import Fleet
+    from broker.core.fleet import RUNNING, Fleet
     from broker.core.forecast import forecast
 
     model = MarketModel.fit([trace("us-east-1a", [1] * 300 + [0] * 1, 20)])
@@ -130,7 +129,7 @@ def test_a_job_chosen_for_a_bubble_is_quoted_on_spot_while_the_bubbles_are_busy(
     quote = Broker(None, OfferBook(offers), planning.get("hedge"), SimulatedClock(NOW), model).quote(spec)
     chosen = quote.chosen.model_copy(update={"offer": bubble})
     on_bubble = quote.model_copy(update={"chosen": chosen})
-    busy = Fleet(agents={bubble.id: 1, spot.id: 1}, others=[(frozenset({bubble.id}), 100.0, -math.inf)])
+    busy = Fleet(agents={bubble.id: 1, spot.id: 1}, others=[(frozenset({bubble.id}), 100.0, RUNNING)])
     bubbles_only = forecast(spec, on_bubble, offers, model, "hedge", NOW, fleet=busy)
     replanned = forecast(spec, on_bubble, offers, model, "hedge", NOW, fleet=busy, spot_while_in_time=True)
     assert bubbles_only.zones == [bubble.id] and bubbles_only.spot_share == 0.0  # only on-demand while it waits
@@ -141,7 +140,7 @@ def test_a_job_chosen_for_a_bubble_is_quoted_on_spot_while_the_bubbles_are_busy(
     )
     assert Fleet.of([], [waiting], NOW, []).others[0][0] == {bubble.id}  # it waits for a bubble: holds no spot
     # jobs that run only on spot hold spot slots, not the free bubble, however cheap the bubble is
-    crowd = Fleet(agents={bubble.id: 1, spot.id: 1}, others=[(frozenset({spot.id}), 100.0, -math.inf)] * 5)
+    crowd = Fleet(agents={bubble.id: 1, spot.id: 1}, others=[(frozenset({spot.id}), 100.0, RUNNING)] * 5)
     free_bubble = forecast(spec, on_bubble, offers, model, "hedge", NOW, fleet=crowd, spot_while_in_time=True)
     assert free_bubble.cost_p50_usd == 0.0
     on_spot_usd = spot.price_usd_per_h * (exclusive_hours(spec, spot) + restart_hours(spec))

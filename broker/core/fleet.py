@@ -24,6 +24,7 @@ from broker.planning.option_table import measured_speed, work_left
 SPEED_PRIOR_JOBS = 5  # the prior weighs as much as this many finished jobs' measured speeds
 REPEAT_PRIOR_RUNS = 1  # a run again is as far off as any job (the whole spread) until as many repeats show otherwise
 ARRIVALS_H = 24.0  # the recent submissions whose rate and kind say what will arrive
+RUNNING = -math.inf  # a running job's place in the queue (Fleet.others): ahead of any new job, its slot its own
 
 
 class SpeedPrior(NamedTuple):
@@ -40,8 +41,7 @@ class SpeedPrior(NamedTuple):
 class Fleet:
     """The broker's own capacity at quote time: live agents per offer id, and per other active job that may use
     spot or bubble capacity, where it holds a slot (the offer it runs on, or while it waits the ones it may use),
-    the hours it has left there (_spot_hours) and its place in the queue (Job.urgency; -inf while it runs: no new
-    job takes its slot)."""
+    the hours it has left there (_spot_hours) and its place in the queue (Job.urgency; RUNNING while it runs)."""
 
     agents: dict[str, int] = field(default_factory=dict)
     others: list[tuple[frozenset[str], float, float]] = field(default_factory=list)
@@ -189,7 +189,7 @@ class Fleet:
             if not offers & known or queued > before:
                 continue
             held = max(1, math.ceil(hours / tick_h))
-            if (pin or queued == -math.inf) and len(offers) == 1:
+            if (pin or queued == RUNNING) and len(offers) == 1:
                 pinned[ids.index(next(iter(offers))), :held] += 1
             else:
                 pooled.append(held)
@@ -251,8 +251,8 @@ def _spot_hours(job: Job) -> float:
 
 
 def _queued(job: Job) -> float:
-    """A job's place in the queue (Job.urgency) while it waits; -inf while it runs (ahead of any new job)."""
-    return -math.inf if job.current_run is not None else job.urgency
+    """A job's place in the queue (Job.urgency) while it waits; RUNNING while it runs."""
+    return RUNNING if job.current_run is not None else job.urgency
 
 
 def _holds(job: Job) -> frozenset[str]:
