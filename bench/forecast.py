@@ -23,7 +23,9 @@ job's rows under the pooled policies meeting or missing together, as they mostly
 `brier`, `cost_at_or_below_p10_p50_p90`: the share of jobs whose realised cost was at most the quoted p10, p50 and
 p90, a cost equal to one counted half (true quotes: 0.1, 0.5, 0.9), over the quotes with a spread (p10 < p90; a
 quote free in every future is counted in `quoted_free_*`), `median_quoted_spread_pct`: the median over those quotes
-of their own futures' median |cost / p50 - 1|, the error a quote makes even when its model is right), and per
+of their own futures' median |cost / p50 - 1|, the error a quote makes even when its model is right),
+`cost_realised_over_quoted_mean` and `_p50` (the realised costs summed over the quoted means, and over the p50s,
+summed: a skewed cost's p50s sum low on right quotes; the mean says whether the quotes are right on average), and per
 policy (the default, hedge, also with bubbles) the same plus
 `savings_pct` (vs all on-demand in the same backtests), `deadline_misses`, `avoidable_misses` (those of them that
 all on-demand met: the others the job's true speed lost whatever the policy), `hours_late` (summed past the

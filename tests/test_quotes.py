@@ -167,15 +167,32 @@ def test_quote_figures_count_errors_and_calibration():
     apart = reliability([r | {"case": (i, k)} for i, r in enumerate(rows) for k in range(3)])
     assert apart["calibration_max_gap_if_calibrated_pts"][1] < 10.0  # 60 outcomes drawn apart: a floor too low
     quoted = {"quoted_p10_usd": 8.0, "quoted_cost_usd": 10.0, "quoted_p90_usd": 12.0, "quoted_spread_pct": 10.0}
+    quoted |= {"quoted_mean_usd": 10.0}
     spread = [quoted | {"cost_usd": c} for c in (7.0, 9.0, 11.0, 13.0)]
     free = [dict.fromkeys([*quoted, "cost_usd"], 0.0)] * 4  # free in every future, and free: right, not too dear
     coverage = cost_coverage(spread + free)
-    assert coverage == {"cost_at_or_below_p10_p50_p90": [0.25, 0.5, 0.75], "median_quoted_spread_pct": 10.0}
+    assert coverage == {
+        "cost_at_or_below_p10_p50_p90": [0.25, 0.5, 0.75],
+        "median_quoted_spread_pct": 10.0,
+        "cost_realised_over_quoted_mean": 1.0,
+        "cost_realised_over_quoted_p50": 1.0,
+    }
     # free in most futures (p10 = p50 = $0) and free: at its p10 and p50, half below each, and below its p90
     mostly_free = dict.fromkeys(["quoted_p10_usd", "quoted_cost_usd", "cost_usd"], 0.0)
-    mostly_free |= {"quoted_p90_usd": 5.0, "quoted_spread_pct": 50.0}
+    mostly_free |= {"quoted_p90_usd": 5.0, "quoted_spread_pct": 50.0, "quoted_mean_usd": 1.0}
     assert cost_coverage([mostly_free])["cost_at_or_below_p10_p50_p90"] == [0.5, 0.5, 1.0]
     assert cost_coverage(spread + [mostly_free] * 4)["cost_at_or_below_p10_p50_p90"] == [0.375, 0.5, 0.875]
+
+
+def test_skewed_quotes_right_on_average_sum_to_their_means_not_their_medians():
+    # most futures keep spot ($10), one in four pays on-demand through a long gap ($18): p50 $10, mean $12
+    quoted = {"quoted_p10_usd": 9.0, "quoted_cost_usd": 10.0, "quoted_p90_usd": 18.0, "quoted_spread_pct": 5.0}
+    rows = [quoted | {"quoted_mean_usd": 12.0, "cost_usd": c} for c in (10.0, 10.0, 10.0, 18.0)]
+    coverage = cost_coverage(rows)
+    assert coverage["cost_realised_over_quoted_mean"] == 1.0  # right on average
+    assert coverage["cost_realised_over_quoted_p50"] == 1.2  # the medians' sum reads 20% low
+    low = cost_coverage([r | {"quoted_mean_usd": 10.0} for r in rows])
+    assert low["cost_realised_over_quoted_mean"] == 1.2  # means that leave out the dear futures read low
 
 
 def _rated(spec):

@@ -45,7 +45,7 @@ def job_rows(jobs: list[Job], end, outlooks: dict | None = None) -> list[dict]:
                 # hours from the first job's submission to this quote: the first are quoted with no arrivals seen
                 "quoted_after_h": round((at - first).total_seconds() / 3600, 3),
                 **(
-                    {f"quoted_{q}_usd": getattr(forecast, f"cost_{q}_usd") for q in ("p10", "p90")}
+                    {f"quoted_{q}_usd": getattr(forecast, f"cost_{q}_usd") for q in ("p10", "p90", "mean")}
                     | {"quoted_spread_pct": forecast.cost_spread_pct, "quoted_likely_usd": forecast.cost_likely_usd}
                     if forecast
                     else {}
@@ -70,10 +70,18 @@ def cost_coverage(rows: list[dict]) -> dict:
     the jobs whose quote had a forecast with a spread: a point quote (p10 = p90: free bubble work in every future)
     is at or below its p10 whenever it was right, which would count as too dear (`quoted_free_*` count those). A cost
     equal to a percentile counts half (the mid-distribution rule for forecasts with a point mass): free work quoted
-    free in most futures (p10 = p50 = $0 < p90) is at its p10 more often than 10% of the time when it is right."""
+    free in most futures (p10 = p50 = $0 < p90) is at its p10 more often than 10% of the time when it is right.
+    And the realised costs summed over the quoted means summed (`cost_realised_over_quoted_mean`: 1 when the quotes
+    are right on average) and over the quoted p50s summed (`..._p50`): a job's cost is skewed (most futures keep
+    spot, a few pay on-demand through a long gap), so right quotes' p50s sum to less than their jobs cost."""
     known = [r for r in rows if "quoted_p10_usd" in r and r["quoted_p90_usd"] > r["quoted_p10_usd"]]
     if not known:
-        return {"cost_at_or_below_p10_p50_p90": None, "median_quoted_spread_pct": None}
+        return {
+            "cost_at_or_below_p10_p50_p90": None,
+            "median_quoted_spread_pct": None,
+            "cost_realised_over_quoted_mean": None,
+            "cost_realised_over_quoted_p50": None,
+        }
 
     def share(key: str) -> float:
         tie = [abs(r["cost_usd"] - r[key]) <= 1e-9 * max(1.0, r[key]) for r in known]
@@ -82,7 +90,18 @@ def cost_coverage(rows: list[dict]) -> dict:
 
     shares = [share(key) for key in ("quoted_p10_usd", "quoted_cost_usd", "quoted_p90_usd")]
     spread = round(float(np.median([r["quoted_spread_pct"] for r in known])), 1)
-    return {"cost_at_or_below_p10_p50_p90": shares, "median_quoted_spread_pct": spread}
+    realised = sum(r["cost_usd"] for r in known)
+
+    def over(key: str) -> float | None:
+        quoted = sum(r[key] for r in known)
+        return round(realised / quoted, 3) if quoted > 0 else None
+
+    return {
+        "cost_at_or_below_p10_p50_p90": shares,
+        "median_quoted_spread_pct": spread,
+        "cost_realised_over_quoted_mean": over("quoted_mean_usd"),
+        "cost_realised_over_quoted_p50": over("quoted_cost_usd"),
+    }
 
 
 def reliability(rows: list[dict]) -> dict:
