@@ -25,7 +25,8 @@ p90, a cost equal to one counted half (true quotes: 0.1, 0.5, 0.9), over the quo
 quote free in every future is counted in `quoted_free_*`), `median_quoted_spread_pct`: the median over those quotes
 of their own futures' median |cost / p50 - 1|, the error a quote makes even when its model is right),
 `cost_realised_over_quoted_mean` and `_p50` (the realised costs summed over the quoted means, and over the p50s,
-summed: a skewed cost's p50s sum low on right quotes; the mean says whether the quotes are right on average), and per
+summed: a skewed cost's p50s sum low on right quotes; the mean says whether the quotes are right on average),
+`preemptions_realised_over_quoted` (the runs spot took back, summed, over the quotes' futures' means summed), and per
 policy (the default, hedge, also with bubbles) the same plus
 `savings_pct` (vs all on-demand in the same backtests), `deadline_misses`, `avoidable_misses` (those of them that
 all on-demand met: the others the job's true speed lost whatever the policy), `hours_late` (summed past the
@@ -66,7 +67,7 @@ from broker import planning
 from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
 from broker.sim import backtest
-from broker.sim.calibration import cost_coverage, cost_errors_pct, job_rows, reliability
+from broker.sim.calibration import cost_coverage, cost_errors_pct, job_rows, preemptions_over_quoted, reliability
 from broker.sim.market import OfferBook
 from broker.sim.workloads import backtest_workload
 from broker.store import embedded
@@ -125,6 +126,7 @@ def figures(rows: list[dict]) -> dict:
         "quoted_free_jobs": sum(1 for r in rows if r["quoted_cost_usd"] <= 0),
         "quoted_free_but_paid": sum(1 for r in rows if r["quoted_cost_usd"] <= 0 and r["cost_usd"] > 0.005),
         **cost_coverage(rows),
+        "preemptions_realised_over_quoted": preemptions_over_quoted(rows),
         "calibration_max_gap_pts": calibration["calibration_max_gap_pts"],
         "calibration_mean_gap_pts": calibration["calibration_mean_gap_pts"],
         "calibration_max_gap_if_calibrated_pts": calibration["calibration_max_gap_if_calibrated_pts"],

@@ -96,6 +96,18 @@ def test_a_preemption_loses_the_work_since_the_last_checkpoint():
     assert noticed.finish_h[0] == pytest.approx(11 / 6 + 0.1 + 10 - progress_h + 2 / 60, abs=1e-6)
 
 
+def test_each_future_counts_the_runs_spot_took_back():
+    available = np.ones((1, 3, 200), dtype=bool)
+    available[0, 1, 10] = False  # one gap in the second future
+    available[0, 2, [10, 30]] = False  # two in the third
+    out = simulate(_setting(), available, 1 / 6)
+    assert out.preemptions.tolist() == [0, 1, 2]
+    waiting = np.zeros((1, 1, 200), dtype=bool)
+    waiting[0, 0, 5:] = True
+    waiting[0, 0, 70] = False  # a gap after the net sent the job to on-demand: nothing of it runs on spot
+    assert simulate(_setting(window_h=11.0), waiting, 1 / 6).preemptions.tolist() == [0]
+
+
 def test_near_the_net_a_run_checkpoints_so_that_a_preemption_does_not_cost_the_deadline():
     """10 h of work, 11.5 h to go, a checkpoint every 5 h of progress, and spot gone for good at 8.33 h. With the
     periodic checkpoint alone the preemption falls back to 5 h of work: on-demand from then finishes at 13.4 h. Near the

@@ -14,7 +14,7 @@ from broker.core.server import GUARD_EVERY_S
 from broker.domain.model import Job, JobState, Run
 from broker.models.risk import exclusive_hours, restart_hours
 from broker.pricing.availability import MarketModel
-from broker.sim.calibration import cost_coverage, cost_errors_pct, reliability
+from broker.sim.calibration import cost_coverage, cost_errors_pct, preemptions_over_quoted, reliability
 from broker.sim.market import OfferBook
 
 
@@ -193,6 +193,20 @@ def test_skewed_quotes_right_on_average_sum_to_their_means_not_their_medians():
     assert coverage["cost_realised_over_quoted_p50"] == 1.2  # the medians' sum reads 20% low
     low = cost_coverage([r | {"quoted_mean_usd": 10.0} for r in rows])
     assert low["cost_realised_over_quoted_mean"] == 1.2  # means that leave out the dear futures read low
+
+
+def test_the_runs_spot_took_back_are_summed_against_the_quotes_means():
+    rows = [{"quoted_preemptions": 2.5, "preemptions": n} for n in (1, 4, 5)]
+    assert preemptions_over_quoted(rows) == 1.333  # 10 taken back where the futures lost 7.5 on average
+    on_demand = {"quoted_preemptions": 0.0, "preemptions": 0}
+    assert preemptions_over_quoted([on_demand, {"quoted_preemptions": None, "preemptions": 3}]) is None
+
+
+def test_a_quote_says_how_many_runs_its_futures_lose_to_spot():
+    choppy = _quote(_choppy(), 40.0).forecast.preemptions_mean
+    assert 1.5 < choppy < 4  # up 4 hours at a time, down 2: a 10-hour job meets a gap or two, or three
+    calm = MarketModel.fit([trace("us-east-1a", [1] * 36, 80)])  # never seen down: a gap is a rare draw
+    assert _quote(calm, 40.0).forecast.preemptions_mean < 0.1
 
 
 def _rated(spec):

@@ -27,7 +27,7 @@ from broker.domain.model import Forecast, IfLate, IfOverBudget, Job, JobSpec, Op
 from broker.domain.offer import Offer
 from broker.domain.rounding import up_to_cent
 from broker.models.fit import fits
-from broker.models.futures import HEDGING, ON_DEMAND_NOW, Setting, simulate
+from broker.models.futures import HEDGING, ON_DEMAND_NOW, Outcomes, Setting, simulate
 from broker.models.placement import transfer_usd
 from broker.models.risk import (
     as_fast,
@@ -240,7 +240,7 @@ def forecast(
             hedge = hedges.planned(zones, ticks, setting.od_price, setting.counted_h, od_speed, loss_h)
     out = simulate(setting, available, tick_h, hedge, launchable=free)
     cost = out.cost_usd + spent
-    forecast = _summary(spec, now, cost, out.finish_h, out.spot_h, out.od_h, setting.rule, zones, zone_models)
+    forecast = _summary(spec, now, cost, out, setting.rule, zones, zone_models)
     note = f"; chosen on {chosen.tier.value}, run on {played.tier.value} whenever in time" if played != chosen else ""
     forecast = forecast.model_copy(update={"measures_on_spot": measures_on_spot})
     return _with_speed(forecast, forecast.evidence + note, speed, sigma, prior)
@@ -262,7 +262,8 @@ def _on_demand(
     offer, played by the rule or not), after what was `spent` (the input's move, paid once at any speed, at submit)."""
     wall = start_h + exclusive_hours(spec, offer) * left / speed
     cost = offer.price_usd_per_h * wall + spent
-    forecast = _summary(spec, now, cost, wall, np.zeros_like(wall), wall, "on-demand", [offer], [])
+    none = np.zeros_like(wall)
+    forecast = _summary(spec, now, cost, Outcomes(cost, wall, none, wall, none), "on-demand", [offer], [])
     return _with_speed(forecast, "on-demand: always available", speed, sigma, prior)
 
 
@@ -280,7 +281,9 @@ def _with_speed(forecast: Forecast, evidence: str, speed: np.ndarray, sigma: flo
     return forecast.model_copy(update={"evidence": evidence, "speed_sigma": sigma, "speed_median": prior.median})
 
 
-def _summary(spec, now, cost, finish, spot_h, od_h, rule, zones, zone_models) -> Forecast:
+def _summary(spec, now, cost, out: Outcomes, rule, zones, zone_models) -> Forecast:
+    """The futures' `cost` (with what was spent before them) and `out` told as the quote shows them."""
+    finish, spot_h, od_h = out.finish_h, out.spot_h, out.od_h
     window = window_hours(spec, now)
     met = finish <= window + 1e-9 if math.isfinite(window) else np.isfinite(finish)
     within = cost <= spec.budget_usd + 1e-9 if spec.budget_usd is not None else np.ones_like(cost, dtype=bool)
@@ -318,6 +321,7 @@ def _summary(spec, now, cost, finish, spot_h, od_h, rule, zones, zone_models) ->
         budget_capped=capped,
         budget_at_odds=budget_at_odds,
         spot_share=round(share, 4),
+        preemptions_mean=round(float(out.preemptions.mean()), 2),
         evidence=zone_models[0].evidence if zone_models else "",
     )
 

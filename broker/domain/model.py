@@ -73,6 +73,8 @@ class Forecast(BaseModel):
     # no budget does): what a quote the cap falls short tells the user to raise it to
     budget_at_odds: float | None = None
     spot_share: float  # mean share of the job's instance hours on spot
+    # the runs spot takes back, on average over the futures (None: a forecast made before it was kept)
+    preemptions_mean: float | None = None
     evidence: str  # what the market model of its zones rests on
     # the log sd of the job's true speed over the estimate the futures were sampled with; the deadline guard keeps
     # the same margin for it until the speed is measured (None: not recorded, the prior)

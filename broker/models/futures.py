@@ -140,6 +140,7 @@ def simulate(
     waited = np.zeros(n, dtype=int)  # ticks the job has been idle
     run_h = np.zeros(n)  # productive hours run so far (after changeovers): what the job's speed is measured over
     cost, spot_h, od_h = np.zeros(n), np.zeros(n), np.zeros(n)
+    preemptions = np.zeros(n, dtype=int)
     finish = np.full(n, math.inf)
     writes = 1 + (s.checkpoint_h / s.interval_h if s.interval_h else 0.0)  # wall hours per hour of spot progress
     guard = s.rule != "spot-only" and math.isfinite(s.window_h)
@@ -155,6 +156,7 @@ def simulate(
         up_age = np.where(any_up, up_age + 1, 0)
         hold = np.zeros(n, dtype=bool)  # waits although a slot is free (a spell too young to pay a start)
         lost = (state == SPOT) & ~up[zone, idx]
+        preemptions += lost
         done = np.where(lost, saved, done)  # preempted: back to the last checkpoint
         state = np.where(lost, WAIT, state)
         waited = np.where(state == WAIT, waited + 1, 0)  # ticks idle, as the live rule counts from idle_since
@@ -270,7 +272,7 @@ def simulate(
     finish = np.where(rest, ticks * tick_h + hours, finish)
     cost = np.where(rest, cost + s.od_price * hours, cost)
     od_h = np.where(rest, od_h + hours, od_h)
-    return Outcomes(cost, finish, spot_h, od_h)
+    return Outcomes(cost, finish, spot_h, od_h, preemptions)
 
 
 def _rule_moves(
@@ -356,10 +358,11 @@ def _zone_up(hedge: Hedge, zone: np.ndarray):
 
 @dataclass(frozen=True)
 class Outcomes:
-    """Per future: what the job cost, when it finished (hours from now; inf if not by the horizon), and
-    the hours it ran on spot and on-demand."""
+    """Per future: what the job cost, when it finished (hours from now; inf if not by the horizon), the hours it
+    ran on spot and on-demand, and the runs spot took back (a zone's capacity gone, or its pool's shrink)."""
 
     cost_usd: np.ndarray
     finish_h: np.ndarray
     spot_h: np.ndarray
     od_h: np.ndarray
+    preemptions: np.ndarray

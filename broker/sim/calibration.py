@@ -44,9 +44,11 @@ def job_rows(jobs: list[Job], end, outlooks: dict | None = None) -> list[dict]:
                 "met": job.state == JobState.done and not missed_deadline(job, end),
                 # hours from the first job's submission to this quote: the first are quoted with no arrivals seen
                 "quoted_after_h": round((at - first).total_seconds() / 3600, 3),
+                "preemptions": sum(1 for r in job.runs if r.end_reason == "preempted"),
                 **(
                     {f"quoted_{q}_usd": getattr(forecast, f"cost_{q}_usd") for q in ("p10", "p90", "mean")}
                     | {"quoted_spread_pct": forecast.cost_spread_pct, "quoted_likely_usd": forecast.cost_likely_usd}
+                    | {"quoted_preemptions": forecast.preemptions_mean}
                     if forecast
                     else {}
                 ),
@@ -102,6 +104,15 @@ def cost_coverage(rows: list[dict]) -> dict:
         "cost_realised_over_quoted_mean": over("quoted_mean_usd"),
         "cost_realised_over_quoted_p50": over("quoted_cost_usd"),
     }
+
+
+def preemptions_over_quoted(rows: list[dict]) -> float | None:
+    """The runs spot took back from the jobs, summed, over their quotes' futures' means summed: 1 where the futures
+    lose runs as often as the world did (a pool's per-instance hazard, bench/results/forecast.md); None where the
+    quotes expect none."""
+    quoted = [r for r in rows if r.get("quoted_preemptions") is not None]
+    expected = sum(r["quoted_preemptions"] for r in quoted)
+    return round(sum(r["preemptions"] for r in quoted) / expected, 3) if expected > 0 else None
 
 
 def reliability(rows: list[dict]) -> dict:
