@@ -324,7 +324,8 @@ def test_the_forecast_line_names_the_likeliest_cost_only_where_it_is_away_from_t
     away = f.model_copy(update={"cost_likely_usd": f.cost_p50_usd * 0.7, "cost_likely_spread_pct": 3.0})
     assert "most near" not in forecast_line(near)
     assert f"most near ${f.cost_p50_usd * 0.7:,.2f} (half within 3%)" in forecast_line(away)
-    assert f"{f.spot_share:.0%} on spot; market" in forecast_line(f)
+    assert f"{f.spot_share:.0%} on spot, {f.preemptions_mean:.1f} preemptions on average; market" in forecast_line(f)
+    assert f"{f.spot_share:.0%} on spot; market" in forecast_line(f.model_copy(update={"preemptions_mean": None}))
     bubbles = ["local/llm.stage1/bubble:llm/bubble", "local/llm.stage0/bubble:llm/bubble"]
-    assert "% in bubbles; market" in forecast_line(f.model_copy(update={"zones": bubbles}))  # not "on spot"
-    assert "% on spot or in bubbles; market" in forecast_line(f.model_copy(update={"zones": [*f.zones, *bubbles]}))
+    assert "% in bubbles, " in forecast_line(f.model_copy(update={"zones": bubbles}))  # not "on spot"
+    assert "% on spot or in bubbles, " in forecast_line(f.model_copy(update={"zones": [*f.zones, *bubbles]}))

@@ -202,8 +202,15 @@ def forecast_line(f) -> str:
         f"{money(f.cost_p50_usd)} / {money(f.cost_p90_usd)} (half the futures within {f.cost_spread_pct:.0f}% of "
         f"p50{likely}); finish p50-p90 {finish}; "
         f"P(meet deadline) {f.p_meet_deadline:.2f}, P(within budget) {f.p_within_budget:.2f}; "
-        f"{f.spot_share:.0%} {_interruptible(f)}; market: {f.evidence}"
+        f"{f.spot_share:.0%} {_interruptible(f)}{_taken_back(f)}; market: {f.evidence}"
     )
+
+
+def _taken_back(f) -> str:
+    """How many runs the futures lose to spot on average (a forecast made before it was kept: nothing said)."""
+    if f.preemptions_mean is None or f.spot_share <= 0:
+        return ""
+    return f", {f.preemptions_mean:.1f} preemptions on average"
 
 
 def _interruptible(f) -> str:
