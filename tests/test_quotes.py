@@ -202,6 +202,26 @@ def test_the_runs_spot_took_back_are_summed_against_the_quotes_means():
     assert preemptions_over_quoted([on_demand, {"quoted_preemptions": None, "preemptions": 3}]) is None
 
 
+def test_a_rows_preemptions_are_the_runs_spot_took_back_after_its_quote_or_outlook_was_made():
+    from broker.sim.calibration import job_rows
+
+    quote = _quote(_choppy(), 40.0)
+    job = _finished(quote, 1.0, "j")
+    started = [NOW + timedelta(hours=1 + i) for i in range(3)]  # runs ending at 1:30, 2:30 and 3:30
+    runs = [
+        job.runs[0].model_copy(
+            update={"fence": i + 1, "dispatched_at": t, "started_at": t, "ended_at": t + timedelta(minutes=30)}
+            | {"end_reason": reason}
+        )
+        for i, (t, reason) in enumerate(zip(started, ["preempted", "preempted", "finished"]))
+    ]
+    job = job.model_copy(update={"runs": runs})
+    end = NOW + timedelta(hours=10)
+    assert job_rows([job], end)[0]["preemptions"] == 2  # both after the quote at submit
+    outlook = {"j": (NOW + timedelta(hours=2), quote.forecast)}  # made between them: its futures count the second
+    assert job_rows([job], end, outlook)[0]["preemptions"] == 1
+
+
 def test_a_quote_says_how_many_runs_its_futures_lose_to_spot():
     choppy = _quote(_choppy(), 40.0).forecast.preemptions_mean
     assert 1.5 < choppy < 4  # up 4 hours at a time, down 2: a 10-hour job meets a gap or two, or three

@@ -44,7 +44,8 @@ def job_rows(jobs: list[Job], end, outlooks: dict | None = None) -> list[dict]:
                 "met": job.state == JobState.done and not missed_deadline(job, end),
                 # hours from the first job's submission to this quote: the first are quoted with no arrivals seen
                 "quoted_after_h": round((at - first).total_seconds() / 3600, 3),
-                "preemptions": sum(1 for r in job.runs if r.end_reason == "preempted"),
+                # the runs spot took back after the quote (or outlook) was made: what its futures count
+                "preemptions": sum(1 for r in job.runs if r.end_reason == "preempted" and r.ended_at > at),
                 **(
                     {f"quoted_{q}_usd": getattr(forecast, f"cost_{q}_usd") for q in ("p10", "p90", "mean")}
                     | {"quoted_spread_pct": forecast.cost_spread_pct, "quoted_likely_usd": forecast.cost_likely_usd}
