@@ -48,6 +48,7 @@ from broker.sim.workloads import backtest_workload
 from broker.store import embedded
 
 POLICIES = [*backtest.DEFAULT_POLICIES, backtest.OMNISCIENT]
+SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"  # the benches' --traces
 
 
 def leaf_directories(root: Path) -> list[Path]:
@@ -194,9 +195,7 @@ def goals(table: list[dict]) -> dict:
 def backtests_parser(description: str) -> argparse.ArgumentParser:
     """The arguments every leave-one-out bench over the shared traces takes (this one and bench/forecast.py)."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument(
-        "--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
-    )
+    parser.add_argument("--traces", type=Path, default=SHARED_TRACES)
     parser.add_argument("--jobs", type=int, default=40)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--workers", type=int, default=2)

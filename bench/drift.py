@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from cost import fit_market, gpu_directories_or_exit  # bench/cost.py, beside this file
+from cost import SHARED_TRACES, fit_market, gpu_directories_or_exit  # bench/cost.py, beside this file
 
 from broker.pricing.availability import spells
 
@@ -48,9 +48,7 @@ def zones(directory: str, fit: list[str]) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
-    )
+    parser.add_argument("--traces", type=Path, default=SHARED_TRACES)
     args = parser.parse_args()
     directories = gpu_directories_or_exit(parser, args.traces)
     rows = [row for d in directories for row in zones(d, [f for f in directories if f != d])]
