@@ -7,12 +7,16 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from broker import planning
 from broker.agents.checkpoints import CheckpointStore
 from broker.core.broker import Broker
 from broker.core.clock import SystemClock
+from broker.core.replica import Replica
 from broker.core.server import BrokerServer
 from broker.domain.model import AgentInfo, Job, JobState
+from broker.store.shards import ShardedStore
 from conftest import make_spec
 
 LEASE_S = 1.0  # a pause of a busy machine shorter than this changes nothing; the tests wait 1.2 leases
@@ -108,6 +112,27 @@ def test_sigterm_of_the_leading_server_gives_its_lease_up_at_once(redis_url, sto
     finally:
         leader.kill()
         leader.wait()
+
+
+def test_a_stop_that_lands_as_the_lease_is_granted_still_gives_it_up(redis_url, tmp_path):
+    """SIGTERM between Redis granting the lease and the server noting its token (CI caught it): the server did not
+    know it led, gave nothing up, and the standbys waited out the lease."""
+    sharded = ShardedStore(redis_url, "broker:", 1)
+    shard = sharded.shards[0]
+    granted = shard.lead
+
+    def lead_then_stopped(holder, lease_ms):
+        granted(holder, lease_ms)
+        raise KeyboardInterrupt  # the signal's handler runs before the token comes back to the server
+
+    shard.lead = lead_then_stopped
+    server = replica(shard, tmp_path, "proc", lease_s=60)
+    leaving = Replica(sharded, lambda _: server, "proc", lease_s=60)
+    with pytest.raises(KeyboardInterrupt):
+        leaving.round(block_ms=1)
+    assert shard.planner() == "proc" and server.token is None
+    leaving.stop()
+    assert shard.planner() is None
 
 
 def test_kill_9_of_the_leading_server_process_hands_planning_to_the_standby(redis_url, store, tmp_path):

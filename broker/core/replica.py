@@ -94,8 +94,9 @@ class Replica:
         serve_rounds(self.round, self.name, until)
 
     def stop(self) -> None:
-        """Leave: give up every shard and the heartbeat, so the others take over at once, not after a lease."""
-        for index in self.owned:
-            self.servers[index].resign()
+        """Leave: give up every shard and the heartbeat, so the others take over at once, not after a lease. Every
+        shard's lease, not only those `owned` says: a stop may land before a lease or an ownership is noted."""
+        for server in self.servers:
+            server.resign()
         self.store.redis.zrem(self.store.key(HEARTBEATS), self.name)
         self.owned = []

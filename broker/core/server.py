@@ -148,11 +148,11 @@ class BrokerServer:
         serve_rounds(self.round, self.consumer, until)
 
     def resign(self) -> None:
-        """Give up the planning lease (core/replica.py: another replica is to plan this shard)."""
-        if self.token is not None:
-            self.store.resign(self.consumer)
+        """Give up the planning lease (core/replica.py: another replica is to plan this shard). Asked of the store
+        even with no token: a stop that landed between Redis granting the lease and `lead` noting it left one."""
+        if self.store.resign(self.consumer):
             log.info("server=%s resigns (token=%s)", self.consumer, self.token)
-            self.token = None
+        self.token = None
 
     # -- reports --------------------------------------------------------------------------
 
