@@ -13,6 +13,7 @@ from pathlib import Path
 
 from broker.agents.tokens import issue
 from broker.domain.offer import Offer
+from broker.store.spawn import stops_held
 
 LOCAL_TOKEN_TTL = timedelta(days=30)  # a local agent lives as long as the command that started it
 
@@ -41,7 +42,6 @@ class LocalProvisioner:
         """Start an agent standing for an instance of `offer`; `notices` as for `broker agent --notices`; `for_job`:
         it runs that job alone (`broker run`)."""
         self.run_root.mkdir(parents=True, exist_ok=True)
-        log = open(self.run_root / f"agent-{agent_id}.log", "ab")
         argv = [
             sys.executable,
             "-m",
@@ -72,9 +72,10 @@ class LocalProvisioner:
         env.pop("BROKER_AGENT_TOKEN", None)  # another agent's, where this shell holds one
         if self.agent_secret:  # the server admits no agent without one (it refused these, and the job waited)
             env["BROKER_AGENT_TOKEN"] = issue(self.agent_secret, agent_id, datetime.now(UTC) + LOCAL_TOKEN_TTL)
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        log.close()
-        self.agents[agent_id] = proc
+        # a stop as it starts would orphan it (store/spawn.py): stop_all stops only the agents kept here
+        with open(self.run_root / f"agent-{agent_id}.log", "ab") as log, stops_held():
+            proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+            self.agents[agent_id] = proc
         return proc
 
     def stop_all(self, timeout_s: float = 10.0) -> None:

@@ -22,6 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from broker.domain.errors import StoreUnavailableError
+from broker.store.spawn import stops_held
 
 START_TIMEOUT_S = 10.0
 
@@ -118,25 +119,12 @@ def scratch():
     """A throwaway redis-server for work that is recomputed rather than kept (the backtest): a temporary
     directory, no snapshots; stopped and removed on exit. Yields its URL."""
     with tempfile.TemporaryDirectory(prefix="broker-redis-") as data_dir:
-        port = _free_port()
-        process = subprocess.Popen(
-            [
-                _binary(),
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--dir",
-                data_dir,
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        port, process = _free_port(), None
+        argv = [_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", data_dir]
+        argv += ["--save", "", "--appendonly", "no"]
         try:
+            with stops_held():  # a stop now would leave it running, not yet ours to stop (store/spawn.py)
+                process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             deadline = time.monotonic() + START_TIMEOUT_S
             while not _alive(port):
                 if process.poll() is not None or time.monotonic() > deadline:
@@ -144,8 +132,9 @@ def scratch():
                 time.sleep(0.05)
             yield f"redis://127.0.0.1:{port}/0"
         finally:
-            process.terminate()
-            process.wait(timeout=START_TIMEOUT_S)
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=START_TIMEOUT_S)
 
 
 @contextmanager
@@ -161,7 +150,8 @@ def cluster(nodes: int = 3, *options: str):
                 data.mkdir()
                 argv = [_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data), "--save", ""]
                 argv += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", *options]
-                processes.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                with stops_held():
+                    processes.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             deadline = time.monotonic() + START_TIMEOUT_S
             while not all(map(_alive, ports)):
                 if time.monotonic() > deadline:
