@@ -31,6 +31,7 @@ from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
 from broker.store.profiles import load_profiles
 from broker.store.shards import ShardedStore
+from broker.store.spawn import stops_held
 
 PREFIX = "broker-demo-bubbles:"
 MAIN_JOB = "demo-llm"
@@ -81,29 +82,30 @@ def run_bubbles_demo(
     }
     torchrun = Path(sys.executable).with_name("torchrun")
     work.mkdir(parents=True, exist_ok=True)
-    log = open(work / "training.log", "wb")
-    training = subprocess.Popen(
-        [
-            str(torchrun),
-            "--nproc_per_node",
-            str(STAGES),
-            str(examples / "bubbles" / "train_gpt.py"),
-            "--steps",
-            str(training_steps),
-            "--stop-file",
-            str(stop),
-            "--out",
-            str(work / "training"),
-            "--broker",
-            MAIN_JOB,
-        ],
-        env=env,
-        stdout=log,
-        stderr=log,
-        stdin=subprocess.DEVNULL,
-    )
-    log.close()
+    training = None
     try:
+        # a stop as it starts would leave the training running, not yet held for the clean-up (store/spawn.py)
+        with open(work / "training.log", "wb") as log, stops_held():
+            training = subprocess.Popen(
+                [
+                    str(torchrun),
+                    "--nproc_per_node",
+                    str(STAGES),
+                    str(examples / "bubbles" / "train_gpt.py"),
+                    "--steps",
+                    str(training_steps),
+                    "--stop-file",
+                    str(stop),
+                    "--out",
+                    str(work / "training"),
+                    "--broker",
+                    MAIN_JOB,
+                ],
+                env=env,
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+            )
         provisioner.start("ondemand-t4", on_demand)
         wait_for_agents(store, ["ondemand-t4"], timeout_s, provisioner.run_root)
         wait_for_a_stage(store, training, timeout_s, work / "training.log")
@@ -123,7 +125,7 @@ def run_bubbles_demo(
         profiles = sorted((p for p in load_profiles(store) if p.main_job == MAIN_JOB), key=lambda p: p.stage)
         finished = store.get_job(job.id)
     finally:
-        if training.poll() is None:
+        if training is not None and training.poll() is None:
             training.terminate()
             training.wait(timeout=30)
         provisioner.stop_all()
