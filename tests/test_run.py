@@ -53,6 +53,7 @@ def test_run_sees_the_example_fine_tune_through_on_a_local_agent(env, store):
     for shown in ("started local agent", "running", "step 400/400", "fine-tune done", f"{job.id} done: $"):
         assert shown in result.stdout
     assert store.agents_with_leases() == []  # the agent it started has stopped, and is not listed as lapsed
+    assert store.planner() is None  # it planned (no server did) and gave the lease up: a server now plans at once
 
 
 def test_run_sees_the_example_batch_inference_through_from_its_checkpointed_cursor(env, store):

@@ -224,8 +224,11 @@ def run(
     """Submit a job and see it through: plan it here (a standby while a `broker server` plans), start a local
     agent for its chosen offer unless an idle registered one fits it, and stream its state and output until it ends.
     Given a job's id instead, see that job through (one left after Ctrl-C, or resumed by `broker amend --budget`)."""
+    import contextlib
     import os
     import socket
+
+    import redis
 
     from broker.agents.checkpoints import CheckpointStore
     from broker.agents.provision import LocalProvisioner
@@ -264,6 +267,8 @@ def run(
         ) from None
     finally:
         provisioner.stop_all()
+        with contextlib.suppress(redis.RedisError):  # Redis away: the lease lapses by itself
+            server.resign()  # where it planned (no server did), a server started next plans now, not a lease later
     for agent_id in provisioner.agents:  # stopped after its job ended: not left behind as a lapsed agent
         broker.store.of_job(job.id).remove_agent(agent_id)
     if job.state != JobState.done:
