@@ -13,7 +13,7 @@ from pathlib import Path
 
 from broker.agents.tokens import issue
 from broker.domain.offer import Offer
-from broker.store.spawn import stops_held
+from broker.domain.stops import stops_held
 
 LOCAL_TOKEN_TTL = timedelta(days=30)  # a local agent lives as long as the command that started it
 
@@ -72,7 +72,7 @@ class LocalProvisioner:
         env.pop("BROKER_AGENT_TOKEN", None)  # another agent's, where this shell holds one
         if self.agent_secret:  # the server admits no agent without one (it refused these, and the job waited)
             env["BROKER_AGENT_TOKEN"] = issue(self.agent_secret, agent_id, datetime.now(UTC) + LOCAL_TOKEN_TTL)
-        # a stop as it starts would orphan it (store/spawn.py): stop_all stops only the agents kept here
+        # a stop as it starts would orphan it (domain/stops.py): stop_all stops only the agents kept here
         with open(self.run_root / f"agent-{agent_id}.log", "ab") as log, stops_held():
             proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
             self.agents[agent_id] = proc

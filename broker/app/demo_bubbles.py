@@ -27,11 +27,11 @@ from broker.domain.bubbles import stage_agent_id
 from broker.domain.errors import BrokerError
 from broker.domain.model import Tier
 from broker.domain.specfile import load_spec
+from broker.domain.stops import stops_held
 from broker.pricing.catalog import PriceCatalog
 from broker.store.jobs import Store
 from broker.store.profiles import load_profiles
 from broker.store.shards import ShardedStore
-from broker.store.spawn import stops_held
 
 PREFIX = "broker-demo-bubbles:"
 MAIN_JOB = "demo-llm"
@@ -84,7 +84,7 @@ def run_bubbles_demo(
     work.mkdir(parents=True, exist_ok=True)
     training = None
     try:
-        # a stop as it starts would leave the training running, not yet held for the clean-up (store/spawn.py)
+        # a stop as it starts would leave the training running, not yet held for the clean-up (domain/stops.py)
         with open(work / "training.log", "wb") as log, stops_held():
             training = subprocess.Popen(
                 [

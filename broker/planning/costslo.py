@@ -30,7 +30,7 @@ from broker.domain.model import Option, Tier
 from broker.domain.offer import Offer
 from broker.domain.plan import Plan, Unplaced, relative_gap
 from broker.models.risk import evaluate_with_fallback, window_hours
-from broker.planning import register
+from broker.planning import highs, register
 from broker.planning.auction import auction_prices
 from broker.planning.cheapest import CheapestFeasible, cost_order
 from broker.planning.option_table import OptionTable, PlanItem, option_table, smallest_per_job
@@ -289,7 +289,7 @@ class _Program:
         self._add_columns(t.cost[new], t.job[new], self.cap_row[t.offer[new]], t.cost[new])
         self.active = np.r_[self.active, new].astype(np.int64)
         built = time.perf_counter()
-        self.highs.run()
+        highs.run(self.highs)  # a stop ends it early (planning/highs.py)
         status = self.highs.getModelStatus()
         if status != highspy.HighsModelStatus.kOptimal:
             raise RuntimeError(f"costslo: HiGHS ended the LP with status {self.highs.modelStatusToString(status)}")

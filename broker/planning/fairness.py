@@ -19,7 +19,7 @@ from broker.domain.offer import Offer
 from broker.domain.plan import Plan, Unplaced
 from broker.models.fit import fits
 from broker.models.risk import exclusive_hours
-from broker.planning import register
+from broker.planning import highs, register
 from broker.planning.cheapest import CheapestFeasible
 from broker.planning.option_table import PlanItem
 
@@ -60,7 +60,7 @@ class _Allocation(CheapestFeasible):
             limit = capacity.get(offers[o].id, math.inf)
             if math.isfinite(limit):
                 prob.addConstraint(pulp.LpAffineExpression([(x[k], 1) for k in theirs]) <= limit)
-        prob.solve(pulp.HiGHS(msg=False) if pulp.HiGHS().available() else pulp.PULP_CBC_CMD(msg=False))
+        highs.solve(prob)
         plan.objective = pulp.value(prob.objective)
         left = {o.id: capacity.get(o.id, math.inf) for o in offers}
         for j, o in sorted(pairs, key=lambda k: -(x[k].varValue or 0)):

@@ -23,6 +23,7 @@ import pulp
 from broker.domain.model import JobSpec, Tier
 from broker.models.fit import fits
 from broker.models.risk import exclusive_hours, restart_hours
+from broker.planning import highs
 from broker.sim.market import Market
 
 MIP_GAP = 1e-6
@@ -145,7 +146,7 @@ def _alone(
     prob = pulp.LpProblem("omniscient", pulp.LpMinimize)
     held = _job(prob, "j", choices, restart_h, window_h, dt, binary=True)
     prob += pulp.lpSum(choices[k].price_usd_per_h * dt * f for (k, _), (_, f) in held.items())
-    prob.solve(pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=MIP_GAP))
+    highs.solve(prob, timeLimit=time_limit_s, gapRel=MIP_GAP)
     return prob, held
 
 
@@ -231,7 +232,7 @@ def joint(
     for (key, t), here in users.items():
         prob += pulp.lpSum(here) <= int(pools[key][1][t])
     prob += pulp.lpSum(cost)
-    prob.solve(pulp.HiGHS(msg=False, timeLimit=time_limit_s))
+    highs.solve(prob, timeLimit=time_limit_s)
     status = pulp.LpStatus[prob.status]
     if status != "Optimal":
         return Bound(math.inf if status == "Infeasible" else 0.0, status.lower(), {})

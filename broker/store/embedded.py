@@ -22,7 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from broker.domain.errors import StoreUnavailableError
-from broker.store.spawn import stops_held
+from broker.domain.stops import stops_held
 
 START_TIMEOUT_S = 10.0
 
@@ -123,7 +123,7 @@ def scratch():
         argv = [_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", data_dir]
         argv += ["--save", "", "--appendonly", "no"]
         try:
-            with stops_held():  # a stop now would leave it running, not yet ours to stop (store/spawn.py)
+            with stops_held():  # a stop now would leave it running, not yet ours to stop (domain/stops.py)
                 process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             deadline = time.monotonic() + START_TIMEOUT_S
             while not _alive(port):
