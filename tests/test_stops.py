@@ -101,7 +101,7 @@ def stopped_after(seconds: float, solve) -> float:
 
 
 def test_a_stop_ends_a_pulp_highs_solve_early_then_acts(sigterm_interrupts):
-    """It waited out the time limit: a SIGTERM'd backtest ran on through its bound's minute."""
+    """It waited out the time limit: a backtest stopped in its bounds ran on up to a minute."""
     assert stopped_after(0.5, lambda: highs.solve(hard_knapsack(), timeLimit=60)) < 10
 
 
