@@ -5,8 +5,8 @@
   its scratch redis-server running (1 of 60 tries with four CPU burners beside it). The scratch servers
   (store/embedded.py), the local agents (agents/provision.py) and the bubble demo's training start under it.
 - **A HiGHS solve.** A signal's Python handler runs only between Python steps, and a solve is one long C++ call: a
-  SIGTERM to a backtest waited out its bound's time limit (a minute). Held, the stop is seen by HiGHS's interrupt
-  callbacks, which run Python, and they end the solve (planning/highs.py).
+  SIGTERM in a backtest's bounds waited out the solve's time limit (5 s a job, 60 s the joint bound). Held, the stop
+  is seen by HiGHS's interrupt callbacks, which run Python, and they end the solve (planning/highs.py).
 """
 
 from __future__ import annotations
