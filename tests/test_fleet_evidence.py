@@ -12,6 +12,7 @@ from broker.agents.checkpoints import CheckpointStore
 from broker.agents.contract import Contract
 from broker.core.broker import Broker
 from broker.core.clock import SimulatedClock
+from broker.core.forecast import _taken_back
 from broker.core.server import BrokerServer
 from broker.pricing.availability import MarketModel, seen_counts
 from broker.sim.market import OfferBook
@@ -48,9 +49,10 @@ def test_a_pool_our_fleet_saw_shrink_without_emptying_preempts_in_the_quotes_fut
     assert calm.zones[ZONE].shrink == 0.0 and learned.shrink == pytest.approx(0.5 * 14 / 139)
     assert "its pool shrinking by 30% an hour while up" in learned.evidence
     assert calm.with_recent({ZONE: (pool > 0).astype(int)}).zones[ZONE].shrink == 0.0  # one agent shows no pool
-    plain, shrinking = (learned.sample(np.random.default_rng(0), 500, 144, shrinks=s) for s in (False, True))
-    assert shrinking.mean() == pytest.approx(plain.mean() * (1 - learned.shrink), rel=0.05)
-    assert np.array_equal(learned.sample(np.random.default_rng(0), 500, 144), plain)  # only when asked (quotes)
+    up = learned.sample(np.random.default_rng(0), 500, 144)[None]
+    survives = _taken_back(np.random.default_rng(1), up, [learned])
+    assert survives.mean() == pytest.approx(up.mean() * (1 - learned.shrink), rel=0.05) and not (survives & ~up).any()
+    assert _taken_back(np.random.default_rng(1), up, [calm.zones[ZONE]]) is up  # no pool seen: nothing taken back
 
 
 def test_the_server_records_each_zones_live_spot_agents_and_a_zone_left_empty(store, tmp_path):

@@ -203,6 +203,18 @@ def test_hedge_counts_its_wait_in_a_gap_from_when_the_job_went_idle():
     assert out.od_h[0] == pytest.approx(10.6) and out.finish_h[0] <= 20.0
 
 
+def test_a_run_its_shrinking_pool_took_back_starts_again_there_at_once_not_in_a_dearer_zone():
+    up = np.ones((2, 1, 200), dtype=bool)
+    survives = up.copy()
+    survives[0, 0, 10] = False  # the cheap zone's pool took back the job's instance, and stayed up
+    setting = _setting(spot_prices=(1.0, 2.0), interval_h=None)
+    again = simulate(setting, survives, 1 / 6, launchable=up)
+    assert again.preemptions.tolist() == [1] and again.finish_h[0] == pytest.approx(10 / 6 + 0.1 + 10, abs=1e-6)
+    assert again.cost_usd[0] == pytest.approx(again.spot_h[0])  # all of it in the cheap zone, at $1 an hour
+    gone = simulate(setting, survives, 1 / 6)  # read as the zone down: it starts again in the dear zone
+    assert gone.cost_usd[0] == pytest.approx(10 / 6 + 2 * 10.1, abs=1e-6)
+
+
 def test_the_next_zone_takes_the_job_when_the_cheapest_has_no_capacity():
     available = np.zeros((2, 1, 200), dtype=bool)
     available[1] = True

@@ -200,10 +200,10 @@ def forecast(
     slots = fleet.slots(zones) if fleet else None
     up_now = [None] * len(zones) if slots is None else [fleet.agents.get(o.id, 0) > 0 for o in zones]
     # each zone's futures go on from the spell our fleet saw it in, as long as that has lasted
-    sampled = [z.sample(rng, futures, ticks, up, shrinks=True, aged=True) for z, up in zip(zone_models, up_now)]
-    available = np.stack(sampled)
+    up = np.stack([z.sample(rng, futures, ticks, state, aged=True) for z, state in zip(zone_models, up_now)])
+    available = _taken_back(rng, up, zone_models)
     urgency = spec.urgency(underway.submitted_at if underway and underway.submitted_at else now)
-    free = None if slots is None else fleet.free(zones, available, tick_h, rng, window, urgency)
+    free = up if slots is None else fleet.free(zones, up, tick_h, rng, window, urgency)
     work_h = exclusive_hours(spec, played)
     measured = underway is not None and underway.speed is not None
     setting = Setting(
@@ -244,6 +244,16 @@ def forecast(
     note = f"; chosen on {chosen.tier.value}, run on {played.tier.value} whenever in time" if played != chosen else ""
     forecast = forecast.model_copy(update={"measures_on_spot": measures_on_spot})
     return _with_speed(forecast, forecast.evidence + note, speed, sigma, prior)
+
+
+def _taken_back(rng: np.random.Generator, up: np.ndarray, zone_models) -> np.ndarray:
+    """Where a run survives the tick (zones x futures x ticks): its zone up, and its instance not taken back as the
+    pool shrinks (the zone's `shrink` a tick, as our fleet saw it). A pool that shrinks stays up: the job may start
+    again there at once, where it has a slot (`up`, not this, is where it may launch)."""
+    shrink = np.asarray([z.shrink for z in zone_models], dtype=float)
+    if not shrink.any():
+        return up
+    return up & (rng.random(up.shape) >= shrink[:, None, None])
 
 
 def _on_demand(

@@ -119,8 +119,9 @@ def simulate(
     launchable: np.ndarray | None = None,
 ) -> Outcomes:
     """Play the job out on `available` (zones x futures x ticks, bool: a run there survives the tick); the horizon
-    is the ticks given. `launchable` (same shape, within `available`) is where the job can start or move to, when
-    other jobs hold some of the capacity (a slot free for it); everywhere available when not given."""
+    is the ticks given. `launchable` (same shape) is where the job can start or move to: a slot free for it where
+    other jobs hold some of the capacity, and a zone whose pool took back the job's instance as it shrank, still up
+    (a run lost there may start again at once); `available` everywhere when not given."""
     s = setting
     if s.rule not in RULES:
         raise ValueError(f"rule: {s.rule!r}; one of {', '.join(RULES)}")

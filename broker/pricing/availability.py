@@ -170,15 +170,14 @@ class ZoneModel:
         n: int,
         ticks: int,
         up_now: bool | None = None,
-        shrinks: bool = False,
         aged: bool = False,
     ) -> np.ndarray:
         """`n` futures of `ticks` ticks from now: True where spot can be had (bool array n x ticks). When the
         state now is known (`up_now`: the broker has an agent there or none), every future starts in it. With
         `aged`, where our fleet saw the zone, the first spell goes on from the one it saw last, as long as that had
         lasted (`current`; heavy tails: a zone down for a day tends to stay down), or, where the state now differs
-        from it, starts now. With `shrinks`, for one instance of a busy pool: an up tick is lost, as a preemption,
-        with the pool's `shrink`."""
+        from it, starts now. A pool that shrinks while up (`shrink`) is up here: core/forecast
+        takes a run's instance back apart (a pool shrunk is still there to start again in)."""
         up_mean, down_mean = self.mean_up_h / self.tick_h, self.mean_down_h / self.tick_h
         if up_mean <= 0:
             return np.zeros((n, ticks), dtype=bool)
@@ -200,8 +199,7 @@ class ZoneModel:
         lengths[:, 1::2] = np.where(start_up[:, None], down, up)
         lengths[:, 2::2] = np.where(start_up[:, None], up, down)
         index = spell_at_ticks(np.cumsum(lengths, axis=1), ticks)
-        up = (index % 2 == 0) == start_up[:, None]
-        return up & (rng.random(up.shape) >= self.shrink) if shrinks and self.shrink > 0 else up
+        return (index % 2 == 0) == start_up[:, None]
 
     def _draw(self, rng, up: bool, shape: tuple[int, int]) -> np.ndarray:
         values, probs = self._mixture(up)
